@@ -1,0 +1,914 @@
+//! Server-side apply (SSA v0) and managed-fields bookkeeping.
+//!
+//! * A field set is a set of leaf paths (field names from the root). Scalars, lists
+//!   (atomic) and empty objects are leaves; objects are recursed into.
+//! * Scope: the main resource manages everything except `apiVersion`, `kind`, `status`
+//!   and the server-owned metadata (only `metadata.labels`, `metadata.annotations`,
+//!   `metadata.finalizers` and `metadata.ownerReferences` are managed); the `status`
+//!   subresource manages only `status`.
+//! * Apply: conflicts are fields owned by another manager whose live value differs from
+//!   the applied one (409 unless `force`, which takes them over); fields the manager
+//!   applied before but no longer specifies are removed unless someone else owns them.
+//! * Update (PUT/PATCH/POST): the writer silently takes ownership of the fields it changed.
+//! * Stored in `metadata.managedFields` in the `FieldsV1` format (`{"f:spec":{"f:x":{}}}`).
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde_json::{json, Map, Value};
+
+use crate::objects::now_rfc3339;
+
+const MANAGED_META: &[&str] = &["labels", "annotations", "finalizers", "ownerReferences"];
+
+/// One manager's entry in `metadata.managedFields`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub manager: String,
+    pub operation: String,
+    pub subresource: Option<String>,
+    pub api_version: String,
+    pub time: Option<String>,
+    pub fields: FieldSet,
+}
+
+impl Entry {
+    fn same_slot(&self, manager: &str, operation: &str, sub: Option<&str>) -> bool {
+        self.manager == manager && self.operation == operation && self.subresource.as_deref() == sub
+    }
+}
+
+/// One step of a field path: an object field, or a list-map item by its key
+/// (canonical JSON of the key fields, e.g. `{"name":"a"}`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Seg {
+    F(String),
+    K(String),
+}
+
+pub type Path = Vec<Seg>;
+pub type FieldSet = BTreeSet<Path>;
+
+/// Lists the schema marks `x-kubernetes-list-type: map`, by field path (list items
+/// do not appear in the path), with their key fields.
+#[derive(Debug, Clone, Default)]
+pub struct ListMaps(HashMap<Vec<String>, Vec<String>>);
+
+impl ListMaps {
+    pub fn from_schema(root: &Value) -> Self {
+        fn walk(
+            node: &Value,
+            defs: Option<&Value>,
+            path: &mut Vec<String>,
+            out: &mut HashMap<Vec<String>, Vec<String>>,
+            depth: usize,
+        ) {
+            if depth > 48 {
+                return;
+            }
+            let Some(o) = node.as_object() else { return };
+            if let Some(r) = o.get("$ref").and_then(Value::as_str) {
+                if let (Some(name), Some(d)) = (r.rsplit('/').next(), defs) {
+                    if let Some(target) = d.get(name) {
+                        walk(target, defs, path, out, depth + 1);
+                    }
+                }
+            }
+            for comb in ["anyOf", "oneOf", "allOf"] {
+                if let Some(a) = o.get(comb).and_then(Value::as_array) {
+                    for sub in a {
+                        walk(sub, defs, path, out, depth + 1);
+                    }
+                }
+            }
+            if o.get("x-kubernetes-list-type").and_then(Value::as_str) == Some("map") {
+                let mut keys: Vec<String> = o
+                    .get("x-kubernetes-list-map-keys")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|k| k.as_str().map(String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                keys.sort();
+                if !keys.is_empty() {
+                    out.insert(path.clone(), keys);
+                }
+            }
+            if let Some(props) = o.get("properties").and_then(Value::as_object) {
+                for (k, sub) in props {
+                    path.push(k.clone());
+                    walk(sub, defs, path, out, depth + 1);
+                    path.pop();
+                }
+            }
+            if let Some(items) = o.get("items") {
+                walk(items, defs, path, out, depth + 1);
+            }
+        }
+        let defs = root.get("$defs").or_else(|| root.get("definitions"));
+        let mut out = HashMap::new();
+        walk(root, defs, &mut Vec::new(), &mut out, 0);
+        Self(out)
+    }
+
+    fn keys_for(&self, p: &[Seg]) -> Option<&Vec<String>> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let fields: Vec<String> = p
+            .iter()
+            .filter_map(|s| match s {
+                Seg::F(f) => Some(f.clone()),
+                Seg::K(_) => None,
+            })
+            .collect();
+        self.0.get(&fields)
+    }
+}
+
+/// Canonical key of a list-map item, if it has every key field.
+fn item_key(e: &Value, keys: &[String]) -> Option<String> {
+    let o = e.as_object()?;
+    let mut m = std::collections::BTreeMap::new();
+    for k in keys {
+        m.insert(k.clone(), o.get(k)?.clone());
+    }
+    serde_json::to_string(&m).ok()
+}
+
+fn key_matches(e: &Value, k: &str) -> bool {
+    match serde_json::from_str::<Value>(k) {
+        Ok(Value::Object(km)) => km.iter().all(|(kk, kv)| e.get(kk) == Some(kv)),
+        _ => false,
+    }
+}
+
+/// One conflict: a field and the manager that owns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    pub manager: String,
+    pub path: Path,
+}
+
+pub fn path_string(p: &Path) -> String {
+    let mut s = String::new();
+    for seg in p {
+        match seg {
+            Seg::F(f) => {
+                s.push('.');
+                s.push_str(f);
+            }
+            Seg::K(k) => {
+                s.push('[');
+                s.push_str(k);
+                s.push(']');
+            }
+        }
+    }
+    s
+}
+
+/// Leaf paths of `v`, recursing into objects and list-map items.
+fn leaves_into(v: &Value, prefix: &mut Path, out: &mut FieldSet, lists: &ListMaps) {
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, child) in m {
+                prefix.push(Seg::F(k.clone()));
+                leaves_into(child, prefix, out, lists);
+                prefix.pop();
+            }
+        }
+        Value::Array(a) if !a.is_empty() => {
+            if let Some(keys) = lists.keys_for(prefix) {
+                if let Some(ks) = a
+                    .iter()
+                    .map(|e| item_key(e, keys))
+                    .collect::<Option<Vec<_>>>()
+                {
+                    for (e, k) in a.iter().zip(ks) {
+                        prefix.push(Seg::K(k));
+                        leaves_into(e, prefix, out, lists);
+                        prefix.pop();
+                    }
+                    return;
+                }
+            }
+            out.insert(prefix.clone());
+        }
+        _ => {
+            out.insert(prefix.clone());
+        }
+    }
+}
+
+/// The part of an object a write through `subresource` manages (see the module docs).
+pub fn scoped(obj: &Value, subresource: Option<&str>) -> Value {
+    let mut out = Map::new();
+    let Some(o) = obj.as_object() else {
+        return Value::Object(out);
+    };
+    if subresource == Some("status") {
+        if let Some(s) = o.get("status") {
+            out.insert("status".into(), s.clone());
+        }
+        return Value::Object(out);
+    }
+    for (k, v) in o {
+        match k.as_str() {
+            "apiVersion" | "kind" | "status" => {}
+            "metadata" => {
+                let mut meta = Map::new();
+                if let Some(m) = v.as_object() {
+                    for f in MANAGED_META {
+                        if let Some(x) = m.get(*f) {
+                            if !x.is_null() {
+                                meta.insert((*f).to_string(), x.clone());
+                            }
+                        }
+                    }
+                }
+                if !meta.is_empty() {
+                    out.insert("metadata".into(), Value::Object(meta));
+                }
+            }
+            _ => {
+                if !v.is_null() {
+                    out.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+pub fn field_set(obj: &Value, subresource: Option<&str>, lists: &ListMaps) -> FieldSet {
+    let mut out = FieldSet::new();
+    let s = scoped(obj, subresource);
+    if let Value::Object(m) = &s {
+        for (k, v) in m {
+            let mut p = vec![Seg::F(k.clone())];
+            leaves_into(v, &mut p, &mut out, lists);
+        }
+    }
+    out
+}
+
+pub fn get_path<'a>(v: &'a Value, p: &[Seg]) -> Option<&'a Value> {
+    let mut cur = v;
+    for seg in p {
+        cur = match seg {
+            Seg::F(f) => cur.as_object()?.get(f)?,
+            Seg::K(k) => cur.as_array()?.iter().find(|e| key_matches(e, k))?,
+        };
+    }
+    Some(cur)
+}
+
+/// Set `p` to `val`, creating (or replacing mismatched) intermediate objects, lists
+/// and list-map items.
+pub fn set_path(v: &mut Value, p: &[Seg], val: Value) {
+    let Some(first) = p.first() else {
+        *v = val;
+        return;
+    };
+    match first {
+        Seg::F(f) => {
+            if !v.is_object() {
+                *v = Value::Object(Map::new());
+            }
+            if let Value::Object(m) = v {
+                let child = m.entry(f.clone()).or_insert(Value::Null);
+                set_path(child, &p[1..], val);
+            }
+        }
+        Seg::K(k) => {
+            if !v.is_array() {
+                *v = Value::Array(Vec::new());
+            }
+            if let Value::Array(a) = v {
+                let idx = match a.iter().position(|e| key_matches(e, k)) {
+                    Some(i) => i,
+                    None => {
+                        a.push(
+                            serde_json::from_str::<Value>(k).unwrap_or(Value::Object(Map::new())),
+                        );
+                        a.len() - 1
+                    }
+                };
+                set_path(&mut a[idx], &p[1..], val);
+            }
+        }
+    }
+}
+
+fn is_empty_container(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    }
+}
+
+/// Remove `p`; containers left empty by the removal are removed too.
+pub fn remove_path(v: &mut Value, p: &[Seg]) -> bool {
+    let Some(first) = p.first() else { return false };
+    match first {
+        Seg::F(f) => {
+            let Some(m) = v.as_object_mut() else {
+                return false;
+            };
+            if p.len() == 1 {
+                return m.remove(f).is_some();
+            }
+            let Some(child) = m.get_mut(f) else {
+                return false;
+            };
+            let removed = remove_path(child, &p[1..]);
+            if removed && is_empty_container(child) {
+                m.remove(f);
+            }
+            removed
+        }
+        Seg::K(k) => {
+            let Some(a) = v.as_array_mut() else {
+                return false;
+            };
+            let Some(i) = a.iter().position(|e| key_matches(e, k)) else {
+                return false;
+            };
+            if p.len() == 1 {
+                a.remove(i);
+                return true;
+            }
+            let removed = remove_path(&mut a[i], &p[1..]);
+            if removed && is_empty_container(&a[i]) {
+                a.remove(i);
+            }
+            removed
+        }
+    }
+}
+
+fn related(a: &Path, b: &Path) -> bool {
+    a.starts_with(b) || b.starts_with(a)
+}
+
+fn owns_related(set: &FieldSet, p: &Path) -> bool {
+    set.iter().any(|q| related(p, q))
+}
+
+/// `{"f:a":{"f:b":{}}}` for the set (`k:{...}` for list-map items).
+pub fn to_fields_v1(set: &FieldSet) -> Value {
+    let mut root = Value::Object(Map::new());
+    for p in set {
+        let mut cur = &mut root;
+        for seg in p {
+            let Value::Object(m) = cur else { break };
+            let key = match seg {
+                Seg::F(f) => format!("f:{f}"),
+                Seg::K(k) => format!("k:{k}"),
+            };
+            cur = m.entry(key).or_insert_with(|| Value::Object(Map::new()));
+        }
+    }
+    root
+}
+
+pub fn from_fields_v1(v: &Value) -> FieldSet {
+    fn walk(v: &Value, prefix: &mut Path, out: &mut FieldSet) {
+        let Some(m) = v.as_object() else { return };
+        let mut any_child = false;
+        for (k, child) in m {
+            if let Some(name) = k.strip_prefix("f:") {
+                any_child = true;
+                prefix.push(Seg::F(name.to_string()));
+                walk(child, prefix, out);
+                prefix.pop();
+            } else if let Some(key) = k.strip_prefix("k:") {
+                any_child = true;
+                prefix.push(Seg::K(key.to_string()));
+                walk(child, prefix, out);
+                prefix.pop();
+            } else if k == "." {
+                if !prefix.is_empty() {
+                    out.insert(prefix.clone());
+                }
+            } else {
+                // v:/i: (set or positional items): own the whole list.
+                if !prefix.is_empty() {
+                    out.insert(prefix.clone());
+                }
+                any_child = true;
+            }
+        }
+        if !any_child && !prefix.is_empty() {
+            out.insert(prefix.clone());
+        }
+    }
+    let mut out = FieldSet::new();
+    walk(v, &mut Vec::new(), &mut out);
+    out
+}
+
+pub fn read_entries(obj: &Value) -> Vec<Entry> {
+    let Some(arr) = obj
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+    else {
+        return Vec::new();
+    };
+    arr.iter()
+        .filter_map(|e| {
+            Some(Entry {
+                manager: e.get("manager")?.as_str()?.to_string(),
+                operation: e
+                    .get("operation")
+                    .and_then(Value::as_str)
+                    .unwrap_or("Update")
+                    .to_string(),
+                subresource: e
+                    .get("subresource")
+                    .and_then(Value::as_str)
+                    .map(String::from),
+                api_version: e
+                    .get("apiVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or(lattice_apis::API_VERSION)
+                    .to_string(),
+                time: e.get("time").and_then(Value::as_str).map(String::from),
+                fields: e.get("fieldsV1").map(from_fields_v1).unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+pub fn write_entries(obj: &mut Value, entries: &[Entry]) {
+    let arr: Vec<Value> = entries
+        .iter()
+        .filter(|e| !e.fields.is_empty())
+        .map(|e| {
+            let mut v = json!({
+                "manager": e.manager,
+                "operation": e.operation,
+                "apiVersion": e.api_version,
+                "fieldsType": "FieldsV1",
+                "fieldsV1": to_fields_v1(&e.fields),
+            });
+            if let Some(t) = &e.time {
+                v["time"] = Value::String(t.clone());
+            }
+            if let Some(s) = &e.subresource {
+                v["subresource"] = Value::String(s.clone());
+            }
+            v
+        })
+        .collect();
+    if let Some(m) = crate::objects::meta_mut(obj) {
+        if arr.is_empty() {
+            m.remove("managedFields");
+        } else {
+            m.insert("managedFields".into(), Value::Array(arr));
+        }
+    }
+}
+
+fn upsert(entries: &mut Vec<Entry>, manager: &str, op: &str, sub: Option<&str>, fields: FieldSet) {
+    match entries.iter_mut().find(|e| e.same_slot(manager, op, sub)) {
+        Some(e) => {
+            if e.fields != fields {
+                e.fields = fields;
+                e.time = Some(now_rfc3339());
+            }
+        }
+        None => entries.push(Entry {
+            manager: manager.to_string(),
+            operation: op.to_string(),
+            subresource: sub.map(String::from),
+            api_version: lattice_apis::API_VERSION.to_string(),
+            time: Some(now_rfc3339()),
+            fields,
+        }),
+    }
+}
+
+fn retain_nonempty(entries: &mut Vec<Entry>) {
+    entries.retain(|e| !e.fields.is_empty());
+}
+
+/// Server-side apply of `applied` by `manager` onto `live`. Returns the merged object
+/// (managedFields updated) or the conflicts.
+pub fn apply(
+    live: &Value,
+    applied: &Value,
+    manager: &str,
+    force: bool,
+    subresource: Option<&str>,
+    lists: &ListMaps,
+) -> Result<Value, Vec<Conflict>> {
+    let mut entries = read_entries(live);
+    let new_set = field_set(applied, subresource, lists);
+    let old_set: FieldSet = entries
+        .iter()
+        .find(|e| e.same_slot(manager, "Apply", subresource))
+        .map(|e| e.fields.clone())
+        .unwrap_or_default();
+
+    // Conflicts with other managers.
+    let mut conflicts = Vec::new();
+    let mut taken: Vec<(usize, Path)> = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        if e.manager == manager {
+            continue;
+        }
+        for q in &e.fields {
+            for p in new_set.iter().filter(|p| related(p, q)) {
+                let (lp, ap) = if p.len() >= q.len() { (p, p) } else { (q, q) };
+                let live_v = get_path(live, lp);
+                let applied_v = get_path(applied, ap);
+                if live_v != applied_v {
+                    if force {
+                        taken.push((i, q.clone()));
+                    } else {
+                        conflicts.push(Conflict {
+                            manager: e.manager.clone(),
+                            path: p.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    if !conflicts.is_empty() {
+        conflicts.sort_by(|a, b| (&a.path, &a.manager).cmp(&(&b.path, &b.manager)));
+        conflicts.dedup();
+        return Err(conflicts);
+    }
+    for (i, q) in taken {
+        if let Some(e) = entries.get_mut(i) {
+            if e.fields.remove(&q) {
+                e.time = Some(now_rfc3339());
+            }
+        }
+    }
+
+    let mut result = live.clone();
+    for p in &new_set {
+        if let Some(v) = get_path(applied, p) {
+            set_path(&mut result, p, v.clone());
+        }
+    }
+    // Fields this manager dropped: remove unless someone else still owns them.
+    for p in old_set.difference(&new_set) {
+        if owns_related(&new_set, p) {
+            continue;
+        }
+        let owned_elsewhere = entries
+            .iter()
+            .any(|e| !e.same_slot(manager, "Apply", subresource) && owns_related(&e.fields, p));
+        if owned_elsewhere {
+            continue;
+        }
+        // A list-map item nobody else uses goes whole; an item that stays keeps its keys.
+        let mut target: Option<&[Seg]> = Some(p);
+        for (i, seg) in p.iter().enumerate() {
+            let Seg::K(k) = seg else { continue };
+            let item = &p[..=i];
+            let used = new_set.iter().any(|q| q.starts_with(item))
+                || entries.iter().any(|e| {
+                    !e.same_slot(manager, "Apply", subresource)
+                        && e.fields.iter().any(|q| q.starts_with(item))
+                });
+            if !used {
+                target = Some(item);
+                break;
+            }
+            if i + 2 == p.len() {
+                if let Some(Seg::F(f)) = p.last() {
+                    if serde_json::from_str::<Value>(k)
+                        .ok()
+                        .and_then(|v| v.get(f).cloned())
+                        .is_some()
+                    {
+                        target = None;
+                    }
+                }
+            }
+        }
+        if let Some(t) = target {
+            remove_path(&mut result, t);
+        }
+    }
+    // The manager's own Update entry gives up what its Apply now owns.
+    for e in entries.iter_mut() {
+        if e.manager == manager && e.operation != "Apply" {
+            e.fields.retain(|q| !owns_related(&new_set, q));
+        }
+    }
+    upsert(&mut entries, manager, "Apply", subresource, new_set);
+    retain_nonempty(&mut entries);
+    write_entries(&mut result, &entries);
+    Ok(result)
+}
+
+/// Record an Update-operation write: `manager` takes ownership of every field it
+/// changed; fields that disappeared are dropped from every manager.
+pub fn record_update(
+    old: Option<&Value>,
+    new: &mut Value,
+    manager: &str,
+    subresource: Option<&str>,
+    lists: &ListMaps,
+) {
+    let mut entries = old.map(read_entries).unwrap_or_default();
+    let new_set = field_set(new, subresource, lists);
+    let old_set = old
+        .map(|o| field_set(o, subresource, lists))
+        .unwrap_or_default();
+    let changed: FieldSet = new_set
+        .iter()
+        .filter(|p| old.and_then(|o| get_path(o, p)) != get_path(new, p))
+        .cloned()
+        .collect();
+    let removed: FieldSet = old_set.difference(&new_set).cloned().collect();
+    if changed.is_empty() && removed.is_empty() {
+        write_entries(new, &entries);
+        return;
+    }
+    for e in entries.iter_mut() {
+        let before = e.fields.len();
+        e.fields.retain(|q| {
+            // drop changed fields (and related paths) and removed subtrees
+            !(changed.iter().any(|p| related(p, q)) || removed.iter().any(|r| q.starts_with(r)))
+        });
+        if e.fields.len() != before {
+            e.time = Some(now_rfc3339());
+        }
+    }
+    let mut mine: FieldSet = entries
+        .iter()
+        .find(|e| e.same_slot(manager, "Update", subresource))
+        .map(|e| e.fields.clone())
+        .unwrap_or_default();
+    mine.extend(changed);
+    // only keep what still exists
+    mine.retain(|p| new_set.contains(p));
+    upsert(&mut entries, manager, "Update", subresource, mine);
+    retain_nonempty(&mut entries);
+    write_entries(new, &entries);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Path {
+        s.split('.').map(|x| Seg::F(x.to_string())).collect()
+    }
+
+    fn none() -> ListMaps {
+        ListMaps::default()
+    }
+
+    #[test]
+    fn fields_v1_roundtrip() {
+        let obj = json!({"metadata": {"name": "x", "labels": {"a": "1"}}, "spec": {"x": 1, "y": {"z": [1, 2]}, "e": {}}, "status": {"s": 1}});
+        let set = field_set(&obj, None, &none());
+        assert_eq!(
+            set,
+            [
+                p("metadata.labels.a"),
+                p("spec.x"),
+                p("spec.y.z"),
+                p("spec.e")
+            ]
+            .into_iter()
+            .collect()
+        );
+        let v1 = to_fields_v1(&set);
+        assert_eq!(v1["f:spec"]["f:y"]["f:z"], json!({}));
+        assert_eq!(from_fields_v1(&v1), set);
+        assert_eq!(
+            field_set(&obj, Some("status"), &none()),
+            [p("status.s")].into_iter().collect()
+        );
+    }
+
+    #[test]
+    fn apply_is_idempotent() {
+        let live =
+            json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "K", "metadata": {"name": "x"}});
+        let cfg = json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "K", "metadata": {"name": "x"}, "spec": {"a": 1, "b": {"c": "d"}}});
+        let once = apply(&live, &cfg, "m", false, None, &none()).unwrap();
+        let twice = apply(&once, &cfg, "m", false, None, &none()).unwrap();
+        assert_eq!(once, twice);
+        assert_eq!(once["spec"], json!({"a": 1, "b": {"c": "d"}}));
+        assert_eq!(read_entries(&once).len(), 1);
+    }
+
+    #[test]
+    fn conflicts_and_force() {
+        let live = json!({"metadata": {"name": "x"}});
+        let a = apply(
+            &live,
+            &json!({"spec": {"a": 1, "b": 2}}),
+            "alice",
+            false,
+            None,
+            &none(),
+        )
+        .unwrap();
+        // same value: shared ownership, no conflict
+        let shared = apply(&a, &json!({"spec": {"a": 1}}), "bob", false, None, &none()).unwrap();
+        assert_eq!(read_entries(&shared).len(), 2);
+        // different value: conflict
+        let err = apply(&a, &json!({"spec": {"a": 5}}), "bob", false, None, &none()).unwrap_err();
+        assert_eq!(
+            err,
+            vec![Conflict {
+                manager: "alice".into(),
+                path: p("spec.a")
+            }]
+        );
+        // force takes it over
+        let forced = apply(&a, &json!({"spec": {"a": 5}}), "bob", true, None, &none()).unwrap();
+        assert_eq!(forced["spec"], json!({"a": 5, "b": 2}));
+        let entries = read_entries(&forced);
+        let alice = entries.iter().find(|e| e.manager == "alice").unwrap();
+        assert_eq!(alice.fields, [p("spec.b")].into_iter().collect());
+    }
+
+    #[test]
+    fn dropped_fields_are_removed_unless_shared() {
+        let live = json!({"metadata": {"name": "x"}});
+        let a = apply(
+            &live,
+            &json!({"spec": {"a": 1, "b": 2, "c": 3}}),
+            "alice",
+            false,
+            None,
+            &none(),
+        )
+        .unwrap();
+        let b = apply(&a, &json!({"spec": {"c": 3}}), "bob", false, None, &none()).unwrap();
+        let a2 = apply(
+            &b,
+            &json!({"spec": {"a": 1}}),
+            "alice",
+            false,
+            None,
+            &none(),
+        )
+        .unwrap();
+        // b removed (nobody owns it), c kept (bob owns it)
+        assert_eq!(a2["spec"], json!({"a": 1, "c": 3}));
+    }
+
+    #[test]
+    fn update_takes_ownership() {
+        let live = json!({"metadata": {"name": "x"}});
+        let a = apply(
+            &live,
+            &json!({"spec": {"a": 1, "b": 2}}),
+            "alice",
+            false,
+            None,
+            &none(),
+        )
+        .unwrap();
+        let mut edited = a.clone();
+        edited["spec"]["a"] = json!(9);
+        record_update(Some(&a), &mut edited, "kubectl-edit", None, &none());
+        let entries = read_entries(&edited);
+        let alice = entries.iter().find(|e| e.manager == "alice").unwrap();
+        assert_eq!(alice.fields, [p("spec.b")].into_iter().collect());
+        let ed = entries
+            .iter()
+            .find(|e| e.manager == "kubectl-edit")
+            .unwrap();
+        assert_eq!(ed.fields, [p("spec.a")].into_iter().collect());
+        // alice re-applying a=1 now conflicts with kubectl-edit
+        assert!(apply(
+            &edited,
+            &json!({"spec": {"a": 1, "b": 2}}),
+            "alice",
+            false,
+            None,
+            &none()
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn list_maps_merge_by_key() {
+        let schema = json!({
+            "type": "object",
+            "properties": {"spec": {"$ref": "#/$defs/Spec"}},
+            "$defs": {"Spec": {"type": "object", "properties": {"tasks": {
+                "type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                "items": {"type": "object", "properties": {"name": {"type": "string"}, "cmd": {"type": "string"}}}
+            }}}}
+        });
+        let lists = ListMaps::from_schema(&schema);
+        let live = json!({"metadata": {"name": "d"}});
+        let a = apply(
+            &live,
+            &json!({"spec": {"tasks": [{"name": "a", "cmd": "x"}]}}),
+            "alice",
+            false,
+            None,
+            &lists,
+        )
+        .unwrap();
+        let b = apply(
+            &a,
+            &json!({"spec": {"tasks": [{"name": "b", "cmd": "y"}]}}),
+            "bob",
+            false,
+            None,
+            &lists,
+        )
+        .unwrap();
+        assert_eq!(
+            b["spec"]["tasks"],
+            json!([{"name": "a", "cmd": "x"}, {"name": "b", "cmd": "y"}])
+        );
+        let entries = read_entries(&b);
+        let bob = entries.iter().find(|e| e.manager == "bob").unwrap();
+        assert!(
+            to_fields_v1(&bob.fields)["f:spec"]["f:tasks"]["k:{\"name\":\"b\"}"]["f:cmd"]
+                .is_object()
+        );
+        // bob changing alice's item conflicts on that item only
+        let err = apply(
+            &b,
+            &json!({"spec": {"tasks": [{"name": "a", "cmd": "z"}, {"name": "b", "cmd": "y"}]}}),
+            "bob",
+            false,
+            None,
+            &lists,
+        )
+        .unwrap_err();
+        assert_eq!(err.len(), 1);
+        assert_eq!(
+            path_string(&err[0].path),
+            ".spec.tasks[{\"name\":\"a\"}].cmd"
+        );
+        // alice dropping her item removes it, bob's stays
+        let a2 = apply(
+            &b,
+            &json!({"metadata": {"name": "d"}}),
+            "alice",
+            false,
+            None,
+            &lists,
+        )
+        .unwrap();
+        assert_eq!(a2["spec"]["tasks"], json!([{"name": "b", "cmd": "y"}]));
+        // idempotent
+        assert_eq!(
+            apply(
+                &a2,
+                &json!({"spec": {"tasks": [{"name": "b", "cmd": "y"}]}}),
+                "bob",
+                false,
+                None,
+                &lists
+            )
+            .unwrap(),
+            a2
+        );
+    }
+
+    fn arb_spec() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            any::<i32>().prop_map(|n| json!(n)),
+            "[a-z]{0,4}".prop_map(|s| json!(s)),
+            proptest::collection::vec(any::<u8>(), 0..3).prop_map(|v| json!(v)),
+        ];
+        leaf.prop_recursive(3, 16, 4, |inner| {
+            proptest::collection::btree_map("[a-c]{1,2}", inner, 1..4).prop_map(|m| json!(m))
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn apply_is_idempotent_and_sets_every_leaf(spec in arb_spec(), other in arb_spec()) {
+            let live = json!({"metadata": {"name": "x"}, "spec": {"seed": other}});
+            let cfg = json!({"metadata": {"name": "x"}, "spec": {"mine": spec}});
+            let once = apply(&live, &cfg, "m", false, None, &none()).unwrap();
+            let twice = apply(&once, &cfg, "m", false, None, &none()).unwrap();
+            proptest::prop_assert_eq!(&once, &twice);
+            for p in field_set(&cfg, None, &none()) {
+                proptest::prop_assert_eq!(get_path(&once, &p), get_path(&cfg, &p));
+            }
+            // the unmanaged part is untouched
+            proptest::prop_assert_eq!(&once["spec"]["seed"], &live["spec"]["seed"]);
+            // and withdrawing everything removes exactly what was applied
+            let gone = apply(&once, &json!({"metadata": {"name": "x"}}), "m", false, None, &none()).unwrap();
+            proptest::prop_assert!(gone["spec"].get("mine").is_none());
+            proptest::prop_assert_eq!(&gone["spec"]["seed"], &live["spec"]["seed"]);
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! The seed's Intent API (`/v1/...`) as thin translations onto the resources.
+//!
+//! * `POST /v1/allocations` / `POST /v1/dags`: the body is either a whole resource
+//!   object (with `kind`) or an intent: `{"tenant": "t", "name": "n"?, ...spec fields}`,
+//!   which becomes `{metadata: {namespace: tenant, name | generateName}, spec: rest}`.
+//!   `tenant` may also come from `?tenant=`.
+//! * `GET /v1/<plural>` lists (all tenants, or `?tenant=`); `GET /v1/<plural>/{id}`
+//!   finds the object whose name is `id` (or `tenant/name`).
+//! * `DELETE /v1/allocations/{id}` is a cancel request: it sets the annotation
+//!   `lattice.dev/cancel-requested: "true"` (the controllers stop the work and finish
+//!   the allocation); the object is kept for its history. `DELETE /v1/dags/{id}` does
+//!   the same for a DAG.
+//! * `GET /v1/nodes`, `/v1/tenants`, `/v1/vclusters` list those kinds.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+
+use crate::auth::{authorize, Access};
+use crate::errors::{ApiError, ApiResult};
+use crate::objects::{name_of, parse_body};
+use crate::patch::PatchType;
+use crate::resources::{ListOptions, WriteOptions};
+use crate::routes::{authenticate, json_response, kind_by_plural, read_body, Params};
+use crate::Inner;
+
+pub const CANCEL_ANNOTATION: &str = "lattice.dev/cancel-requested";
+
+fn kind(plural: &str) -> ApiResult<&'static lattice_apis::KindInfo> {
+    match plural {
+        "allocations" | "dags" | "nodes" | "tenants" | "vclusters" => {
+            kind_by_plural(plural).ok_or_else(|| ApiError::path_not_found(plural))
+        }
+        _ => Err(ApiError::path_not_found(plural)),
+    }
+}
+
+pub async fn collection(
+    State(inner): State<Arc<Inner>>,
+    Path(plural): Path<String>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let r = async {
+        let k = kind(&plural)?;
+        let user = authenticate(&inner, &headers).await?;
+        let params = Params::from_uri(&uri)?;
+        let tenant = params.get("tenant").map(String::from);
+        match method {
+            Method::GET => {
+                authorize(&user, Access::Read, k, tenant.as_deref())?;
+                let list = inner
+                    .resources
+                    .list(k, tenant.as_deref(), &ListOptions::default())
+                    .await?;
+                Ok(json_response(StatusCode::OK, &list))
+            }
+            Method::POST if matches!(plural.as_str(), "allocations" | "dags") => {
+                let b = read_body(&inner, &headers, body).await?;
+                let v = parse_body(
+                    &b,
+                    headers
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or(""),
+                )?;
+                let (obj, t) = to_resource(k, v, tenant)?;
+                authorize(&user, Access::Write, k, Some(&t))?;
+                let created = inner
+                    .resources
+                    .create(
+                        k,
+                        Some(&t),
+                        obj,
+                        &WriteOptions {
+                            field_manager: Some("intent-api".into()),
+                            ..Default::default()
+                        },
+                        false,
+                    )
+                    .await?;
+                Ok(json_response(StatusCode::CREATED, &created))
+            }
+            _ => Err(ApiError::method_not_allowed(format!(
+                "{method} is not supported on /v1/{plural}"
+            ))),
+        }
+    }
+    .await;
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+fn to_resource(
+    k: &lattice_apis::KindInfo,
+    v: Value,
+    tenant: Option<String>,
+) -> ApiResult<(Value, String)> {
+    let Value::Object(mut m) = v else {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    };
+    if m.contains_key("kind") || m.contains_key("metadata") {
+        let t = m
+            .get("metadata")
+            .and_then(|md| md.get("namespace"))
+            .and_then(Value::as_str)
+            .map(String::from)
+            .or(tenant)
+            .ok_or_else(|| ApiError::bad_request("metadata.namespace (the tenant) is required"))?;
+        return Ok((Value::Object(m), t));
+    }
+    let t = m
+        .remove("tenant")
+        .and_then(|v| v.as_str().map(String::from))
+        .or(tenant)
+        .ok_or_else(|| ApiError::bad_request("\"tenant\" is required"))?;
+    let mut meta = Map::new();
+    meta.insert("namespace".into(), Value::String(t.clone()));
+    match m.remove("name").and_then(|v| v.as_str().map(String::from)) {
+        Some(n) => meta.insert("name".into(), Value::String(n)),
+        None => meta.insert(
+            "generateName".into(),
+            Value::String(format!("{}-", k.singular)),
+        ),
+    };
+    if let Some(l) = m.remove("labels") {
+        meta.insert("labels".into(), l);
+    }
+    let spec = m.remove("spec").unwrap_or(Value::Object(m));
+    Ok((
+        json!({"apiVersion": lattice_apis::API_VERSION, "kind": k.kind, "metadata": meta, "spec": spec}),
+        t,
+    ))
+}
+
+async fn find(inner: &Inner, k: &'static lattice_apis::KindInfo, id: &str) -> ApiResult<Value> {
+    if let Some((t, n)) = id.split_once('/') {
+        return inner.resources.get(k, Some(t), n).await;
+    }
+    if !k.namespaced {
+        return inner.resources.get(k, None, id).await;
+    }
+    let mut opts = ListOptions::default();
+    opts.selectors.fields =
+        crate::selectors::FieldSelector::parse(&format!("metadata.name={id}"), &[])
+            .map_err(ApiError::bad_request)?;
+    let list = inner.resources.list(k, None, &opts).await?;
+    list.get("items")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first().cloned())
+        .ok_or_else(|| ApiError::not_found(k.kind, k.plural, id))
+}
+
+pub async fn item(
+    State(inner): State<Arc<Inner>>,
+    Path((plural, id)): Path<(String, String)>,
+    method: Method,
+    headers: HeaderMap,
+) -> Response {
+    let r = async {
+        let k = kind(&plural)?;
+        let user = authenticate(&inner, &headers).await?;
+        let obj = find(&inner, k, &id).await?;
+        let ns = obj
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .map(String::from);
+        match method {
+            Method::GET => {
+                authorize(&user, Access::Read, k, ns.as_deref())?;
+                Ok(json_response(StatusCode::OK, &obj))
+            }
+            Method::DELETE if matches!(plural.as_str(), "allocations" | "dags") => {
+                authorize(&user, Access::Write, k, ns.as_deref())?;
+                let patch = json!({"metadata": {"annotations": {CANCEL_ANNOTATION: "true"}}});
+                let body = serde_json::to_vec(&patch).unwrap_or_default();
+                let (v, _) = inner
+                    .resources
+                    .patch(
+                        k,
+                        ns.as_deref(),
+                        name_of(&obj),
+                        PatchType::Merge,
+                        &body,
+                        None,
+                        &WriteOptions {
+                            field_manager: Some("intent-api".into()),
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+                Ok(json_response(StatusCode::ACCEPTED, &v))
+            }
+            _ => Err(ApiError::method_not_allowed(format!(
+                "{method} is not supported on /v1/{plural}/{{id}}"
+            ))),
+        }
+    }
+    .await;
+    r.unwrap_or_else(IntoResponse::into_response)
+}

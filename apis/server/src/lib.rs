@@ -1,0 +1,279 @@
+//! `lattice-apiserver`: a Kubernetes-style HTTP API over the [`KvBackend`] trait.
+//!
+//! * Resources under `/apis/lattice.dev/v1alpha1/...` (namespaced kinds under
+//!   `namespaces/{tenant}/`), handled generically as JSON with each kind's `admit`.
+//! * Verbs: get, list (label/field selectors, limit/continue), watch (from the watch
+//!   cache, bookmarks, 410 on compaction), create, replace, patch (merge, JSON,
+//!   server-side apply), delete (preconditions, finalizers), `dryRun=All`, `/status`.
+//! * Discovery, OpenAPI v3, Table output, `Status` errors, JWT auth, `/metrics`,
+//!   `/healthz`, `/readyz`, and the seed's `/v1/...` Intent API.
+//!
+//! Modules: [`routes`] (paths and dispatch), [`resources`] (verbs over the store),
+//! [`selectors`], [`apply`] (SSA), [`patch`], [`watch_cache`], [`watch`], [`auth`],
+//! [`table`], [`discovery`], [`openapi`], [`errors`], [`metrics`], [`intent`].
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::Router;
+use lattice_store::KvBackend;
+
+pub mod apply;
+pub mod auth;
+pub mod discovery;
+pub mod errors;
+pub mod intent;
+pub mod metrics;
+pub mod objects;
+pub mod openapi;
+pub mod patch;
+pub mod resources;
+pub mod routes;
+pub mod selectors;
+pub mod table;
+pub mod tls;
+pub mod watch;
+pub mod watch_cache;
+
+pub use auth::{mint_token, Authenticator, JwtAuthenticator, Role, UserInfo};
+pub use errors::{ApiError, ApiResult};
+
+/// API server settings.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// HS256 secret for bearer tokens.
+    pub jwt_secret: Vec<u8>,
+    /// `false`: no authentication, everyone is an admin (tests, `--dev`).
+    pub auth: bool,
+    /// Largest request body accepted (413 above it).
+    pub max_body_bytes: usize,
+    /// Events kept per kind in the watch cache's ring buffer.
+    pub watch_cache_size: usize,
+    /// How often watchers that allow bookmarks get one.
+    pub bookmark_interval: Duration,
+    /// Watch lifetime when the client gives no `timeoutSeconds`.
+    pub default_watch_timeout: Duration,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            jwt_secret: Vec::new(),
+            auth: false,
+            max_body_bytes: 3 * 1024 * 1024,
+            watch_cache_size: 10_000,
+            bookmark_interval: Duration::from_secs(10),
+            default_watch_timeout: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// Shared state of every handler.
+pub struct Inner {
+    pub config: ApiConfig,
+    pub resources: resources::Resources,
+    pub caches: watch_cache::WatchCaches,
+    pub metrics: Arc<metrics::Metrics>,
+    pub authenticator: Arc<dyn Authenticator>,
+    /// Flips to true when the server shuts down: open watches end so the graceful
+    /// shutdown does not wait for them.
+    pub shutting_down: tokio::sync::watch::Sender<bool>,
+    openapi_doc: Vec<u8>,
+    openapi_hash: String,
+}
+
+/// The API server.
+#[derive(Clone)]
+pub struct ApiServer {
+    inner: Arc<Inner>,
+}
+
+impl ApiServer {
+    pub fn new(backend: Arc<dyn KvBackend>, config: ApiConfig) -> ApiServer {
+        let authenticator: Arc<dyn Authenticator> = if config.auth {
+            Arc::new(JwtAuthenticator::new(&config.jwt_secret))
+        } else {
+            Arc::new(auth::AllowAll)
+        };
+        Self::with_authenticator(backend, config, authenticator)
+    }
+
+    /// Like [`new`](Self::new) with a custom authenticator (OIDC, mTLS, ...).
+    pub fn with_authenticator(
+        backend: Arc<dyn KvBackend>,
+        config: ApiConfig,
+        authenticator: Arc<dyn Authenticator>,
+    ) -> ApiServer {
+        let metrics = Arc::new(metrics::Metrics::new());
+        let doc = openapi::group_version_doc();
+        let openapi_doc = serde_json::to_vec(&doc).unwrap_or_default();
+        let openapi_hash = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            openapi_doc.hash(&mut h);
+            format!("{:016X}", h.finish())
+        };
+        let inner = Inner {
+            caches: watch_cache::WatchCaches::new(
+                backend.clone(),
+                config.watch_cache_size,
+                metrics.clone(),
+            ),
+            resources: resources::Resources::new(backend),
+            config,
+            metrics,
+            authenticator,
+            shutting_down: tokio::sync::watch::channel(false).0,
+            openapi_doc,
+            openapi_hash,
+        };
+        ApiServer {
+            inner: Arc::new(inner),
+        }
+    }
+
+    pub fn router(&self) -> Router {
+        let api_prefix = format!("/apis/{}", lattice_apis::API_VERSION);
+        Router::new()
+            .route("/healthz", get(|| async { "ok" }))
+            .route("/livez", get(|| async { "ok" }))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics_handler))
+            .route("/version", get(|| async { json(discovery::version()) }))
+            .route("/api", get(discovery_handler))
+            .route("/apis", get(discovery_handler))
+            .route(
+                &format!("/apis/{}", lattice_apis::GROUP),
+                get(discovery_handler),
+            )
+            .route(&api_prefix, get(discovery_handler))
+            .route(&format!("{api_prefix}/"), get(discovery_handler))
+            .route(
+                &format!("{api_prefix}/{{*rest}}"),
+                any(routes::resource_handler),
+            )
+            .route("/openapi/v3", get(openapi_index))
+            .route(
+                &format!("/openapi/v3/apis/{}", lattice_apis::API_VERSION),
+                get(openapi_doc),
+            )
+            .route("/v1/{plural}", any(intent::collection))
+            .route("/v1/{plural}/{id}", any(intent::item))
+            .fallback(not_found)
+            .layer(tower_http::trace::TraceLayer::new_for_http())
+            .with_state(self.inner.clone())
+    }
+
+    /// Serve until `shutdown` resolves, then drain connections gracefully.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, "lattice API server listening");
+        let inner = self.inner.clone();
+        let signal = async move {
+            shutdown.await;
+            tracing::info!("lattice API server shutting down; ending watches");
+            inner.shutting_down.send_replace(true);
+        };
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(signal)
+            .await?;
+        Ok(())
+    }
+
+    /// Like [`serve`](Self::serve), over TLS (see [`tls`]). Both can run at once on
+    /// clones of one server: they share caches, metrics and shutdown of watches.
+    pub async fn serve_tls(
+        self,
+        listener: tokio::net::TcpListener,
+        config: rustls::ServerConfig,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, "lattice API server listening (TLS)");
+        let inner = self.inner.clone();
+        let signal = async move {
+            shutdown.await;
+            inner.shutting_down.send_replace(true);
+        };
+        axum::serve(tls::TlsListener::new(listener, config)?, self.router())
+            .with_graceful_shutdown(signal)
+            .await?;
+        Ok(())
+    }
+
+    /// The server's metrics (for embedding in a bigger registry or tests).
+    pub fn metrics(&self) -> Arc<metrics::Metrics> {
+        self.inner.metrics.clone()
+    }
+}
+
+fn json(v: serde_json::Value) -> Response {
+    routes::json_response(StatusCode::OK, &v)
+}
+
+async fn not_found(uri: Uri) -> Response {
+    ApiError::path_not_found(uri.path()).into_response()
+}
+
+async fn discovery_handler(
+    State(inner): State<Arc<Inner>>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(e) = routes::authenticate(&inner, &headers).await {
+        return e.into_response();
+    }
+    let path = uri.path().trim_end_matches('/');
+    let v = match path {
+        "/api" => discovery::core_api(),
+        "/apis" => discovery::api_group_list(),
+        p if p == format!("/apis/{}", lattice_apis::GROUP) => discovery::api_group(),
+        _ => discovery::api_resource_list(),
+    };
+    json(v)
+}
+
+async fn openapi_index(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
+    if let Err(e) = routes::authenticate(&inner, &headers).await {
+        return e.into_response();
+    }
+    json(openapi::index(&inner.openapi_hash))
+}
+
+async fn openapi_doc(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
+    if let Err(e) = routes::authenticate(&inner, &headers).await {
+        return e.into_response();
+    }
+    let mut resp = (StatusCode::OK, inner.openapi_doc.clone()).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+async fn readyz(State(inner): State<Arc<Inner>>) -> Response {
+    match inner.resources.backend.status().await {
+        Ok(_) => "ok".into_response(),
+        Err(e) => ApiError::unavailable(format!("store not ready: {e}")).into_response(),
+    }
+}
+
+async fn metrics_handler(State(inner): State<Arc<Inner>>) -> Response {
+    let text = metrics::to_prometheus_text(&inner.metrics.encode());
+    let mut resp = (StatusCode::OK, text).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    resp
+}

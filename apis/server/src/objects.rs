@@ -1,0 +1,167 @@
+//! Object plumbing shared by the verbs: keys, (de)serialisation, metadata helpers.
+
+use bytes::Bytes;
+use lattice_apis::KindInfo;
+use lattice_store::KeyValue;
+use serde_json::{Map, Value};
+
+use crate::errors::{ApiError, ApiResult};
+
+pub const GROUP: &str = "lattice.dev";
+pub const REGISTRY_PREFIX: &str = "/registry/lattice.dev/";
+
+/// Which objects a request addresses.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    pub kind: &'static KindInfo,
+    /// Tenant; `None` for cluster-scoped kinds and cross-tenant lists.
+    pub namespace: Option<String>,
+}
+
+pub fn object_key(kind: &KindInfo, ns: Option<&str>, name: &str) -> Bytes {
+    match (kind.namespaced, ns) {
+        (true, Some(ns)) => Bytes::from(format!("{REGISTRY_PREFIX}{}/{ns}/{name}", kind.plural)),
+        _ => Bytes::from(format!("{REGISTRY_PREFIX}{}/{name}", kind.plural)),
+    }
+}
+
+/// Prefix of every key of a kind, or of one tenant's keys.
+pub fn list_prefix(kind: &KindInfo, ns: Option<&str>) -> Bytes {
+    match (kind.namespaced, ns) {
+        (true, Some(ns)) => Bytes::from(format!("{REGISTRY_PREFIX}{}/{ns}/", kind.plural)),
+        _ => Bytes::from(format!("{REGISTRY_PREFIX}{}/", kind.plural)),
+    }
+}
+
+/// Decode a stored value and stamp `metadata.resourceVersion`.
+pub fn decode(value: &[u8], rv: i64) -> ApiResult<Value> {
+    let mut obj: Value = serde_json::from_slice(value)
+        .map_err(|e| ApiError::internal(format!("stored object is not valid JSON: {e}")))?;
+    set_rv(&mut obj, rv);
+    Ok(obj)
+}
+
+pub fn decode_kv(kv: &KeyValue) -> ApiResult<Value> {
+    decode(&kv.value, kv.mod_revision)
+}
+
+/// Serialise for storage: the object without `metadata.resourceVersion`.
+pub fn encode(obj: &Value) -> ApiResult<Bytes> {
+    let mut o = obj.clone();
+    if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+    }
+    serde_json::to_vec(&o)
+        .map(Bytes::from)
+        .map_err(|e| ApiError::internal(format!("cannot encode object: {e}")))
+}
+
+pub fn set_rv(obj: &mut Value, rv: i64) {
+    if let Some(m) = meta_mut(obj) {
+        m.insert("resourceVersion".into(), Value::String(rv.to_string()));
+    }
+}
+
+/// `metadata` as a mutable map (created when missing on an object).
+pub fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
+    let o = obj.as_object_mut()?;
+    let m = o
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !m.is_object() {
+        *m = Value::Object(Map::new());
+    }
+    m.as_object_mut()
+}
+
+pub fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
+    obj.get("metadata")?.get(field)?.as_str()
+}
+
+pub fn name_of(obj: &Value) -> &str {
+    meta_str(obj, "name").unwrap_or("")
+}
+
+pub fn rv_of(obj: &Value) -> Option<&str> {
+    meta_str(obj, "resourceVersion").filter(|s| !s.is_empty())
+}
+
+pub fn parse_rv(s: &str) -> ApiResult<i64> {
+    s.parse::<i64>().ok().filter(|v| *v >= 0).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "invalid resourceVersion {s:?}: must be a non-negative integer"
+        ))
+    })
+}
+
+pub fn finalizers(obj: &Value) -> Vec<String> {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn is_terminating(obj: &Value) -> bool {
+    obj.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+}
+
+/// The object with metadata and status removed: what `generation` tracks.
+pub fn spec_part(obj: &Value) -> Value {
+    let mut o = obj.clone();
+    if let Some(m) = o.as_object_mut() {
+        m.remove("metadata");
+        m.remove("status");
+        m.remove("apiVersion");
+        m.remove("kind");
+    }
+    o
+}
+
+pub fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// Convert a body to JSON from JSON or YAML.
+pub fn parse_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
+    if body.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(ApiError::bad_request("the request body is empty"));
+    }
+    let ct = content_type.to_ascii_lowercase();
+    if ct.contains("yaml") {
+        serde_yaml::from_slice::<Value>(body)
+            .map_err(|e| ApiError::bad_request(format!("the body is not valid YAML: {e}")))
+    } else {
+        serde_json::from_slice::<Value>(body)
+            .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))
+    }
+}
+
+/// Run the kind's admission (strict parse, defaults, validation), as a 422 on failure.
+pub fn admit(kind: &KindInfo, obj: Value) -> ApiResult<Value> {
+    let name = name_of(&obj).to_string();
+    let rv = rv_of(&obj).map(String::from);
+    let mut o = obj;
+    if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+    }
+    match (kind.admit)(o) {
+        Ok(mut v) => {
+            if let Some(rv) = rv {
+                if let Some(m) = meta_mut(&mut v) {
+                    m.insert("resourceVersion".into(), Value::String(rv));
+                }
+            }
+            Ok(v)
+        }
+        Err(errs) => Err(ApiError::invalid(
+            kind.kind,
+            &name,
+            errs.0.into_iter().map(|e| (e.path, e.message)).collect(),
+        )),
+    }
+}

@@ -1,0 +1,872 @@
+//! The verbs over the store: get, list, create, replace, patch (merge, JSON, apply),
+//! delete. Every write is one store transaction guarded by a `mod_revision` compare
+//! (create: `== 0`; update and delete: `==` the revision read), so optimistic
+//! concurrency needs no in-process locks.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use bytes::Bytes;
+use lattice_apis::KindInfo;
+use lattice_store::{
+    prefix_end, Compare, CompareResult, DeleteRangeRequest, KeyRange, KvBackend, PutRequest,
+    RangeRequest, StoreError, TxnOp, TxnOpResponse, TxnRequest,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use crate::apply;
+use crate::errors::{ApiError, ApiResult};
+use crate::objects::*;
+use crate::patch::{apply_patch, PatchType};
+use crate::selectors::Selectors;
+
+/// How many times a PATCH or DELETE re-reads and retries after losing a compare race.
+const MAX_RETRIES: usize = 32;
+const DEFAULT_MANAGER: &str = "unknown";
+
+#[derive(Debug, Clone, Default)]
+pub struct WriteOptions {
+    pub dry_run: bool,
+    pub field_manager: Option<String>,
+    pub force: bool,
+}
+
+impl WriteOptions {
+    fn manager(&self) -> &str {
+        self.field_manager.as_deref().unwrap_or(DEFAULT_MANAGER)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListOptions {
+    pub selectors: Selectors,
+    pub limit: i64,
+    pub continue_token: Option<String>,
+    pub resource_version: Option<String>,
+    pub resource_version_match: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ContinueToken {
+    v: String,
+    rv: i64,
+    start: String,
+}
+
+pub fn encode_continue(rv: i64, start: &[u8]) -> String {
+    let t = ContinueToken {
+        v: "meta.k8s.io/v1".into(),
+        rv,
+        start: base64::engine::general_purpose::STANDARD.encode(start),
+    };
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(serde_json::to_vec(&t).unwrap_or_default())
+}
+
+fn decode_continue(s: &str) -> ApiResult<(i64, Vec<u8>)> {
+    let bad = || {
+        ApiError::bad_request(
+            "invalid continue token: it was not issued by this server for this list",
+        )
+    };
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(s.trim_end_matches('='))
+        .map_err(|_| bad())?;
+    let t: ContinueToken = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    let start = base64::engine::general_purpose::STANDARD
+        .decode(&t.start)
+        .map_err(|_| bad())?;
+    if t.rv <= 0 {
+        return Err(bad());
+    }
+    Ok((t.rv, start))
+}
+
+/// The verbs, over one backend.
+#[derive(Clone)]
+pub struct Resources {
+    pub backend: Arc<dyn KvBackend>,
+    /// Per kind: the lists its schema merges by key (server-side apply).
+    lists: Arc<std::collections::HashMap<&'static str, apply::ListMaps>>,
+}
+
+enum WriteOutcome {
+    Done(Value),
+    /// Lost the compare race: the key changed since it was read.
+    Raced,
+}
+
+impl Resources {
+    pub fn new(backend: Arc<dyn KvBackend>) -> Self {
+        let lists = lattice_apis::kinds()
+            .iter()
+            .map(|k| (k.plural, apply::ListMaps::from_schema(&(k.schema)())))
+            .collect();
+        Self {
+            backend,
+            lists: Arc::new(lists),
+        }
+    }
+
+    fn lists(&self, kind: &KindInfo) -> &apply::ListMaps {
+        static EMPTY: std::sync::OnceLock<apply::ListMaps> = std::sync::OnceLock::new();
+        self.lists
+            .get(kind.plural)
+            .unwrap_or_else(|| EMPTY.get_or_init(apply::ListMaps::default))
+    }
+
+    async fn read(&self, key: &Bytes) -> ApiResult<Option<(Value, i64)>> {
+        match self.backend.get(key.clone()).await? {
+            Some(kv) => Ok(Some((decode_kv(&kv)?, kv.mod_revision))),
+            None => Ok(None),
+        }
+    }
+
+    pub async fn get(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        name: &str,
+    ) -> ApiResult<Value> {
+        let key = object_key(kind, ns, name);
+        match self.read(&key).await? {
+            Some((v, _)) => Ok(v),
+            None => Err(ApiError::not_found(kind.kind, kind.plural, name)),
+        }
+    }
+
+    /// List with selectors and pagination; returns the `<Kind>List`.
+    pub async fn list(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        opts: &ListOptions,
+    ) -> ApiResult<Value> {
+        let prefix = list_prefix(kind, ns);
+        let end = prefix_end(&prefix);
+        let (mut rev, mut start) = match &opts.continue_token {
+            Some(tok) if !tok.is_empty() => {
+                let (rv, start) = decode_continue(tok)?;
+                if !start.starts_with(&prefix) {
+                    return Err(ApiError::bad_request(
+                        "invalid continue token: it belongs to another list",
+                    ));
+                }
+                (rv, Bytes::from(start))
+            }
+            _ => {
+                let rv = match (
+                    opts.resource_version.as_deref(),
+                    opts.resource_version_match.as_deref(),
+                ) {
+                    (Some(rv), Some("Exact")) => parse_rv(rv)?,
+                    (Some(rv), _) if !rv.is_empty() => {
+                        parse_rv(rv)?;
+                        0
+                    }
+                    _ => 0,
+                };
+                (rv, prefix.clone())
+            }
+        };
+        let from_continue = opts
+            .continue_token
+            .as_deref()
+            .is_some_and(|t| !t.is_empty());
+        let limit = opts.limit.max(0);
+        let page = if limit == 0 {
+            0
+        } else if opts.selectors.is_empty() {
+            limit
+        } else {
+            limit.max(256)
+        };
+        let mut items = Vec::new();
+        let mut continue_from: Option<Bytes> = None;
+        let mut remaining: Option<i64> = None;
+        loop {
+            let req = RangeRequest {
+                range: KeyRange::between(start.clone(), end.clone()),
+                limit: page,
+                revision: rev,
+                ..Default::default()
+            };
+            let resp = match self.backend.range(req).await {
+                Ok(r) => r,
+                Err(StoreError::Compacted { compact_revision }) if from_continue => {
+                    return Err(ApiError::expired(format!(
+                        "The provided continue parameter is too old to display a consistent list result (compacted at revision {compact_revision}). You can start a new list without the continue parameter."
+                    )))
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if rev == 0 {
+                rev = resp.revision;
+            }
+            let n = resp.kvs.len();
+            let mut stopped_at = None;
+            for (i, kv) in resp.kvs.iter().enumerate() {
+                let obj = decode_kv(kv)?;
+                if opts.selectors.matches(&obj) {
+                    items.push(obj);
+                }
+                if limit > 0 && items.len() as i64 >= limit {
+                    stopped_at = Some(i);
+                    break;
+                }
+            }
+            match stopped_at {
+                Some(i) => {
+                    let more_in_page = i + 1 < n;
+                    if more_in_page || resp.more {
+                        let mut next = resp.kvs[i].key.to_vec();
+                        next.push(0);
+                        continue_from = Some(Bytes::from(next));
+                        if opts.selectors.is_empty() {
+                            remaining = Some(resp.count - (i as i64 + 1));
+                        }
+                    }
+                    break;
+                }
+                None => {
+                    if resp.more && n > 0 {
+                        let mut next = resp.kvs[n - 1].key.to_vec();
+                        next.push(0);
+                        start = Bytes::from(next);
+                        continue;
+                    }
+                    break;
+                }
+            }
+        }
+        let mut meta = Map::new();
+        meta.insert("resourceVersion".into(), Value::String(rev.to_string()));
+        if let Some(c) = continue_from {
+            meta.insert("continue".into(), Value::String(encode_continue(rev, &c)));
+            if let Some(r) = remaining.filter(|r| *r > 0) {
+                meta.insert("remainingItemCount".into(), json!(r));
+            }
+        }
+        Ok(json!({
+            "apiVersion": lattice_apis::API_VERSION,
+            "kind": format!("{}List", kind.kind),
+            "metadata": meta,
+            "items": items,
+        }))
+    }
+
+    /// POST: create. `keep_managed` keeps managedFields computed by apply.
+    pub async fn create(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        mut obj: Value,
+        opts: &WriteOptions,
+        keep_managed: bool,
+    ) -> ApiResult<Value> {
+        if !obj.is_object() {
+            return Err(ApiError::bad_request(
+                "the request body must be a JSON object",
+            ));
+        }
+        check_type_meta(kind, &obj)?;
+        let meta = meta_mut(&mut obj).ok_or_else(|| ApiError::bad_request("missing metadata"))?;
+        match (kind.namespaced, ns) {
+            (true, Some(ns)) => {
+                if let Some(n) = meta.get("namespace").and_then(Value::as_str) {
+                    if !n.is_empty() && n != ns {
+                        return Err(ApiError::bad_request(format!(
+                            "the namespace of the provided object ({n}) does not match the namespace sent on the request ({ns})"
+                        )));
+                    }
+                }
+                meta.insert("namespace".into(), Value::String(ns.to_string()));
+            }
+            (true, None) => {
+                return Err(ApiError::bad_request(
+                    "a namespace (tenant) is required to create this kind",
+                ))
+            }
+            (false, _) => {
+                meta.remove("namespace");
+            }
+        }
+        let name = match meta
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+        {
+            Some(n) => n.to_string(),
+            None => match meta
+                .get("generateName")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+            {
+                Some(g) => {
+                    let suffix: String = uuid::Uuid::new_v4().simple().to_string()[..5].to_string();
+                    let n = format!("{g}{suffix}");
+                    meta.insert("name".into(), Value::String(n.clone()));
+                    n
+                }
+                None => {
+                    return Err(ApiError::invalid(
+                        kind.kind,
+                        "",
+                        vec![(
+                            "metadata.name".into(),
+                            "name or generateName is required".into(),
+                        )],
+                    ))
+                }
+            },
+        };
+        meta.remove("resourceVersion");
+        meta.remove("deletionTimestamp");
+        meta.insert(
+            "uid".into(),
+            Value::String(uuid::Uuid::new_v4().to_string()),
+        );
+        meta.insert("generation".into(), json!(1));
+        meta.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
+        if !keep_managed {
+            meta.remove("managedFields");
+        }
+        if kind.has_status {
+            if let Some(o) = obj.as_object_mut() {
+                o.remove("status");
+            }
+        }
+        if !keep_managed {
+            apply::record_update(None, &mut obj, opts.manager(), None, self.lists(kind));
+        }
+        let obj = admit(kind, obj)?;
+        if name_of(&obj) != name {
+            return Err(ApiError::internal("admission changed the object's name"));
+        }
+        let key = object_key(kind, ns, &name);
+        if opts.dry_run {
+            if self.backend.get(key).await?.is_some() {
+                return Err(ApiError::already_exists(kind.plural, &name));
+            }
+            return Ok(obj);
+        }
+        let value = encode(&obj)?;
+        let resp = self
+            .backend
+            .txn(TxnRequest {
+                compare: vec![Compare::mod_revision(key.clone(), CompareResult::Equal, 0)],
+                success: vec![TxnOp::Put(PutRequest::new(key, value))],
+                failure: vec![],
+            })
+            .await?;
+        if !resp.succeeded {
+            return Err(ApiError::already_exists(kind.plural, &name));
+        }
+        let mut obj = obj;
+        set_rv(&mut obj, resp.revision);
+        Ok(obj)
+    }
+
+    /// Build the object to store from the current one and the caller's new version,
+    /// following the spec/status rules; `None` when nothing changes.
+    fn prepare_update(
+        &self,
+        kind: &'static KindInfo,
+        old: &Value,
+        new: Value,
+        subresource: Option<&str>,
+        opts: &WriteOptions,
+        apply_op: bool,
+    ) -> ApiResult<Value> {
+        if !new.is_object() {
+            return Err(ApiError::bad_request(
+                "the request body must be a JSON object",
+            ));
+        }
+        let name = name_of(old).to_string();
+        let new_name = name_of(&new);
+        if !new_name.is_empty() && new_name != name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({new_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        if let (Some(a), Some(b)) = (meta_str(&new, "namespace"), meta_str(old, "namespace")) {
+            if !a.is_empty() && a != b {
+                return Err(ApiError::bad_request(format!(
+                    "the namespace of the object ({a}) does not match the namespace on the URL ({b})"
+                )));
+            }
+        }
+        check_type_meta(kind, &new)?;
+        let mut result = if subresource == Some("status") {
+            let mut r = old.clone();
+            if let Some(o) = r.as_object_mut() {
+                match new.get("status") {
+                    Some(s) if !s.is_null() => {
+                        o.insert("status".into(), s.clone());
+                    }
+                    _ => {
+                        o.remove("status");
+                    }
+                }
+            }
+            if apply_op {
+                if let Some(mf) = new.pointer("/metadata/managedFields") {
+                    if let Some(m) = meta_mut(&mut r) {
+                        m.insert("managedFields".into(), mf.clone());
+                    }
+                }
+            }
+            r
+        } else {
+            let mut r = new;
+            if let Some(o) = r.as_object_mut() {
+                o.insert(
+                    "apiVersion".into(),
+                    Value::String(lattice_apis::API_VERSION.into()),
+                );
+                o.insert("kind".into(), Value::String(kind.kind.into()));
+                if kind.has_status {
+                    match old.get("status") {
+                        Some(s) => {
+                            o.insert("status".into(), s.clone());
+                        }
+                        None => {
+                            o.remove("status");
+                        }
+                    }
+                }
+            }
+            let om = old.get("metadata").cloned().unwrap_or(Value::Null);
+            if let Some(m) = meta_mut(&mut r) {
+                for f in [
+                    "uid",
+                    "creationTimestamp",
+                    "generation",
+                    "deletionTimestamp",
+                    "namespace",
+                    "name",
+                ] {
+                    match om.get(f) {
+                        Some(v) => {
+                            m.insert(f.into(), v.clone());
+                        }
+                        None => {
+                            m.remove(f);
+                        }
+                    }
+                }
+                if !apply_op {
+                    match om.get("managedFields") {
+                        Some(v) => {
+                            m.insert("managedFields".into(), v.clone());
+                        }
+                        None => {
+                            m.remove("managedFields");
+                        }
+                    }
+                }
+                m.remove("resourceVersion");
+            }
+            r
+        };
+        if is_terminating(old) {
+            let old_f = finalizers(old);
+            if finalizers(&result).iter().any(|f| !old_f.contains(f)) {
+                return Err(ApiError::forbidden(format!(
+                    "no new finalizers can be added if the object is being deleted ({} {name})",
+                    kind.kind
+                )));
+            }
+        }
+        if !apply_op {
+            apply::record_update(
+                Some(old),
+                &mut result,
+                opts.manager(),
+                subresource,
+                self.lists(kind),
+            );
+        }
+        let mut result = admit(kind, result)?;
+        let old_gen = old
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        let gen = if spec_part(&result) != spec_part(old) {
+            old_gen + 1
+        } else {
+            old_gen
+        };
+        if let Some(m) = meta_mut(&mut result) {
+            m.insert("generation".into(), json!(gen));
+            m.remove("resourceVersion");
+        }
+        Ok(result)
+    }
+
+    /// Write `result` over `old` (read at `old_rev`): no-op, delete (last finalizer gone
+    /// while terminating) or put.
+    async fn commit(
+        &self,
+        kind: &'static KindInfo,
+        key: Bytes,
+        old: &Value,
+        old_rev: i64,
+        mut result: Value,
+        dry_run: bool,
+    ) -> ApiResult<WriteOutcome> {
+        let value = encode(&result)?;
+        if value == encode(old)? {
+            return Ok(WriteOutcome::Done(old.clone()));
+        }
+        let delete_now = is_terminating(&result) && finalizers(&result).is_empty();
+        if dry_run {
+            set_rv(&mut result, old_rev);
+            return Ok(WriteOutcome::Done(result));
+        }
+        let op = if delete_now {
+            TxnOp::DeleteRange(DeleteRangeRequest {
+                range: KeyRange::single(key.clone()),
+                prev_kv: false,
+            })
+        } else {
+            TxnOp::Put(PutRequest::new(key.clone(), value))
+        };
+        let resp = self
+            .backend
+            .txn(TxnRequest {
+                compare: vec![Compare::mod_revision(key, CompareResult::Equal, old_rev)],
+                success: vec![op],
+                failure: vec![],
+            })
+            .await?;
+        if !resp.succeeded {
+            return Ok(WriteOutcome::Raced);
+        }
+        if delete_now {
+            tracing::debug!(
+                kind = kind.kind,
+                name = name_of(&result),
+                "last finalizer removed; object deleted"
+            );
+        }
+        set_rv(&mut result, resp.revision);
+        Ok(WriteOutcome::Done(result))
+    }
+
+    /// PUT (main resource or `/status`): `metadata.resourceVersion` is required.
+    pub async fn replace(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        name: &str,
+        new: Value,
+        subresource: Option<&str>,
+        opts: &WriteOptions,
+    ) -> ApiResult<Value> {
+        let Some(rv) = rv_of(&new).map(String::from) else {
+            return Err(ApiError::invalid(
+                kind.kind,
+                name,
+                vec![(
+                    "metadata.resourceVersion".into(),
+                    "must be specified for an update".into(),
+                )],
+            ));
+        };
+        let rv = parse_rv(&rv)?;
+        let key = object_key(kind, ns, name);
+        let Some((old, old_rev)) = self.read(&key).await? else {
+            return Err(ApiError::not_found(kind.kind, kind.plural, name));
+        };
+        if rv != old_rev {
+            return Err(ApiError::stale(kind.plural, name));
+        }
+        let result = self.prepare_update(kind, &old, new, subresource, opts, false)?;
+        match self
+            .commit(kind, key, &old, old_rev, result, opts.dry_run)
+            .await?
+        {
+            WriteOutcome::Done(v) => Ok(v),
+            WriteOutcome::Raced => Err(ApiError::stale(kind.plural, name)),
+        }
+    }
+
+    /// PATCH: merge, JSON or server-side apply; re-reads and retries on a lost race.
+    /// Returns the object and whether it was created (apply only).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn patch(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        name: &str,
+        ptype: PatchType,
+        body: &[u8],
+        subresource: Option<&str>,
+        opts: &WriteOptions,
+    ) -> ApiResult<(Value, bool)> {
+        let key = object_key(kind, ns, name);
+        let applied = if ptype == PatchType::Apply {
+            if opts.field_manager.as_deref().unwrap_or("").is_empty() {
+                return Err(ApiError::bad_request(
+                    "PATCH with application/apply-patch+yaml requires the fieldManager parameter",
+                ));
+            }
+            let cfg = parse_body(body, "yaml")?;
+            if !cfg.is_object() {
+                return Err(ApiError::bad_request(
+                    "an apply configuration must be an object",
+                ));
+            }
+            check_type_meta(kind, &cfg)?;
+            if cfg.get("apiVersion").is_none() || cfg.get("kind").is_none() {
+                return Err(ApiError::bad_request(
+                    "an apply configuration must set apiVersion and kind",
+                ));
+            }
+            let n = name_of(&cfg);
+            if n != name {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                )));
+            }
+            Some(cfg)
+        } else {
+            None
+        };
+        let manager = opts.field_manager.clone().unwrap_or_default();
+        for attempt in 0..MAX_RETRIES {
+            backoff(attempt).await;
+            let current = self.read(&key).await?;
+            let Some((old, old_rev)) = current else {
+                if let (Some(cfg), None) = (&applied, subresource) {
+                    let mut skeleton = json!({
+                        "apiVersion": lattice_apis::API_VERSION,
+                        "kind": kind.kind,
+                        "metadata": {"name": name},
+                    });
+                    if let (true, Some(ns)) = (kind.namespaced, ns) {
+                        skeleton["metadata"]["namespace"] = Value::String(ns.to_string());
+                    }
+                    let merged =
+                        apply::apply(&skeleton, cfg, &manager, opts.force, None, self.lists(kind))
+                            .map_err(|c| conflict_error(kind, name, &c))?;
+                    let mut merged = merged;
+                    if let Some(m) = meta_mut(&mut merged) {
+                        m.remove("resourceVersion");
+                    }
+                    match self.create(kind, ns, merged, opts, true).await {
+                        Ok(v) => return Ok((v, true)),
+                        Err(e) if e.reason == "AlreadyExists" => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                return Err(ApiError::not_found(kind.kind, kind.plural, name));
+            };
+            let patched = match (&applied, ptype) {
+                (Some(cfg), _) => {
+                    if let Some(rv) = rv_of(cfg) {
+                        if parse_rv(rv)? != old_rev {
+                            return Err(ApiError::stale(kind.plural, name));
+                        }
+                    }
+                    apply::apply(
+                        &old,
+                        cfg,
+                        &manager,
+                        opts.force,
+                        subresource,
+                        self.lists(kind),
+                    )
+                    .map_err(|c| conflict_error(kind, name, &c))?
+                }
+                (None, t) => {
+                    let p = apply_patch(&old, t, body)?;
+                    if let Some(rv) = rv_of(&p) {
+                        if parse_rv(rv)? != old_rev {
+                            return Err(ApiError::stale(kind.plural, name));
+                        }
+                    }
+                    p
+                }
+            };
+            let result =
+                self.prepare_update(kind, &old, patched, subresource, opts, applied.is_some())?;
+            match self
+                .commit(kind, key.clone(), &old, old_rev, result, opts.dry_run)
+                .await?
+            {
+                WriteOutcome::Done(v) => return Ok((v, false)),
+                WriteOutcome::Raced => continue,
+            }
+        }
+        Err(ApiError::conflict(
+            kind.plural,
+            name,
+            "too many concurrent writers; try again",
+        ))
+    }
+
+    /// DELETE with optional preconditions; finalizers turn it into setting
+    /// `deletionTimestamp`.
+    pub async fn delete(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        name: &str,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> ApiResult<Value> {
+        let key = object_key(kind, ns, name);
+        for attempt in 0..MAX_RETRIES {
+            backoff(attempt).await;
+            let Some((old, old_rev)) = self.read(&key).await? else {
+                return Err(ApiError::not_found(kind.kind, kind.plural, name));
+            };
+            if let Some(uid) = &preconditions.uid {
+                let actual = meta_str(&old, "uid").unwrap_or("");
+                if actual != uid {
+                    return Err(ApiError::conflict(
+                        kind.plural,
+                        name,
+                        format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"),
+                    ));
+                }
+            }
+            if let Some(rv) = &preconditions.resource_version {
+                if parse_rv(rv)? != old_rev {
+                    return Err(ApiError::conflict(
+                        kind.plural,
+                        name,
+                        format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {old_rev}"),
+                    ));
+                }
+            }
+            if !finalizers(&old).is_empty() {
+                if is_terminating(&old) {
+                    return Ok(old);
+                }
+                let mut result = old.clone();
+                if let Some(m) = meta_mut(&mut result) {
+                    m.insert("deletionTimestamp".into(), Value::String(now_rfc3339()));
+                    m.remove("resourceVersion");
+                }
+                match self
+                    .commit(kind, key.clone(), &old, old_rev, result, dry_run)
+                    .await?
+                {
+                    WriteOutcome::Done(v) => return Ok(v),
+                    WriteOutcome::Raced => continue,
+                }
+            }
+            if dry_run {
+                return Ok(old);
+            }
+            let resp = self
+                .backend
+                .txn(TxnRequest {
+                    compare: vec![Compare::mod_revision(
+                        key.clone(),
+                        CompareResult::Equal,
+                        old_rev,
+                    )],
+                    success: vec![TxnOp::DeleteRange(DeleteRangeRequest {
+                        range: KeyRange::single(key.clone()),
+                        prev_kv: false,
+                    })],
+                    failure: vec![],
+                })
+                .await?;
+            if resp.succeeded {
+                let deleted = resp
+                    .responses
+                    .iter()
+                    .any(|r| matches!(r, TxnOpResponse::DeleteRange(d) if d.deleted > 0));
+                if !deleted {
+                    continue;
+                }
+                let mut obj = old;
+                set_rv(&mut obj, resp.revision);
+                return Ok(obj);
+            }
+        }
+        Err(ApiError::conflict(
+            kind.plural,
+            name,
+            "too many concurrent writers; try again",
+        ))
+    }
+}
+
+/// After a lost compare race: retry at once, then with a small, growing, jittered pause.
+async fn backoff(attempt: usize) {
+    if attempt < 2 {
+        return;
+    }
+    let jitter = u64::from(uuid::Uuid::new_v4().as_bytes()[0] % 4);
+    let ms = (attempt as u64).min(20) + jitter;
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+}
+
+/// `DeleteOptions.preconditions`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Preconditions {
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+}
+
+fn check_type_meta(kind: &KindInfo, obj: &Value) -> ApiResult<()> {
+    if let Some(av) = obj.get("apiVersion").and_then(Value::as_str) {
+        if av != lattice_apis::API_VERSION {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({av}) does not match the expected API version ({})",
+                lattice_apis::API_VERSION
+            )));
+        }
+    }
+    if let Some(k) = obj.get("kind").and_then(Value::as_str) {
+        if k != kind.kind {
+            return Err(ApiError::bad_request(format!(
+                "the kind in the data ({k}) does not match the expected kind ({})",
+                kind.kind
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn conflict_error(kind: &KindInfo, name: &str, conflicts: &[apply::Conflict]) -> ApiError {
+    let causes: Vec<Value> = conflicts
+        .iter()
+        .map(|c| {
+            json!({
+                "reason": "FieldManagerConflict",
+                "message": format!("conflict with \"{}\"", c.manager),
+                "field": apply::path_string(&c.path),
+            })
+        })
+        .collect();
+    let list: Vec<String> = conflicts
+        .iter()
+        .map(|c| {
+            format!(
+                "- {} (owned by \"{}\")",
+                apply::path_string(&c.path),
+                c.manager
+            )
+        })
+        .collect();
+    ApiError::new(
+        409,
+        "Conflict",
+        format!(
+            "Apply failed with {} conflict(s):\n{}\nRe-apply with force=true to take them over, or drop them from your configuration",
+            conflicts.len(),
+            list.join("\n")
+        ),
+    )
+    .with_details(json!({"name": name, "group": GROUP, "kind": kind.plural, "causes": causes}))
+}

@@ -1,0 +1,232 @@
+//! Watch over HTTP: NDJSON `{"type":..,"object":..}` events, flushed one by one, served
+//! from the watch cache (see [`crate::watch_cache`]).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use lattice_apis::KindInfo;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::errors::ApiResult;
+use crate::objects::{list_prefix, parse_rv};
+use crate::resources::ListOptions;
+use crate::selectors::Selectors;
+use crate::table::{self, IncludeObject};
+use crate::watch_cache::{Change, ChangeKind, Item, Source};
+use crate::Inner;
+
+#[derive(Debug, Clone, Default)]
+pub struct WatchParams {
+    pub resource_version: Option<String>,
+    pub bookmarks: bool,
+    pub send_initial_events: bool,
+    pub timeout: Option<Duration>,
+    pub selectors: Selectors,
+    pub table: Option<IncludeObject>,
+}
+
+/// What a change looks like to a watcher with selectors (kube's cacher rules).
+fn classify<'a>(c: &'a Change, sel: &Selectors) -> Option<(&'static str, &'a Value)> {
+    match c.kind {
+        ChangeKind::Put => {
+            let now = sel.matches(&c.object);
+            let before = c.prev.as_ref().map(|p| sel.matches(p));
+            match (before, now) {
+                (None, true) | (Some(false), true) => Some(("ADDED", &c.object)),
+                (Some(true), true) => Some(("MODIFIED", &c.object)),
+                (Some(true), false) => Some(("DELETED", &c.object)),
+                _ => None,
+            }
+        }
+        ChangeKind::Delete => sel.matches(&c.object).then_some(("DELETED", &c.object)),
+    }
+}
+
+fn event_line(kind: &KindInfo, ty: &str, obj: &Value, tbl: Option<IncludeObject>) -> Bytes {
+    let ev = match tbl {
+        Some(inc) if ty != "BOOKMARK" && ty != "ERROR" => {
+            json!({"type": ty, "object": table::to_table(kind, obj, inc)})
+        }
+        _ => json!({"type": ty, "object": obj}),
+    };
+    let mut v = serde_json::to_vec(&ev).unwrap_or_default();
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
+fn bookmark(kind: &KindInfo, rev: i64, initial_end: bool) -> Value {
+    let mut meta = json!({"resourceVersion": rev.to_string()});
+    if initial_end {
+        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    json!({"kind": kind.kind, "apiVersion": lattice_apis::API_VERSION, "metadata": meta})
+}
+
+type Tx = mpsc::Sender<Result<Bytes, Infallible>>;
+
+async fn send(tx: &Tx, b: Bytes, deadline: Instant) -> bool {
+    tokio::select! {
+        r = tx.send(Ok(b)) => r.is_ok(),
+        _ = tokio::time::sleep_until(deadline) => false,
+    }
+}
+
+struct WatcherGuard {
+    inner: Arc<Inner>,
+    kind: &'static str,
+}
+
+impl Drop for WatcherGuard {
+    fn drop(&mut self) {
+        self.inner
+            .metrics
+            .watchers
+            .get_or_create(&crate::metrics::KindLabel {
+                kind: self.kind.into(),
+            })
+            .dec();
+    }
+}
+
+/// Start a watch; errors before the stream (410 for a compacted resourceVersion) are
+/// returned as normal responses.
+pub async fn serve_watch(
+    inner: Arc<Inner>,
+    kind: &'static KindInfo,
+    ns: Option<String>,
+    params: WatchParams,
+) -> ApiResult<Response> {
+    let rv = params.resource_version.as_deref().filter(|s| !s.is_empty());
+    let want_initial = params.send_initial_events || rv.is_none() || rv == Some("0");
+    let (initial, from) = if want_initial {
+        let list = inner
+            .resources
+            .list(
+                kind,
+                ns.as_deref(),
+                &ListOptions {
+                    selectors: params.selectors.clone(),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let rev = list
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse::<i64>().ok())
+            .unwrap_or(0);
+        let items = match list.get("items") {
+            Some(Value::Array(a)) => a.clone(),
+            _ => Vec::new(),
+        };
+        (items, rev)
+    } else {
+        (Vec::new(), parse_rv(rv.unwrap_or("0"))?)
+    };
+    let mut source = Source::open(&inner.caches, &inner.resources.backend, kind, from).await?;
+
+    let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
+    let timeout = params.timeout.unwrap_or(inner.config.default_watch_timeout);
+    let deadline = Instant::now() + timeout;
+    let prefix = list_prefix(kind, ns.as_deref());
+    let bookmark_every = inner.config.bookmark_interval;
+    inner
+        .metrics
+        .watchers
+        .get_or_create(&crate::metrics::KindLabel {
+            kind: kind.kind.into(),
+        })
+        .inc();
+    let guard = WatcherGuard {
+        inner: inner.clone(),
+        kind: kind.kind,
+    };
+    let mut stop = inner.shutting_down.subscribe();
+    if *stop.borrow_and_update() {
+        return Err(crate::errors::ApiError::unavailable(
+            "the server is shutting down",
+        ));
+    }
+    tokio::spawn(async move {
+        let _guard = guard;
+        let sent = guard_counter(&_guard.inner, kind.kind);
+        let tbl = params.table;
+        for obj in &initial {
+            if !send(&tx, event_line(kind, "ADDED", obj, tbl), deadline).await {
+                return;
+            }
+            sent.inc();
+        }
+        let mut last = from;
+        if params.send_initial_events && params.bookmarks {
+            let b = bookmark(kind, last, true);
+            if !send(&tx, event_line(kind, "BOOKMARK", &b, None), deadline).await {
+                return;
+            }
+        }
+        let mut tick = tokio::time::interval_at(Instant::now() + bookmark_every, bookmark_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tx.closed() => break,
+                _ = stop.changed() => break,
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = tick.tick(), if params.bookmarks => {
+                    let b = bookmark(kind, last, false);
+                    if !send(&tx, event_line(kind, "BOOKMARK", &b, None), deadline).await {
+                        break;
+                    }
+                }
+                item = source.next() => match item {
+                    Ok(Item::Change(c)) => {
+                        last = last.max(c.rev);
+                        if !c.key.starts_with(&prefix) {
+                            continue;
+                        }
+                        if let Some((ty, obj)) = classify(&c, &params.selectors) {
+                            let line = match tbl {
+                                None => c.line(ty),
+                                Some(_) => event_line(kind, ty, obj, tbl),
+                            };
+                            if !send(&tx, line, deadline).await {
+                                break;
+                            }
+                            sent.inc();
+                        }
+                    }
+                    Ok(Item::Progress(r)) => last = last.max(r),
+                    Err(e) => {
+                        let _ = send(&tx, event_line(kind, "ERROR", &e.to_status(), None), deadline).await;
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let mut resp = (StatusCode::OK, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
+    Ok(resp)
+}
+
+fn guard_counter(inner: &Inner, kind: &str) -> prometheus_client::metrics::counter::Counter {
+    inner
+        .metrics
+        .watch_events_sent
+        .get_or_create(&crate::metrics::KindLabel { kind: kind.into() })
+        .clone()
+}

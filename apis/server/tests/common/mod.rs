@@ -1,0 +1,203 @@
+//! Test harness: the real HTTP server on 127.0.0.1:0 over an EmbeddedStore in a tempdir.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lattice_apiserver::{ApiConfig, ApiServer};
+use lattice_store::{EmbeddedStore, KvBackend, StoreConfig};
+use serde_json::{json, Value};
+
+pub const API: &str = "/apis/lattice.dev/v1alpha1";
+
+pub struct TestServer {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub store: EmbeddedStore,
+    pub server: ApiServer,
+    _dir: tempfile::TempDir,
+    _shutdown: tokio::sync::oneshot::Sender<()>,
+}
+
+pub async fn start() -> TestServer {
+    start_with(ApiConfig::default()).await
+}
+
+pub async fn start_with(config: ApiConfig) -> TestServer {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = EmbeddedStore::open(dir.path(), StoreConfig::default())
+        .await
+        .expect("open store");
+    let backend: Arc<dyn KvBackend> = Arc::new(store.clone());
+    let server = ApiServer::new(backend, config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let s = server.clone();
+    tokio::spawn(async move {
+        let _ = s
+            .serve(listener, async move {
+                let _ = rx.await;
+            })
+            .await;
+    });
+    TestServer {
+        base: format!("http://{addr}"),
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(2000)
+            .build()
+            .expect("client"),
+        store,
+        server,
+        _dir: dir,
+        _shutdown: tx,
+    }
+}
+
+pub fn alloc(name: &str, ns: &str) -> Value {
+    json!({
+        "apiVersion": "lattice.dev/v1alpha1",
+        "kind": "Allocation",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": "demo"}},
+        "spec": {"entrypoint": "/bin/sh", "args": ["-c", "echo hi"], "lifecycle": {"walltime": "10m"}}
+    })
+}
+
+pub fn allocs(ns: &str) -> String {
+    format!("{API}/namespaces/{ns}/allocations")
+}
+
+impl TestServer {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn req(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        let mut r = self.client.request(method, self.url(path));
+        if let Some(b) = body {
+            r = r.json(b);
+        }
+        let resp = r.send().await.expect("send");
+        let code = resp.status().as_u16();
+        let text = resp.text().await.expect("body");
+        (
+            code,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.req(reqwest::Method::GET, path, None).await
+    }
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.req(reqwest::Method::POST, path, Some(body)).await
+    }
+    pub async fn put(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.req(reqwest::Method::PUT, path, Some(body)).await
+    }
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        self.req(reqwest::Method::DELETE, path, None).await
+    }
+    pub async fn patch(&self, path: &str, ct: &str, body: &str) -> (u16, Value) {
+        let resp = self
+            .client
+            .patch(self.url(path))
+            .header("content-type", ct)
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("send");
+        let code = resp.status().as_u16();
+        let text = resp.text().await.expect("body");
+        (
+            code,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+    pub async fn apply(&self, path: &str, manager: &str, force: bool, yaml: &str) -> (u16, Value) {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        self.patch(
+            &format!("{path}{sep}fieldManager={manager}&force={force}"),
+            "application/apply-patch+yaml",
+            yaml,
+        )
+        .await
+    }
+
+    pub async fn watch(&self, path_and_query: &str) -> Watch {
+        let resp = self
+            .client
+            .get(self.url(path_and_query))
+            .send()
+            .await
+            .expect("watch");
+        Watch::new(resp)
+    }
+}
+
+pub struct Watch {
+    pub status: u16,
+    stream: futures::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    buf: Vec<u8>,
+    pub first_body: Option<Value>,
+}
+
+impl Watch {
+    fn new(resp: reqwest::Response) -> Self {
+        let status = resp.status().as_u16();
+        Self {
+            status,
+            stream: resp.bytes_stream().boxed(),
+            buf: Vec::new(),
+            first_body: None,
+        }
+    }
+
+    /// Next event, or None on timeout / end of stream.
+    pub async fn next(&mut self, timeout: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                return serde_json::from_slice(&line).ok();
+            }
+            match tokio::time::timeout_at(deadline, self.stream.next()).await {
+                Ok(Some(Ok(b))) => self.buf.extend_from_slice(&b),
+                _ => return None,
+            }
+        }
+    }
+
+    /// Next event that is not a BOOKMARK.
+    pub async fn next_change(&mut self, timeout: Duration) -> Option<Value> {
+        loop {
+            let e = self.next(timeout).await?;
+            if e["type"] != "BOOKMARK" {
+                return Some(e);
+            }
+        }
+    }
+
+    pub async fn body(mut self) -> Value {
+        let mut all = std::mem::take(&mut self.buf);
+        while let Some(Ok(b)) = self.stream.next().await {
+            all.extend_from_slice(&b);
+        }
+        serde_json::from_slice(&all).unwrap_or(Value::Null)
+    }
+}
+
+pub fn rv(v: &Value) -> i64 {
+    v["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("resourceVersion")
+}

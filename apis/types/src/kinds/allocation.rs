@@ -1,0 +1,1631 @@
+//! `Allocation`: the universal work unit (batch job, task group, service,
+//! autoscaled service, interactive session), mirroring the seed's full Intent
+//! API allocation request.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::duration::{parse_duration, DURATION_FORMATS};
+use crate::meta::{skip_false, Condition, ObjectMeta, Time};
+use crate::resource::{impl_resource_meta, Resource};
+use crate::validation::{
+    check_len, truncate, validate_dns1123_label, validate_dns1123_name, Errors, MAX_SCRIPT_LEN,
+    MAX_TEXT_LEN,
+};
+
+/// Default `spec.preemptionClass` (the seed: "Normal priority (default: 5)").
+pub const DEFAULT_PREEMPTION_CLASS: i32 = 5;
+/// Preemption class of sensitive allocations (never preempted).
+pub const SENSITIVE_PREEMPTION_CLASS: i32 = 10;
+/// Default `spec.requeue.maxRequeue` (the seed: "Max requeue count: Default 3").
+pub const DEFAULT_MAX_REQUEUE: u32 = 3;
+/// Upper bound of `spec.requeue.maxRequeue` ("max 100, validated at submission").
+pub const MAX_MAX_REQUEUE: u32 = 100;
+/// Most tasks one task group may expand to.
+pub const MAX_TASKS: u64 = 100_000;
+/// Most nodes one allocation may ask for.
+pub const MAX_NODES: u32 = 100_000;
+
+/// An allocation: what to run, on how many nodes, for how long, and how it
+/// may be preempted, requeued and checkpointed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Allocation {
+    /// `lattice.dev/v1alpha1`.
+    #[serde(default)]
+    pub api_version: String,
+    /// `Allocation`.
+    #[serde(default)]
+    pub kind: String,
+    /// Name, namespace (= tenant), labels, ...
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// Desired state, written by users.
+    #[serde(default)]
+    pub spec: AllocationSpec,
+    /// Observed state, written by the scheduler and node agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<AllocationStatus>,
+}
+
+impl Allocation {
+    /// A new allocation object with type meta filled in.
+    pub fn new(name: &str, tenant: &str, spec: AllocationSpec) -> Self {
+        Self {
+            api_version: crate::registry::API_VERSION.to_string(),
+            kind: "Allocation".to_string(),
+            metadata: ObjectMeta::named(name, Some(tenant)),
+            spec,
+            status: None,
+        }
+    }
+
+    /// The current phase (Pending when there is no status yet).
+    pub fn phase(&self) -> AllocationPhase {
+        self.status.as_ref().map(|s| s.phase).unwrap_or_default()
+    }
+}
+
+/// What the user asks for.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AllocationSpec {
+    /// Tenant; when set it must equal `metadata.namespace` (the namespace is the tenant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Project for accounting (e.g. `gpt-training`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// vCluster to schedule in (a VCluster in the same namespace); optional, the scheduler can infer it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcluster: Option<String>,
+    /// Free-form tags, e.g. `{experiment: run-42}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+    /// Optional hint for the scheduler (e.g. `train`, `serve`, `interactive`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent: Option<String>,
+    /// Software environment: a uenv (with view) or an OCI image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<Environment>,
+    /// What to run. When `args` is empty this is a command line run by
+    /// `/bin/sh -c`; otherwise it is the program and `args` are its arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<String>,
+    /// Arguments passed to `entrypoint` (no shell interpretation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// An inline batch script (e.g. with `#SBATCH`/`#LATTICE` directives), used instead of `entrypoint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<String>,
+    /// Working directory on the node (absolute path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// Environment variables set for every task.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Node count and hardware constraints.
+    #[serde(default)]
+    pub resources: Resources,
+    /// bounded (batch), unbounded (service) or reactive (autoscaled service).
+    #[serde(default)]
+    pub lifecycle: Lifecycle,
+    /// 0 = best effort (preempted first) … 10 = critical/sensitive (never preempted). Default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption_class: Option<i32>,
+    /// What happens after a failure. Default `on_node_failure` with `maxRequeue: 3`
+    /// (`never` for sensitive allocations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue: Option<Requeue>,
+    /// Data to mount (and pre-stage to the hot tier).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["target"]))]
+    pub data_mounts: Vec<DataMount>,
+    /// Auto-mount home, scratch and output directories.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_defaults: Option<bool>,
+    /// Network domain and exposed service ports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connectivity: Option<Connectivity>,
+    /// Allocations (same tenant) this one waits for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<Dependency>,
+    /// Job array: run the allocation once per index in `range`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_group: Option<TaskGroup>,
+    /// How the application is checkpointed before preemption. Default `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<Checkpoint>,
+    /// Telemetry mode. Default `prod`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<Telemetry>,
+    /// Health probe for unbounded/reactive allocations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness_probe: Option<LivenessProbe>,
+    /// Regulated workload: dedicated nodes, class 10, never requeued automatically, audited.
+    #[serde(default, skip_serializing_if = "skip_false")]
+    pub sensitive: bool,
+}
+
+/// Software environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Environment {
+    /// uenv name/version, e.g. `prgenv-gnu/24.11:v1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uenv: Option<String>,
+    /// uenv view to activate, e.g. `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view: Option<String>,
+    /// OCI image (run via Sarus), instead of a uenv.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Extra tools uenv mounted alongside (debuggers, profilers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools_uenv: Option<String>,
+}
+
+/// Resources: node count and constraints.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Resources {
+    /// Exact node count (`64`) or a range (`{min: 32, max: 128}`). Default 1.
+    #[serde(default)]
+    pub nodes: NodeCount,
+    /// Hardware and placement constraints.
+    #[serde(default, skip_serializing_if = "Constraints::is_empty")]
+    pub constraints: Constraints,
+}
+
+/// Node count: exact or a range. Serialized as an integer or `{min, max}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum NodeCount {
+    /// Exactly this many nodes.
+    Exact(u32),
+    /// Between `min` and `max` nodes (elastic).
+    Range {
+        /// At least this many.
+        min: u32,
+        /// At most this many.
+        max: u32,
+    },
+}
+
+impl Default for NodeCount {
+    fn default() -> Self {
+        NodeCount::Exact(1)
+    }
+}
+
+impl NodeCount {
+    /// Smallest node count that satisfies the request.
+    pub fn min(&self) -> u32 {
+        match *self {
+            NodeCount::Exact(n) => n,
+            NodeCount::Range { min, .. } => min,
+        }
+    }
+    /// Largest node count the request can use.
+    pub fn max(&self) -> u32 {
+        match *self {
+            NodeCount::Exact(n) => n,
+            NodeCount::Range { max, .. } => max,
+        }
+    }
+}
+
+impl fmt::Display for NodeCount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NodeCount::Exact(n) => write!(f, "{n}"),
+            NodeCount::Range { min, max } => write!(f, "{min}-{max}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeCount {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = NodeCount;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a node count (e.g. 64) or a range {min: 32, max: 128}")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<NodeCount, E> {
+                u32::try_from(v)
+                    .map(NodeCount::Exact)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<NodeCount, E> {
+                u32::try_from(v)
+                    .map(NodeCount::Exact)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<NodeCount, A::Error> {
+                #[derive(Deserialize)]
+                #[serde(deny_unknown_fields)]
+                struct R {
+                    min: u32,
+                    max: u32,
+                }
+                let r = R::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(NodeCount::Range {
+                    min: r.min,
+                    max: r.max,
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl JsonSchema for NodeCount {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "NodeCount".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Exact node count, or a range {min, max}.",
+            "anyOf": [
+                { "type": "integer", "format": "uint32", "minimum": 1 },
+                {
+                    "type": "object",
+                    "properties": {
+                        "min": { "type": "integer", "format": "uint32", "minimum": 1 },
+                        "max": { "type": "integer", "format": "uint32", "minimum": 1 }
+                    },
+                    "required": ["min", "max"],
+                    "additionalProperties": false
+                }
+            ]
+        })
+    }
+}
+
+/// Placement topology hint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Topology {
+    /// Pack into the fewest dragonfly groups.
+    Tight,
+    /// No placement preference.
+    Any,
+}
+
+/// Hardware and placement constraints.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Constraints {
+    /// GPU model, e.g. `GH200`, `MI300A`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+    /// Minimum GPUs per node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_count: Option<u32>,
+    /// Required node features, e.g. `nvme_scratch`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
+    /// Minimum memory per node in GB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gb: Option<u64>,
+    /// `tight` (fewest groups) or `any`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
+    /// Require unified CPU/GPU memory (GH200/MI300A superchips).
+    #[serde(default, skip_serializing_if = "skip_false")]
+    pub require_unified_memory: bool,
+    /// Prefer placing tasks in the same NUMA domain as their GPU.
+    #[serde(default, skip_serializing_if = "skip_false")]
+    pub prefer_same_numa: bool,
+    /// All nodes must share one conformance fingerprint (hard constraint).
+    #[serde(default, skip_serializing_if = "skip_false")]
+    pub require_conformance: bool,
+    /// Allow CXL-attached memory to count towards `memoryGb`.
+    #[serde(default, skip_serializing_if = "skip_false")]
+    pub allow_cxl_memory: bool,
+}
+
+impl Constraints {
+    /// True when no constraint is set.
+    pub fn is_empty(&self) -> bool {
+        *self == Constraints::default()
+    }
+}
+
+/// Lifecycle type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LifecycleType {
+    /// Batch: runs to completion or walltime. The default.
+    #[default]
+    Bounded,
+    /// Service: runs until cancelled.
+    Unbounded,
+    /// Autoscaled service between `scalePolicy.minNodes` and `maxNodes`.
+    Reactive,
+}
+
+/// How long the allocation lives.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Lifecycle {
+    /// bounded | unbounded | reactive. Default bounded.
+    #[serde(rename = "type", default)]
+    pub type_: LifecycleType,
+    /// Time limit for bounded allocations: `24h`, `1h30m`, `72:00:00`, `1-12:00:00`.
+    /// When absent the vCluster's `defaultWalltime` applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub walltime: Option<String>,
+    /// Autoscaling policy (reactive only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_policy: Option<ScalePolicy>,
+}
+
+impl Lifecycle {
+    /// The walltime in seconds, if set and valid.
+    pub fn walltime_seconds(&self) -> Option<u64> {
+        self.walltime
+            .as_deref()
+            .and_then(|w| parse_duration(w).ok())
+    }
+}
+
+/// Autoscaling policy for reactive allocations.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScalePolicy {
+    /// Nodes at start and the floor when scaling down.
+    #[serde(alias = "min")]
+    pub min_nodes: u32,
+    /// Ceiling when scaling up.
+    #[serde(alias = "max")]
+    pub max_nodes: u32,
+    /// Metric to track, e.g. `gpu_utilization`, `request_latency_p99`.
+    pub metric: String,
+    /// Target value, e.g. `0.8` or `"100ms"`.
+    pub target: ScaleTarget,
+    /// Minimum time between scaling actions, e.g. `5m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cooldown: Option<String>,
+}
+
+/// A scaling target: a number or a string with a unit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ScaleTarget {
+    /// A plain number, e.g. 0.8.
+    Number(f64),
+    /// A value with a unit, e.g. "100ms".
+    Text(String),
+}
+
+impl Default for ScaleTarget {
+    fn default() -> Self {
+        ScaleTarget::Number(0.0)
+    }
+}
+
+/// When a failed allocation is requeued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RequeuePolicy {
+    /// Fail permanently on any failure (default for interactive sessions and sensitive work).
+    Never,
+    /// Requeue only on node-side failures (hardware, agent crash, partition). Default for batch.
+    OnNodeFailure,
+    /// Requeue on any failure, including application crashes.
+    Always,
+}
+
+/// Requeue policy and limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Requeue {
+    /// never | on_node_failure | always.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<RequeuePolicy>,
+    /// After this many requeues the allocation fails regardless of policy (0–100, default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_requeue: Option<u32>,
+}
+
+/// Data mount access mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum MountAccess {
+    /// Read-only (default).
+    #[default]
+    #[serde(rename = "read-only")]
+    ReadOnly,
+    /// Read-write.
+    #[serde(rename = "read-write")]
+    ReadWrite,
+}
+
+/// Storage tier hint for pre-staging.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TierHint {
+    /// Pre-stage to the hot (flash) tier before start.
+    Hot,
+    /// Warm tier.
+    Warm,
+    /// Leave where it is.
+    Cold,
+}
+
+/// One data mount.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataMount {
+    /// Where the data lives, e.g. `s3://datasets/imagenet` or `/store/project/data`.
+    pub source: String,
+    /// Absolute mount path on the node, e.g. `/data/input`.
+    pub target: String,
+    /// read-only (default) or read-write.
+    #[serde(default)]
+    pub access: MountAccess,
+    /// hot | warm | cold: the scheduler pre-stages `hot` data while the allocation waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier_hint: Option<TierHint>,
+}
+
+/// Networking.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Connectivity {
+    /// Shared network domain (VNI) name within the tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_domain: Option<String>,
+    /// Ports exposed by a service.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub expose: Vec<ExposedPort>,
+}
+
+/// Exposed port protocol.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PortProtocol {
+    /// TCP (default).
+    #[default]
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+/// A named exposed port.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExposedPort {
+    /// Port name (DNS label), e.g. `metrics`.
+    pub name: String,
+    /// 1–65535.
+    pub port: u32,
+    /// tcp (default) or udp.
+    #[serde(default)]
+    pub protocol: PortProtocol,
+}
+
+/// Dependency condition (the seed's table).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DependencyCondition {
+    /// Run after the dependency completes successfully (default).
+    #[default]
+    Success,
+    /// Run after the dependency fails.
+    Failure,
+    /// Run after the dependency finishes either way.
+    Any,
+    /// Task groups: task N waits for task N of the dependency.
+    Corresponding,
+}
+
+impl DependencyCondition {
+    /// The allowed values, for messages.
+    pub const ALLOWED: &'static str = "success, failure, any, corresponding";
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "success" => Some(Self::Success),
+            "failure" => Some(Self::Failure),
+            "any" => Some(Self::Any),
+            "corresponding" => Some(Self::Corresponding),
+            _ => None,
+        }
+    }
+}
+
+/// A dependency edge: `{ref: preprocess, condition: success}`. The seed's
+/// short form `{preprocess: success}` and the CLI's `"preprocess:success"`
+/// are accepted on input and normalized to the long form.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Dependency {
+    /// Name of the allocation (or DAG task) depended on. Alias: `allocation`.
+    #[serde(rename = "ref")]
+    pub ref_: String,
+    /// success (default) | failure | any | corresponding.
+    #[serde(default)]
+    pub condition: DependencyCondition,
+}
+
+impl JsonSchema for Dependency {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Dependency".into()
+    }
+    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let cond = g.subschema_for::<DependencyCondition>();
+        schemars::json_schema!({
+            "description": "A dependency edge. Long form {ref, condition}; short forms {NAME: CONDITION} and \"NAME[:CONDITION]\" are accepted and normalized to the long form.",
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {
+                        "ref": { "type": "string", "description": "Name of the allocation (or DAG task) depended on." },
+                        "allocation": { "type": "string", "description": "Alias of ref." },
+                        "condition": cond.clone()
+                    },
+                    "additionalProperties": false
+                },
+                {
+                    "type": "object",
+                    "minProperties": 1,
+                    "maxProperties": 1,
+                    "additionalProperties": cond
+                },
+                { "type": "string" }
+            ]
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Dependency {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Dependency;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a dependency {ref: NAME, condition: success|failure|any|corresponding} or {NAME: CONDITION}")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Dependency, E> {
+                // "name" or "name:condition" (the CLI's --depends-on form).
+                let (r, c) = match v.rsplit_once(':') {
+                    Some((r, c)) => (
+                        r,
+                        DependencyCondition::parse(c).ok_or_else(|| {
+                            E::custom(format!(
+                                "unknown dependency condition `{c}`, expected one of {}",
+                                DependencyCondition::ALLOWED
+                            ))
+                        })?,
+                    ),
+                    None => (v, DependencyCondition::Success),
+                };
+                Ok(Dependency {
+                    ref_: r.to_string(),
+                    condition: c,
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Dependency, A::Error> {
+                let mut ref_: Option<String> = None;
+                let mut condition: Option<DependencyCondition> = None;
+                let mut short: Option<(String, DependencyCondition)> = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "ref" | "allocation" => {
+                            if ref_.is_some() {
+                                return Err(de::Error::custom(
+                                    "`ref` given twice (ref and allocation are aliases); keep one",
+                                ));
+                            }
+                            ref_ = Some(map.next_value()?);
+                        }
+                        "condition" => condition = Some(map.next_value()?),
+                        _ => {
+                            if short.is_some() {
+                                return Err(de::Error::custom(format!(
+                                    "unknown field `{key}`, expected one of `ref`, `condition` (or a single `NAME: CONDITION` pair)"
+                                )));
+                            }
+                            let c: DependencyCondition = map.next_value()?;
+                            short = Some((key, c));
+                        }
+                    }
+                }
+                match (ref_, condition, short) {
+                    (Some(r), c, None) => Ok(Dependency {
+                        ref_: r,
+                        condition: c.unwrap_or_default(),
+                    }),
+                    (None, None, Some((r, c))) => Ok(Dependency {
+                        ref_: r,
+                        condition: c,
+                    }),
+                    (None, Some(_), None) => Err(de::Error::missing_field("ref")),
+                    (None, None, None) => Err(de::Error::missing_field("ref")),
+                    (_, _, Some((k, _))) => Err(de::Error::custom(format!(
+                        "unknown field `{k}`, expected one of `ref`, `condition`"
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Job array.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TaskGroup {
+    /// Task indices: `0-99`, `0-15:4` (step), `1,3,5-7`. The index is `$LATTICE_TASK_INDEX`.
+    pub range: String,
+    /// Maximum tasks running at once (`%20` in `--task-group=0-99%20`). Default: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+}
+
+/// A parsed task index range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRange {
+    /// Inclusive `(start, end, step)` segments.
+    pub segments: Vec<(u64, u64, u64)>,
+}
+
+impl TaskRange {
+    /// Parse `0-99`, `0-15:4`, `1,3,5-7`. The error explains the syntax.
+    pub fn parse(s: &str) -> Result<TaskRange, String> {
+        const SYNTAX: &str =
+            "use START-END (e.g. \"0-99\"), START-END:STEP (\"0-15:4\") or a comma list (\"1,3,5-7\")";
+        let t = s.trim();
+        if t.is_empty() {
+            return Err(format!("is empty; {SYNTAX}"));
+        }
+        if t.contains('%') {
+            return Err(format!(
+                "{t:?} contains '%': put the concurrency limit in spec.taskGroup.concurrency; {SYNTAX}"
+            ));
+        }
+        let mut segments = Vec::new();
+        for part in t.split(',') {
+            let part = part.trim();
+            let (range, step) = match part.split_once(':') {
+                Some((r, st)) => (r, parse_index(st).filter(|s| *s > 0)),
+                None => (part, Some(1)),
+            };
+            let step = step.ok_or_else(|| format!("{part:?} has an invalid step; {SYNTAX}"))?;
+            let (a, b) = match range.split_once('-') {
+                Some((a, b)) => (parse_index(a), parse_index(b)),
+                None => (parse_index(range), parse_index(range)),
+            };
+            let (a, b) = match (a, b) {
+                (Some(a), Some(b)) => (a, b),
+                _ => {
+                    return Err(format!(
+                        "{:?} is not a valid range; {SYNTAX}",
+                        truncate(part, 40)
+                    ))
+                }
+            };
+            if a > b {
+                return Err(format!(
+                    "{part:?}: start {a} is greater than end {b}; write it as \"{b}-{a}\""
+                ));
+            }
+            segments.push((a, b, step));
+        }
+        let r = TaskRange { segments };
+        let n = r.count();
+        if n > MAX_TASKS {
+            return Err(format!(
+                "{t:?} expands to {n} tasks, the limit is {MAX_TASKS}; split the task group"
+            ));
+        }
+        Ok(r)
+    }
+
+    /// Number of task indices (duplicates across segments counted once).
+    pub fn count(&self) -> u64 {
+        // Cheap upper bound first, to avoid expanding absurd ranges.
+        let bound: u64 = self
+            .segments
+            .iter()
+            .map(|(a, b, s)| b.saturating_sub(*a) / (*s).max(1) + 1)
+            .fold(0u64, u64::saturating_add);
+        if bound > MAX_TASKS {
+            return bound;
+        }
+        self.indices().len() as u64
+    }
+
+    /// All indices in ascending order, deduplicated.
+    pub fn indices(&self) -> Vec<u64> {
+        let mut set = BTreeSet::new();
+        for &(a, b, s) in &self.segments {
+            // Segments are public: guard against hand-built zero steps.
+            let s = s.max(1);
+            let mut i = a;
+            while i <= b {
+                set.insert(i);
+                match i.checked_add(s) {
+                    Some(n) => i = n,
+                    None => break,
+                }
+            }
+        }
+        set.into_iter().collect()
+    }
+}
+
+fn parse_index(s: &str) -> Option<u64> {
+    let s = s.trim();
+    if s.is_empty() || s.len() > 9 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// Checkpoint strategy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointStrategy {
+    /// The scheduler decides from its cost model (default).
+    #[default]
+    Auto,
+    /// The application manages its own checkpointing.
+    Manual,
+    /// The application receives a signal (SIGUSR1 by default) before preemption.
+    Signal,
+    /// The agent calls the application's gRPC checkpoint endpoint on `port`.
+    Grpc,
+    /// The agent sets a shared-memory flag the application polls.
+    Shmem,
+    /// Not checkpointable: treated as non-preemptible at class >= 7.
+    None,
+}
+
+/// Checkpoint configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Checkpoint {
+    /// auto (default) | manual | signal | grpc | shmem | none.
+    #[serde(default)]
+    pub strategy: CheckpointStrategy,
+    /// gRPC callback port (strategy grpc), 1–65535.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u32>,
+    /// Signal to send (strategy signal), default `SIGUSR1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    /// How long the application may take to checkpoint, e.g. `5m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+}
+
+/// Telemetry mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TelemetryMode {
+    /// Low-overhead production metrics (default).
+    #[default]
+    Prod,
+    /// High-resolution debugging metrics.
+    Debug,
+    /// Audit-grade collection (sensitive workloads).
+    Audit,
+}
+
+/// Telemetry settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Telemetry {
+    /// prod (default) | debug | audit.
+    #[serde(default)]
+    pub mode: TelemetryMode,
+    /// How long a non-default mode lasts before reverting, e.g. `30m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<String>,
+}
+
+/// Probe kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeType {
+    /// TCP connect.
+    Tcp,
+    /// HTTP GET, 2xx/3xx = healthy.
+    Http,
+}
+
+fn d30() -> u32 {
+    30
+}
+fn d10() -> u32 {
+    10
+}
+fn d3() -> u32 {
+    3
+}
+fn d5() -> u32 {
+    5
+}
+
+/// Liveness probe (the seed's `LivenessProbeSpec`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LivenessProbe {
+    /// tcp or http.
+    pub probe_type: ProbeType,
+    /// 1–65535.
+    pub port: u32,
+    /// HTTP path, e.g. `/healthz` (http only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Seconds between probes (default 30).
+    #[serde(default = "d30")]
+    pub period_secs: u32,
+    /// Seconds before the first probe (default 10).
+    #[serde(default = "d10")]
+    pub initial_delay_secs: u32,
+    /// Consecutive failures before the allocation is marked Failed (default 3).
+    #[serde(default = "d3")]
+    pub failure_threshold: u32,
+    /// Probe timeout in seconds (default 5).
+    #[serde(default = "d5")]
+    pub timeout_secs: u32,
+}
+
+/// Allocation phase.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
+pub enum AllocationPhase {
+    /// Waiting in the queue (or for dependencies / quota headroom).
+    #[default]
+    Pending,
+    /// Nodes assigned; data and images being staged.
+    Staging,
+    /// Running on its nodes.
+    Running,
+    /// Writing a checkpoint before preemption.
+    Checkpointing,
+    /// Preempted with a usable checkpoint; will resume.
+    Suspended,
+    /// Finished successfully.
+    Completed,
+    /// Finished unsuccessfully (after any requeues).
+    Failed,
+    /// Cancelled by a user or by DAG failure propagation.
+    Cancelled,
+}
+
+impl AllocationPhase {
+    /// All phases, in lifecycle order.
+    pub const ALL: [AllocationPhase; 8] = [
+        Self::Pending,
+        Self::Staging,
+        Self::Running,
+        Self::Checkpointing,
+        Self::Suspended,
+        Self::Completed,
+        Self::Failed,
+        Self::Cancelled,
+    ];
+
+    /// Completed, Failed or Cancelled: nothing more will happen.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+
+    /// The phase name as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Staging => "Staging",
+            Self::Running => "Running",
+            Self::Checkpointing => "Checkpointing",
+            Self::Suspended => "Suspended",
+            Self::Completed => "Completed",
+            Self::Failed => "Failed",
+            Self::Cancelled => "Cancelled",
+        }
+    }
+}
+
+impl fmt::Display for AllocationPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Progress of a task group.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TaskGroupStatus {
+    /// Number of tasks in the range.
+    #[serde(default)]
+    pub total: u64,
+    /// Not started yet.
+    #[serde(default)]
+    pub pending: u64,
+    /// Running now.
+    #[serde(default)]
+    pub running: u64,
+    /// Finished successfully.
+    #[serde(default)]
+    pub completed: u64,
+    /// Finished unsuccessfully.
+    #[serde(default)]
+    pub failed: u64,
+}
+
+/// Observed state of an allocation.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AllocationStatus {
+    /// Pending | Staging | Running | Checkpointing | Suspended | Completed | Failed | Cancelled.
+    #[serde(default)]
+    pub phase: AllocationPhase,
+    /// CamelCase reason for the phase, e.g. `WaitingForQuota`, `WalltimeExceeded`, `NodeFailure`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable detail, e.g. "waiting for quota headroom".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Nodes bound to this allocation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub assigned_nodes: Vec<String>,
+    /// Dragonfly groups the assigned nodes span.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_groups: Vec<u32>,
+    /// Original submission time (kept across requeues for fair share).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submit_time: Option<Time>,
+    /// When it started running (latest start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When it reached a terminal phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_time: Option<Time>,
+    /// Process exit code (first failing task, or 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Signal number that terminated the process, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Times it was requeued.
+    #[serde(default)]
+    pub requeue_count: u32,
+    /// Times it was preempted.
+    #[serde(default)]
+    pub preemption_count: u32,
+    /// Last successful checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint_time: Option<Time>,
+    /// Task-group progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<TaskGroupStatus>,
+    /// VNI of the allocation's network domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vni: Option<u32>,
+    /// `metadata.generation` this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions such as `Scheduled`, `DependenciesMet`, `DataStaged`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+impl AllocationSpec {
+    /// Fill defaults: preemption class, requeue, checkpoint, telemetry.
+    pub fn default_fields(&mut self) {
+        if self.preemption_class.is_none() {
+            self.preemption_class = Some(if self.sensitive {
+                SENSITIVE_PREEMPTION_CLASS
+            } else {
+                DEFAULT_PREEMPTION_CLASS
+            });
+        }
+        let requeue = self.requeue.get_or_insert(Requeue {
+            policy: None,
+            max_requeue: None,
+        });
+        if requeue.policy.is_none() {
+            requeue.policy = Some(
+                if self.sensitive || self.intent.as_deref() == Some("interactive") {
+                    RequeuePolicy::Never
+                } else {
+                    RequeuePolicy::OnNodeFailure
+                },
+            );
+        }
+        if requeue.max_requeue.is_none() {
+            requeue.max_requeue = Some(DEFAULT_MAX_REQUEUE);
+        }
+        let cp = self.checkpoint.get_or_insert_with(Checkpoint::default);
+        if cp.strategy == CheckpointStrategy::Signal && cp.signal.is_none() {
+            cp.signal = Some("SIGUSR1".to_string());
+        }
+        if self.telemetry.is_none() {
+            self.telemetry = Some(Telemetry {
+                mode: if self.sensitive {
+                    TelemetryMode::Audit
+                } else {
+                    TelemetryMode::Prod
+                },
+                duration: None,
+            });
+        }
+    }
+
+    /// Validate the spec; `p` is the path prefix (`spec`, or `spec.allocations[2].spec` in a Dag).
+    pub(crate) fn validate(
+        &self,
+        p: &str,
+        self_name: Option<&str>,
+        namespace: Option<&str>,
+        errs: &mut Errors,
+    ) {
+        if let (Some(t), Some(ns)) = (&self.tenant, namespace) {
+            if t != ns {
+                errs.push(
+                    format!("{p}.tenant"),
+                    format!("is {:?} but metadata.namespace (the tenant) is {ns:?}; remove spec.tenant or make them equal", truncate(t, 63)),
+                );
+            }
+        } else if let Some(t) = &self.tenant {
+            errs.extend(validate_dns1123_label(&format!("{p}.tenant"), t));
+        }
+        if let Some(v) = &self.vcluster {
+            errs.extend(validate_dns1123_label(&format!("{p}.vcluster"), v));
+        }
+        if let Some(pr) = &self.project {
+            check_len(errs, &format!("{p}.project"), pr, 253);
+        }
+        if let Some(i) = &self.intent {
+            check_len(errs, &format!("{p}.intent"), i, 253);
+        }
+        for (k, v) in &self.tags {
+            if k.is_empty() || k.len() > 63 {
+                errs.push(
+                    format!("{p}.tags"),
+                    format!("tag key {:?} must be 1–63 characters", truncate(k, 70)),
+                );
+            }
+            check_len(errs, &format!("{p}.tags[{:?}]", truncate(k, 63)), v, 256);
+        }
+        for (k, v) in &self.env {
+            let valid = !k.is_empty()
+                && k.len() <= 255
+                && !k.as_bytes()[0].is_ascii_digit()
+                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !valid {
+                errs.push(
+                    format!("{p}.env[{:?}]", truncate(k, 63)),
+                    "environment variable names must be letters, digits and '_', not starting with a digit (e.g. \"OMP_NUM_THREADS\")",
+                );
+            }
+            check_len(
+                errs,
+                &format!("{p}.env[{:?}]", truncate(k, 63)),
+                v,
+                128 * 1024,
+            );
+        }
+        if let Some(env) = &self.environment {
+            let ep = format!("{p}.environment");
+            if env.uenv.is_some() && env.image.is_some() {
+                errs.push(
+                    format!("{ep}.image"),
+                    "set either environment.uenv or environment.image, not both (a uenv runs natively, an image runs in a container)",
+                );
+            }
+            if env.view.is_some() && env.uenv.is_none() {
+                errs.push(format!("{ep}.view"), "needs environment.uenv: a view is activated from a uenv; set uenv or remove view");
+            }
+            for (field, v) in [
+                ("uenv", &env.uenv),
+                ("view", &env.view),
+                ("image", &env.image),
+                ("toolsUenv", &env.tools_uenv),
+            ] {
+                if let Some(v) = v {
+                    if v.trim().is_empty() || v.chars().any(char::is_whitespace) {
+                        errs.push(format!("{ep}.{field}"), format!("{:?} must be non-empty and contain no spaces, e.g. \"prgenv-gnu/24.11:v1\"", truncate(v, 60)));
+                    }
+                    check_len(errs, &format!("{ep}.{field}"), v, 512);
+                }
+            }
+        }
+        match (&self.entrypoint, &self.script) {
+            (None, None) => errs.push(
+                format!("{p}.entrypoint"),
+                "is required: set spec.entrypoint (e.g. \"/bin/sh\" with args [\"-c\", \"echo hi\"]) or spec.script",
+            ),
+            (Some(_), Some(_)) => errs.push(
+                format!("{p}.script"),
+                "set either spec.entrypoint or spec.script, not both",
+            ),
+            (Some(e), None) => {
+                if e.trim().is_empty() {
+                    errs.push(format!("{p}.entrypoint"), "is empty; set the command to run, e.g. \"/bin/sh\"");
+                }
+                check_len(errs, &format!("{p}.entrypoint"), e, MAX_TEXT_LEN);
+            }
+            (None, Some(s)) => {
+                if s.trim().is_empty() {
+                    errs.push(format!("{p}.script"), "is empty; put the batch script's text here");
+                }
+                check_len(errs, &format!("{p}.script"), s, MAX_SCRIPT_LEN);
+            }
+        }
+        if self.script.is_some() && !self.args.is_empty() {
+            errs.push(
+                format!("{p}.args"),
+                "args are passed to spec.entrypoint; with spec.script put arguments in the script",
+            );
+        }
+        if self.args.len() > 4096 {
+            errs.push(
+                format!("{p}.args"),
+                format!("has {} entries, the limit is 4096", self.args.len()),
+            );
+        }
+        for (i, a) in self.args.iter().enumerate().take(4096) {
+            check_len(errs, &format!("{p}.args[{i}]"), a, 128 * 1024);
+        }
+        if let Some(w) = &self.working_dir {
+            if !w.starts_with('/') {
+                errs.push(
+                    format!("{p}.workingDir"),
+                    format!(
+                        "{:?} must be an absolute path, e.g. \"/scratch/me\"",
+                        truncate(w, 60)
+                    ),
+                );
+            }
+            check_len(errs, &format!("{p}.workingDir"), w, MAX_TEXT_LEN);
+        }
+        self.validate_resources(p, errs);
+        self.validate_lifecycle(p, errs);
+        if let Some(c) = self.preemption_class {
+            if !(0..=10).contains(&c) {
+                errs.push(
+                    format!("{p}.preemptionClass"),
+                    format!("must be between 0 and 10, got {c}; use 0 (best effort) … 5 (normal, the default) … 10 (highest, never preempted)"),
+                );
+            } else if self.sensitive && c != SENSITIVE_PREEMPTION_CLASS {
+                errs.push(
+                    format!("{p}.preemptionClass"),
+                    format!("sensitive allocations are always class 10, got {c}; remove preemptionClass or set it to 10"),
+                );
+            }
+        }
+        if let Some(rq) = &self.requeue {
+            if let Some(m) = rq.max_requeue {
+                if m > MAX_MAX_REQUEUE {
+                    errs.push(
+                        format!("{p}.requeue.maxRequeue"),
+                        format!("must be at most {MAX_MAX_REQUEUE}, got {m}; lower it (the default is {DEFAULT_MAX_REQUEUE})"),
+                    );
+                }
+            }
+            if self.sensitive
+                && matches!(
+                    rq.policy,
+                    Some(RequeuePolicy::Always | RequeuePolicy::OnNodeFailure)
+                )
+            {
+                errs.push(
+                    format!("{p}.requeue.policy"),
+                    "sensitive allocations are never requeued automatically; set policy: never or remove it",
+                );
+            }
+        }
+        let mut targets = BTreeSet::new();
+        for (i, m) in self.data_mounts.iter().enumerate() {
+            let mp = format!("{p}.dataMounts[{i}]");
+            if m.source.trim().is_empty() {
+                errs.push(
+                    format!("{mp}.source"),
+                    "is required, e.g. \"s3://datasets/imagenet\" or \"/store/data\"",
+                );
+            }
+            check_len(errs, &format!("{mp}.source"), &m.source, MAX_TEXT_LEN);
+            if !m.target.starts_with('/') {
+                errs.push(
+                    format!("{mp}.target"),
+                    format!(
+                        "{:?} must be an absolute path, e.g. \"/data/input\"",
+                        truncate(&m.target, 60)
+                    ),
+                );
+            } else if m.target.split('/').any(|c| c == "..") {
+                errs.push(
+                    format!("{mp}.target"),
+                    "must not contain '..'; use a normalized absolute path",
+                );
+            }
+            check_len(errs, &format!("{mp}.target"), &m.target, MAX_TEXT_LEN);
+            if !targets.insert(m.target.as_str()) {
+                errs.push(
+                    format!("{mp}.target"),
+                    format!(
+                        "{:?} is mounted twice; give each mount its own target",
+                        truncate(&m.target, 60)
+                    ),
+                );
+            }
+        }
+        if let Some(c) = &self.connectivity {
+            if let Some(d) = &c.network_domain {
+                errs.extend(validate_dns1123_label(
+                    &format!("{p}.connectivity.networkDomain"),
+                    d,
+                ));
+            }
+            let mut names = BTreeSet::new();
+            for (i, e) in c.expose.iter().enumerate() {
+                let ep = format!("{p}.connectivity.expose[{i}]");
+                errs.extend(validate_dns1123_label(&format!("{ep}.name"), &e.name));
+                if !names.insert(e.name.as_str()) {
+                    errs.push(
+                        format!("{ep}.name"),
+                        format!(
+                            "{:?} is used twice; port names must be unique",
+                            truncate(&e.name, 63)
+                        ),
+                    );
+                }
+                if !(1..=65535).contains(&e.port) {
+                    errs.push(
+                        format!("{ep}.port"),
+                        format!("must be between 1 and 65535, got {}", e.port),
+                    );
+                }
+            }
+        }
+        let mut seen = BTreeSet::new();
+        if self.depends_on.len() > 1000 {
+            errs.push(
+                format!("{p}.dependsOn"),
+                format!("has {} entries, the limit is 1000", self.depends_on.len()),
+            );
+        }
+        for (i, d) in self.depends_on.iter().enumerate().take(1000) {
+            let dp = format!("{p}.dependsOn[{i}]");
+            if let Some(e) = validate_dns1123_name(&format!("{dp}.ref"), &d.ref_) {
+                errs.0.push(e);
+            } else if Some(d.ref_.as_str()) == self_name {
+                errs.push(
+                    format!("{dp}.ref"),
+                    "an allocation cannot depend on itself; remove this entry",
+                );
+            } else if !seen.insert(d.ref_.as_str()) {
+                errs.push(
+                    format!("{dp}.ref"),
+                    format!(
+                        "{:?} is listed twice; keep one entry per dependency",
+                        d.ref_
+                    ),
+                );
+            }
+            if d.condition == DependencyCondition::Corresponding && self.task_group.is_none() {
+                errs.push(
+                    format!("{dp}.condition"),
+                    "`corresponding` links task N to task N of the dependency and needs spec.taskGroup; add a taskGroup or use success|failure|any",
+                );
+            }
+        }
+        if let Some(tg) = &self.task_group {
+            let tp = format!("{p}.taskGroup");
+            if let Err(e) = TaskRange::parse(&tg.range) {
+                errs.push(format!("{tp}.range"), e);
+            }
+            if tg.concurrency == Some(0) {
+                errs.push(
+                    format!("{tp}.concurrency"),
+                    "must be at least 1; remove it for no limit",
+                );
+            }
+            if self.lifecycle.type_ != LifecycleType::Bounded {
+                errs.push(
+                    tp.clone(),
+                    "task groups are batch arrays and need lifecycle.type: bounded",
+                );
+            }
+        }
+        if let Some(cp) = &self.checkpoint {
+            let cpp = format!("{p}.checkpoint");
+            match (cp.strategy, cp.port) {
+                (CheckpointStrategy::Grpc, None) => errs.push(format!("{cpp}.port"), "is required for strategy grpc: set the port your checkpoint endpoint listens on (e.g. 9999)"),
+                (CheckpointStrategy::Grpc, Some(port)) if !(1..=65535).contains(&port) => {
+                    errs.push(format!("{cpp}.port"), format!("must be between 1 and 65535, got {port}"))
+                }
+                (s, Some(_)) if s != CheckpointStrategy::Grpc => errs.push(format!("{cpp}.port"), "is only used with strategy grpc; remove it"),
+                _ => {}
+            }
+            if let Some(sig) = &cp.signal {
+                if cp.strategy != CheckpointStrategy::Signal {
+                    errs.push(
+                        format!("{cpp}.signal"),
+                        "is only used with strategy signal; remove it",
+                    );
+                } else if !is_signal_name(sig) {
+                    errs.push(format!("{cpp}.signal"), format!("{:?} is not a signal name; use e.g. \"SIGUSR1\", \"SIGUSR2\" or \"SIGTERM\"", truncate(sig, 20)));
+                }
+            }
+            if let Some(t) = &cp.timeout {
+                if let Err(e) = parse_duration(t) {
+                    errs.push(format!("{cpp}.timeout"), e);
+                }
+            }
+        }
+        if let Some(t) = &self.telemetry {
+            if let Some(d) = &t.duration {
+                if let Err(e) = parse_duration(d) {
+                    errs.push(format!("{p}.telemetry.duration"), e);
+                }
+            }
+            if self.sensitive && t.mode != TelemetryMode::Audit {
+                errs.push(
+                    format!("{p}.telemetry.mode"),
+                    "sensitive allocations use audit telemetry; set mode: audit or remove it",
+                );
+            }
+        }
+        if let Some(pr) = &self.liveness_probe {
+            let pp = format!("{p}.livenessProbe");
+            if !(1..=65535).contains(&pr.port) {
+                errs.push(
+                    format!("{pp}.port"),
+                    format!("must be between 1 and 65535, got {}", pr.port),
+                );
+            }
+            match (pr.probe_type, &pr.path) {
+                (ProbeType::Http, None) => errs.push(
+                    format!("{pp}.path"),
+                    "is required for http probes, e.g. \"/healthz\"",
+                ),
+                (ProbeType::Http, Some(path)) if !path.starts_with('/') => errs.push(
+                    format!("{pp}.path"),
+                    format!(
+                        "{:?} must start with '/', e.g. \"/healthz\"",
+                        truncate(path, 60)
+                    ),
+                ),
+                (ProbeType::Tcp, Some(_)) => errs.push(
+                    format!("{pp}.path"),
+                    "is only used by http probes; remove it or set probeType: http",
+                ),
+                _ => {}
+            }
+            for (field, v) in [
+                ("periodSecs", pr.period_secs),
+                ("failureThreshold", pr.failure_threshold),
+                ("timeoutSecs", pr.timeout_secs),
+            ] {
+                if v == 0 {
+                    errs.push(format!("{pp}.{field}"), "must be at least 1");
+                }
+            }
+            if pr.timeout_secs > pr.period_secs && pr.period_secs > 0 {
+                errs.push(
+                    format!("{pp}.timeoutSecs"),
+                    format!(
+                        "({}) must not exceed periodSecs ({})",
+                        pr.timeout_secs, pr.period_secs
+                    ),
+                );
+            }
+            if self.lifecycle.type_ == LifecycleType::Bounded {
+                errs.push(pp.clone(), "liveness probes apply to services: set lifecycle.type to unbounded or reactive, or remove the probe");
+            }
+        }
+    }
+
+    fn validate_resources(&self, p: &str, errs: &mut Errors) {
+        let np = format!("{p}.resources.nodes");
+        match self.resources.nodes {
+            NodeCount::Exact(0) => errs.push(np, "must be at least 1, got 0"),
+            NodeCount::Exact(n) if n > MAX_NODES => {
+                errs.push(np, format!("must be at most {MAX_NODES}, got {n}"))
+            }
+            NodeCount::Range { min, max } => {
+                if min == 0 {
+                    errs.push(format!("{np}.min"), "must be at least 1, got 0");
+                }
+                if min > max {
+                    errs.push(
+                        format!("{np}.min"),
+                        format!("({min}) must be <= max ({max}); swap them or raise max"),
+                    );
+                }
+                if max > MAX_NODES {
+                    errs.push(
+                        format!("{np}.max"),
+                        format!("must be at most {MAX_NODES}, got {max}"),
+                    );
+                }
+            }
+            _ => {}
+        }
+        let c = &self.resources.constraints;
+        let cp = format!("{p}.resources.constraints");
+        if let Some(g) = c.gpu_count {
+            if g == 0 || g > 64 {
+                errs.push(format!("{cp}.gpuCount"), format!("must be between 1 and 64 GPUs per node, got {g}; remove it for CPU-only work"));
+            }
+        }
+        if let Some(t) = &c.gpu_type {
+            if t.trim().is_empty() || t.len() > 64 {
+                errs.push(
+                    format!("{cp}.gpuType"),
+                    "must be a GPU model name of 1–64 characters, e.g. \"GH200\"",
+                );
+            }
+        }
+        if c.memory_gb == Some(0) {
+            errs.push(
+                format!("{cp}.memoryGb"),
+                "must be at least 1; remove it for no memory constraint",
+            );
+        }
+        let mut feats = BTreeSet::new();
+        for (i, f) in c.features.iter().enumerate() {
+            if f.is_empty()
+                || f.len() > 63
+                || !f
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+            {
+                errs.push(format!("{cp}.features[{i}]"), format!("{:?} is not a feature name: use letters, digits, '_', '-' or '.' (e.g. \"nvme_scratch\")", truncate(f, 40)));
+            } else if !feats.insert(f.as_str()) {
+                errs.push(
+                    format!("{cp}.features[{i}]"),
+                    format!("{f:?} is listed twice"),
+                );
+            }
+        }
+    }
+
+    fn validate_lifecycle(&self, p: &str, errs: &mut Errors) {
+        let lp = format!("{p}.lifecycle");
+        if let Some(w) = &self.lifecycle.walltime {
+            match parse_duration(w) {
+                Ok(0) => errs.push(
+                    format!("{lp}.walltime"),
+                    format!("must be longer than zero; {DURATION_FORMATS}"),
+                ),
+                Ok(_) => {}
+                Err(e) => errs.push(format!("{lp}.walltime"), e),
+            }
+        }
+        match (self.lifecycle.type_, &self.lifecycle.scale_policy) {
+            (LifecycleType::Reactive, None) => errs.push(
+                format!("{lp}.scalePolicy"),
+                "is required for reactive allocations: set {minNodes, maxNodes, metric, target}, e.g. {minNodes: 1, maxNodes: 8, metric: gpu_utilization, target: 0.8}",
+            ),
+            (LifecycleType::Reactive, Some(sp)) => {
+                let sp_p = format!("{lp}.scalePolicy");
+                if sp.min_nodes == 0 {
+                    errs.push(format!("{sp_p}.minNodes"), "must be at least 1");
+                }
+                if sp.min_nodes > sp.max_nodes {
+                    errs.push(format!("{sp_p}.minNodes"), format!("({}) must be <= maxNodes ({}); swap them or raise maxNodes", sp.min_nodes, sp.max_nodes));
+                }
+                if sp.max_nodes > MAX_NODES {
+                    errs.push(format!("{sp_p}.maxNodes"), format!("must be at most {MAX_NODES}, got {}", sp.max_nodes));
+                }
+                if sp.metric.trim().is_empty() || sp.metric.len() > 128 {
+                    errs.push(format!("{sp_p}.metric"), "must name a metric (1–128 characters), e.g. \"gpu_utilization\"");
+                }
+                match &sp.target {
+                    ScaleTarget::Number(n) if !n.is_finite() || *n < 0.0 => {
+                        errs.push(format!("{sp_p}.target"), format!("must be a non-negative number, got {n}"))
+                    }
+                    ScaleTarget::Text(t) if t.trim().is_empty() || t.len() > 64 => {
+                        errs.push(format!("{sp_p}.target"), "must be a number (0.8) or a value with a unit (\"100ms\")")
+                    }
+                    _ => {}
+                }
+                if let Some(c) = &sp.cooldown {
+                    if let Err(e) = parse_duration(c) {
+                        errs.push(format!("{sp_p}.cooldown"), e);
+                    }
+                }
+            }
+            (t, Some(_)) => errs.push(
+                format!("{lp}.scalePolicy"),
+                format!("is only used by reactive allocations, but lifecycle.type is {}; set type: reactive or remove scalePolicy", match t { LifecycleType::Bounded => "bounded", LifecycleType::Unbounded => "unbounded", LifecycleType::Reactive => "reactive" }),
+            ),
+            _ => {}
+        }
+    }
+}
+
+fn is_signal_name(s: &str) -> bool {
+    matches!(
+        s.trim_start_matches("SIG"),
+        "USR1"
+            | "USR2"
+            | "TERM"
+            | "INT"
+            | "HUP"
+            | "QUIT"
+            | "CONT"
+            | "STOP"
+            | "TSTP"
+            | "WINCH"
+            | "ALRM"
+    )
+}
+
+impl AllocationStatus {
+    fn validate(&self, errs: &mut Errors) {
+        let mut seen = BTreeSet::new();
+        for (i, n) in self.assigned_nodes.iter().enumerate() {
+            if let Some(e) = validate_dns1123_name(&format!("status.assignedNodes[{i}]"), n) {
+                errs.0.push(e);
+            } else if !seen.insert(n.as_str()) {
+                errs.push(
+                    format!("status.assignedNodes[{i}]"),
+                    format!("node {n:?} is assigned twice"),
+                );
+            }
+        }
+        if let (Some(s), Some(e)) = (self.start_time, self.end_time) {
+            if e < s {
+                errs.push("status.endTime", "is before status.startTime");
+            }
+        }
+        if let Some(v) = self.vni {
+            if v == 0 || v > 0x00FF_FFFF {
+                errs.push(
+                    "status.vni",
+                    format!("must be between 1 and 16777215, got {v}"),
+                );
+            }
+        }
+    }
+}
+
+impl Resource for Allocation {
+    const KIND: &'static str = "Allocation";
+    const PLURAL: &'static str = "allocations";
+    const NAMESPACED: bool = true;
+    impl_resource_meta!();
+
+    fn default_fields(&mut self) {
+        self.spec.default_fields();
+    }
+
+    fn validate_fields(&self, errs: &mut Errors) {
+        self.spec.validate(
+            "spec",
+            self.metadata.name.as_deref(),
+            self.metadata.namespace.as_deref(),
+            errs,
+        );
+        if let Some(st) = &self.status {
+            st.validate(errs);
+        }
+    }
+}

@@ -1,0 +1,449 @@
+//! `Dag`: a workflow of allocations connected by dependency edges (the seed's
+//! "DAG Workflows"). The DAG controller creates one `Allocation` per task,
+//! named `<dag>-<task>` and owned by the Dag, releasing each one when its
+//! dependency conditions hold.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::allocation::{AllocationSpec, Dependency, DependencyCondition};
+use crate::meta::{Condition, ObjectMeta, Time};
+use crate::resource::{impl_resource_meta, Resource};
+use crate::validation::{truncate, validate_dns1123_label, Errors};
+
+/// Default limit on tasks per DAG (the seed: "Maximum 1000 allocations per DAG").
+pub const MAX_DAG_TASKS: usize = 1000;
+
+/// A DAG workflow.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Dag {
+    /// `lattice.dev/v1alpha1`.
+    #[serde(default)]
+    pub api_version: String,
+    /// `Dag`.
+    #[serde(default)]
+    pub kind: String,
+    /// Name, namespace (= tenant), ...
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// The tasks and their edges.
+    #[serde(default)]
+    pub spec: DagSpec,
+    /// Per-task progress, written by the DAG controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<DagStatus>,
+}
+
+/// What happens to the rest of the DAG when a task fails.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DagFailurePolicy {
+    /// The seed's rules (default): a failed `success` dependency cancels its
+    /// downstream tasks, a succeeded `failure` dependency skips them, `any`
+    /// dependencies always run; unrelated branches continue.
+    #[default]
+    Propagate,
+    /// Cancel every task that has not finished as soon as one task fails.
+    FailFast,
+}
+
+/// The workflow definition.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DagSpec {
+    /// The tasks (at most 1000), each becoming one Allocation.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub allocations: Vec<DagTask>,
+    /// propagate (default) | fail_fast.
+    #[serde(default)]
+    pub failure_policy: DagFailurePolicy,
+    /// Most tasks released at the same time (default: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel: Option<u32>,
+    /// Fields applied to every task's spec where the task leaves them unset
+    /// (e.g. `vcluster`, `project`, `connectivity.networkDomain`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<DagDefaults>,
+}
+
+/// Per-DAG defaults copied into each task.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DagDefaults {
+    /// vCluster for every task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcluster: Option<String>,
+    /// Project for every task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// Network domain shared by the tasks (kept alive between stages by its grace period).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_domain: Option<String>,
+}
+
+/// One task of a DAG.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DagTask {
+    /// Task name, unique in the DAG (DNS label). Alias: `id`.
+    #[serde(alias = "id")]
+    pub name: String,
+    /// Edges to other tasks of this DAG: `[{ref: preprocess, condition: success}]`
+    /// or the seed's short form `[{preprocess: success}]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<Dependency>,
+    /// The allocation to create (its own `dependsOn` must be empty: edges live on the task).
+    #[serde(default)]
+    pub spec: AllocationSpec,
+}
+
+impl DagTask {
+    /// The Allocation name the controller uses for this task.
+    pub fn allocation_name(&self, dag_name: &str) -> String {
+        format!("{dag_name}-{}", self.name)
+    }
+}
+
+/// DAG phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum DagPhase {
+    /// No task released yet.
+    #[default]
+    Pending,
+    /// At least one task released and not all finished.
+    Running,
+    /// Every task finished and no task failed (skipped tasks are fine).
+    Completed,
+    /// All tasks finished and at least one failed (or was cancelled by propagation).
+    Failed,
+    /// Cancelled by a user.
+    Cancelled,
+}
+
+/// Phase of one DAG task.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum DagTaskPhase {
+    /// Dependencies not satisfied yet; no Allocation exists.
+    #[default]
+    Waiting,
+    /// Allocation created and queued.
+    Pending,
+    /// Allocation staging.
+    Staging,
+    /// Allocation running.
+    Running,
+    /// Allocation checkpointing.
+    Checkpointing,
+    /// Allocation suspended.
+    Suspended,
+    /// Allocation completed.
+    Completed,
+    /// Allocation failed.
+    Failed,
+    /// Cancelled (by a user or because a `success` dependency failed).
+    Cancelled,
+    /// Not run because its condition can no longer hold (e.g. a `failure` dependency succeeded).
+    Skipped,
+}
+
+impl DagTaskPhase {
+    /// Completed, Failed, Cancelled or Skipped.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Completed | Self::Failed | Self::Cancelled | Self::Skipped
+        )
+    }
+}
+
+/// Status of one task.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DagTaskStatus {
+    /// Waiting | Pending | ... | Completed | Failed | Cancelled | Skipped.
+    #[serde(default)]
+    pub phase: DagTaskPhase,
+    /// Name of the Allocation created for the task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<String>,
+    /// CamelCase reason, e.g. `UpstreamFailed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable detail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Task counts by phase.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DagCounts {
+    /// All tasks.
+    #[serde(default)]
+    pub total: u32,
+    /// Waiting for dependencies.
+    #[serde(default)]
+    pub waiting: u32,
+    /// Pending or staging.
+    #[serde(default)]
+    pub pending: u32,
+    /// Running, checkpointing or suspended.
+    #[serde(default)]
+    pub running: u32,
+    /// Completed.
+    #[serde(default)]
+    pub completed: u32,
+    /// Failed.
+    #[serde(default)]
+    pub failed: u32,
+    /// Cancelled.
+    #[serde(default)]
+    pub cancelled: u32,
+    /// Skipped.
+    #[serde(default)]
+    pub skipped: u32,
+}
+
+/// Observed state of a DAG.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DagStatus {
+    /// Pending | Running | Completed | Failed | Cancelled.
+    #[serde(default)]
+    pub phase: DagPhase,
+    /// Per-task state, keyed by task name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tasks: BTreeMap<String, DagTaskStatus>,
+    /// Counts by phase.
+    #[serde(default)]
+    pub counts: DagCounts,
+    /// When the first task was released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the DAG reached a terminal phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// CamelCase reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable detail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// `metadata.generation` this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+impl DagSpec {
+    /// Tasks in a dependency-respecting order, or the names on a cycle.
+    pub fn topological_order(&self) -> Result<Vec<&DagTask>, Vec<String>> {
+        let index: BTreeMap<&str, usize> = self
+            .allocations
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.as_str(), i))
+            .collect();
+        // 0 = unvisited, 1 = on stack, 2 = done. Iterative DFS so deep chains cannot overflow the stack.
+        let n = self.allocations.len();
+        let mut state = vec![0u8; n];
+        let mut order = Vec::with_capacity(n);
+        for start in 0..n {
+            if state[start] != 0 {
+                continue;
+            }
+            let mut stack: Vec<(usize, usize)> = vec![(start, 0)];
+            state[start] = 1;
+            while let Some(&mut (node, ref mut next)) = stack.last_mut() {
+                let deps = &self.allocations[node].depends_on;
+                if *next < deps.len() {
+                    let d = &deps[*next];
+                    *next += 1;
+                    if let Some(&j) = index.get(d.ref_.as_str()) {
+                        match state[j] {
+                            0 => {
+                                state[j] = 1;
+                                stack.push((j, 0));
+                            }
+                            1 => {
+                                let pos = stack.iter().position(|(k, _)| *k == j).unwrap_or(0);
+                                let mut cycle: Vec<String> = stack[pos..]
+                                    .iter()
+                                    .map(|(k, _)| self.allocations[*k].name.clone())
+                                    .collect();
+                                cycle.push(self.allocations[j].name.clone());
+                                return Err(cycle);
+                            }
+                            _ => {}
+                        }
+                    }
+                } else {
+                    state[node] = 2;
+                    order.push(&self.allocations[node]);
+                    stack.pop();
+                }
+            }
+        }
+        Ok(order)
+    }
+
+    /// Apply `defaults` and each task's allocation defaults.
+    pub fn default_fields(&mut self) {
+        let defaults = self.defaults.clone().unwrap_or_default();
+        for t in &mut self.allocations {
+            if t.spec.vcluster.is_none() {
+                t.spec.vcluster = defaults.vcluster.clone();
+            }
+            if t.spec.project.is_none() {
+                t.spec.project = defaults.project.clone();
+            }
+            if let Some(nd) = &defaults.network_domain {
+                let c = t.spec.connectivity.get_or_insert_with(Default::default);
+                if c.network_domain.is_none() {
+                    c.network_domain = Some(nd.clone());
+                }
+            }
+            t.spec.default_fields();
+        }
+    }
+
+    fn validate(&self, dag_name: Option<&str>, namespace: Option<&str>, errs: &mut Errors) {
+        if self.allocations.is_empty() {
+            errs.push(
+                "spec.allocations",
+                "must list at least one task: [{name: step-1, spec: {entrypoint: /bin/sh, args: [-c, 'echo hi']}}]",
+            );
+        }
+        if self.allocations.len() > MAX_DAG_TASKS {
+            errs.push(
+                "spec.allocations",
+                format!(
+                    "has {} tasks, the limit is {MAX_DAG_TASKS}; split the workflow into several DAGs",
+                    self.allocations.len()
+                ),
+            );
+            return;
+        }
+        if self.max_parallel == Some(0) {
+            errs.push(
+                "spec.maxParallel",
+                "must be at least 1; remove it for no limit",
+            );
+        }
+        if let Some(d) = &self.defaults {
+            if let Some(v) = &d.vcluster {
+                errs.extend(validate_dns1123_label("spec.defaults.vcluster", v));
+            }
+            if let Some(v) = &d.network_domain {
+                errs.extend(validate_dns1123_label("spec.defaults.networkDomain", v));
+            }
+        }
+        let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, t) in self.allocations.iter().enumerate() {
+            let tp = format!("spec.allocations[{i}]");
+            if let Some(e) = validate_dns1123_label(&format!("{tp}.name"), &t.name) {
+                errs.0.push(e);
+            } else if let Some(prev) = names.insert(t.name.as_str(), i) {
+                errs.push(
+                    format!("{tp}.name"),
+                    format!("{:?} is already used by spec.allocations[{prev}]; task names must be unique", t.name),
+                );
+            } else if let Some(dag) = dag_name {
+                let full = t.allocation_name(dag);
+                if full.len() > 253 {
+                    errs.push(
+                        format!("{tp}.name"),
+                        format!("the allocation name {:?} would be {} characters, the limit is 253; shorten the DAG or task name", truncate(&full, 40), full.len()),
+                    );
+                }
+            }
+            if !t.spec.depends_on.is_empty() {
+                errs.push(
+                    format!("{tp}.spec.dependsOn"),
+                    format!("edges between DAG tasks go in spec.allocations[{i}].dependsOn; move them there"),
+                );
+            }
+            t.spec
+                .validate(&format!("{tp}.spec"), None, namespace, errs);
+        }
+        for (i, t) in self.allocations.iter().enumerate() {
+            let mut seen = BTreeSet::new();
+            for (k, d) in t.depends_on.iter().enumerate() {
+                let dp = format!("spec.allocations[{i}].dependsOn[{k}]");
+                match names.get(d.ref_.as_str()) {
+                    None => errs.push(
+                        format!("{dp}.ref"),
+                        format!(
+                            "{:?} is not a task of this DAG; use one of: {}",
+                            truncate(&d.ref_, 63),
+                            names.keys().copied().collect::<Vec<_>>().join(", ")
+                        ),
+                    ),
+                    Some(&j) if j == i => errs.push(
+                        format!("{dp}.ref"),
+                        "a task cannot depend on itself; remove this entry",
+                    ),
+                    Some(&j) => {
+                        if !seen.insert(d.ref_.as_str()) {
+                            errs.push(format!("{dp}.ref"), format!("{:?} is listed twice", d.ref_));
+                        }
+                        if d.condition == DependencyCondition::Corresponding
+                            && (t.spec.task_group.is_none()
+                                || self.allocations[j].spec.task_group.is_none())
+                        {
+                            errs.push(
+                                format!("{dp}.condition"),
+                                "`corresponding` links task N to task N and needs spec.taskGroup on both tasks; add task groups or use success|failure|any",
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        if let Err(cycle) = self.topological_order() {
+            errs.push(
+                "spec.allocations",
+                format!(
+                    "dependencies form a cycle: {}; remove one of these edges",
+                    cycle.join(" → ")
+                ),
+            );
+        }
+    }
+}
+
+impl Resource for Dag {
+    const KIND: &'static str = "Dag";
+    const PLURAL: &'static str = "dags";
+    const NAMESPACED: bool = true;
+    impl_resource_meta!();
+
+    fn default_fields(&mut self) {
+        self.spec.default_fields();
+    }
+
+    fn validate_fields(&self, errs: &mut Errors) {
+        self.spec.validate(
+            self.metadata.name.as_deref(),
+            self.metadata.namespace.as_deref(),
+            errs,
+        );
+        if let Some(st) = &self.status {
+            for name in st.tasks.keys() {
+                if !self.spec.allocations.iter().any(|t| &t.name == name) {
+                    errs.push(
+                        format!("status.tasks[{:?}]", truncate(name, 63)),
+                        "is not a task in spec.allocations; remove it",
+                    );
+                }
+            }
+        }
+    }
+}

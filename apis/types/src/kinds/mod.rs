@@ -1,0 +1,10 @@
+//! One module per kind.
+
+pub mod allocation;
+pub mod dag;
+pub mod event;
+pub mod lease;
+pub mod network_domain;
+pub mod node;
+pub mod tenant;
+pub mod vcluster;

@@ -1,0 +1,210 @@
+//! `Tenant` (cluster-scoped): quotas and usage. A tenant's name is the
+//! namespace of its allocations, DAGs, vClusters and network domains.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::meta::{Condition, ObjectMeta};
+use crate::resource::{impl_resource_meta, Resource};
+use crate::validation::{check_len, validate_dns1123_label, Errors};
+
+/// Default rolling budget window in days (`scheduling.budget_period_days`).
+pub const DEFAULT_BUDGET_PERIOD_DAYS: u32 = 90;
+/// Default maximum network domains per tenant.
+pub const DEFAULT_MAX_NETWORK_DOMAINS: u32 = 50;
+
+/// A tenant.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Tenant {
+    /// `lattice.dev/v1alpha1`.
+    #[serde(default)]
+    pub api_version: String,
+    /// `Tenant`.
+    #[serde(default)]
+    pub kind: String,
+    /// Name (a DNS label: it becomes the namespace of the tenant's objects).
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// Quotas.
+    #[serde(default)]
+    pub spec: TenantSpec,
+    /// Usage, written by the quota controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<TenantStatus>,
+}
+
+/// Tenant configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TenantSpec {
+    /// Human-readable name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    /// Hard (quorum-enforced) and soft (scheduler-enforced) quotas.
+    #[serde(default)]
+    pub quota: TenantQuota,
+    /// Rolling window for GPU-/node-hour budgets in days (default 90).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_period_days: Option<u32>,
+    /// Most network domains the tenant may hold (default 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_network_domains: Option<u32>,
+    /// Users (OIDC subjects) with tenant-admin rights.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub admins: Vec<String>,
+}
+
+/// Quotas. Hard quotas (`maxNodes`, `maxConcurrentAllocations`,
+/// `sensitivePoolSize`) can never be exceeded, even momentarily; soft quotas
+/// (`gpuHoursBudget`, `nodeHoursBudget`, `fairShareTarget`, `burstAllowance`)
+/// only influence scheduling scores. Unset = unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TenantQuota {
+    /// Hard: most nodes in use at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_nodes: Option<u32>,
+    /// Hard: most running allocations at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_allocations: Option<u32>,
+    /// Hard: most nodes claimable for sensitive work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sensitive_pool_size: Option<u32>,
+    /// Soft: GPU-hours per budget period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_hours_budget: Option<f64>,
+    /// Soft: node-hours per budget period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_hours_budget: Option<f64>,
+    /// Soft: share of system capacity the tenant should get (0–1, e.g. 0.15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair_share_target: Option<f64>,
+    /// Soft: multiple of the fair share usable when resources are idle (>= 1, e.g. 1.5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst_allowance: Option<f64>,
+}
+
+/// Current usage.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TenantUsage {
+    /// Nodes owned by the tenant's running allocations.
+    #[serde(default)]
+    pub nodes: u32,
+    /// Running allocations.
+    #[serde(default)]
+    pub running_allocations: u32,
+    /// Pending allocations.
+    #[serde(default)]
+    pub pending_allocations: u32,
+    /// Nodes claimed for sensitive work.
+    #[serde(default)]
+    pub sensitive_nodes: u32,
+    /// GPU-hours used in the budget period.
+    #[serde(default)]
+    pub gpu_hours_used: f64,
+    /// Node-hours used in the budget period.
+    #[serde(default)]
+    pub node_hours_used: f64,
+    /// Network domains held.
+    #[serde(default)]
+    pub network_domains: u32,
+}
+
+/// Observed tenant state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TenantStatus {
+    /// Usage counters.
+    #[serde(default)]
+    pub usage: TenantUsage,
+    /// `metadata.generation` this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions such as `QuotaExceeded`, `BudgetExhausted`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+impl Resource for Tenant {
+    const KIND: &'static str = "Tenant";
+    const PLURAL: &'static str = "tenants";
+    const NAMESPACED: bool = false;
+    impl_resource_meta!();
+
+    fn default_fields(&mut self) {
+        self.spec
+            .budget_period_days
+            .get_or_insert(DEFAULT_BUDGET_PERIOD_DAYS);
+        self.spec
+            .max_network_domains
+            .get_or_insert(DEFAULT_MAX_NETWORK_DOMAINS);
+    }
+
+    fn validate_fields(&self, errs: &mut Errors) {
+        // The tenant name becomes a namespace: it must be a DNS label (no dots).
+        if let Some(n) = &self.metadata.name {
+            if n.contains('.') {
+                errs.extend(validate_dns1123_label("metadata.name", n));
+            }
+        }
+        let q = &self.spec.quota;
+        if let Some(d) = &self.spec.display_name {
+            check_len(errs, "spec.displayName", d, 256);
+        }
+        for (field, v) in [
+            ("gpuHoursBudget", q.gpu_hours_budget),
+            ("nodeHoursBudget", q.node_hours_budget),
+        ] {
+            if let Some(v) = v {
+                if !v.is_finite() || v < 0.0 {
+                    errs.push(
+                        format!("spec.quota.{field}"),
+                        format!("must be a non-negative number of hours, got {v}"),
+                    );
+                }
+            }
+        }
+        if let Some(f) = q.fair_share_target {
+            if !(0.0..=1.0).contains(&f) {
+                errs.push(
+                    "spec.quota.fairShareTarget",
+                    format!("must be a fraction between 0 and 1, got {f}; e.g. 0.15 for 15% of the system"),
+                );
+            }
+        }
+        if let Some(b) = q.burst_allowance {
+            if !b.is_finite() || !(1.0..=100.0).contains(&b) {
+                errs.push(
+                    "spec.quota.burstAllowance",
+                    format!("must be a multiple of the fair share between 1 and 100, got {b}; e.g. 1.5 allows 150%"),
+                );
+            }
+        }
+        if let (Some(s), Some(m)) = (q.sensitive_pool_size, q.max_nodes) {
+            if s > m {
+                errs.push(
+                    "spec.quota.sensitivePoolSize",
+                    format!("({s}) cannot exceed maxNodes ({m}); lower it or raise maxNodes"),
+                );
+            }
+        }
+        if self.spec.budget_period_days == Some(0) {
+            errs.push(
+                "spec.budgetPeriodDays",
+                "must be at least 1 day (default 90)",
+            );
+        }
+        for (i, a) in self.spec.admins.iter().enumerate() {
+            if a.trim().is_empty() {
+                errs.push(
+                    format!("spec.admins[{i}]"),
+                    "is empty; set a user name or OIDC subject",
+                );
+            }
+            check_len(errs, &format!("spec.admins[{i}]"), a, 256);
+        }
+    }
+}

@@ -1,0 +1,1016 @@
+//! Slurm front-end helpers (pure): `sbatch`/`squeue`/`scancel`/`sinfo`/`sacct`
+//! argument translation into `lattice` invocations, `squeue -o` formatting of
+//! Allocation JSON, and the `SLURM_*` environment mapping.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::directives::{parse_args, Dialect, ParsedOption, SBATCH_OPTIONS};
+use crate::error::{Source, SubmitError};
+use crate::hostlist;
+use crate::translate::annotations;
+use crate::values::{parse_array, parse_slurm_dependency, parse_walltime, Walltime};
+
+/// A translated Slurm command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Invocation {
+    /// `lattice` arguments (without the program name), e.g. `["status", "--user=alice"]`.
+    pub argv: Vec<String>,
+    /// Options that could not be translated, one message each.
+    pub warnings: Vec<String>,
+    /// `-o/--format` string to render the result with [`format_squeue`] (squeue/sacct).
+    pub format: Option<String>,
+    /// `-h/--noheader`.
+    pub noheader: bool,
+    /// `sbatch --parsable`: print only the id.
+    pub parsable: bool,
+    /// `sbatch --wait`.
+    pub wait: bool,
+}
+
+/// A translated `sbatch` command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SbatchInvocation {
+    /// sbatch options as given; pass them to
+    /// [`SubmitFlags::sbatch_args`](crate::SubmitFlags::sbatch_args) so that
+    /// they override the script's directives with sbatch semantics.
+    pub sbatch_args: Vec<String>,
+    /// The script path (None with `--wrap` or when the script comes from stdin).
+    pub script: Option<String>,
+    /// Arguments after the script (Lattice does not pass them; warned).
+    pub script_args: Vec<String>,
+    /// `--wrap=CMD`: run `/bin/sh -c CMD`.
+    pub wrap: Option<String>,
+    /// Equivalent `lattice` arguments (best effort, for display and aliases).
+    pub invocation: Invocation,
+}
+
+fn long_of(o: &ParsedOption) -> String {
+    match &o.value {
+        Some(v) => format!("--{}={v}", o.name),
+        None => format!("--{}", o.name),
+    }
+}
+
+/// Translate `sbatch [OPTIONS] [SCRIPT [ARGS...]]`. Like sbatch, options stop
+/// at the first non-option argument (the script).
+pub fn sbatch_to_lattice(args: &[String]) -> Result<SbatchInvocation, SubmitError> {
+    let mut i = 0;
+    // Find where options end: walk tokens the same way getopt would.
+    while i < args.len() {
+        let a = &args[i];
+        if a == "--" {
+            break;
+        }
+        if !a.starts_with('-') || a == "-" {
+            break;
+        }
+        // Does this option consume the next token?
+        let needs_next = if let Some(body) = a.strip_prefix("--") {
+            !body.contains('=')
+                && SBATCH_OPTIONS
+                    .iter()
+                    .filter(|d| d.long.starts_with(body))
+                    .find(|d| d.long == body)
+                    .or_else(|| {
+                        let c: Vec<_> = SBATCH_OPTIONS
+                            .iter()
+                            .filter(|d| d.long.starts_with(body))
+                            .collect();
+                        if c.len() == 1 {
+                            Some(c[0])
+                        } else {
+                            None
+                        }
+                    })
+                    .is_some_and(|d| d.arg == crate::directives::ArgKind::Required)
+        } else {
+            // last short option of a cluster needs a value when nothing follows it
+            let chars: Vec<char> = a[1..].chars().collect();
+            let mut need = false;
+            for (k, c) in chars.iter().enumerate() {
+                if let Some(d) = SBATCH_OPTIONS.iter().find(|d| d.short == Some(*c)) {
+                    if d.arg == crate::directives::ArgKind::Required {
+                        need = k == chars.len() - 1;
+                        break;
+                    }
+                }
+            }
+            need
+        };
+        i += if needs_next { 2 } else { 1 };
+    }
+    let i = i.min(args.len());
+    let opts_tokens: Vec<String> = args[..i].to_vec();
+    let mut rest: Vec<String> = args[i..].to_vec();
+    if rest.first().is_some_and(|a| a == "--") {
+        rest.remove(0);
+    }
+    let (opts, warns) = parse_args(&opts_tokens, Dialect::Slurm, &Source::CommandLine)?;
+    let mut inv = SbatchInvocation {
+        sbatch_args: opts_tokens,
+        ..Default::default()
+    };
+    inv.invocation
+        .warnings
+        .extend(warns.iter().map(|w| w.message.clone()));
+    let mut argv = vec!["submit".to_string()];
+    for o in &opts {
+        let v = o.value.clone().unwrap_or_default();
+        match o.name.as_str() {
+            "nodes" | "constraint" | "uenv" | "view" | "output" | "error" => argv.push(long_of(o)),
+            "time" => match parse_walltime(&v) {
+                Ok(Walltime::Seconds(_)) => argv.push(format!("--walltime={v}")),
+                _ => inv
+                    .invocation
+                    .warnings
+                    .push(format!("--time={v}: no walltime passed")),
+            },
+            "partition" => argv.push(format!("--vcluster={v}")),
+            "account" => argv.push(format!("--tenant={v}")),
+            "job-name" => argv.push(format!("--name={v}")),
+            "array" => argv.push(format!("--task-group={v}")),
+            "dependency" => match parse_slurm_dependency(&v) {
+                Ok(d) => {
+                    let s: Vec<String> = d
+                        .edges
+                        .iter()
+                        .map(|e| format!("{}:{}", e.target, e.condition.as_str()))
+                        .collect();
+                    if !s.is_empty() {
+                        argv.push(format!("--depends-on={}", s.join(",")));
+                    }
+                }
+                Err(e) => {
+                    return Err(SubmitError::invalid(
+                        "--dependency",
+                        &v,
+                        &Source::CommandLine,
+                        e,
+                    ))
+                }
+            },
+            "gres" | "gpus-per-node" => argv.push(format!(
+                "--constraint=gpu_count={}",
+                v.rsplit(':').next().unwrap_or("1")
+            )),
+            "parsable" => inv.invocation.parsable = true,
+            "wait" => inv.invocation.wait = true,
+            "test-only" => argv.push("--dry-run".into()),
+            "wrap" => inv.wrap = Some(v),
+            "exclusive" | "verbose" | "quiet" | "ignore-pbs" => {}
+            other => inv.invocation.warnings.push(format!(
+                "--{other} has no `lattice submit` flag; it is applied through the sbatch options"
+            )),
+        }
+    }
+    if let Some(w) = &inv.wrap {
+        argv.extend(["--".to_string(), "/bin/sh".into(), "-c".into(), w.clone()]);
+        if !rest.is_empty() {
+            inv.invocation
+                .warnings
+                .push("arguments after --wrap were ignored".into());
+        }
+    } else if let Some((s, a)) = rest.split_first() {
+        inv.script = Some(s.clone());
+        inv.script_args = a.to_vec();
+        argv.push(s.clone());
+        if !a.is_empty() {
+            inv.invocation.warnings.push(format!(
+                "script arguments {:?} are not passed by Lattice; put them in the script",
+                a.join(" ")
+            ));
+        }
+    }
+    inv.invocation.argv = argv;
+    Ok(inv)
+}
+
+/// Map a Slurm job state name or code (`PD`, `PENDING`, `R`, ...) to a
+/// Lattice phase name (lowercase), if there is one.
+pub fn slurm_state_to_phase(s: &str) -> Option<&'static str> {
+    Some(match s.to_ascii_uppercase().as_str() {
+        "PD" | "PENDING" => "pending",
+        "CF" | "CONFIGURING" => "staging",
+        "R" | "RUNNING" => "running",
+        "S" | "SUSPENDED" | "PR" | "PREEMPTED" => "suspended",
+        "CG" | "COMPLETING" => "checkpointing",
+        "CD" | "COMPLETED" => "completed",
+        "F" | "FAILED" | "TO" | "TIMEOUT" | "NF" | "NODE_FAIL" | "OOM" | "OUT_OF_MEMORY" | "BF"
+        | "BOOT_FAIL" | "DL" | "DEADLINE" => "failed",
+        "CA" | "CANCELLED" => "cancelled",
+        _ => return None,
+    })
+}
+
+/// Lattice phase → Slurm (long name, short code).
+pub fn phase_to_slurm(phase: &str) -> (&'static str, &'static str) {
+    match phase {
+        "Pending" => ("PENDING", "PD"),
+        "Staging" => ("CONFIGURING", "CF"),
+        "Running" => ("RUNNING", "R"),
+        "Checkpointing" => ("COMPLETING", "CG"),
+        "Suspended" => ("SUSPENDED", "S"),
+        "Completed" => ("COMPLETED", "CD"),
+        "Failed" => ("FAILED", "F"),
+        "Cancelled" => ("CANCELLED", "CA"),
+        _ => ("PENDING", "PD"),
+    }
+}
+
+struct Cursor<'a> {
+    args: &'a [String],
+    i: usize,
+}
+
+impl<'a> Cursor<'a> {
+    /// Next option and its value for options that take one (`-u x`, `-ux`, `--user=x`, `--user x`).
+    fn value(&mut self, tok: &str, short: &str, long: &str) -> Option<Option<String>> {
+        if tok == short || tok == long {
+            let v = self.args.get(self.i).cloned();
+            self.i += 1;
+            return Some(v);
+        }
+        if let Some(v) = tok.strip_prefix(&format!("{long}=")) {
+            return Some(Some(v.to_string()));
+        }
+        if short.len() == 2 && tok.len() > 2 && tok.starts_with(short) && !tok.starts_with("--") {
+            return Some(Some(tok[2..].to_string()));
+        }
+        None
+    }
+}
+
+fn need(v: Option<String>, opt: &str) -> Result<String, SubmitError> {
+    v.ok_or_else(|| SubmitError::Syntax {
+        source_: Source::CommandLine,
+        message: format!("option {opt} requires an argument"),
+        hint: format!("write {opt} VALUE"),
+    })
+}
+
+fn states_arg(v: &str, inv: &mut Invocation) -> Option<String> {
+    let mut out = Vec::new();
+    for s in v.split(',') {
+        if s.eq_ignore_ascii_case("all") {
+            return None;
+        }
+        match slurm_state_to_phase(s.trim()) {
+            Some(p) if !out.contains(&p) => out.push(p),
+            Some(_) => {}
+            None => inv.warnings.push(format!(
+                "job state {s:?} has no Lattice equivalent; ignored"
+            )),
+        }
+    }
+    if out.is_empty() {
+        None
+    } else {
+        Some(format!("--state={}", out.join(",")))
+    }
+}
+
+fn job_ids(v: &str, inv: &mut Invocation) -> Vec<String> {
+    v.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            let s = s.trim();
+            match s.split_once('_') {
+                Some((p, t)) => {
+                    inv.warnings.push(format!("{s}: single array tasks cannot be addressed; using task group {p} (task {t})"));
+                    p.to_string()
+                }
+                None => s.to_string(),
+            }
+        })
+        .collect()
+}
+
+/// Translate `squeue` (`-u/--user`, `--me`, `-j/--jobs`, `-t/--states`,
+/// `-p/--partition`, `-A/--account`, `-h/--noheader`, `-o/--format`,
+/// `-a`, `-l`) into `lattice status ... -o json` plus the format to print with.
+pub fn squeue_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
+    let mut inv = Invocation {
+        argv: vec!["status".into()],
+        ..Default::default()
+    };
+    let mut c = Cursor { args, i: 0 };
+    let mut ids = Vec::new();
+    while c.i < args.len() {
+        let tok = args[c.i].clone();
+        c.i += 1;
+        if tok == "-h" || tok == "--noheader" {
+            inv.noheader = true;
+        } else if tok == "--me"
+            || tok == "-a"
+            || tok == "--all"
+            || tok == "-l"
+            || tok == "--long"
+            || tok == "-r"
+            || tok == "--array"
+        {
+        } else if let Some(v) = c.value(&tok, "-u", "--user") {
+            let v = need(v, "--user")?;
+            inv.argv.push(format!("--user={v}"));
+        } else if let Some(v) = c.value(&tok, "-j", "--jobs") {
+            ids.extend(job_ids(&need(v, "--jobs")?, &mut inv));
+        } else if let Some(v) = c.value(&tok, "-t", "--states") {
+            if let Some(s) = states_arg(&need(v, "--states")?, &mut inv) {
+                inv.argv.push(s);
+            }
+        } else if let Some(v) = c.value(&tok, "-p", "--partition") {
+            inv.argv
+                .push(format!("--vcluster={}", need(v, "--partition")?));
+        } else if let Some(v) = c.value(&tok, "-A", "--account") {
+            inv.argv.push(format!("--tenant={}", need(v, "--account")?));
+        } else if let Some(v) = c.value(&tok, "-o", "--format") {
+            inv.format = Some(need(v, "--format")?);
+        } else if let Some(v) = c.value(&tok, "-n", "--name") {
+            inv.warnings.push(format!(
+                "--name={} filtering is not supported; showing all",
+                v.unwrap_or_default()
+            ));
+        } else {
+            inv.warnings
+                .push(format!("squeue option {tok} is not supported; ignored"));
+        }
+    }
+    if ids.iter().any(|_| true) {
+        let mut a = vec!["status".to_string()];
+        a.extend(ids);
+        a.extend(inv.argv.drain(1..));
+        inv.argv = a;
+    }
+    if !inv
+        .argv
+        .iter()
+        .any(|a| a.starts_with("--user=") || a.starts_with("--tenant="))
+        && args.iter().all(|a| a != "--me")
+    {
+        // squeue shows everyone's jobs; `lattice status` shows your own unless --all.
+        inv.argv.push("--all".into());
+    }
+    inv.argv.extend(["-o".into(), "json".into()]);
+    Ok(inv)
+}
+
+/// Translate `scancel ID... | -u USER [-t STATE] | -n NAME`.
+pub fn scancel_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
+    let mut inv = Invocation {
+        argv: vec!["cancel".into()],
+        ..Default::default()
+    };
+    let mut c = Cursor { args, i: 0 };
+    let mut ids = Vec::new();
+    let mut by_user = false;
+    let mut state = None;
+    while c.i < args.len() {
+        let tok = args[c.i].clone();
+        c.i += 1;
+        if let Some(v) = c.value(&tok, "-u", "--user") {
+            need(v, "--user")?;
+            by_user = true;
+        } else if tok == "--me" {
+            by_user = true;
+        } else if let Some(v) = c.value(&tok, "-t", "--state") {
+            state = states_arg(&need(v, "--state")?, &mut inv);
+        } else if tok == "-q"
+            || tok == "--quiet"
+            || tok == "-v"
+            || tok == "--verbose"
+            || tok == "-f"
+            || tok == "--full"
+        {
+        } else if let Some(v) = c.value(&tok, "-s", "--signal") {
+            inv.warnings.push(format!(
+                "--signal={} is not supported; the allocation is cancelled",
+                v.unwrap_or_default()
+            ));
+        } else if tok.starts_with('-') {
+            inv.warnings
+                .push(format!("scancel option {tok} is not supported; ignored"));
+        } else {
+            ids.extend(job_ids(&tok, &mut inv));
+        }
+    }
+    inv.argv.extend(ids.iter().cloned());
+    if ids.is_empty() {
+        if !by_user && state.is_none() {
+            return Err(SubmitError::Syntax {
+                source_: Source::CommandLine,
+                message: "no job id given".into(),
+                hint: "scancel JOBID [JOBID...] or scancel -u $USER".into(),
+            });
+        }
+        inv.argv.push("--all-mine".into());
+    }
+    if let Some(s) = state {
+        inv.argv.push(s);
+    }
+    Ok(inv)
+}
+
+/// Translate `sinfo [-N] [-p PART] [-t STATES] [-n NODES] [-h] [-o FMT]`.
+pub fn sinfo_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
+    let mut inv = Invocation {
+        argv: vec!["nodes".into()],
+        ..Default::default()
+    };
+    let mut c = Cursor { args, i: 0 };
+    let mut nodes = Vec::new();
+    let mut extra = Vec::new();
+    while c.i < args.len() {
+        let tok = args[c.i].clone();
+        c.i += 1;
+        if tok == "-N"
+            || tok == "--Node"
+            || tok == "-l"
+            || tok == "--long"
+            || tok == "-a"
+            || tok == "--all"
+            || tok == "-s"
+            || tok == "--summarize"
+        {
+            if tok == "-l" || tok == "--long" {
+                extra.extend(["-o".to_string(), "wide".to_string()]);
+            }
+        } else if tok == "-h" || tok == "--noheader" {
+            inv.noheader = true;
+        } else if let Some(v) = c.value(&tok, "-p", "--partition") {
+            extra.push(format!("--vcluster={}", need(v, "--partition")?));
+        } else if let Some(v) = c.value(&tok, "-t", "--states") {
+            let v = need(v, "--states")?;
+            let mut st = Vec::new();
+            for s in v.split(',') {
+                let m = match s.trim().to_ascii_lowercase().trim_end_matches('*') {
+                    "idle" | "mix" | "mixed" => "ready",
+                    "alloc" | "allocated" => "allocated",
+                    "drain" | "drng" | "draining" => "draining",
+                    "drained" => "drained",
+                    "down" => "down",
+                    other => {
+                        inv.warnings.push(format!(
+                            "node state {other:?} has no Lattice equivalent; ignored"
+                        ));
+                        continue;
+                    }
+                };
+                if !st.contains(&m) {
+                    st.push(m);
+                }
+            }
+            if !st.is_empty() {
+                extra.push(format!("--state={}", st.join(",")));
+            }
+        } else if let Some(v) = c.value(&tok, "-n", "--nodes") {
+            let v = need(v, "--nodes")?;
+            match hostlist::expand(&v, 10_000) {
+                Some(h) => nodes.extend(h),
+                None => inv
+                    .warnings
+                    .push(format!("node list {v:?} could not be expanded; ignored")),
+            }
+        } else if let Some(v) = c.value(&tok, "-o", "--format") {
+            inv.format = v;
+            inv.warnings.push(
+                "sinfo --format is not translated; `lattice nodes` prints its own columns".into(),
+            );
+        } else {
+            inv.warnings
+                .push(format!("sinfo option {tok} is not supported; ignored"));
+        }
+    }
+    inv.argv.extend(nodes);
+    inv.argv.extend(extra);
+    Ok(inv)
+}
+
+/// Translate `sacct [-j IDS] [-u USER] [-S START] [-E END] [-X] [-n] [-P] [-o FMT]`.
+pub fn sacct_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
+    let mut inv = Invocation {
+        argv: vec!["history".into()],
+        ..Default::default()
+    };
+    let mut c = Cursor { args, i: 0 };
+    let mut ids = Vec::new();
+    let mut rest = Vec::new();
+    while c.i < args.len() {
+        let tok = args[c.i].clone();
+        c.i += 1;
+        if tok == "-X"
+            || tok == "--allocations"
+            || tok == "-a"
+            || tok == "--allusers"
+            || tok == "-b"
+            || tok == "--brief"
+            || tok == "-l"
+            || tok == "--long"
+        {
+        } else if tok == "-n" || tok == "--noheader" {
+            inv.noheader = true;
+        } else if tok == "-P" || tok == "--parsable2" || tok == "-p" || tok == "--parsable" {
+            inv.parsable = true;
+        } else if let Some(v) = c.value(&tok, "-j", "--jobs") {
+            ids.extend(job_ids(&need(v, "--jobs")?, &mut inv));
+        } else if let Some(v) = c.value(&tok, "-u", "--user") {
+            rest.push(format!("--user={}", need(v, "--user")?));
+        } else if let Some(v) = c.value(&tok, "-S", "--starttime") {
+            rest.push(format!("--since={}", need(v, "--starttime")?));
+        } else if let Some(v) = c.value(&tok, "-E", "--endtime") {
+            rest.push(format!("--until={}", need(v, "--endtime")?));
+        } else if let Some(v) = c.value(&tok, "-o", "--format") {
+            inv.format = v;
+        } else if let Some(v) = c.value(&tok, "-s", "--state") {
+            if let Some(s) = states_arg(&need(v, "--state")?, &mut inv) {
+                rest.push(s);
+            }
+        } else {
+            inv.warnings
+                .push(format!("sacct option {tok} is not supported; ignored"));
+        }
+    }
+    if !ids.is_empty() {
+        // Specific jobs: `lattice status` shows them in any phase.
+        inv.argv = vec!["status".into()];
+        inv.argv.extend(ids);
+    }
+    inv.argv.extend(rest);
+    inv.argv.extend(["-o".into(), "json".into()]);
+    Ok(inv)
+}
+
+// ---------------------------------------------------------------- squeue format
+
+/// `squeue`'s default format.
+pub const SQUEUE_DEFAULT_FORMAT: &str = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R";
+
+fn s<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    let mut cur = v;
+    for p in path {
+        cur = cur.get(p)?;
+    }
+    Some(cur)
+}
+
+fn st<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
+    s(v, path).and_then(Value::as_str)
+}
+
+fn time(v: &Value, path: &[&str]) -> Option<DateTime<Utc>> {
+    st(v, path)
+        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.with_timezone(&Utc))
+}
+
+/// Slurm's elapsed-time style: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`.
+pub fn slurm_duration(secs: u64) -> String {
+    let (d, h, m, s) = (
+        secs / 86_400,
+        (secs / 3600) % 24,
+        (secs / 60) % 60,
+        secs % 60,
+    );
+    if d > 0 {
+        format!("{d}-{h:02}:{m:02}:{s:02}")
+    } else if h > 0 {
+        format!("{h}:{m:02}:{s:02}")
+    } else {
+        format!("{m}:{s:02}")
+    }
+}
+
+/// The user who submitted an allocation, from well-known annotations/labels.
+pub fn alloc_user(a: &Value) -> String {
+    for path in [
+        ["metadata", "annotations", "lattice.dev/user"],
+        ["metadata", "annotations", "lattice.dev/submitted-by"],
+        ["metadata", "labels", "lattice.dev/user"],
+        ["spec", "tags", "user"],
+    ] {
+        if let Some(u) = st(a, &path) {
+            return u.to_string();
+        }
+    }
+    "-".into()
+}
+
+fn node_count(a: &Value) -> u64 {
+    if let Some(n) = s(a, &["status", "assignedNodes"])
+        .and_then(Value::as_array)
+        .filter(|n| !n.is_empty())
+    {
+        return n.len() as u64;
+    }
+    match s(a, &["spec", "resources", "nodes"]) {
+        Some(Value::Number(n)) => n.as_u64().unwrap_or(1),
+        Some(Value::Object(o)) => o.get("min").and_then(Value::as_u64).unwrap_or(1),
+        _ => 1,
+    }
+}
+
+fn assigned(a: &Value) -> Vec<String> {
+    s(a, &["status", "assignedNodes"])
+        .and_then(Value::as_array)
+        .map(|v| {
+            v.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn elapsed(a: &Value, now: DateTime<Utc>) -> u64 {
+    match time(a, &["status", "startTime"]) {
+        Some(start) => {
+            let end = time(a, &["status", "endTime"]).unwrap_or(now);
+            (end - start).num_seconds().max(0) as u64
+        }
+        None => 0,
+    }
+}
+
+fn limit_secs(a: &Value) -> Option<u64> {
+    st(a, &["spec", "lifecycle", "walltime"]).and_then(|w| match parse_walltime(w) {
+        Ok(Walltime::Seconds(s)) => Some(s),
+        _ => None,
+    })
+}
+
+fn field(a: &Value, c: char, now: DateTime<Utc>) -> String {
+    let phase = st(a, &["status", "phase"]).unwrap_or("Pending");
+    let id = st(a, &["metadata", "name"]).unwrap_or("").to_string();
+    match c {
+        'i' | 'A' => id,
+        'j' => st(a, &["spec", "tags", "name"])
+            .map(str::to_string)
+            .unwrap_or(id),
+        'T' => phase_to_slurm(phase).0.into(),
+        't' => phase_to_slurm(phase).1.into(),
+        'u' => alloc_user(a),
+        'M' => slurm_duration(elapsed(a, now)),
+        'l' => limit_secs(a)
+            .map(slurm_duration)
+            .unwrap_or_else(|| "UNLIMITED".into()),
+        'L' => match limit_secs(a) {
+            Some(l) => slurm_duration(l.saturating_sub(elapsed(a, now))),
+            None => "UNLIMITED".into(),
+        },
+        'D' => node_count(a).to_string(),
+        'N' => hostlist::compress(&assigned(a)),
+        'P' => st(a, &["spec", "vcluster"]).unwrap_or("").into(),
+        'a' => st(a, &["metadata", "namespace"]).unwrap_or("").into(),
+        'q' => st(a, &["metadata", "annotations", annotations::QOS])
+            .map(str::to_string)
+            .or_else(|| s(a, &["spec", "preemptionClass"]).map(|c| c.to_string()))
+            .unwrap_or_else(|| "normal".into()),
+        'r' => st(a, &["status", "reason"]).unwrap_or("None").into(),
+        'R' => {
+            let nodes = assigned(a);
+            if matches!(phase, "Pending" | "Suspended") || nodes.is_empty() {
+                format!(
+                    "({})",
+                    st(a, &["status", "reason"]).unwrap_or(if phase == "Pending" {
+                        "None"
+                    } else {
+                        phase
+                    })
+                )
+            } else {
+                hostlist::compress(&nodes)
+            }
+        }
+        'V' => st(a, &["status", "submitTime"])
+            .or(st(a, &["metadata", "creationTimestamp"]))
+            .map(trim_ts)
+            .unwrap_or_else(|| "N/A".into()),
+        'S' => st(a, &["status", "startTime"])
+            .map(trim_ts)
+            .unwrap_or_else(|| "N/A".into()),
+        'e' => st(a, &["status", "endTime"])
+            .map(trim_ts)
+            .unwrap_or_else(|| "N/A".into()),
+        'K' => st(a, &["spec", "taskGroup", "range"])
+            .unwrap_or("N/A")
+            .into(),
+        'F' => id,
+        'Z' => st(a, &["spec", "workingDir"]).unwrap_or("").into(),
+        'o' => {
+            if st(a, &["spec", "script"]).is_some() {
+                "(script)".into()
+            } else {
+                st(a, &["spec", "entrypoint"]).unwrap_or("").into()
+            }
+        }
+        'E' => s(a, &["spec", "dependsOn"])
+            .and_then(Value::as_array)
+            .map(|d| {
+                d.iter()
+                    .map(|e| {
+                        format!(
+                            "{}:{}",
+                            dep_kind(
+                                e.get("condition")
+                                    .and_then(Value::as_str)
+                                    .unwrap_or("success")
+                            ),
+                            e.get("ref").and_then(Value::as_str).unwrap_or("")
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "(null)".into()),
+        _ => String::new(),
+    }
+}
+
+fn dep_kind(c: &str) -> &'static str {
+    match c {
+        "failure" => "afternotok",
+        "any" => "afterany",
+        "corresponding" => "aftercorr",
+        _ => "afterok",
+    }
+}
+
+fn trim_ts(t: &str) -> String {
+    // squeue prints 2026-03-05T10:00:12 (no zone).
+    t.trim_end_matches('Z')
+        .split('.')
+        .next()
+        .unwrap_or(t)
+        .chars()
+        .take(19)
+        .collect()
+}
+
+fn header(c: char) -> &'static str {
+    match c {
+        'i' | 'A' => "JOBID",
+        'j' => "NAME",
+        'T' => "STATE",
+        't' => "ST",
+        'u' => "USER",
+        'M' => "TIME",
+        'l' => "TIME_LIMIT",
+        'L' => "TIME_LEFT",
+        'D' => "NODES",
+        'N' => "NODELIST",
+        'P' => "PARTITION",
+        'a' => "ACCOUNT",
+        'q' => "QOS",
+        'r' => "REASON",
+        'R' => "NODELIST(REASON)",
+        'V' => "SUBMIT_TIME",
+        'S' => "START_TIME",
+        'e' => "END_TIME",
+        'K' => "ARRAY_TASK_ID",
+        'F' => "ARRAY_JOB_ID",
+        'Z' => "WORK_DIR",
+        'o' => "COMMAND",
+        'E' => "DEPENDENCY",
+        _ => "",
+    }
+}
+
+enum Piece {
+    Lit(String),
+    Field {
+        c: char,
+        width: Option<usize>,
+        right: bool,
+    },
+}
+
+fn parse_format(fmt: &str) -> Vec<Piece> {
+    let mut out = Vec::new();
+    let mut lit = String::new();
+    let chars: Vec<char> = fmt.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i] != '%' {
+            lit.push(chars[i]);
+            i += 1;
+            continue;
+        }
+        i += 1;
+        if i < chars.len() && chars[i] == '%' {
+            lit.push('%');
+            i += 1;
+            continue;
+        }
+        let mut right = false;
+        if i < chars.len() && chars[i] == '.' {
+            right = true;
+            i += 1;
+        }
+        if i < chars.len() && chars[i] == '-' {
+            i += 1;
+        }
+        let mut w = String::new();
+        while i < chars.len() && chars[i].is_ascii_digit() && w.len() < 4 {
+            w.push(chars[i]);
+            i += 1;
+        }
+        if i < chars.len() {
+            if !lit.is_empty() {
+                out.push(Piece::Lit(std::mem::take(&mut lit)));
+            }
+            out.push(Piece::Field {
+                c: chars[i],
+                width: w.parse().ok(),
+                right,
+            });
+            i += 1;
+        }
+    }
+    if !lit.is_empty() {
+        out.push(Piece::Lit(lit));
+    }
+    out
+}
+
+fn pad(v: &str, width: Option<usize>, right: bool) -> String {
+    match width {
+        None | Some(0) => v.to_string(),
+        Some(w) => {
+            let t: String = v.chars().take(w).collect();
+            if right {
+                format!("{t:>w$}")
+            } else {
+                format!("{t:<w$}")
+            }
+        }
+    }
+}
+
+/// Render allocations as `squeue -o FORMAT` would (one line per allocation,
+/// a header line unless `noheader`). Supports `%i %j %T %t %u %M %l %L %D %N
+/// %P %a %q %r %R %V %S %e %K %F %Z %o %E %A %%` with `%[.][-][width]X`
+/// (`.` right-justifies; values are truncated to the width, as squeue does).
+/// `None` uses squeue's default format.
+pub fn format_squeue(
+    allocs: &[Value],
+    format: Option<&str>,
+    noheader: bool,
+    now: DateTime<Utc>,
+) -> String {
+    let pieces = parse_format(format.unwrap_or(SQUEUE_DEFAULT_FORMAT));
+    let mut out = String::new();
+    let line = |get: &dyn Fn(char) -> String| -> String {
+        let mut l = String::new();
+        for p in &pieces {
+            match p {
+                Piece::Lit(t) => l.push_str(t),
+                Piece::Field { c, width, right } => l.push_str(&pad(&get(*c), *width, *right)),
+            }
+        }
+        l.trim_end().to_string()
+    };
+    if !noheader {
+        out.push_str(&line(&|c| header(c).to_string()));
+        out.push('\n');
+    }
+    for a in allocs {
+        out.push_str(&line(&|c| field(a, c, now)));
+        out.push('\n');
+    }
+    out
+}
+
+/// Output of `sbatch` for an id: `Submitted batch job ID`, or just `ID` with `--parsable`.
+pub fn sbatch_output(id: &str, parsable: bool) -> String {
+    if parsable {
+        id.to_string()
+    } else {
+        format!("Submitted batch job {id}")
+    }
+}
+
+// ---------------------------------------------------------------- environment
+
+/// Per-process context for [`slurm_env`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvContext {
+    /// Task-group index of this task (`SLURM_ARRAY_TASK_ID`).
+    pub task_index: Option<u64>,
+    /// Id of the task group's parent allocation (`SLURM_ARRAY_JOB_ID`); defaults to the allocation id.
+    pub array_job_id: Option<String>,
+    /// Global rank of this process (`SLURM_PROCID`).
+    pub procid: Option<u32>,
+    /// Rank on this node (`SLURM_LOCALID`).
+    pub localid: Option<u32>,
+    /// Index of this node in the allocation (`SLURM_NODEID`).
+    pub nodeid: Option<u32>,
+}
+
+fn ntasks(a: &Value, nnodes: usize) -> u64 {
+    let ann = |k: &str| st(a, &["metadata", "annotations", k]).and_then(|v| v.parse::<u64>().ok());
+    ann(annotations::NTASKS)
+        .or_else(|| ann(annotations::NTASKS_PER_NODE).map(|t| t * nnodes as u64))
+        .unwrap_or(nnodes as u64)
+}
+
+/// The `SLURM_*` variables for a process of an allocation (used by agents when
+/// `set_slurm_env` is on). `nodes` are the allocation's nodes in order.
+pub fn slurm_env(alloc: &Value, nodes: &[String], ctx: &EnvContext) -> Vec<(String, String)> {
+    let id = st(alloc, &["metadata", "name"]).unwrap_or("").to_string();
+    let name = st(alloc, &["spec", "tags", "name"])
+        .map(str::to_string)
+        .unwrap_or_else(|| id.clone());
+    let nodelist = hostlist::compress(nodes);
+    let mut v: Vec<(String, String)> = vec![
+        ("SLURM_JOB_ID".into(), id.clone()),
+        ("SLURM_JOBID".into(), id.clone()),
+        ("SLURM_JOB_NAME".into(), name),
+        ("SLURM_NNODES".into(), nodes.len().to_string()),
+        ("SLURM_JOB_NUM_NODES".into(), nodes.len().to_string()),
+        ("SLURM_NODELIST".into(), nodelist.clone()),
+        ("SLURM_JOB_NODELIST".into(), nodelist),
+    ];
+    let nt = ntasks(alloc, nodes.len()).to_string();
+    v.push(("SLURM_NTASKS".into(), nt.clone()));
+    v.push(("SLURM_NPROCS".into(), nt));
+    if let Some(t) = st(
+        alloc,
+        &["metadata", "annotations", annotations::NTASKS_PER_NODE],
+    ) {
+        v.push(("SLURM_NTASKS_PER_NODE".into(), t.to_string()));
+    }
+    if let Some(d) = st(alloc, &["metadata", "annotations", annotations::SUBMIT_DIR])
+        .or(st(alloc, &["spec", "workingDir"]))
+    {
+        v.push(("SLURM_SUBMIT_DIR".into(), d.to_string()));
+    }
+    if let Some(p) = st(alloc, &["spec", "vcluster"]) {
+        v.push(("SLURM_JOB_PARTITION".into(), p.to_string()));
+    }
+    if let Some(t) = st(alloc, &["metadata", "namespace"]) {
+        v.push(("SLURM_JOB_ACCOUNT".into(), t.to_string()));
+    }
+    if let Some(idx) = ctx.task_index {
+        v.push(("SLURM_ARRAY_TASK_ID".into(), idx.to_string()));
+        v.push((
+            "SLURM_ARRAY_JOB_ID".into(),
+            ctx.array_job_id.clone().unwrap_or(id),
+        ));
+        if let Some(r) =
+            st(alloc, &["spec", "taskGroup", "range"]).and_then(|r| parse_array(r).ok())
+        {
+            let idx = r.indices_capped(200_000);
+            if let (Some(min), Some(max)) = (idx.first(), idx.last()) {
+                v.push(("SLURM_ARRAY_TASK_COUNT".into(), idx.len().to_string()));
+                v.push(("SLURM_ARRAY_TASK_MIN".into(), min.to_string()));
+                v.push(("SLURM_ARRAY_TASK_MAX".into(), max.to_string()));
+            }
+            if let [(_, _, step)] = r.segments.as_slice() {
+                v.push(("SLURM_ARRAY_TASK_STEP".into(), step.to_string()));
+            }
+        }
+    }
+    if let Some(p) = ctx.procid {
+        v.push(("SLURM_PROCID".into(), p.to_string()));
+    }
+    if let Some(p) = ctx.localid {
+        v.push(("SLURM_LOCALID".into(), p.to_string()));
+    }
+    if let Some(p) = ctx.nodeid {
+        v.push(("SLURM_NODEID".into(), p.to_string()));
+    }
+    v
+}
+
+/// The `LATTICE_*` equivalents (always set by agents).
+pub fn lattice_env(alloc: &Value, nodes: &[String], ctx: &EnvContext) -> Vec<(String, String)> {
+    let id = st(alloc, &["metadata", "name"]).unwrap_or("").to_string();
+    let mut v = vec![
+        ("LATTICE_ALLOC_ID".to_string(), id.clone()),
+        (
+            "LATTICE_JOB_NAME".into(),
+            st(alloc, &["spec", "tags", "name"])
+                .map(str::to_string)
+                .unwrap_or_else(|| id.clone()),
+        ),
+        ("LATTICE_NODELIST".into(), nodes.join(",")),
+        ("LATTICE_NNODES".into(), nodes.len().to_string()),
+        (
+            "LATTICE_NPROCS".into(),
+            ntasks(alloc, nodes.len()).to_string(),
+        ),
+    ];
+    if let Some(d) = st(alloc, &["metadata", "annotations", annotations::SUBMIT_DIR])
+        .or(st(alloc, &["spec", "workingDir"]))
+    {
+        v.push(("LATTICE_SUBMIT_DIR".into(), d.to_string()));
+    }
+    if let Some(idx) = ctx.task_index {
+        v.push(("LATTICE_TASK_INDEX".into(), idx.to_string()));
+        v.push((
+            "LATTICE_TASK_GROUP_ID".into(),
+            ctx.array_job_id.clone().unwrap_or(id),
+        ));
+    }
+    v
+}

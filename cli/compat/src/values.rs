@@ -1,0 +1,1135 @@
+//! Value parsers for Slurm and Lattice option syntax. Each returns a
+//! [`ValueError`] (what is wrong + a hint); callers add the location.
+
+use serde::Serialize;
+
+use crate::error::ValueError;
+
+/// Longest walltime accepted (366 days, as the API server enforces).
+pub const MAX_WALLTIME_SECS: u64 = 366 * 24 * 3600;
+/// Most tasks one task group may expand to (as the API server enforces).
+pub const MAX_TASKS: u64 = 100_000;
+
+const TIME_HINT: &str = "use minutes (\"30\"), MM:SS, HH:MM:SS (\"72:00:00\"), D-HH, D-HH:MM, D-HH:MM:SS (\"1-12:00:00\"), UNLIMITED, or Lattice's \"24h\" / \"30m\" / \"1h30m\"";
+
+/// A parsed walltime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Walltime {
+    /// A limit in seconds.
+    Seconds(u64),
+    /// `UNLIMITED`, `INFINITE`, `-1` or `0`: no limit requested.
+    Unlimited,
+}
+
+impl Walltime {
+    /// `HH:MM:SS` (hours may exceed 24), the normalized form put in the manifest.
+    pub fn to_hms(self) -> Option<String> {
+        match self {
+            Walltime::Seconds(s) => Some(format_hms(s)),
+            Walltime::Unlimited => None,
+        }
+    }
+}
+
+/// `HH:MM:SS`, hours unbounded.
+pub fn format_hms(secs: u64) -> String {
+    format!(
+        "{:02}:{:02}:{:02}",
+        secs / 3600,
+        (secs / 60) % 60,
+        secs % 60
+    )
+}
+
+fn digits(s: &str) -> Option<u64> {
+    if s.is_empty() || s.len() > 12 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// Parse every `--time` form Slurm accepts (`minutes`, `minutes:seconds`,
+/// `hours:minutes:seconds`, `days-hours`, `days-hours:minutes`,
+/// `days-hours:minutes:seconds`, `UNLIMITED`/`INFINITE`/`-1`, and `0` which
+/// Slurm reads as "no limit") plus Lattice's unit forms `24h`, `30m`,
+/// `1h30m`, `2d`, `90s`. Like Slurm, fields are not range-checked
+/// (`0:90` is 90 seconds, `1-30` is 54 hours).
+pub fn parse_walltime(s: &str) -> Result<Walltime, ValueError> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(ValueError::new("the time limit is empty", TIME_HINT));
+    }
+    if t.eq_ignore_ascii_case("unlimited") || t.eq_ignore_ascii_case("infinite") || t == "-1" {
+        return Ok(Walltime::Unlimited);
+    }
+    if t.len() > 32 {
+        return Err(ValueError::new("is too long to be a time limit", TIME_HINT));
+    }
+    let bad = || ValueError::new(format!("{t:?} is not a time limit"), TIME_HINT);
+    let secs = if t
+        .bytes()
+        .all(|b| b.is_ascii_digit() || b == b':' || b == b'-')
+    {
+        slurm_time(t).ok_or_else(bad)?
+    } else {
+        unit_time(t).ok_or_else(bad)?
+    };
+    if secs == 0 {
+        // Slurm: "A time limit of zero requests that no time limit be imposed."
+        return Ok(Walltime::Unlimited);
+    }
+    if secs > MAX_WALLTIME_SECS {
+        return Err(ValueError::new(
+            format!("{t:?} is longer than the 366-day limit"),
+            "use a shorter time limit, or UNLIMITED to take the vCluster's default",
+        ));
+    }
+    Ok(Walltime::Seconds(secs))
+}
+
+/// Slurm's `time_str2secs`: digits, at most one `-` (after the day count),
+/// at most two `:` without a day, three fields after the day.
+fn slurm_time(t: &str) -> Option<u64> {
+    let (days, rest) = match t.split_once('-') {
+        Some((d, r)) => (Some(digits(d)?), r),
+        None => (None, t),
+    };
+    if days.is_some() && rest.is_empty() {
+        // Slurm's sscanf("%d-%d:%d:%d") reads "2-" as two days.
+        return days?.checked_mul(86_400);
+    }
+    let parts: Vec<&str> = rest.split(':').collect();
+    let nums: Vec<u64> = parts.iter().map(|p| digits(p)).collect::<Option<_>>()?;
+    let (d, h, m, s) = match (days, nums.as_slice()) {
+        (Some(d), [h]) => (d, *h, 0, 0),
+        (Some(d), [h, m]) => (d, *h, *m, 0),
+        (Some(d), [h, m, s]) => (d, *h, *m, *s),
+        (None, [m]) => (0, 0, *m, 0),
+        (None, [m, s]) => (0, 0, *m, *s),
+        (None, [h, m, s]) => (0, *h, *m, *s),
+        _ => return None,
+    };
+    d.checked_mul(86_400)?
+        .checked_add(h.checked_mul(3_600)?)?
+        .checked_add(m.checked_mul(60)?)?
+        .checked_add(s)
+}
+
+/// Lattice's `1d2h3m4s` (any subset, in that order).
+fn unit_time(t: &str) -> Option<u64> {
+    let mut total: u64 = 0;
+    let mut num = String::new();
+    let mut last = 0u8;
+    let mut any = false;
+    for c in t.chars() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let (mult, rank) = match c.to_ascii_lowercase() {
+            'd' => (86_400u64, 1u8),
+            'h' => (3_600, 2),
+            'm' => (60, 3),
+            's' => (1, 4),
+            _ => return None,
+        };
+        if num.is_empty() || rank <= last {
+            return None;
+        }
+        last = rank;
+        total = total.checked_add(digits(&num)?.checked_mul(mult)?)?;
+        num.clear();
+        any = true;
+    }
+    if !num.is_empty() || !any {
+        return None;
+    }
+    Some(total)
+}
+
+const ARRAY_HINT: &str = "use START-END (\"0-99\"), a list (\"1,3,5-7\"), a step (\"0-15:4\") and an optional %LIMIT (\"0-99%20\")";
+
+/// A parsed `--array` / `--task-group`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArraySpec {
+    /// The index expression without the `%` limit, normalized (no spaces), e.g. `0-15:4,20`.
+    pub range: String,
+    /// Inclusive `(start, end, step)` segments.
+    pub segments: Vec<(u64, u64, u64)>,
+    /// The `%N` concurrency limit.
+    pub limit: Option<u32>,
+}
+
+impl ArraySpec {
+    /// Number of distinct indices.
+    pub fn count(&self) -> u64 {
+        let mut v = self.indices_capped(MAX_TASKS as usize + 1);
+        v.dedup();
+        v.len() as u64
+    }
+
+    /// Sorted, deduplicated indices, at most `cap` of them.
+    pub fn indices_capped(&self, cap: usize) -> Vec<u64> {
+        let mut set = std::collections::BTreeSet::new();
+        for &(a, b, s) in &self.segments {
+            let mut i = a;
+            while i <= b && set.len() < cap {
+                set.insert(i);
+                match i.checked_add(s) {
+                    Some(n) => i = n,
+                    None => break,
+                }
+            }
+        }
+        set.into_iter().collect()
+    }
+}
+
+/// Parse every `--array` form Slurm accepts: `0-15`, `0,6,16-32`, `0-15:4`,
+/// `0-15%4`, `1,3,5-7:2%10`.
+pub fn parse_array(s: &str) -> Result<ArraySpec, ValueError> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(ValueError::new("the array index list is empty", ARRAY_HINT));
+    }
+    let (range, limit) = match t.split_once('%') {
+        Some((r, l)) => {
+            let l = digits(l.trim())
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    ValueError::new(
+                        format!("the limit {l:?} after '%' is not a number"),
+                        ARRAY_HINT,
+                    )
+                })?;
+            if l == 0 {
+                return Err(ValueError::new(
+                    "the '%' limit must be at least 1",
+                    "write e.g. \"0-99%20\" to run at most 20 tasks at once, or drop the '%'",
+                ));
+            }
+            (r.trim(), Some(l))
+        }
+        None => (t, None),
+    };
+    if range.is_empty() {
+        return Err(ValueError::new("no indices before '%'", ARRAY_HINT));
+    }
+    let mut segments = Vec::new();
+    for part in range.split(',') {
+        let part = part.trim();
+        let bad = || {
+            ValueError::new(
+                format!("{part:?} is not an index, range or stepped range"),
+                ARRAY_HINT,
+            )
+        };
+        let (r, step) = match part.split_once(':') {
+            Some((r, st)) => (r, digits(st).ok_or_else(bad)?),
+            None => (part, 1),
+        };
+        if step == 0 {
+            return Err(ValueError::new(format!("{part:?} has step 0"), ARRAY_HINT));
+        }
+        let (a, b) = match r.split_once('-') {
+            Some((a, b)) => (digits(a).ok_or_else(bad)?, digits(b).ok_or_else(bad)?),
+            None => {
+                let a = digits(r).ok_or_else(bad)?;
+                (a, a)
+            }
+        };
+        if a > b {
+            return Err(ValueError::new(
+                format!("{part:?}: start {a} is greater than end {b}"),
+                format!("write it as \"{b}-{a}\""),
+            ));
+        }
+        if b >= 1_000_000_000 {
+            return Err(ValueError::new(
+                format!("index {b} is too large"),
+                "use indices below 1000000000",
+            ));
+        }
+        segments.push((a, b, step));
+    }
+    let bound: u64 = segments
+        .iter()
+        .map(|(a, b, s)| (b - a) / s + 1)
+        .fold(0u64, u64::saturating_add);
+    if bound > MAX_TASKS {
+        return Err(ValueError::new(
+            format!("{range:?} expands to {bound} tasks, the limit is {MAX_TASKS}"),
+            "split the array into several submissions",
+        ));
+    }
+    let normalized: Vec<String> = segments
+        .iter()
+        .map(|&(a, b, s)| match (a == b, s) {
+            (true, _) => a.to_string(),
+            (false, 1) => format!("{a}-{b}"),
+            (false, s) => format!("{a}-{b}:{s}"),
+        })
+        .collect();
+    Ok(ArraySpec {
+        range: normalized.join(","),
+        segments,
+        limit,
+    })
+}
+
+const NODES_HINT: &str = "use a count (\"4\") or a range MIN-MAX (\"2-8\")";
+
+/// A node count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum NodeCount {
+    /// Exactly this many.
+    Exact(u32),
+    /// Between min and max.
+    Range {
+        /// At least.
+        min: u32,
+        /// At most.
+        max: u32,
+    },
+}
+
+impl NodeCount {
+    /// The minimum.
+    pub fn min(self) -> u32 {
+        match self {
+            NodeCount::Exact(n) => n,
+            NodeCount::Range { min, .. } => min,
+        }
+    }
+}
+
+/// Parse `--nodes`: `N` or `N-M` (Slurm's min-max), `k` suffix allowed (`1k` = 1024).
+pub fn parse_nodes(s: &str) -> Result<NodeCount, ValueError> {
+    let t = s.trim();
+    let one = |x: &str| -> Result<u32, ValueError> {
+        let x = x.trim();
+        let (num, mult) = match x.strip_suffix(['k', 'K']) {
+            Some(n) => (n, 1024u64),
+            None => (x, 1u64),
+        };
+        let n = digits(num)
+            .and_then(|n| n.checked_mul(mult))
+            .ok_or_else(|| ValueError::new(format!("{x:?} is not a node count"), NODES_HINT))?;
+        if n == 0 {
+            return Err(ValueError::new(
+                "the node count must be at least 1",
+                NODES_HINT,
+            ));
+        }
+        if n > 100_000 {
+            return Err(ValueError::new(
+                format!("{n} nodes is above the 100000 limit"),
+                NODES_HINT,
+            ));
+        }
+        Ok(n as u32)
+    };
+    if t.contains(',') || t.contains(':') {
+        return Err(ValueError::new(
+            format!("{t:?}: node-count lists are not supported"),
+            NODES_HINT,
+        ));
+    }
+    match t.split_once('-') {
+        Some((a, b)) => {
+            let (a, b) = (one(a)?, one(b)?);
+            if a > b {
+                return Err(ValueError::new(
+                    format!("minimum {a} is greater than maximum {b}"),
+                    format!("write \"{b}-{a}\""),
+                ));
+            }
+            Ok(if a == b {
+                NodeCount::Exact(a)
+            } else {
+                NodeCount::Range { min: a, max: b }
+            })
+        }
+        None => Ok(NodeCount::Exact(one(t)?)),
+    }
+}
+
+/// Parse a positive count (`--ntasks`, `--ntasks-per-node`, `--min-nodes`, ...).
+pub fn parse_count(s: &str, what: &str) -> Result<u32, ValueError> {
+    let t = s.trim();
+    match digits(t).and_then(|n| u32::try_from(n).ok()) {
+        Some(0) => Err(ValueError::new(
+            format!("{what} must be at least 1"),
+            format!("write a positive {what}, e.g. \"4\""),
+        )),
+        Some(n) => Ok(n),
+        None => Err(ValueError::new(
+            format!("{t:?} is not a number"),
+            format!("write a positive {what}, e.g. \"4\""),
+        )),
+    }
+}
+
+/// A parsed GPU request (`--gres=gpu:[type:]N`, `--gpus-per-node=[type:]N`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct GresSpec {
+    /// GPU model, if given.
+    pub gpu_type: Option<String>,
+    /// GPUs per node, if a GPU was requested.
+    pub gpu_count: Option<u32>,
+    /// Non-GPU GRES as written (ignored with a warning).
+    pub other: Vec<String>,
+}
+
+const GRES_HINT: &str = "use gpu:N (\"gpu:4\") or gpu:TYPE:N (\"gpu:a100:4\")";
+
+/// Parse `--gres`: comma-separated `name[:type][:count]`, e.g. `gpu:4`,
+/// `gpu:a100:2`, `gpu`, `gpu:4,nvme:1` (non-GPU entries are returned in
+/// `other`), `none`.
+pub fn parse_gres(s: &str) -> Result<GresSpec, ValueError> {
+    let t = s.trim();
+    let mut out = GresSpec::default();
+    if t.is_empty() {
+        return Err(ValueError::new("the GRES list is empty", GRES_HINT));
+    }
+    if t.eq_ignore_ascii_case("none") {
+        return Ok(out);
+    }
+    for item in t.split(',') {
+        let item = item.trim();
+        // Drop a socket binding suffix such as "(S:0-1)".
+        let core = item.split('(').next().unwrap_or(item);
+        let mut parts = core.split(':');
+        let name = parts.next().unwrap_or("");
+        let rest: Vec<&str> = parts.collect();
+        if name.is_empty() {
+            return Err(ValueError::new(
+                format!("{item:?} has no GRES name"),
+                GRES_HINT,
+            ));
+        }
+        if !name.eq_ignore_ascii_case("gpu") {
+            out.other.push(item.to_string());
+            continue;
+        }
+        let (ty, count) = gpu_type_count(&rest, item)?;
+        if out.gpu_count.is_some() {
+            return Err(ValueError::new(
+                "GPUs are requested twice",
+                "request GPUs once, e.g. \"gpu:4\"",
+            ));
+        }
+        out.gpu_type = ty;
+        out.gpu_count = Some(count);
+    }
+    Ok(out)
+}
+
+fn gpu_type_count(rest: &[&str], item: &str) -> Result<(Option<String>, u32), ValueError> {
+    let count = |c: &str| -> Result<u32, ValueError> {
+        match digits(c).and_then(|n| u32::try_from(n).ok()) {
+            Some(0) => Err(ValueError::new(
+                format!("{item:?} asks for 0 GPUs"),
+                "drop the option for CPU-only work",
+            )),
+            Some(n) if n <= 64 => Ok(n),
+            Some(n) => Err(ValueError::new(
+                format!("{n} GPUs per node is above the limit of 64"),
+                GRES_HINT,
+            )),
+            None => Err(ValueError::new(
+                format!("{c:?} in {item:?} is not a GPU count"),
+                GRES_HINT,
+            )),
+        }
+    };
+    let valid_type = |t: &str| {
+        !t.is_empty()
+            && t.len() <= 64
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    };
+    match rest {
+        [] => Ok((None, 1)),
+        [c] if c.bytes().all(|b| b.is_ascii_digit()) => Ok((None, count(c)?)),
+        [t] if valid_type(t) => Ok((Some((*t).to_string()), 1)),
+        [t, c] if valid_type(t) => Ok((Some((*t).to_string()), count(c)?)),
+        _ => Err(ValueError::new(
+            format!("{item:?} is not a GPU request"),
+            GRES_HINT,
+        )),
+    }
+}
+
+/// Parse `--gpus-per-node=[type:]N`.
+pub fn parse_gpus_per_node(s: &str) -> Result<GresSpec, ValueError> {
+    let t = s.trim();
+    let rest: Vec<&str> = t.split(':').collect();
+    if t.is_empty() {
+        return Err(ValueError::new(
+            "the GPU count is empty",
+            "use N or TYPE:N, e.g. \"4\" or \"a100:4\"",
+        ));
+    }
+    let (ty, count) = gpu_type_count(&rest, t)?;
+    Ok(GresSpec {
+        gpu_type: ty,
+        gpu_count: Some(count),
+        other: vec![],
+    })
+}
+
+/// A constraint expression (Slurm `--constraint` and Lattice `--constraint`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "op")]
+pub enum ConstraintExpr {
+    /// A bare feature, optionally with a Slurm node count (`a*4`).
+    Feature {
+        /// Feature name.
+        name: String,
+        /// `*N` count.
+        count: Option<u32>,
+    },
+    /// Lattice `key=value` / `key>=value`.
+    Compare {
+        /// Key, e.g. `gpu_type`.
+        key: String,
+        /// `=` or `>=`.
+        cmp: String,
+        /// Value as written.
+        value: String,
+    },
+    /// All must hold (`&`, `,`).
+    And {
+        /// Operands.
+        items: Vec<ConstraintExpr>,
+    },
+    /// Any may hold (`|`).
+    Or {
+        /// Operands.
+        items: Vec<ConstraintExpr>,
+        /// `[a|b]`: all nodes must share the same alternative.
+        matching: bool,
+    },
+}
+
+const CONSTRAINT_HINT: &str = "use features joined by '&' (AND) or '|' (OR), e.g. \"gpu&nvme\", \"[a100|h100]\", counts \"gpu*4\", or Lattice's \"gpu_type=GH200,gpu_count=4\", \"memory_gb>=512\"";
+
+/// Parse a constraint expression: Slurm's `&`, `|`, `,`, `[...]`, `(...)`
+/// and `*N` counts, and Lattice's `key=value`, `key>=value`, bare features.
+pub fn parse_constraint(s: &str) -> Result<ConstraintExpr, ValueError> {
+    let toks = tokenize_constraint(s)?;
+    let mut p = CParser {
+        toks,
+        pos: 0,
+        depth: 0,
+    };
+    let e = p.or_expr()?;
+    if p.pos != p.toks.len() {
+        return Err(ValueError::new(
+            format!(
+                "unexpected {:?} in constraint {:?}",
+                p.toks[p.pos].text(),
+                s.trim()
+            ),
+            CONSTRAINT_HINT,
+        ));
+    }
+    Ok(e)
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum CTok {
+    Word(String),
+    Op(char),
+    Ge,
+}
+
+impl CTok {
+    fn text(&self) -> String {
+        match self {
+            CTok::Word(w) => w.clone(),
+            CTok::Op(c) => c.to_string(),
+            CTok::Ge => ">=".into(),
+        }
+    }
+}
+
+fn tokenize_constraint(s: &str) -> Result<Vec<CTok>, ValueError> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut chars = s.trim().chars().peekable();
+    if s.trim().is_empty() {
+        return Err(ValueError::new("the constraint is empty", CONSTRAINT_HINT));
+    }
+    while let Some(c) = chars.next() {
+        match c {
+            '&' | '|' | ',' | '[' | ']' | '(' | ')' | '*' | '=' | '>' | '<' | '!' => {
+                if !word.is_empty() {
+                    out.push(CTok::Word(std::mem::take(&mut word)));
+                }
+                if c == '>' && chars.peek() == Some(&'=') {
+                    chars.next();
+                    out.push(CTok::Ge);
+                } else if c == '>' || c == '<' || c == '!' {
+                    return Err(ValueError::new(
+                        format!("operator '{c}' is not supported in constraints"),
+                        "use key=value or key>=value (minimum), e.g. \"memory_gb>=512\"",
+                    ));
+                } else {
+                    out.push(CTok::Op(c));
+                }
+            }
+            c if c.is_whitespace() => {
+                if !word.is_empty() {
+                    out.push(CTok::Word(std::mem::take(&mut word)));
+                }
+            }
+            c if c.is_ascii_alphanumeric() || "_-.:/+@".contains(c) => word.push(c),
+            c => {
+                return Err(ValueError::new(
+                    format!("character {c:?} is not allowed in a constraint"),
+                    CONSTRAINT_HINT,
+                ))
+            }
+        }
+    }
+    if !word.is_empty() {
+        out.push(CTok::Word(word));
+    }
+    Ok(out)
+}
+
+struct CParser {
+    toks: Vec<CTok>,
+    pos: usize,
+    depth: usize,
+}
+
+impl CParser {
+    fn peek(&self) -> Option<&CTok> {
+        self.toks.get(self.pos)
+    }
+
+    fn or_expr(&mut self) -> Result<ConstraintExpr, ValueError> {
+        let mut items = vec![self.and_expr()?];
+        while self.peek() == Some(&CTok::Op('|')) {
+            self.pos += 1;
+            items.push(self.and_expr()?);
+        }
+        Ok(if items.len() == 1 {
+            items.remove(0)
+        } else {
+            ConstraintExpr::Or {
+                items,
+                matching: false,
+            }
+        })
+    }
+
+    fn and_expr(&mut self) -> Result<ConstraintExpr, ValueError> {
+        let mut items = vec![self.term()?];
+        while matches!(self.peek(), Some(CTok::Op('&')) | Some(CTok::Op(','))) {
+            self.pos += 1;
+            items.push(self.term()?);
+        }
+        Ok(if items.len() == 1 {
+            items.remove(0)
+        } else {
+            ConstraintExpr::And { items }
+        })
+    }
+
+    fn term(&mut self) -> Result<ConstraintExpr, ValueError> {
+        self.depth += 1;
+        if self.depth > 32 {
+            return Err(ValueError::new(
+                "the constraint is nested too deeply",
+                CONSTRAINT_HINT,
+            ));
+        }
+        let r = self.term_inner();
+        self.depth -= 1;
+        r
+    }
+
+    fn term_inner(&mut self) -> Result<ConstraintExpr, ValueError> {
+        match self.peek().cloned() {
+            Some(CTok::Op(open @ ('[' | '('))) => {
+                self.pos += 1;
+                let mut inner = self.or_expr()?;
+                let close = if open == '[' { ']' } else { ')' };
+                if self.peek() != Some(&CTok::Op(close)) {
+                    return Err(ValueError::new(
+                        format!("'{open}' is not closed"),
+                        format!("add the matching '{close}'"),
+                    ));
+                }
+                self.pos += 1;
+                if open == '[' {
+                    if let ConstraintExpr::Or { matching, .. } = &mut inner {
+                        *matching = true;
+                    }
+                }
+                Ok(inner)
+            }
+            Some(CTok::Word(w)) => {
+                self.pos += 1;
+                match self.peek().cloned() {
+                    Some(CTok::Op('*')) => {
+                        self.pos += 1;
+                        let n = match self.peek() {
+                            Some(CTok::Word(n)) => digits(n).and_then(|n| u32::try_from(n).ok()),
+                            _ => None,
+                        }
+                        .ok_or_else(|| {
+                            ValueError::new(
+                                format!("'{w}*' needs a node count"),
+                                "write e.g. \"gpu*4\"",
+                            )
+                        })?;
+                        self.pos += 1;
+                        Ok(ConstraintExpr::Feature {
+                            name: w,
+                            count: Some(n),
+                        })
+                    }
+                    Some(c @ (CTok::Op('=') | CTok::Ge)) => {
+                        self.pos += 1;
+                        let v = match self.peek() {
+                            Some(CTok::Word(v)) => v.clone(),
+                            _ => {
+                                return Err(ValueError::new(
+                                    format!("'{w}{}' needs a value", c.text()),
+                                    "write e.g. \"gpu_type=GH200\"",
+                                ))
+                            }
+                        };
+                        self.pos += 1;
+                        Ok(ConstraintExpr::Compare {
+                            key: w,
+                            cmp: c.text(),
+                            value: v,
+                        })
+                    }
+                    _ => Ok(ConstraintExpr::Feature {
+                        name: w,
+                        count: None,
+                    }),
+                }
+            }
+            Some(t) => Err(ValueError::new(
+                format!("expected a feature, found {:?}", t.text()),
+                CONSTRAINT_HINT,
+            )),
+            None => Err(ValueError::new(
+                "the constraint ends with an operator",
+                CONSTRAINT_HINT,
+            )),
+        }
+    }
+}
+
+/// A dependency condition (Lattice's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DepCondition {
+    /// `afterok` / `:success`.
+    Success,
+    /// `afternotok` / `:failure`.
+    Failure,
+    /// `afterany` / `:any`.
+    Any,
+    /// `aftercorr` / `:corresponding`.
+    Corresponding,
+}
+
+impl DepCondition {
+    /// The name used in manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DepCondition::Success => "success",
+            DepCondition::Failure => "failure",
+            DepCondition::Any => "any",
+            DepCondition::Corresponding => "corresponding",
+        }
+    }
+}
+
+/// One dependency edge.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DepEdge {
+    /// Allocation (job) id depended on.
+    pub target: String,
+    /// Condition.
+    pub condition: DepCondition,
+}
+
+/// A parsed dependency option; `raw` is kept verbatim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DependencySpec {
+    /// As written.
+    pub raw: String,
+    /// Edges, in order, deduplicated by target (first wins).
+    pub edges: Vec<DepEdge>,
+    /// Slurm `?` separators: satisfied when any edge is (Lattice waits for all).
+    pub any_of: bool,
+    /// Slurm `singleton` was requested.
+    pub singleton: bool,
+    /// Notes about approximations (e.g. `after:` mapped to `any`).
+    pub notes: Vec<String>,
+}
+
+const DEP_HINT: &str = "use TYPE:JOBID[:JOBID...] with TYPE one of after, afterok, afternotok, afterany, aftercorr, or singleton; join with ',' (all) or '?' (any), e.g. \"afterok:123:124\"";
+
+/// A job / allocation id usable as a dependency `ref` (a DNS-1123 name).
+fn valid_job_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 253
+        && id.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+/// Parse Slurm's `--dependency`.
+pub fn parse_slurm_dependency(s: &str) -> Result<DependencySpec, ValueError> {
+    let raw = s.trim().to_string();
+    if raw.is_empty() {
+        return Err(ValueError::new("the dependency list is empty", DEP_HINT));
+    }
+    let has_q = raw.contains('?');
+    if has_q && raw.contains(',') {
+        return Err(ValueError::new(
+            "',' and '?' cannot be mixed in one dependency list",
+            DEP_HINT,
+        ));
+    }
+    let mut spec = DependencySpec {
+        raw: raw.clone(),
+        edges: vec![],
+        any_of: has_q,
+        singleton: false,
+        notes: vec![],
+    };
+    for part in raw.split([',', '?']) {
+        let part = part.trim();
+        if part.eq_ignore_ascii_case("singleton") {
+            spec.singleton = true;
+            continue;
+        }
+        let mut it = part.split(':');
+        let kind = it.next().unwrap_or("").to_ascii_lowercase();
+        let cond = match kind.as_str() {
+            "afterok" => DepCondition::Success,
+            "afternotok" => DepCondition::Failure,
+            "afterany" => DepCondition::Any,
+            "aftercorr" => DepCondition::Corresponding,
+            "after" => {
+                spec.notes.push(format!("{part:?}: Lattice has no start-time dependency; waiting for the job to finish (any)"));
+                DepCondition::Any
+            }
+            "afterburstbuffer" => {
+                spec.notes.push(format!("{part:?}: burst buffers are not supported; waiting for the job to finish (any)"));
+                DepCondition::Any
+            }
+            "" => {
+                return Err(ValueError::new(
+                    "empty entry in the dependency list",
+                    DEP_HINT,
+                ))
+            }
+            other => {
+                // A bare job id: Slurm treats "123" as afterany:123? It rejects it; we do too.
+                return Err(ValueError::new(
+                    format!("unknown dependency type {other:?}"),
+                    DEP_HINT,
+                ));
+            }
+        };
+        let ids: Vec<&str> = it.collect();
+        if ids.is_empty() {
+            return Err(ValueError::new(
+                format!("{part:?} names no job id"),
+                DEP_HINT,
+            ));
+        }
+        for id in ids {
+            // "after:123+10": a delay in minutes.
+            let (id, delay) = match id.split_once('+') {
+                Some((i, d)) => (i, Some(d)),
+                None => (id, None),
+            };
+            if let Some(d) = delay {
+                if digits(d).is_none() {
+                    return Err(ValueError::new(
+                        format!("delay {d:?} after '+' is not a number of minutes"),
+                        DEP_HINT,
+                    ));
+                }
+                spec.notes.push(format!(
+                    "{id}+{d}: start delays are not supported; the delay is ignored"
+                ));
+            }
+            // Array tasks "123_4" depend on the whole group.
+            let id = match id.split_once('_') {
+                Some((p, t)) => {
+                    spec.notes.push(format!("{id}: dependencies on single array tasks are not supported; waiting for the whole task group {p} ({t} ignored)"));
+                    p
+                }
+                None => id,
+            };
+            let id = id.trim();
+            if !valid_job_id(id) {
+                return Err(ValueError::new(format!("{id:?} is not a job id"), DEP_HINT));
+            }
+            if spec.edges.iter().any(|e| e.target == id) {
+                spec.notes.push(format!(
+                    "{id} is listed more than once; keeping the first condition"
+                ));
+                continue;
+            }
+            spec.edges.push(DepEdge {
+                target: id.to_string(),
+                condition: cond,
+            });
+        }
+    }
+    Ok(spec)
+}
+
+const DEPENDS_HINT: &str = "use ID[:CONDITION][,ID[:CONDITION]...] with CONDITION one of success (default), failure, any, corresponding, e.g. \"a1b2c3d4:success\"";
+
+/// Parse Lattice's `--depends-on=ID[:COND],...`. Slurm syntax (`afterok:ID`)
+/// is accepted too.
+pub fn parse_depends_on(s: &str) -> Result<DependencySpec, ValueError> {
+    let raw = s.trim().to_string();
+    if raw.is_empty() {
+        return Err(ValueError::new(
+            "the dependency list is empty",
+            DEPENDS_HINT,
+        ));
+    }
+    let first = raw
+        .split([':', ',', '?'])
+        .next()
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if first.starts_with("after") || first == "singleton" {
+        return parse_slurm_dependency(&raw);
+    }
+    let mut spec = DependencySpec {
+        raw: raw.clone(),
+        edges: vec![],
+        any_of: false,
+        singleton: false,
+        notes: vec![],
+    };
+    for part in raw.split(',') {
+        let part = part.trim();
+        let (id, cond) = match part.rsplit_once(':') {
+            Some((id, c)) => (
+                id.trim(),
+                match c.trim() {
+                    "success" | "ok" => DepCondition::Success,
+                    "failure" | "notok" => DepCondition::Failure,
+                    "any" => DepCondition::Any,
+                    "corresponding" => DepCondition::Corresponding,
+                    other => {
+                        return Err(ValueError::new(
+                            format!("unknown condition {other:?} in {part:?}"),
+                            DEPENDS_HINT,
+                        ))
+                    }
+                },
+            ),
+            None => (part, DepCondition::Success),
+        };
+        if !valid_job_id(id) {
+            return Err(ValueError::new(
+                format!("{id:?} is not an allocation id"),
+                DEPENDS_HINT,
+            ));
+        }
+        if spec.edges.iter().any(|e| e.target == id) {
+            spec.notes.push(format!(
+                "{id} is listed more than once; keeping the first condition"
+            ));
+            continue;
+        }
+        spec.edges.push(DepEdge {
+            target: id.to_string(),
+            condition: cond,
+        });
+    }
+    Ok(spec)
+}
+
+/// A parsed `--data-mount=SOURCE:TARGET[:ro|:rw]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DataMountSpec {
+    /// e.g. `s3://bucket/dataset`.
+    pub source: String,
+    /// Absolute mount path.
+    pub target: String,
+    /// Read-write when `:rw` was given.
+    pub read_write: bool,
+}
+
+/// Parse `--data-mount`.
+pub fn parse_data_mount(s: &str) -> Result<DataMountSpec, ValueError> {
+    const HINT: &str = "use SOURCE:/TARGET[:ro|:rw], e.g. \"s3://bucket/dataset:/data\"";
+    let mut t = s.trim();
+    let mut rw = false;
+    if let Some(x) = t.strip_suffix(":rw") {
+        t = x;
+        rw = true;
+    } else if let Some(x) = t.strip_suffix(":ro") {
+        t = x;
+    }
+    // The target is the last ":/..." component.
+    let idx = t
+        .rfind(":/")
+        .ok_or_else(|| ValueError::new(format!("{t:?} has no :/TARGET"), HINT))?;
+    let (src, tgt) = (&t[..idx], &t[idx + 1..]);
+    if src.is_empty() {
+        return Err(ValueError::new("the source is empty", HINT));
+    }
+    if tgt.len() < 2 || tgt.split('/').any(|c| c == "..") {
+        return Err(ValueError::new(
+            format!("{tgt:?} is not a usable mount path"),
+            HINT,
+        ));
+    }
+    Ok(DataMountSpec {
+        source: src.to_string(),
+        target: tgt.to_string(),
+        read_write: rw,
+    })
+}
+
+/// A parsed `--expose=[NAME:]PORT[/tcp|/udp]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ExposeSpec {
+    /// Port name (DNS label); `port-<N>` when not given.
+    pub name: String,
+    /// 1–65535.
+    pub port: u32,
+    /// udp instead of tcp.
+    pub udp: bool,
+}
+
+/// Parse `--expose`.
+pub fn parse_expose(s: &str) -> Result<ExposeSpec, ValueError> {
+    const HINT: &str = "use PORT, NAME:PORT or PORT/udp, e.g. \"8080\" or \"http:8080\"";
+    let t = s.trim();
+    let (t, udp) = match t.rsplit_once('/') {
+        Some((p, "udp")) => (p, true),
+        Some((p, "tcp")) => (p, false),
+        Some(_) => {
+            return Err(ValueError::new(
+                format!("{t:?} has an unknown protocol"),
+                HINT,
+            ))
+        }
+        None => (t, false),
+    };
+    let (name, port) = match t.split_once(':') {
+        Some((n, p)) => (Some(n), p),
+        None => (None, t),
+    };
+    let port = digits(port)
+        .filter(|p| (1..=65535).contains(p))
+        .ok_or_else(|| ValueError::new(format!("{port:?} is not a port (1-65535)"), HINT))?
+        as u32;
+    let name = match name {
+        Some(n)
+            if !n.is_empty()
+                && n.len() <= 63
+                && n.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') =>
+        {
+            n.to_string()
+        }
+        Some(n) => {
+            return Err(ValueError::new(
+                format!("{n:?} is not a port name (lowercase letters, digits, '-')"),
+                HINT,
+            ))
+        }
+        None => format!("port-{port}"),
+    };
+    Ok(ExposeSpec { name, port, udp })
+}
+
+/// Parse `KEY=VALUE` (`--env`, `--export` entries).
+pub fn parse_env_pair(s: &str) -> Result<(String, String), ValueError> {
+    const HINT: &str =
+        "use KEY=VALUE with KEY made of letters, digits and '_' (e.g. \"OMP_NUM_THREADS=8\")";
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| ValueError::new(format!("{s:?} has no '='"), HINT))?;
+    let k = k.trim();
+    let ok = !k.is_empty()
+        && !k.as_bytes()[0].is_ascii_digit()
+        && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !ok {
+        return Err(ValueError::new(
+            format!("{k:?} is not an environment variable name"),
+            HINT,
+        ));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+/// Checkpoint strategies accepted by `--checkpoint`.
+pub const CHECKPOINT_STRATEGIES: &[&str] = &["auto", "manual", "signal", "grpc", "shmem", "none"];
+
+/// Parse `--checkpoint`.
+pub fn parse_checkpoint(s: &str) -> Result<String, ValueError> {
+    let t = s.trim().to_ascii_lowercase();
+    if CHECKPOINT_STRATEGIES.contains(&t.as_str()) {
+        Ok(t)
+    } else {
+        Err(ValueError::new(
+            format!("{s:?} is not a checkpoint strategy"),
+            format!("use one of {}", CHECKPOINT_STRATEGIES.join(", ")),
+        ))
+    }
+}
+
+/// Parse `--preemption-class` (0–10).
+pub fn parse_preemption_class(s: &str) -> Result<i32, ValueError> {
+    match digits(s.trim()) {
+        Some(n) if n <= 10 => Ok(n as i32),
+        _ => Err(ValueError::new(
+            format!("{s:?} is not a preemption class"),
+            "use 0 (best effort) … 5 (normal, the default) … 10 (never preempted)",
+        )),
+    }
+}
+
+/// Parse `--scale-target`: a number (`0.8`) or a value with a unit (`100ms`).
+pub fn parse_scale_target(s: &str) -> Result<serde_json::Value, ValueError> {
+    let t = s.trim();
+    if t.is_empty() || t.len() > 64 {
+        return Err(ValueError::new(
+            "the scale target is empty or too long",
+            "use a number (\"0.8\") or a value with a unit (\"100ms\")",
+        ));
+    }
+    match t.parse::<f64>() {
+        Ok(n) if n.is_finite() && n >= 0.0 => Ok(serde_json::json!(n)),
+        Ok(_) => Err(ValueError::new(
+            format!("{t:?} must be a non-negative number"),
+            "use e.g. \"0.8\"",
+        )),
+        Err(_) => Ok(serde_json::Value::String(t.to_string())),
+    }
+}

@@ -1,0 +1,6 @@
+#!/bin/bash
+#SBATCH -d afterok:1001:1002,afterany:1003
+#SBATCH --kill-on-invalid-dep=yes
+#SBATCH -J merge
+
+./merge.sh

@@ -1,0 +1,5 @@
+#!/bin/bash
+#SBATCH --qos=premium
+#SBATCH -N 1
+
+./quick

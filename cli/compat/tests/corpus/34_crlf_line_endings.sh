@@ -1,0 +1,5 @@
+#!/bin/bash
+#SBATCH -N 2
+#SBATCH -t 10
+
+srun hostname

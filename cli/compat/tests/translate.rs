@@ -1,0 +1,670 @@
+//! One test per row of the seed's directive mapping table, plus conflicts,
+//! unsupported directives, overrides and errors. Every manifest is admitted
+//! by the API types.
+
+mod common;
+use common::*;
+
+use lattice_compat::{translate, CompatConfig, SubmitError, SubmitFlags};
+use serde_json::json;
+
+#[test]
+fn nodes_exact_match() {
+    let t = tr(&script("#SBATCH --nodes=64"));
+    assert_eq!(spec(&t)["resources"]["nodes"], json!(64));
+    admit(&t);
+}
+
+#[test]
+fn nodes_range() {
+    let t = tr(&script("#SBATCH -N 2-8"));
+    assert_eq!(spec(&t)["resources"]["nodes"], json!({"min": 2, "max": 8}));
+    admit(&t);
+}
+
+#[test]
+fn ntasks_maps_to_node_count() {
+    let t = tr(&script("#SBATCH --ntasks=10\n#SBATCH --ntasks-per-node=4"));
+    assert_eq!(spec(&t)["resources"]["nodes"], json!(3));
+    let ann = &t.allocation["metadata"]["annotations"];
+    assert_eq!(ann["lattice.dev/ntasks"], "10");
+    assert_eq!(ann["lattice.dev/ntasks-per-node"], "4");
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
+    admit(&t);
+}
+
+#[test]
+fn ntasks_without_tasks_per_node_warns_and_uses_one_node() {
+    let t = tr(&script("#SBATCH -n 256"));
+    assert_eq!(spec(&t)["resources"]["nodes"], json!(1));
+    assert_eq!(t.warnings.len(), 1);
+    assert_eq!(t.warnings[0].source.line(), Some(2));
+    assert!(
+        t.warnings[0].message.contains("-n 256"),
+        "{}",
+        t.warnings[0]
+    );
+}
+
+#[test]
+fn ntasks_uses_site_default_tasks_per_node() {
+    let mut c = site();
+    c.default_tasks_per_node = Some(128);
+    let t = translate(&script("#SBATCH --ntasks=256"), &flags(), &c).unwrap();
+    assert_eq!(spec(&t)["resources"]["nodes"], json!(2));
+    assert!(t.warnings.is_empty());
+}
+
+#[test]
+fn ntasks_per_node_is_task_config() {
+    let t = tr(&script("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=4"));
+    assert_eq!(spec(&t)["resources"]["nodes"], json!(2));
+    assert_eq!(
+        t.allocation["metadata"]["annotations"]["lattice.dev/ntasks"],
+        "8"
+    );
+    assert_eq!(
+        t.allocation["metadata"]["annotations"]["lattice.dev/ntasks-per-node"],
+        "4"
+    );
+}
+
+#[test]
+fn time_maps_to_walltime() {
+    let t = tr(&script("#SBATCH --time=72:00:00"));
+    assert_eq!(spec(&t)["lifecycle"]["walltime"], "72:00:00");
+    let t = tr(&script("#SBATCH -t 1-12:30"));
+    assert_eq!(spec(&t)["lifecycle"]["walltime"], "36:30:00");
+    let t = tr(&script("#LATTICE --walltime=24h"));
+    assert_eq!(spec(&t)["lifecycle"]["walltime"], "24:00:00");
+    admit(&t);
+}
+
+#[test]
+fn time_unlimited_warns_and_omits() {
+    let t = tr(&script("#SBATCH --time=UNLIMITED"));
+    assert!(spec(&t).get("lifecycle").is_none());
+    assert_eq!(t.warnings.len(), 1);
+    admit(&t);
+}
+
+#[test]
+fn partition_maps_to_vcluster() {
+    let t = tr(&script("#SBATCH --partition=gpu"));
+    assert_eq!(spec(&t)["vcluster"], "ml-training");
+    assert_eq!(
+        t.allocation["metadata"]["annotations"]["lattice.dev/slurm-partition"],
+        "gpu"
+    );
+    let t = tr(&script("#SBATCH -p ml-training"));
+    assert_eq!(spec(&t)["vcluster"], "ml-training");
+    admit(&t);
+}
+
+#[test]
+fn default_vcluster_applies() {
+    let t = tr(&script("#SBATCH -N1"));
+    assert_eq!(spec(&t)["vcluster"], "hpc-batch");
+}
+
+#[test]
+fn unknown_partition_is_an_error_listing_vclusters() {
+    let e = translate(&script("#SBATCH --partition=bigmem"), &flags(), &site()).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.starts_with("vCluster \"bigmem\" not found. Available: hpc-batch, interactive, ml-training, sensitive-secure"), "{msg}");
+    assert_eq!(e.line(), Some(2));
+}
+
+#[test]
+fn unknown_partition_overridden_by_vcluster_flag_is_fine() {
+    let f = SubmitFlags {
+        vcluster: Some("interactive".into()),
+        ..flags()
+    };
+    let t = tr_flags(&script("#SBATCH --partition=bigmem"), &f);
+    assert_eq!(spec(&t)["vcluster"], "interactive");
+}
+
+#[test]
+fn partition_passes_through_without_site_mapping() {
+    let t = translate(
+        &script("#SBATCH -p whatever"),
+        &flags(),
+        &CompatConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(spec(&t)["vcluster"], "whatever");
+}
+
+#[test]
+fn partition_list_uses_first_known() {
+    let t = tr(&script("#SBATCH -p bigmem,debug"));
+    assert_eq!(spec(&t)["vcluster"], "interactive");
+    assert_eq!(t.warnings.len(), 1);
+}
+
+#[test]
+fn account_maps_to_tenant() {
+    let t = tr(&script("#SBATCH --account=physics"));
+    assert_eq!(t.allocation["metadata"]["namespace"], "physics");
+    let t = tr(&script("#SBATCH -A ml_team"));
+    assert_eq!(t.allocation["metadata"]["namespace"], "ml-team");
+    admit(&t);
+}
+
+#[test]
+fn job_name_is_a_tag_and_generate_name() {
+    let t = tr(&script("#SBATCH --job-name=My_Training.Run"));
+    assert_eq!(spec(&t)["tags"]["name"], "My_Training.Run");
+    assert_eq!(t.allocation["metadata"]["generateName"], "my-training-run-");
+    admit(&t);
+}
+
+#[test]
+fn default_name_is_script_name() {
+    let t = tr(&script("#SBATCH -N 1"));
+    assert_eq!(spec(&t)["tags"]["name"], "job.sh");
+    assert_eq!(t.allocation["metadata"]["generateName"], "job-sh-");
+}
+
+#[test]
+fn lattice_name_is_the_object_name() {
+    let t = tr(&script("#LATTICE --name=large-training-run"));
+    assert_eq!(t.allocation["metadata"]["name"], "large-training-run");
+    admit(&t);
+    let e = translate(&script("#LATTICE --name=Bad_Name"), &flags(), &site()).unwrap_err();
+    assert!(e.to_string().contains("bad-name"), "{e}");
+}
+
+#[test]
+fn output_and_error_are_download_hints() {
+    let t = tr(&script(
+        "#SBATCH --output=slurm-%j.out\n#SBATCH -e err-%j.txt",
+    ));
+    let ann = &t.allocation["metadata"]["annotations"];
+    assert_eq!(ann["lattice.dev/output"], "slurm-%j.out");
+    assert_eq!(ann["lattice.dev/error"], "err-%j.txt");
+    assert!(t.warnings.is_empty());
+    admit(&t);
+}
+
+#[test]
+fn constraint_features() {
+    let t = tr(&script("#SBATCH --constraint=gpu&nvme_scratch"));
+    assert_eq!(
+        spec(&t)["resources"]["constraints"]["features"],
+        json!(["gpu", "nvme_scratch"])
+    );
+    assert!(t.warnings.is_empty());
+    admit(&t);
+}
+
+#[test]
+fn constraint_lattice_keys() {
+    let t = tr(&script("#LATTICE --constraint=gpu_type=GH200,gpu_count=4,memory_gb>=512,require_unified_memory,prefer_same_numa"));
+    assert_eq!(
+        spec(&t)["resources"]["constraints"],
+        json!({"gpuType": "GH200", "gpuCount": 4, "memoryGb": 512, "requireUnifiedMemory": true, "preferSameNuma": true})
+    );
+    admit(&t);
+}
+
+#[test]
+fn constraint_or_uses_first_alternative_with_warning() {
+    let t = tr(&script("#SBATCH -C \"[a100|h100]\""));
+    assert_eq!(
+        spec(&t)["resources"]["constraints"]["features"],
+        json!(["a100"])
+    );
+    assert_eq!(t.warnings.len(), 1);
+    assert_eq!(
+        t.allocation["metadata"]["annotations"]["lattice.dev/constraint"],
+        "[a100|h100]"
+    );
+    admit(&t);
+}
+
+#[test]
+fn constraint_counts_warn() {
+    let t = tr(&script("#SBATCH --constraint=\"gpu*2&ib\""));
+    assert_eq!(
+        spec(&t)["resources"]["constraints"]["features"],
+        json!(["gpu", "ib"])
+    );
+    assert_eq!(t.warnings.len(), 1);
+}
+
+#[test]
+fn constraint_unknown_key_is_an_error() {
+    let e = translate(
+        &script("#SBATCH --constraint=cpu_arch=x86"),
+        &flags(),
+        &site(),
+    )
+    .unwrap_err();
+    let m = e.to_string();
+    assert!(m.contains("line 2") && m.contains("Hint"), "{m}");
+}
+
+#[test]
+fn gres_gpu_count_and_type() {
+    let t = tr(&script("#SBATCH --gres=gpu:4"));
+    assert_eq!(spec(&t)["resources"]["constraints"], json!({"gpuCount": 4}));
+    let t = tr(&script("#SBATCH --gres=gpu:a100:2"));
+    assert_eq!(
+        spec(&t)["resources"]["constraints"],
+        json!({"gpuCount": 2, "gpuType": "a100"})
+    );
+    admit(&t);
+}
+
+#[test]
+fn gres_non_gpu_warns() {
+    let t = tr(&script("#SBATCH --gres=gpu:4,nvme:1"));
+    assert_eq!(spec(&t)["resources"]["constraints"]["gpuCount"], 4);
+    assert_eq!(t.warnings.len(), 1);
+}
+
+#[test]
+fn gpus_total_divided_over_nodes() {
+    let t = tr(&script("#SBATCH -N 2\n#SBATCH --gpus=8"));
+    assert_eq!(spec(&t)["resources"]["constraints"]["gpuCount"], 4);
+    let t = tr(&script("#SBATCH --gpus-per-node=h100:4"));
+    assert_eq!(
+        spec(&t)["resources"]["constraints"],
+        json!({"gpuCount": 4, "gpuType": "h100"})
+    );
+}
+
+#[test]
+fn exclusive_is_default_and_silent() {
+    let t = tr(&script("#SBATCH --exclusive"));
+    assert!(t.warnings.is_empty());
+    let t = tr(&script("#SBATCH --exclusive=user"));
+    assert!(t.warnings.is_empty());
+}
+
+#[test]
+fn array_maps_to_task_group() {
+    let t = tr(&script("#SBATCH --array=0-99%20"));
+    assert_eq!(
+        spec(&t)["taskGroup"],
+        json!({"range": "0-99", "concurrency": 20})
+    );
+    let t = tr(&script("#SBATCH -a 1,3,5-7:2"));
+    assert_eq!(spec(&t)["taskGroup"], json!({"range": "1,3,5-7:2"}));
+    admit(&t);
+}
+
+#[test]
+fn dependency_maps_to_depends_on() {
+    let t = tr(&script("#SBATCH --dependency=afterok:123"));
+    assert_eq!(
+        spec(&t)["dependsOn"],
+        json!([{"ref": "123", "condition": "success"}])
+    );
+    assert_eq!(
+        t.allocation["metadata"]["annotations"]["lattice.dev/dependency"],
+        "afterok:123"
+    );
+    let t = tr(&script("#SBATCH -d afterany:1:2,afternotok:3"));
+    assert_eq!(
+        spec(&t)["dependsOn"],
+        json!([{"ref": "1", "condition": "any"}, {"ref": "2", "condition": "any"}, {"ref": "3", "condition": "failure"}])
+    );
+    admit(&t);
+}
+
+#[test]
+fn dependency_any_of_and_singleton_warn() {
+    let t = tr(&script("#SBATCH --dependency=afterok:1?afterok:2"));
+    assert_eq!(t.warnings.len(), 1);
+    let t = tr(&script("#SBATCH --dependency=singleton"));
+    assert_eq!(t.warnings.len(), 1);
+    assert!(spec(&t).get("dependsOn").is_none());
+}
+
+#[test]
+fn qos_maps_to_preemption_class() {
+    let t = tr(&script("#SBATCH --qos=high"));
+    assert_eq!(spec(&t)["preemptionClass"], 7);
+    let t = tr(&script("#SBATCH -q nosuch"));
+    assert!(spec(&t).get("preemptionClass").is_none());
+    assert_eq!(t.warnings.len(), 1);
+    admit(&t);
+}
+
+#[test]
+fn uenv_and_view() {
+    let t = tr(&script(
+        "#SBATCH --uenv=prgenv-gnu/24.11:v1\n#SBATCH --view=default",
+    ));
+    assert_eq!(
+        spec(&t)["environment"],
+        json!({"uenv": "prgenv-gnu/24.11:v1", "view": "default"})
+    );
+    admit(&t);
+}
+
+#[test]
+fn unsupported_directives_warn_once_each_with_seed_wording() {
+    let t = tr(&script(
+        "#SBATCH --mem=64G\n#SBATCH --mail-user=user@example.com\n#SBATCH --mail-type=ALL\n#SBATCH --cpus-per-task=8",
+    ));
+    assert_eq!(
+        warnings(&t),
+        vec![
+            "#SBATCH --mem=64G ignored (Lattice uses full-node scheduling, memory is not constrainable)",
+            "#SBATCH --mail-user=user@example.com ignored (use `lattice watch` for event notifications)",
+            "#SBATCH --mail-type=ALL ignored (use `lattice watch` for event notifications)",
+            "#SBATCH --cpus-per-task=8 ignored (Lattice uses full-node scheduling; every allocated node is entirely yours)",
+        ]
+    );
+    let lines: Vec<_> = t.warnings.iter().map(|w| w.source.line()).collect();
+    assert_eq!(lines, vec![Some(2), Some(3), Some(4), Some(5)]);
+    admit(&t);
+}
+
+#[test]
+fn conflict_nodes_take_precedence_over_ntasks() {
+    let t = tr(&script(
+        "#SBATCH --nodes=64\n#SBATCH --ntasks=128\n#SBATCH --ntasks-per-node=4",
+    ));
+    assert_eq!(spec(&t)["resources"]["nodes"], 64);
+    assert_eq!(
+        t.allocation["metadata"]["annotations"]["lattice.dev/ntasks-per-node"],
+        "4"
+    );
+    assert!(t.warnings.is_empty());
+}
+
+#[test]
+fn conflict_exclusive_with_mem_warns_about_mem_only() {
+    let t = tr(&script("#SBATCH --exclusive\n#SBATCH --mem=64G"));
+    assert_eq!(warnings(&t), vec!["#SBATCH --mem=64G ignored (Lattice uses full-node scheduling, memory is not constrainable)"]);
+}
+
+#[test]
+fn command_line_overrides_directives() {
+    let f = SubmitFlags {
+        nodes: Some("8".into()),
+        walltime: Some("30m".into()),
+        tenant: Some("chem".into()),
+        ..flags()
+    };
+    let t = tr_flags(
+        &script("#SBATCH -N 2\n#SBATCH -t 10:00:00\n#SBATCH -A physics"),
+        &f,
+    );
+    assert_eq!(spec(&t)["resources"]["nodes"], 8);
+    assert_eq!(spec(&t)["lifecycle"]["walltime"], "00:30:00");
+    assert_eq!(t.allocation["metadata"]["namespace"], "chem");
+}
+
+#[test]
+fn sbatch_command_line_args_override_directives_and_lose_to_lattice_flags() {
+    let f = SubmitFlags {
+        sbatch_args: vec!["-N".into(), "4".into(), "--time=5".into()],
+        walltime: Some("1h".into()),
+        ..flags()
+    };
+    let t = tr_flags(&script("#SBATCH -N 2\n#SBATCH -t 10"), &f);
+    assert_eq!(spec(&t)["resources"]["nodes"], 4);
+    assert_eq!(spec(&t)["lifecycle"]["walltime"], "01:00:00");
+}
+
+#[test]
+fn later_directive_wins() {
+    let t = tr(&script("#SBATCH -N 2\n#SBATCH --nodes=3"));
+    assert_eq!(spec(&t)["resources"]["nodes"], 3);
+}
+
+#[test]
+fn all_lattice_flags() {
+    let f = SubmitFlags {
+        nodes: Some("4".into()),
+        walltime: Some("2h".into()),
+        constraint: Some("gpu_type=GH200".into()),
+        uenv: Some("prgenv-gnu/24.11:v1".into()),
+        view: Some("default".into()),
+        tools_uenv: Some("debug-tools/1.0".into()),
+        vcluster: Some("ml-training".into()),
+        tenant: Some("physics".into()),
+        project: Some("gpt".into()),
+        name: Some("train-1".into()),
+        task_group: Some("0-99%20".into()),
+        depends_on: Some("prep:success,other:any".into()),
+        data_mount: vec![
+            "s3://bucket/dataset:/data".into(),
+            "/store/x:/out:rw".into(),
+        ],
+        preemption_class: Some("8".into()),
+        checkpoint: Some("grpc".into()),
+        checkpoint_port: Some("9999".into()),
+        network_domain: Some("my-run".into()),
+        env: vec!["OMP_NUM_THREADS=8".into()],
+        command: vec!["torchrun".into(), "train.py".into()],
+        script_name: None,
+        ..Default::default()
+    };
+    let t = translate("", &f, &site()).unwrap();
+    let s = spec(&t);
+    assert_eq!(s["entrypoint"], "torchrun");
+    assert_eq!(s["args"], json!(["train.py"]));
+    assert_eq!(s["environment"]["toolsUenv"], "debug-tools/1.0");
+    assert_eq!(s["checkpoint"], json!({"strategy": "grpc", "port": 9999}));
+    assert_eq!(s["preemptionClass"], 8);
+    assert_eq!(s["dataMounts"][1]["access"], "read-write");
+    assert_eq!(s["connectivity"]["networkDomain"], "my-run");
+    assert_eq!(s["project"], "gpt");
+    assert_eq!(
+        t.allocation["metadata"]["labels"]["lattice.dev/frontend"],
+        "lattice"
+    );
+    admit(&t);
+}
+
+#[test]
+fn service_and_reactive() {
+    let f = SubmitFlags {
+        service: true,
+        expose: vec!["8080".into(), "metrics:9090".into()],
+        command: vec!["serve".into()],
+        ..Default::default()
+    };
+    let t = translate("", &f, &site()).unwrap();
+    assert_eq!(spec(&t)["lifecycle"]["type"], "unbounded");
+    assert_eq!(spec(&t)["connectivity"]["expose"][0]["name"], "port-8080");
+    admit(&t);
+    let f = SubmitFlags {
+        reactive: true,
+        min_nodes: Some("1".into()),
+        max_nodes: Some("8".into()),
+        scale_metric: Some("gpu_utilization".into()),
+        scale_target: Some("0.8".into()),
+        command: vec!["serve".into()],
+        ..Default::default()
+    };
+    let t = translate("", &f, &site()).unwrap();
+    assert_eq!(
+        spec(&t)["lifecycle"]["scalePolicy"],
+        json!({"minNodes": 1, "maxNodes": 8, "metric": "gpu_utilization", "target": 0.8})
+    );
+    admit(&t);
+    let f = SubmitFlags {
+        reactive: true,
+        command: vec!["serve".into()],
+        ..Default::default()
+    };
+    assert!(matches!(
+        translate("", &f, &site()),
+        Err(SubmitError::Conflict { .. })
+    ));
+}
+
+#[test]
+fn no_preempt_and_sensitive() {
+    let f = SubmitFlags {
+        no_preempt: true,
+        ..flags()
+    };
+    let t = tr_flags(&script("#SBATCH -N1"), &f);
+    assert_eq!(spec(&t)["checkpoint"]["strategy"], "none");
+    assert_eq!(spec(&t)["preemptionClass"], 7);
+    admit(&t);
+    let f = SubmitFlags {
+        sensitive: true,
+        ..flags()
+    };
+    let t = tr_flags(&script("#SBATCH --qos=low\n#SBATCH --no-requeue"), &f);
+    assert_eq!(spec(&t)["sensitive"], true);
+    assert!(spec(&t).get("preemptionClass").is_none());
+    admit(&t);
+}
+
+#[test]
+fn lattice_directives_without_dashes() {
+    let t = tr("#!/bin/bash\n#LATTICE nodes=64\n#LATTICE walltime=2:00:00\n#LATTICE vcluster=hpc-batch\n#LATTICE network_domain=my-training-run\nmpirun ./app\n");
+    assert_eq!(spec(&t)["resources"]["nodes"], 64);
+    assert_eq!(spec(&t)["lifecycle"]["walltime"], "02:00:00");
+    assert_eq!(spec(&t)["connectivity"]["networkDomain"], "my-training-run");
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
+    admit(&t);
+}
+
+#[test]
+fn invalid_time_names_line_and_hint() {
+    let e = translate(
+        &script("#SBATCH -N 2\n#SBATCH --time=1:2:3:4"),
+        &flags(),
+        &site(),
+    )
+    .unwrap_err();
+    assert_eq!(e.line(), Some(3));
+    let m = e.to_string();
+    assert!(
+        m.contains("--time") && m.contains("1:2:3:4") && m.contains("Hint:"),
+        "{m}"
+    );
+}
+
+#[test]
+fn nothing_to_run() {
+    assert!(matches!(
+        translate("", &SubmitFlags::default(), &site()),
+        Err(SubmitError::NothingToRun { .. })
+    ));
+}
+
+#[test]
+fn chdir_and_submit_dir() {
+    let t = tr(&script("#SBATCH -D /scratch/run"));
+    assert_eq!(spec(&t)["workingDir"], "/scratch/run");
+    let t = tr(&script("#SBATCH --chdir=sub"));
+    assert_eq!(spec(&t)["workingDir"], "/home/alice/project/sub");
+    let t = tr(&script("#SBATCH -N 1"));
+    assert_eq!(spec(&t)["workingDir"], "/home/alice/project");
+    assert_eq!(
+        t.allocation["metadata"]["annotations"]["lattice.dev/submit-dir"],
+        "/home/alice/project"
+    );
+}
+
+#[test]
+fn export_pairs_become_env() {
+    let t = tr(&script("#SBATCH --export=ALL,OMP_NUM_THREADS=4"));
+    assert_eq!(spec(&t)["env"], json!({"OMP_NUM_THREADS": "4"}));
+    assert!(t.warnings.is_empty());
+    let t = tr(&script("#SBATCH --export=PATH,HOME"));
+    assert_eq!(t.warnings.len(), 1);
+}
+
+#[test]
+fn client_options() {
+    let t = tr(&script("#SBATCH --parsable\n#SBATCH --wait"));
+    assert!(t.client.parsable && t.client.wait);
+    assert!(t.warnings.is_empty());
+}
+
+#[test]
+fn script_is_kept_verbatim() {
+    let s = script("#SBATCH -N 1");
+    let t = tr(&s);
+    assert_eq!(spec(&t)["script"], s.as_str());
+    assert_eq!(t.allocation["apiVersion"], "lattice.dev/v1alpha1");
+    assert_eq!(t.allocation["kind"], "Allocation");
+}
+
+#[test]
+fn site_config_compat_section_and_aliases() {
+    let c = CompatConfig::from_yaml("compat:\n  partition_mapping:\n    gpu: ml-training\n  qos_mapping:\n    high: 7\n  set_slurm_env: true\n").unwrap();
+    assert_eq!(c.partitions["gpu"], "ml-training");
+    assert_eq!(c.qos["high"], 7);
+    assert!(c.set_slurm_env);
+    assert!(CompatConfig::from_yaml("qos:\n  x: 11\n").is_err());
+    assert!(CompatConfig::from_yaml("partitons: {}\n").is_err());
+    assert_eq!(
+        CompatConfig::from_yaml("").unwrap(),
+        CompatConfig::default()
+    );
+}
+
+#[test]
+fn unknown_vcluster_flag_is_an_error_when_the_site_lists_vclusters() {
+    let f = SubmitFlags {
+        vcluster: Some("nope".into()),
+        ..flags()
+    };
+    let e = translate(&script("#SBATCH -N 1"), &f, &site()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("Available: hpc-batch, interactive, ml-training, sensitive-secure"),
+        "{e}"
+    );
+    let t = translate(&script("#SBATCH -N 1"), &f, &CompatConfig::default()).unwrap();
+    assert_eq!(spec(&t)["vcluster"], "nope");
+}
+
+#[test]
+fn view_without_uenv_warns_on_its_line() {
+    let t = tr(&script("#SBATCH -N 1\n#SBATCH --view=default"));
+    assert_eq!(t.warnings.len(), 1);
+    assert_eq!(t.warnings[0].source.line(), Some(3));
+    assert!(spec(&t).get("environment").is_none());
+    admit(&t);
+}
+
+#[test]
+fn unsupported_on_sbatch_command_line_warns_without_prefix() {
+    let f = SubmitFlags {
+        sbatch_args: vec!["--mem=4G".into()],
+        ..flags()
+    };
+    let t = tr_flags(&script("#SBATCH -N 1"), &f);
+    assert_eq!(
+        warnings(&t),
+        vec!["--mem=4G ignored (Lattice uses full-node scheduling, memory is not constrainable)"]
+    );
+}
+
+#[test]
+fn names_the_api_would_reject_are_errors_at_their_line() {
+    let e = translate(
+        &script("#SBATCH -N 1\n#SBATCH --account=Big_Lab"),
+        &flags(),
+        &site(),
+    )
+    .unwrap_err();
+    assert_eq!(e.line(), Some(3));
+    let m = e.to_string();
+    assert!(m.contains("accounts:") && m.contains("big-lab"), "{m}");
+    let e = translate(
+        &script("#LATTICE --network-domain=My_Net"),
+        &flags(),
+        &site(),
+    )
+    .unwrap_err();
+    assert_eq!(e.line(), Some(2));
+    let e = translate(&script("#SBATCH --uenv=\"a b\""), &flags(), &site()).unwrap_err();
+    assert_eq!(e.line(), Some(2));
+}

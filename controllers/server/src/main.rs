@@ -1,0 +1,361 @@
+//! `lattice-server`: the Lattice control plane in one process — the store (embedded, or an
+//! external etcd), its etcd v3 gRPC port, the Kubernetes-style API server, and (as they
+//! land) the built-in controllers.
+//!
+//! ```text
+//! lattice-server --dev                      # single member, all defaults, data in ./.lattice-dev
+//! lattice-server --data-dir /var/lib/lattice --api-addr 0.0.0.0:8080 --etcd-addr 0.0.0.0:2379
+//! lattice-server --backend etcd --etcd-endpoints http://10.0.0.5:2379
+//! lattice-server backup create --data-dir D FILE | backup verify FILE | restore --data-dir NEW FILE
+//! ```
+
+mod dev;
+mod offline;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use lattice_store::grpc::{EtcdGrpcServer, ServerInfo};
+use lattice_store::{EmbeddedStore, KvBackend, Limits, StoreConfig};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "lattice-server",
+    version,
+    about = "Lattice control plane: store + API + controllers"
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct ServeArgs {
+    /// Single member, all defaults: creates tenant and vCluster `default` and writes an
+    /// admin token to <data-dir>/admin.token.
+    #[arg(long)]
+    dev: bool,
+    /// Where the store keeps its files (default ./.lattice-dev with --dev).
+    #[arg(long, env = "LATTICE_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// HTTP API listen address.
+    #[arg(long, default_value = "127.0.0.1:8080", env = "LATTICE_API_ADDR")]
+    api_addr: SocketAddr,
+    /// HTTPS API listen address ("off" disables). kubectl needs it: client-go sends bearer
+    /// tokens only over TLS. Without --tls-cert-file a private CA and certificate are
+    /// generated once into <data-dir>/pki (clients trust pki/ca.crt).
+    #[arg(long, default_value = "127.0.0.1:8443", env = "LATTICE_TLS_ADDR")]
+    tls_addr: String,
+    /// PEM certificate chain for the HTTPS listener.
+    #[arg(long, requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// PEM private key for the HTTPS listener.
+    #[arg(long, requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+    /// etcd v3 gRPC listen address (etcdctl and etcd clients work against it); "off" disables.
+    #[arg(long, default_value = "127.0.0.1:2379", env = "LATTICE_ETCD_ADDR")]
+    etcd_addr: String,
+    /// Storage backend.
+    #[arg(long, value_enum, default_value_t = Backend::Embedded)]
+    backend: Backend,
+    /// Endpoints of the external etcd cluster (with --backend etcd), comma separated.
+    #[arg(long, value_delimiter = ',')]
+    etcd_endpoints: Vec<String>,
+    /// HS256 secret for API tokens (default: generated once into <data-dir>/jwt.secret).
+    #[arg(long, env = "LATTICE_JWT_SECRET_FILE")]
+    jwt_secret_file: Option<PathBuf>,
+    /// Largest key the store accepts, in bytes.
+    #[arg(long, default_value_t = Limits::default().max_key_bytes)]
+    max_key_bytes: usize,
+    /// Largest value the store accepts, in bytes.
+    #[arg(long, default_value_t = Limits::default().max_value_bytes)]
+    max_value_bytes: usize,
+    /// Most operations in one transaction.
+    #[arg(long, default_value_t = Limits::default().max_txn_ops)]
+    max_txn_ops: usize,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum, PartialEq, Eq)]
+enum Backend {
+    Embedded,
+    Etcd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Backups of the embedded store (the server must be stopped for `create`).
+    Backup {
+        #[command(subcommand)]
+        cmd: BackupCmd,
+    },
+    /// Create a fresh data directory from a backup file.
+    Restore {
+        #[arg(long)]
+        data_dir: PathBuf,
+        file: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum BackupCmd {
+    /// Write every live key and lease at the latest revision to one checksummed file.
+    Create {
+        #[arg(long)]
+        data_dir: PathBuf,
+        file: PathBuf,
+    },
+    /// Check a backup file's checksum and print what it holds.
+    Verify { file: PathBuf },
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,openraft=warn,h2=warn,hyper=warn,tower=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        match args.command {
+            Some(Cmd::Backup {
+                cmd: BackupCmd::Create { data_dir, file },
+            }) => offline::backup_create(&data_dir, &file).await,
+            Some(Cmd::Backup {
+                cmd: BackupCmd::Verify { file },
+            }) => offline::backup_verify(&file),
+            Some(Cmd::Restore { data_dir, file }) => offline::restore(&data_dir, &file),
+            None => serve(args.serve).await,
+        }
+    })
+}
+
+fn secret(path: &Path) -> anyhow::Result<Vec<u8>> {
+    if let Ok(s) = std::fs::read(path) {
+        if s.len() >= 32 {
+            return Ok(s);
+        }
+        anyhow::bail!("{}: a JWT secret needs at least 32 bytes", path.display());
+    }
+    let s: Vec<u8> = (0..48).map(|_| rand::random::<u8>()).collect();
+    write_private(path, &s)?;
+    Ok(s)
+}
+
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    Ok(())
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let data_dir = match (&args.data_dir, args.dev) {
+        (Some(d), _) => d.clone(),
+        (None, true) => PathBuf::from(".lattice-dev"),
+        (None, false) => {
+            anyhow::bail!("--data-dir is required (or use --dev for a local single-member server)")
+        }
+    };
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("creating {}", data_dir.display()))?;
+    let limits = Limits {
+        max_key_bytes: args.max_key_bytes,
+        max_value_bytes: args.max_value_bytes,
+        max_txn_ops: args.max_txn_ops,
+    };
+    let mut registry = prometheus_client::registry::Registry::default();
+    let backend: Arc<dyn KvBackend> = match args.backend {
+        Backend::Embedded => {
+            let store = EmbeddedStore::open(
+                data_dir.join("store"),
+                StoreConfig {
+                    limits: limits.clone(),
+                    // The etcd port reports this member as leader: the IDs must agree.
+                    member_id: ServerInfo::default().member_id,
+                    ..Default::default()
+                },
+            )
+            .await
+            .with_context(|| {
+                format!("opening the store in {}", data_dir.join("store").display())
+            })?;
+            store.metrics().register(&mut registry);
+            Arc::new(store)
+        }
+        Backend::Etcd => {
+            if args.etcd_endpoints.is_empty() {
+                anyhow::bail!("--backend etcd needs --etcd-endpoints http://HOST:PORT[,...]");
+            }
+            Arc::new(lattice_store::etcd_backend::EtcdBackend::connect(&args.etcd_endpoints).await?)
+        }
+    };
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let shutdown = {
+        let rx = stop_rx.clone();
+        move || {
+            let mut rx = rx.clone();
+            async move {
+                let _ = rx.wait_for(|v| *v).await;
+            }
+        }
+    };
+
+    let mut tasks = Vec::new();
+    if args.etcd_addr != "off" && args.backend == Backend::Embedded {
+        let addr: SocketAddr = args.etcd_addr.parse().with_context(|| {
+            format!(
+                "--etcd-addr {:?} is not HOST:PORT (or \"off\")",
+                args.etcd_addr
+            )
+        })?;
+        let info = ServerInfo {
+            max_request_bytes: limits.max_value_bytes + limits.max_key_bytes + 64 * 1024,
+            max_txn_ops: limits.max_txn_ops,
+            ..Default::default()
+        };
+        let grpc = EtcdGrpcServer::bind(addr, backend.clone(), info)
+            .await
+            .with_context(|| format!("binding the etcd port {addr}"))?;
+        tracing::info!(addr = %grpc.local_addr(), "etcd v3 API listening");
+        tasks.push(tokio::spawn(grpc.serve(shutdown())));
+    }
+
+    let secret_path = args
+        .jwt_secret_file
+        .clone()
+        .unwrap_or_else(|| data_dir.join("jwt.secret"));
+    let jwt_secret = secret(&secret_path)?;
+    let api = lattice_apiserver::ApiServer::new(
+        backend.clone(),
+        lattice_apiserver::ApiConfig {
+            jwt_secret: jwt_secret.clone(),
+            auth: true,
+            ..Default::default()
+        },
+    );
+    api.metrics().add_registry(registry);
+    let listener = tokio::net::TcpListener::bind(args.api_addr)
+        .await
+        .with_context(|| format!("binding the API address {}", args.api_addr))?;
+    let api_addr = listener.local_addr()?;
+    tracing::info!(addr = %api_addr, "API server listening");
+    tasks.push(tokio::spawn(api.clone().serve(listener, shutdown())));
+
+    let mut tls_url = None;
+    let mut ca_file = None;
+    if args.tls_addr != "off" {
+        let addr: SocketAddr = args.tls_addr.parse().with_context(|| {
+            format!(
+                "--tls-addr {:?} is not HOST:PORT (or \"off\")",
+                args.tls_addr
+            )
+        })?;
+        let (cert, key) = match (&args.tls_cert_file, &args.tls_key_file) {
+            (Some(c), Some(k)) => (c.clone(), k.clone()),
+            _ => {
+                let pki =
+                    lattice_apiserver::tls::DevPki::load_or_create(&data_dir.join("pki"), &[])?;
+                ca_file = Some(pki.ca_cert.clone());
+                (pki.cert, pki.key)
+            }
+        };
+        let config = lattice_apiserver::tls::server_config(&cert, &key)?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the HTTPS address {addr}"))?;
+        let bound = listener.local_addr()?;
+        tls_url = Some(format!("https://{bound}"));
+        tasks.push(tokio::spawn(api.clone().serve_tls(
+            listener,
+            config,
+            shutdown(),
+        )));
+    }
+
+    let admin_token = lattice_apiserver::mint_token(
+        &jwt_secret,
+        "admin",
+        &["*".to_string()],
+        lattice_apiserver::Role::Admin,
+        Duration::from_secs(365 * 24 * 3600),
+    );
+    let token_path = data_dir.join("admin.token");
+    write_private(&token_path, admin_token.as_bytes())?;
+    if let (Some(url), Some(ca)) = (&tls_url, &ca_file) {
+        write_private(
+            &data_dir.join("kubeconfig"),
+            kubeconfig(url, ca, &admin_token).as_bytes(),
+        )?;
+    }
+    if args.dev {
+        dev::bootstrap(api_addr, &admin_token).await?;
+        eprintln!(
+            "\nLattice dev server ready.\n  API:   http://{api_addr}{}\n  etcd:  {}\n  token: {}\n\n  export LATTICE_API_URL=http://{api_addr}\n  export LATTICE_TOKEN=$(cat {})\n  lattice get vclusters\n{}",
+            tls_url.as_deref().map(|u| format!("  (HTTPS: {u})")).unwrap_or_default(),
+            args.etcd_addr,
+            token_path.display(),
+            token_path.display(),
+            if tls_url.is_some() && ca_file.is_some() {
+                format!("  kubectl --kubeconfig {} get allocations -A\n", data_dir.join("kubeconfig").display())
+            } else {
+                String::new()
+            }
+        );
+    }
+
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    for t in tasks {
+        match tokio::time::timeout(Duration::from_secs(10), t).await {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "server task ended with an error"),
+            Err(_) => tracing::warn!("server task did not stop within 10s"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// A kubeconfig for kubectl (and GitOps tools) against the HTTPS listener.
+fn kubeconfig(url: &str, ca: &Path, token: &str) -> String {
+    let ca = std::fs::canonicalize(ca).unwrap_or_else(|_| ca.to_path_buf());
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lattice\n  cluster:\n    server: {url}\n    certificate-authority: {}\nusers:\n- name: lattice-admin\n  user:\n    token: {token}\ncontexts:\n- name: lattice\n  context:\n    cluster: lattice\n    user: lattice-admin\n    namespace: default\ncurrent-context: lattice\n",
+        ca.display()
+    )
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

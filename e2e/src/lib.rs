@@ -1,0 +1,118 @@
+//! Helpers for end-to-end tests: locate the built binaries, pick ports, start and kill
+//! real server processes. `hack/test.sh` builds the binaries before running these tests.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Path of a workspace binary (`target/debug/NAME`), failing with a hint when missing.
+pub fn bin(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let path = target.join("debug").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first (`cargo build --workspace --bins`, as hack/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// A free loopback port (bound then released; good enough for tests on one machine).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A `lattice-server` process on random loopback ports.
+pub struct Server {
+    pub child: Child,
+    pub data_dir: PathBuf,
+    pub api_port: u16,
+    pub etcd_port: u16,
+}
+
+impl Server {
+    /// Start a server on `data_dir` (kept across restarts) with `extra` flags.
+    pub fn start(data_dir: &Path, api_port: u16, etcd_port: u16, extra: &[&str]) -> Server {
+        std::fs::create_dir_all(data_dir).expect("data dir");
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(data_dir.join("server.log"))
+            .expect("log file");
+        let child = Command::new(bin("lattice-server"))
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("--api-addr")
+            .arg(format!("127.0.0.1:{api_port}"))
+            .arg("--etcd-addr")
+            .arg(format!("127.0.0.1:{etcd_port}"))
+            .arg("--tls-addr")
+            .arg(format!("127.0.0.1:{}", free_port()))
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("spawn lattice-server");
+        let server = Server {
+            child,
+            data_dir: data_dir.to_path_buf(),
+            api_port,
+            etcd_port,
+        };
+        server.wait_ready(Duration::from_secs(60));
+        server
+    }
+
+    pub fn api_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.api_port)
+    }
+
+    pub fn etcd_endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.etcd_port)
+    }
+
+    pub fn admin_token(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("admin.token")).expect("admin.token")
+    }
+
+    fn wait_ready(&self, limit: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            let api = std::net::TcpStream::connect(("127.0.0.1", self.api_port)).is_ok();
+            let etcd = std::net::TcpStream::connect(("127.0.0.1", self.etcd_port)).is_ok();
+            if api && etcd && self.data_dir.join("admin.token").exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let log = std::fs::read_to_string(self.data_dir.join("server.log")).unwrap_or_default();
+        panic!("lattice-server did not become ready within {limit:?}; log:\n{log}");
+    }
+
+    /// SIGKILL: no shutdown path runs, exactly like a crash.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait for a graceful exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        self.child.wait().expect("wait")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

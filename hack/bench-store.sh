@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Store benchmark: Lattice's embedded store and Debian's etcd 3.4 side by side on loopback,
+# same client (target/release/lattice-bench, etcd-client), same load, equal durability
+# (both fsync every commit before answering). Prints `RESULT name=value` lines and ratios.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hack/install-deps.sh >/dev/null
+export PROTOC="${PROTOC:-$(command -v protoc)}"
+echo "==> building release binaries"
+cargo build --release -q -p lattice-server -p lattice-e2e --bins
+
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+echo "==> starting etcd $(etcd --version | head -1 | awk '{print $3}') on 127.0.0.1:23791"
+etcd --name bench --data-dir "$work/etcd" --listen-client-urls http://127.0.0.1:23791 \
+  --advertise-client-urls http://127.0.0.1:23791 --listen-peer-urls http://127.0.0.1:23801 \
+  --initial-advertise-peer-urls http://127.0.0.1:23801 --initial-cluster bench=http://127.0.0.1:23801 \
+  --initial-cluster-state new --log-level error >"$work/etcd.log" 2>&1 &
+pids+=($!)
+echo "==> starting lattice-server on 127.0.0.1:23792 (etcd port)"
+target/release/lattice-server --data-dir "$work/lattice" --api-addr 127.0.0.1:28080 \
+  --etcd-addr 127.0.0.1:23792 >"$work/lattice.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+  ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:23791 endpoint health >/dev/null 2>&1 &&
+  ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:23792 endpoint health >/dev/null 2>&1 && break
+  sleep 0.2
+done
+
+out="$work/results"
+for target in "etcd 127.0.0.1:23791" "lattice 127.0.0.1:23792"; do
+  set -- $target
+  echo "==> load against $1"
+  target/release/lattice-bench --name "$1" --endpoint "$2" ${BENCH_ARGS:-} | tee -a "$out"
+done
+
+val() { grep "^RESULT $1=" "$out" | cut -d= -f2; }
+ratio() { awk -v a="$(val "$1")" -v b="$(val "$2")" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }'; }
+echo "RESULT put_ratio_vs_etcd=$(ratio lattice_seq_puts_per_s etcd_seq_puts_per_s)"
+echo "RESULT put8_ratio_vs_etcd=$(ratio lattice_puts_per_s_8_clients etcd_puts_per_s_8_clients)"
+echo "RESULT put64_ratio_vs_etcd=$(ratio lattice_puts_per_s_64_clients etcd_puts_per_s_64_clients)"
+echo "RESULT watch_p99_ratio_vs_etcd=$(ratio lattice_watch_p99_ms etcd_watch_p99_ms)"
+echo "RESULT get_p99_ratio_vs_etcd=$(ratio lattice_get_p99_ms etcd_get_p99_ms)"

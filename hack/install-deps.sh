@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Install the system packages Lattice needs to build and test. Idempotent: a package is
+# installed only when its command (or marker file) is missing, and `apt-get update` runs
+# only if something must be installed.
+#
+#   protobuf-compiler  protoc, needed by etcd-client's build script (lattice-store)
+#   libprotobuf-dev    google/protobuf/*.proto (descriptor.proto, struct.proto) for the same
+#   etcd-server        /usr/bin/etcd, the real etcd used by lattice-store's tests
+#   etcd-client        /usr/bin/etcdctl, drives the etcd gRPC facade in tests
+#
+# Add a package: append a "command package" line to PACKAGES below.
+set -euo pipefail
+
+# "<file or command to check> <debian package>" per line; an absolute path is checked with
+# `test -e`, anything else with `command -v`.
+PACKAGES=(
+  "protoc protobuf-compiler"
+  "/usr/include/google/protobuf/descriptor.proto libprotobuf-dev"
+  "etcd etcd-server"
+  "etcdctl etcd-client"
+  "promtool prometheus"
+)
+
+missing=()
+for entry in "${PACKAGES[@]}"; do
+  cmd=${entry%% *}
+  pkg=${entry##* }
+  if [[ "$cmd" == /* ]]; then
+    if [ -e "$cmd" ]; then
+      echo "install-deps: $cmd present, skipping $pkg"
+      continue
+    fi
+  elif command -v "$cmd" >/dev/null 2>&1; then
+    echo "install-deps: $cmd found ($(command -v "$cmd")), skipping $pkg"
+    continue
+  fi
+  echo "install-deps: $cmd missing, will install $pkg"
+  missing+=("$pkg")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: nothing to install"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO="sudo"
+  else
+    echo "install-deps: need root (or sudo) to install: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+echo "install-deps: apt-get update"
+$SUDO apt-get update -qq
+echo "install-deps: apt-get install -y ${missing[*]}"
+$SUDO apt-get install -y -qq "${missing[@]}"
+echo "install-deps: done"

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite, exactly as CI runs it (.ci/run calls this script).
+# Installs the Debian packages the tests need (idempotently), then: format check, clippy,
+# build of every binary (the e2e tests start them), and every test in the workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "==> installing test dependencies (hack/install-deps.sh)"
+hack/install-deps.sh
+export PROTOC="${PROTOC:-$(command -v protoc)}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "==> cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets -- -D warnings
+
+echo "==> building binaries for the end-to-end tests"
+cargo build --workspace --bins
+
+echo "==> cargo test --workspace"
+cargo test --workspace -- --test-threads="${LATTICE_TEST_THREADS:-2}"

@@ -1,0 +1,568 @@
+//! [`EmbeddedStore`]: the MVCC engine made durable, with group commit, watches and
+//! leases, behind [`KvBackend`].
+//!
+//! Write path: callers send [`Command`]s to one writer thread, which drains whatever is
+//! queued (group commit), applies the batch to the engine in memory, makes it durable in
+//! one fsynced redb transaction, and only then *publishes* the new revision: readers never
+//! see a revision above the published one, watchers are fed, and callers are answered. An
+//! acknowledged write is therefore always on disk, and no reader observes a write that a
+//! crash could still take back.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::backend::{KvBackend, WatchStream};
+use crate::error::{StoreError, StoreResult};
+use crate::metrics::StoreMetrics;
+use crate::mvcc::{Applied, Command, CommandResponse, Limits, Mvcc};
+use crate::persist::{Backup, Persist};
+use crate::types::*;
+use crate::watch::WatchHub;
+
+/// Tunables of the embedded store. Limits are documented in the README.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub limits: Limits,
+    /// Most commands committed in one fsync.
+    pub max_batch: usize,
+    /// Batches buffered per watcher before it is moved to the catch-up group.
+    pub watch_buffer: usize,
+    /// Interval of progress notifications for watchers that asked for them.
+    pub progress_interval: Duration,
+    /// How often lease deadlines are checked.
+    pub lease_check_interval: Duration,
+    pub member_id: u64,
+    pub name: String,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            max_batch: 512,
+            watch_buffer: 256,
+            progress_interval: Duration::from_secs(5),
+            lease_check_interval: Duration::from_millis(200),
+            member_id: 1,
+            name: "default".into(),
+        }
+    }
+}
+
+enum Request {
+    Apply(Command, oneshot::Sender<StoreResult<CommandResponse>>),
+    Backup(PathBuf, oneshot::Sender<StoreResult<Backup>>),
+    Stop(oneshot::Sender<()>),
+}
+
+struct Shared {
+    mvcc: RwLock<Mvcc>,
+    /// Newest revision that is durable and visible.
+    published: AtomicI64,
+    hub: Mutex<WatchHub>,
+    catch_up: Notify,
+    /// Lease deadlines: decided here, outside the deterministic engine; an expired lease
+    /// is revoked by proposing `LeaseRevoke` like any other write.
+    deadlines: Mutex<HashMap<i64, Instant>>,
+    config: StoreConfig,
+    metrics: StoreMetrics,
+    db_path: PathBuf,
+    db_size: AtomicI64,
+    /// Set when a commit failed: the in-memory state may be ahead of disk, so the store
+    /// refuses further work rather than serve data that may vanish.
+    failed: Mutex<Option<StoreError>>,
+}
+
+/// The default [`KvBackend`]: a single durable member. Cheap to clone.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    shared: Arc<Shared>,
+    requests: mpsc::Sender<Request>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl EmbeddedStore {
+    /// Open the store in `dir` (created if missing), replaying its durable state.
+    pub async fn open(dir: impl AsRef<Path>, config: StoreConfig) -> StoreResult<EmbeddedStore> {
+        let dir = dir.as_ref().to_path_buf();
+        let (persist, mvcc) = tokio::task::spawn_blocking(move || Persist::open(&dir))
+            .await
+            .map_err(|e| StoreError::Io(e.to_string()))??;
+        let now = Instant::now();
+        let deadlines = mvcc
+            .leases()
+            .iter()
+            // A restarted (or newly elected) member refreshes every lease, as etcd does.
+            .map(|(id, l)| (*id, now + Duration::from_secs(l.ttl.max(1) as u64)))
+            .collect();
+        let metrics = StoreMetrics::default();
+        metrics.applied_revision.set(mvcc.revision());
+        let shared = Arc::new(Shared {
+            published: AtomicI64::new(mvcc.revision()),
+            mvcc: RwLock::new(mvcc),
+            hub: Mutex::new(WatchHub::default()),
+            catch_up: Notify::new(),
+            deadlines: Mutex::new(deadlines),
+            db_path: persist.path().to_path_buf(),
+            db_size: AtomicI64::new(persist.size_bytes()),
+            config,
+            metrics,
+            failed: Mutex::new(None),
+        });
+        let (tx, rx) = mpsc::channel(4096);
+        let writer_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer_loop(writer_shared, persist, rx))
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        let store = EmbeddedStore {
+            shared,
+            requests: tx,
+        };
+        store.spawn_background();
+        tracing::info!(
+            revision = store.revision(),
+            path = %store.shared.db_path.display(),
+            "embedded store opened"
+        );
+        Ok(store)
+    }
+
+    fn spawn_background(&self) {
+        // Catch-up of unsynced watchers.
+        let weak = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            loop {
+                let Some(shared) = weak.upgrade() else { return };
+                let pending = lock(&shared.hub).unsynced() > 0;
+                if pending {
+                    let published = shared.published.load(Ordering::Acquire);
+                    let mvcc = shared.mvcc.read().unwrap_or_else(|p| p.into_inner());
+                    lock(&shared.hub).catch_up(&mvcc, published);
+                }
+                let still = lock(&shared.hub).unsynced() > 0;
+                if still {
+                    drop(shared);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                } else {
+                    // Holding the strong reference here delays the store's teardown by
+                    // at most this timeout.
+                    let _ = tokio::time::timeout(
+                        Duration::from_millis(500),
+                        shared.catch_up.notified(),
+                    )
+                    .await;
+                }
+            }
+        });
+        // Progress notifications.
+        let weak = Arc::downgrade(&self.shared);
+        let every = self.shared.config.progress_interval;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(shared) = weak.upgrade() else { return };
+                let published = shared.published.load(Ordering::Acquire);
+                let mut hub = lock(&shared.hub);
+                hub.progress(published);
+                shared.metrics.watchers.set(hub.len() as i64);
+            }
+        });
+        // Lease expiry: this member decides, the log (here: the writer) carries it out.
+        let weak = Arc::downgrade(&self.shared);
+        let requests = self.requests.downgrade();
+        let every = self.shared.config.lease_check_interval;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let Some(shared) = weak.upgrade() else { return };
+                let now = Instant::now();
+                let expired: Vec<i64> = lock(&shared.deadlines)
+                    .iter()
+                    .filter(|(_, d)| **d <= now)
+                    .map(|(id, _)| *id)
+                    .collect();
+                drop(shared);
+                let Some(requests) = requests.upgrade() else {
+                    return;
+                };
+                for id in expired {
+                    let (tx, rx) = oneshot::channel();
+                    if requests
+                        .send(Request::Apply(Command::LeaseRevoke { id }, tx))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    match rx.await {
+                        Ok(Ok(_)) | Ok(Err(StoreError::LeaseNotFound)) => {
+                            tracing::debug!(lease = id, "lease expired and revoked");
+                            if let Some(shared) = weak.upgrade() {
+                                lock(&shared.deadlines).remove(&id);
+                            }
+                        }
+                        Ok(Err(e)) => {
+                            tracing::warn!(lease = id, error = %e, "revoking expired lease failed")
+                        }
+                        Err(_) => return,
+                    }
+                }
+            }
+        });
+    }
+
+    pub fn revision(&self) -> i64 {
+        self.shared.published.load(Ordering::Acquire)
+    }
+
+    pub fn metrics(&self) -> &StoreMetrics {
+        &self.shared.metrics
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.shared.config
+    }
+
+    fn check_failed(&self) -> StoreResult<()> {
+        match &*lock(&self.shared.failed) {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Propose a command and wait until it is durable.
+    pub async fn propose(&self, cmd: Command) -> StoreResult<CommandResponse> {
+        self.check_failed()?;
+        let (tx, rx) = oneshot::channel();
+        self.requests
+            .send(Request::Apply(cmd, tx))
+            .await
+            .map_err(|_| StoreError::Stopped)?;
+        rx.await.map_err(|_| StoreError::Stopped)?
+    }
+
+    /// Write a consistent backup of the latest durable revision to `path`.
+    pub async fn backup(&self, path: impl AsRef<Path>) -> StoreResult<Backup> {
+        let (tx, rx) = oneshot::channel();
+        self.requests
+            .send(Request::Backup(path.as_ref().to_path_buf(), tx))
+            .await
+            .map_err(|_| StoreError::Stopped)?;
+        rx.await.map_err(|_| StoreError::Stopped)?
+    }
+
+    /// Stop the writer and close the database file (so it can be reopened in-process).
+    pub async fn close(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.requests.send(Request::Stop(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    fn new_lease_id(&self) -> i64 {
+        let mvcc = self.shared.mvcc.read().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let id = rand::random::<i64>() & i64::MAX;
+            if id != 0 && !mvcc.leases().contains_key(&id) {
+                return id;
+            }
+        }
+    }
+}
+
+fn writer_loop(shared: Arc<Shared>, persist: Persist, mut rx: mpsc::Receiver<Request>) {
+    let limits = shared.config.limits.clone();
+    let max_batch = shared.config.max_batch.max(1);
+    let mut pending: Vec<Request> = Vec::with_capacity(max_batch);
+    while let Some(first) = rx.blocking_recv() {
+        pending.push(first);
+        while pending.len() < max_batch {
+            match rx.try_recv() {
+                Ok(r) => pending.push(r),
+                Err(_) => break,
+            }
+        }
+        let mut replies = Vec::with_capacity(pending.len());
+        let mut applied: Vec<Applied> = Vec::new();
+        let mut stop = None;
+        let (revision, compact_revision) = {
+            let mut mvcc = shared.mvcc.write().unwrap_or_else(|p| p.into_inner());
+            for req in pending.drain(..) {
+                match req {
+                    Request::Apply(cmd, reply) => {
+                        let result = mvcc.apply(&cmd, &limits).map(|(resp, a)| {
+                            applied.push(a);
+                            resp
+                        });
+                        replies.push((reply, result));
+                    }
+                    Request::Backup(path, reply) => {
+                        // Backups see what is durable: everything applied before them in
+                        // this batch is committed first, below, before the file is used.
+                        let published = shared.published.load(Ordering::Acquire);
+                        let backup = Backup::from_mvcc(&mvcc, mvcc.revision().max(published));
+                        let res = backup.write(&path).map(|_| backup);
+                        let _ = reply.send(res);
+                    }
+                    Request::Stop(done) => stop = Some(done),
+                }
+            }
+            (mvcc.revision(), mvcc.compact_revision())
+        };
+        let started = Instant::now();
+        let wrote = applied
+            .iter()
+            .any(|a| a.revision.is_some() || a.compacted.is_some() || !a.leases.is_empty());
+        let result = if wrote {
+            persist.commit(&applied, revision, compact_revision)
+        } else {
+            Ok(())
+        };
+        if let Err(e) = result {
+            tracing::error!(error = %e, "commit failed; the store stops accepting requests");
+            *lock(&shared.failed) = Some(e.clone());
+            for (reply, _) in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+            lock(&shared.hub).close_all();
+            return;
+        }
+        if wrote {
+            shared
+                .metrics
+                .commit_seconds
+                .observe(started.elapsed().as_secs_f64());
+            shared.metrics.batch_size.observe(replies.len() as f64);
+            shared
+                .db_size
+                .store(persist.size_bytes(), Ordering::Relaxed);
+            shared
+                .metrics
+                .db_size_bytes
+                .set(shared.db_size.load(Ordering::Relaxed));
+        }
+        // Lease bookkeeping for grants and revokes in this batch.
+        {
+            let mut deadlines = lock(&shared.deadlines);
+            let now = Instant::now();
+            for a in &applied {
+                for (id, ttl) in &a.leases {
+                    match ttl {
+                        Some(ttl) => {
+                            deadlines.insert(*id, now + Duration::from_secs((*ttl).max(1) as u64));
+                        }
+                        None => {
+                            deadlines.remove(id);
+                        }
+                    }
+                }
+            }
+        }
+        // Publish, then answer.
+        let revisions: Vec<(i64, Arc<[Event]>)> =
+            applied.iter().filter_map(|a| a.revision.clone()).collect();
+        {
+            let mut hub = lock(&shared.hub);
+            shared.published.store(revision, Ordering::Release);
+            hub.publish(&revisions, revision);
+            if hub.unsynced() > 0 {
+                shared.catch_up.notify_one();
+            }
+        }
+        shared.metrics.applied_revision.set(revision);
+        shared.metrics.writes.inc_by(revisions.len() as u64);
+        for (reply, result) in replies {
+            let _ = reply.send(result);
+        }
+        if let Some(done) = stop {
+            lock(&shared.hub).close_all();
+            drop(persist);
+            let _ = done.send(());
+            return;
+        }
+    }
+}
+
+fn txn_response(resp: CommandResponse) -> StoreResult<TxnResponse> {
+    match resp {
+        CommandResponse::Txn(t) => Ok(t),
+        other => Err(StoreError::Backend(format!(
+            "unexpected response {other:?}"
+        ))),
+    }
+}
+
+#[async_trait]
+impl KvBackend for EmbeddedStore {
+    async fn range(&self, req: RangeRequest) -> StoreResult<RangeResponse> {
+        self.check_failed()?;
+        let published = self.revision();
+        let mvcc = self.shared.mvcc.read().unwrap_or_else(|p| p.into_inner());
+        mvcc.range(&req, published)
+    }
+
+    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
+        let read_only = req
+            .success
+            .iter()
+            .chain(req.failure.iter())
+            .all(|op| matches!(op, TxnOp::Range(_)));
+        if read_only && req.compare.is_empty() {
+            // Pure reads need no log entry; serve them at the published revision.
+            let mut responses = Vec::new();
+            let published = self.revision();
+            let mvcc = self.shared.mvcc.read().unwrap_or_else(|p| p.into_inner());
+            for op in &req.success {
+                if let TxnOp::Range(r) = op {
+                    responses.push(TxnOpResponse::Range(mvcc.range(r, published)?));
+                }
+            }
+            return Ok(TxnResponse {
+                revision: published,
+                succeeded: true,
+                responses,
+            });
+        }
+        txn_response(self.propose(Command::Txn(req)).await?)
+    }
+
+    async fn watch(&self, req: WatchRequest) -> StoreResult<WatchStream> {
+        self.check_failed()?;
+        let rx = {
+            let mut hub = lock(&self.shared.hub);
+            let published = self.shared.published.load(Ordering::Acquire);
+            let compact = self
+                .shared
+                .mvcc
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .compact_revision();
+            let rx = hub.add(req, published, compact, self.shared.config.watch_buffer)?;
+            self.shared.metrics.watchers.set(hub.len() as i64);
+            if hub.unsynced() > 0 {
+                self.shared.catch_up.notify_one();
+            }
+            rx
+        };
+        Ok(ReceiverStream::new(rx).boxed())
+    }
+
+    async fn lease_grant(&self, id: i64, ttl: i64) -> StoreResult<LeaseGrant> {
+        let id = if id == 0 { self.new_lease_id() } else { id };
+        match self.propose(Command::LeaseGrant { id, ttl }).await? {
+            CommandResponse::LeaseGranted(g) => Ok(g),
+            other => Err(StoreError::Backend(format!(
+                "unexpected response {other:?}"
+            ))),
+        }
+    }
+
+    async fn lease_revoke(&self, id: i64) -> StoreResult<i64> {
+        match self.propose(Command::LeaseRevoke { id }).await? {
+            CommandResponse::LeaseRevoked { revision } => Ok(revision),
+            other => Err(StoreError::Backend(format!(
+                "unexpected response {other:?}"
+            ))),
+        }
+    }
+
+    async fn lease_keep_alive(&self, id: i64) -> StoreResult<i64> {
+        self.check_failed()?;
+        let ttl = {
+            let mvcc = self.shared.mvcc.read().unwrap_or_else(|p| p.into_inner());
+            mvcc.leases()
+                .get(&id)
+                .map(|l| l.ttl)
+                .ok_or(StoreError::LeaseNotFound)?
+        };
+        lock(&self.shared.deadlines)
+            .insert(id, Instant::now() + Duration::from_secs(ttl.max(1) as u64));
+        Ok(ttl)
+    }
+
+    async fn lease_time_to_live(&self, id: i64, keys: bool) -> StoreResult<LeaseTimeToLive> {
+        let (granted, lease_keys) = {
+            let mvcc = self.shared.mvcc.read().unwrap_or_else(|p| p.into_inner());
+            match mvcc.leases().get(&id) {
+                Some(l) => (
+                    l.ttl,
+                    if keys {
+                        l.keys.iter().cloned().collect()
+                    } else {
+                        Vec::new()
+                    },
+                ),
+                None => {
+                    return Ok(LeaseTimeToLive {
+                        id,
+                        ttl: -1,
+                        granted_ttl: 0,
+                        keys: Vec::new(),
+                    })
+                }
+            }
+        };
+        let remaining = lock(&self.shared.deadlines)
+            .get(&id)
+            .map(|d| d.saturating_duration_since(Instant::now()).as_secs() as i64)
+            .unwrap_or(granted);
+        Ok(LeaseTimeToLive {
+            id,
+            ttl: remaining,
+            granted_ttl: granted,
+            keys: lease_keys,
+        })
+    }
+
+    async fn lease_leases(&self) -> StoreResult<Vec<i64>> {
+        let mvcc = self.shared.mvcc.read().unwrap_or_else(|p| p.into_inner());
+        Ok(mvcc.leases().keys().copied().collect())
+    }
+
+    async fn compact(&self, revision: i64) -> StoreResult<i64> {
+        match self.propose(Command::Compact { revision }).await? {
+            CommandResponse::Compacted { revision } => Ok(revision),
+            other => Err(StoreError::Backend(format!(
+                "unexpected response {other:?}"
+            ))),
+        }
+    }
+
+    async fn status(&self) -> StoreResult<StoreStatus> {
+        self.check_failed()?;
+        let compact = self
+            .shared
+            .mvcc
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .compact_revision();
+        let revision = self.revision();
+        Ok(StoreStatus {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            revision,
+            compact_revision: compact,
+            db_size: self.shared.db_size.load(Ordering::Relaxed),
+            member_id: self.shared.config.member_id,
+            leader: self.shared.config.member_id,
+            raft_term: 1,
+            raft_index: revision as u64,
+            raft_applied_index: revision as u64,
+            is_learner: false,
+        })
+    }
+}

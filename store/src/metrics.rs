@@ -1,0 +1,59 @@
+//! Prometheus metrics of the store (`lattice_store_*`), registered by the server.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug)]
+pub struct StoreMetrics {
+    /// Time to make one batch durable (the fsync), in seconds.
+    pub commit_seconds: Histogram,
+    /// Commands per durable batch (group commit effectiveness).
+    pub batch_size: Histogram,
+    pub applied_revision: Gauge,
+    pub writes: Counter,
+    pub watchers: Gauge,
+    pub db_size_bytes: Gauge,
+}
+
+impl Default for StoreMetrics {
+    fn default() -> Self {
+        Self {
+            commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            applied_revision: Gauge::default(),
+            writes: Counter::default(),
+            watchers: Gauge::default(),
+            db_size_bytes: Gauge::default(),
+        }
+    }
+}
+
+impl StoreMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("lattice_store");
+        r.register(
+            "commit_duration_seconds",
+            "Time to fsync one batch of writes",
+            self.commit_seconds.clone(),
+        );
+        r.register(
+            "commit_batch_size",
+            "Commands per durable batch",
+            self.batch_size.clone(),
+        );
+        r.register(
+            "applied_revision",
+            "Newest durable revision",
+            self.applied_revision.clone(),
+        );
+        r.register("write_revisions", "Revisions written", self.writes.clone());
+        r.register("watchers", "Open watchers", self.watchers.clone());
+        r.register(
+            "db_size_bytes",
+            "Size of the state file",
+            self.db_size_bytes.clone(),
+        );
+    }
+}

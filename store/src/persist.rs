@@ -1,0 +1,430 @@
+//! Durable state of the embedded store in one redb file (`state.redb`).
+//!
+//! Tables:
+//! * `history`: revision → the changes of that revision (every revision newer than the
+//!   compact revision);
+//! * `base`: key → its value as of `base_revision` (compaction folds the history below
+//!   the compact revision into it, keeping the compact revision itself watchable);
+//! * `leases`: lease ID → TTL;
+//! * `meta`: `revision`, `compact_revision`, `base_revision`, `format`.
+//!
+//! Every record carries a CRC-32 of its payload, checked at start-up: a corrupted record
+//! stops the member with a message naming the file, never a silently wrong answer. Each
+//! batch of applied commands is one redb write transaction committed with
+//! `Durability::Immediate` (fsync) before any caller is answered, so data and the applied
+//! revision are always committed together.
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{StoreError, StoreResult};
+use crate::mvcc::{Applied, Mvcc};
+use crate::types::{EventType, KeyValue};
+
+const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("history");
+const BASE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("base");
+const LEASES: TableDefinition<i64, i64> = TableDefinition::new("leases");
+const META: TableDefinition<&str, i64> = TableDefinition::new("meta");
+/// Raft bookkeeping of a replicated member (`applied`: last applied log ID and membership,
+/// an opaque sealed record owned by `crate::raft`). Absent in files written by a single
+/// embedded member; adding it keeps format 1 readable by both.
+const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
+
+const FORMAT: i64 = 1;
+pub const STATE_FILE: &str = "state.redb";
+
+fn io(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(e.to_string())
+}
+
+/// One change as stored: deletes keep only the key and revision.
+#[derive(Serialize, Deserialize)]
+struct StoredChange {
+    kind: EventType,
+    kv: KeyValue,
+}
+
+fn seal(payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len() + 4);
+    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+fn unseal<'a>(record: &'a [u8], what: &dyn Fn() -> String) -> StoreResult<&'a [u8]> {
+    if record.len() < 4 {
+        return Err(StoreError::Corrupt(format!(
+            "{}: record is truncated",
+            what()
+        )));
+    }
+    let (crc, payload) = record.split_at(4);
+    let expected = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+    if crc32fast::hash(payload) != expected {
+        return Err(StoreError::Corrupt(format!(
+            "{}: checksum mismatch",
+            what()
+        )));
+    }
+    Ok(payload)
+}
+
+pub struct Persist {
+    db: Database,
+    path: PathBuf,
+}
+
+impl Persist {
+    /// Open (or create) `dir/state.redb` and rebuild the engine from it.
+    pub fn open(dir: &Path) -> StoreResult<(Persist, Mvcc)> {
+        std::fs::create_dir_all(dir).map_err(|e| io(format!("creating {}: {e}", dir.display())))?;
+        let path = dir.join(STATE_FILE);
+        let db = Database::create(&path).map_err(|e| {
+            StoreError::Corrupt(format!(
+                "cannot open {}: {e}; restore from a backup",
+                path.display()
+            ))
+        })?;
+        let persist = Persist { db, path };
+        persist.init_tables()?;
+        let mvcc = persist.load()?;
+        Ok((persist, mvcc))
+    }
+
+    fn init_tables(&self) -> StoreResult<()> {
+        let txn = self.db.begin_write().map_err(io)?;
+        {
+            txn.open_table(HISTORY).map_err(io)?;
+            txn.open_table(BASE).map_err(io)?;
+            txn.open_table(LEASES).map_err(io)?;
+            txn.open_table(RAFT_META).map_err(io)?;
+            let mut meta = txn.open_table(META).map_err(io)?;
+            let format = meta.get("format").map_err(io)?.map(|v| v.value());
+            match format {
+                None => {
+                    meta.insert("format", FORMAT).map_err(io)?;
+                }
+                Some(FORMAT) => {}
+                Some(other) => {
+                    return Err(StoreError::Corrupt(format!(
+                        "{}: unknown format version {other} (this build reads {FORMAT})",
+                        self.path.display()
+                    )))
+                }
+            }
+        }
+        txn.commit().map_err(io)
+    }
+
+    fn load(&self) -> StoreResult<Mvcc> {
+        let file = self.path.display().to_string();
+        let txn = self.db.begin_read().map_err(io)?;
+        let meta = txn.open_table(META).map_err(io)?;
+        let get_meta =
+            |k: &str| -> StoreResult<i64> { Ok(meta.get(k).map_err(io)?.map_or(0, |v| v.value())) };
+        let revision = get_meta("revision")?;
+        let compact = get_meta("compact_revision")?;
+        let base_revision = get_meta("base_revision")?;
+        let mut mvcc = Mvcc::new();
+        mvcc.restore_meta(base_revision, compact);
+
+        let base = txn.open_table(BASE).map_err(io)?;
+        for row in base.iter().map_err(io)? {
+            let (k, v) = row.map_err(io)?;
+            let key = k.value().to_vec();
+            let payload = unseal(v.value(), &|| {
+                format!(
+                    "{file}: base record for key {:?}",
+                    String::from_utf8_lossy(&key)
+                )
+            })?;
+            let kv: KeyValue = postcard::from_bytes(payload).map_err(|e| {
+                StoreError::Corrupt(format!("{file}: base record undecodable: {e}"))
+            })?;
+            mvcc.load_base(kv);
+        }
+        let leases = txn.open_table(LEASES).map_err(io)?;
+        for row in leases.iter().map_err(io)? {
+            let (id, ttl) = row.map_err(io)?;
+            mvcc.load_lease(id.value(), ttl.value());
+        }
+        let history = txn.open_table(HISTORY).map_err(io)?;
+        for (expected, row) in (base_revision + 1..).zip(history.iter().map_err(io)?) {
+            let (rev, v) = row.map_err(io)?;
+            let rev = rev.value() as i64;
+            if rev != expected {
+                return Err(StoreError::Corrupt(format!(
+                    "{file}: history jumps from revision {} to {rev}",
+                    expected - 1
+                )));
+            }
+            let payload = unseal(v.value(), &|| {
+                format!("{file}: history record at revision {rev}")
+            })?;
+            let changes: Vec<StoredChange> = postcard::from_bytes(payload).map_err(|e| {
+                StoreError::Corrupt(format!("{file}: history record {rev} undecodable: {e}"))
+            })?;
+            mvcc.replay_revision(rev, changes.into_iter().map(|c| (c.kind, c.kv)).collect())?;
+        }
+        if mvcc.revision() != revision {
+            return Err(StoreError::Corrupt(format!(
+                "{file}: meta says revision {revision} but history ends at {}",
+                mvcc.revision()
+            )));
+        }
+        Ok(mvcc)
+    }
+
+    /// Make a batch of applied commands durable in one fsynced transaction.
+    pub fn commit(
+        &self,
+        batch: &[Applied],
+        revision: i64,
+        compact_revision: i64,
+    ) -> StoreResult<()> {
+        self.commit_inner(batch, revision, compact_revision, None)
+    }
+
+    /// Like [`Persist::commit`], and in the same fsynced transaction record the Raft
+    /// bookkeeping `raft_meta` (last applied log ID and membership), so the data and the
+    /// log position it reflects can never disagree after a crash.
+    pub fn commit_with_raft_meta(
+        &self,
+        batch: &[Applied],
+        revision: i64,
+        compact_revision: i64,
+        raft_meta: &[u8],
+    ) -> StoreResult<()> {
+        self.commit_inner(batch, revision, compact_revision, Some(raft_meta))
+    }
+
+    /// The Raft bookkeeping last written by [`Persist::commit_with_raft_meta`] or
+    /// [`Persist::install`], checksum-verified; `None` for a file never used by Raft.
+    pub fn raft_meta(&self) -> StoreResult<Option<Vec<u8>>> {
+        let txn = self.db.begin_read().map_err(io)?;
+        let table = match txn.open_table(RAFT_META) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(io(e)),
+        };
+        let file = self.path.display().to_string();
+        match table.get("applied").map_err(io)? {
+            Some(v) => Ok(Some(
+                unseal(v.value(), &|| format!("{file}: raft_meta record"))?.to_vec(),
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// Replace the state in `dir` with `backup` plus `raft_meta` (a Raft snapshot being
+    /// installed). The new file is written and fsynced beside the old one, then renamed
+    /// over it, so a crash leaves either the old or the new state, never a mix. The
+    /// caller must have dropped its previous [`Persist`] for `dir`.
+    pub fn install(dir: &Path, backup: &Backup, raft_meta: &[u8]) -> StoreResult<(Persist, Mvcc)> {
+        std::fs::create_dir_all(dir).map_err(|e| io(format!("creating {}: {e}", dir.display())))?;
+        let tmp_dir = dir.join("state.installing");
+        if tmp_dir.exists() {
+            std::fs::remove_dir_all(&tmp_dir)
+                .map_err(|e| io(format!("{}: {e}", tmp_dir.display())))?;
+        }
+        backup.restore_into(&tmp_dir)?;
+        {
+            let db = Database::create(tmp_dir.join(STATE_FILE)).map_err(io)?;
+            let txn = db.begin_write().map_err(io)?;
+            {
+                let mut table = txn.open_table(RAFT_META).map_err(io)?;
+                table
+                    .insert("applied", seal(raft_meta).as_slice())
+                    .map_err(io)?;
+            }
+            txn.commit().map_err(io)?;
+        }
+        let final_path = dir.join(STATE_FILE);
+        std::fs::rename(tmp_dir.join(STATE_FILE), &final_path).map_err(|e| {
+            io(format!(
+                "renaming snapshot into {}: {e}",
+                final_path.display()
+            ))
+        })?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            d.sync_all().map_err(io)?;
+        }
+        let _ = std::fs::remove_dir_all(&tmp_dir);
+        Persist::open(dir)
+    }
+
+    fn commit_inner(
+        &self,
+        batch: &[Applied],
+        revision: i64,
+        compact_revision: i64,
+        raft_meta: Option<&[u8]>,
+    ) -> StoreResult<()> {
+        let txn = self.db.begin_write().map_err(io)?;
+        {
+            if let Some(raft_meta) = raft_meta {
+                let mut table = txn.open_table(RAFT_META).map_err(io)?;
+                table
+                    .insert("applied", seal(raft_meta).as_slice())
+                    .map_err(io)?;
+            }
+            let mut history = txn.open_table(HISTORY).map_err(io)?;
+            let mut base = txn.open_table(BASE).map_err(io)?;
+            let mut leases = txn.open_table(LEASES).map_err(io)?;
+            for applied in batch {
+                if let Some((rev, events)) = &applied.revision {
+                    let changes: Vec<StoredChange> = events
+                        .iter()
+                        .map(|e| StoredChange {
+                            kind: e.kind,
+                            kv: e.kv.clone(),
+                        })
+                        .collect();
+                    let payload = postcard::to_allocvec(&changes).map_err(io)?;
+                    history
+                        .insert(*rev as u64, seal(&payload).as_slice())
+                        .map_err(io)?;
+                }
+                if let Some(c) = applied.compacted {
+                    // Fold the history below the compact revision into the base; revision
+                    // `c` itself stays in history so that it can still be watched.
+                    let mut folded = Vec::new();
+                    for row in history.range(..(c as u64)).map_err(io)? {
+                        let (rev, v) = row.map_err(io)?;
+                        let rev = rev.value();
+                        let payload = unseal(v.value(), &|| format!("history record {rev}"))?;
+                        let changes: Vec<StoredChange> =
+                            postcard::from_bytes(payload).map_err(io)?;
+                        folded.push((rev, changes));
+                    }
+                    for (rev, changes) in folded {
+                        for ch in changes {
+                            match ch.kind {
+                                EventType::Put => {
+                                    let payload = postcard::to_allocvec(&ch.kv).map_err(io)?;
+                                    base.insert(ch.kv.key.as_ref(), seal(&payload).as_slice())
+                                        .map_err(io)?;
+                                }
+                                EventType::Delete => {
+                                    base.remove(ch.kv.key.as_ref()).map_err(io)?;
+                                }
+                            }
+                        }
+                        history.remove(rev).map_err(io)?;
+                    }
+                }
+                for (id, ttl) in &applied.leases {
+                    match ttl {
+                        Some(ttl) => leases.insert(*id, *ttl).map_err(io)?,
+                        None => leases.remove(*id).map_err(io)?,
+                    };
+                }
+            }
+            let mut meta = txn.open_table(META).map_err(io)?;
+            meta.insert("revision", revision).map_err(io)?;
+            meta.insert("compact_revision", compact_revision)
+                .map_err(io)?;
+            if let Some(c) = batch.iter().filter_map(|a| a.compacted).max() {
+                meta.insert("base_revision", c - 1).map_err(io)?;
+            }
+        }
+        txn.commit().map_err(io)
+    }
+
+    pub fn size_bytes(&self) -> i64 {
+        std::fs::metadata(&self.path)
+            .map(|m| m.len() as i64)
+            .unwrap_or(0)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+const BACKUP_MAGIC: &[u8; 16] = b"LATTICE-BACKUP01";
+
+/// A point-in-time copy of the store: every live key at `revision`, and the leases.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Backup {
+    pub revision: i64,
+    pub kvs: Vec<KeyValue>,
+    pub leases: Vec<(i64, i64)>,
+}
+
+impl Backup {
+    pub fn from_mvcc(mvcc: &Mvcc, revision: i64) -> Backup {
+        Backup {
+            revision,
+            kvs: mvcc.live_at(revision),
+            leases: mvcc.leases().iter().map(|(id, l)| (*id, l.ttl)).collect(),
+        }
+    }
+
+    /// Write `magic | crc32 | payload` to `path` (through a temporary file, fsynced, then
+    /// renamed, so a crash never leaves a half-written backup under the final name).
+    pub fn write(&self, path: &Path) -> StoreResult<()> {
+        use std::io::Write;
+        let payload = postcard::to_allocvec(self).map_err(io)?;
+        let tmp = path.with_extension("partial");
+        let mut f =
+            std::fs::File::create(&tmp).map_err(|e| io(format!("{}: {e}", tmp.display())))?;
+        f.write_all(BACKUP_MAGIC).map_err(io)?;
+        f.write_all(&seal(&payload)).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
+    /// Read and verify a backup file.
+    pub fn read(path: &Path) -> StoreResult<Backup> {
+        let data = std::fs::read(path).map_err(|e| io(format!("{}: {e}", path.display())))?;
+        let name = path.display().to_string();
+        if data.len() < BACKUP_MAGIC.len() || &data[..BACKUP_MAGIC.len()] != BACKUP_MAGIC {
+            return Err(StoreError::Corrupt(format!(
+                "{name}: not a Lattice backup (bad header)"
+            )));
+        }
+        let payload = unseal(&data[BACKUP_MAGIC.len()..], &|| name.clone())?;
+        postcard::from_bytes(payload)
+            .map_err(|e| StoreError::Corrupt(format!("{name}: undecodable: {e}")))
+    }
+
+    /// Create a fresh data directory holding this backup (compact revision = revision).
+    pub fn restore_into(&self, dir: &Path) -> StoreResult<()> {
+        let path = dir.join(STATE_FILE);
+        if path.exists() {
+            return Err(StoreError::InvalidArgument(format!(
+                "{} already exists: restore needs an empty data directory",
+                path.display()
+            )));
+        }
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let db = Database::create(&path).map_err(io)?;
+        let txn = db.begin_write().map_err(io)?;
+        {
+            let mut base = txn.open_table(BASE).map_err(io)?;
+            for kv in &self.kvs {
+                let payload = postcard::to_allocvec(kv).map_err(io)?;
+                base.insert(kv.key.as_ref(), seal(&payload).as_slice())
+                    .map_err(io)?;
+            }
+            let mut leases = txn.open_table(LEASES).map_err(io)?;
+            for (id, ttl) in &self.leases {
+                leases.insert(*id, *ttl).map_err(io)?;
+            }
+            txn.open_table(HISTORY).map_err(io)?;
+            let mut meta = txn.open_table(META).map_err(io)?;
+            meta.insert("format", FORMAT).map_err(io)?;
+            meta.insert("revision", self.revision).map_err(io)?;
+            meta.insert("compact_revision", self.revision).map_err(io)?;
+            meta.insert("base_revision", self.revision).map_err(io)?;
+        }
+        txn.commit().map_err(io)
+    }
+
+    pub fn key_count(&self) -> usize {
+        self.kvs.len()
+    }
+}

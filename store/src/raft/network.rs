@@ -1,0 +1,302 @@
+//! Raft RPCs over gRPC (tonic): the client side ([`NetworkFactory`] / [`PeerClient`]) and
+//! the server side ([`RaftService`]). Payloads are postcard-encoded openraft messages in a
+//! `bytes` field (`proto/raft.proto`).
+//!
+//! A per-member switch ([`NetShared::set_partitioned`]) makes this member drop all Raft and
+//! forward traffic in both directions: tests use it to cut a member off without killing it.
+
+use std::collections::HashMap;
+use std::error::Error;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{AnyError, BasicNode, Raft};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use super::pb::raft_transport_client::RaftTransportClient;
+use super::pb::raft_transport_server::RaftTransport;
+use super::pb::Payload;
+use super::state_machine::lock;
+use super::{ClientRequest, Inner, TypeConfig, WireError};
+
+/// Largest message on the Raft transport (snapshot chunks, entry batches).
+pub(crate) const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+
+/// Connections to peers, and the test-only partition switch.
+#[derive(Default)]
+pub struct NetShared {
+    partitioned: AtomicBool,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+/// Why a call to a peer failed.
+pub(crate) enum CallError {
+    /// Nothing reached the peer (no connection, or partitioned): safe to retry.
+    NotSent(String),
+    /// The request may or may not have been processed.
+    Unknown(String),
+}
+
+impl NetShared {
+    /// Test switch: while set, this member neither sends nor accepts Raft or forward
+    /// traffic, as if a network partition isolated it.
+    pub fn set_partitioned(&self, on: bool) {
+        self.partitioned.store(on, Ordering::SeqCst);
+        if on {
+            lock(&self.channels).clear();
+        }
+    }
+
+    pub fn is_partitioned(&self) -> bool {
+        self.partitioned.load(Ordering::SeqCst)
+    }
+
+    async fn channel(&self, addr: &str) -> Result<Channel, String> {
+        if let Some(c) = lock(&self.channels).get(addr) {
+            return Ok(c.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("bad peer address {addr}: {e}"))?
+            .connect_timeout(Duration::from_millis(500))
+            .tcp_nodelay(true);
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| format!("connecting to {addr}: {}", source_chain(&e)))?;
+        lock(&self.channels).insert(addr.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    fn forget(&self, addr: &str) {
+        lock(&self.channels).remove(addr);
+    }
+
+    /// One unary call to `addr`.
+    pub(crate) async fn call(
+        &self,
+        addr: &str,
+        rpc: Rpc,
+        data: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<Vec<u8>, CallError> {
+        if self.is_partitioned() {
+            return Err(CallError::NotSent("partitioned".into()));
+        }
+        let channel = self.channel(addr).await.map_err(CallError::NotSent)?;
+        let mut client = RaftTransportClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        let req = Payload { data };
+        let fut = async {
+            match rpc {
+                Rpc::AppendEntries => client.append_entries(req).await,
+                Rpc::Vote => client.vote(req).await,
+                Rpc::InstallSnapshot => client.install_snapshot(req).await,
+                Rpc::Forward => client.forward(req).await,
+            }
+        };
+        match tokio::time::timeout(ttl, fut).await {
+            Ok(Ok(resp)) => Ok(resp.into_inner().data),
+            Ok(Err(status)) => {
+                self.forget(addr);
+                // The server refuses with `Unavailable` before looking at the request when
+                // it is partitioned; other errors leave the outcome unknown.
+                if status.code() == tonic::Code::Unavailable && status.message() == PARTITIONED {
+                    Err(CallError::NotSent(format!("{addr}: {}", status.message())))
+                } else {
+                    Err(CallError::Unknown(format!("{addr}: {status}")))
+                }
+            }
+            Err(_) => Err(CallError::Unknown(format!(
+                "{addr}: timed out after {ttl:?}"
+            ))),
+        }
+    }
+}
+
+const PARTITIONED: &str = "member is partitioned (test switch)";
+
+fn source_chain(e: &dyn Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Rpc {
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
+    Forward,
+}
+
+/// Creates a [`PeerClient`] per replication target.
+pub struct NetworkFactory {
+    pub(crate) net: Arc<NetShared>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerClient {
+        PeerClient {
+            target,
+            addr: node.addr.clone(),
+            net: self.net.clone(),
+        }
+    }
+}
+
+/// The connection to one peer.
+pub struct PeerClient {
+    target: u64,
+    addr: String,
+    net: Arc<NetShared>,
+}
+
+type RpcErr<E> = RPCError<u64, BasicNode, RaftError<u64, E>>;
+
+impl PeerClient {
+    async fn send<Req, Resp, E>(
+        &self,
+        rpc: Rpc,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RpcErr<E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: Error + DeserializeOwned,
+    {
+        let data =
+            postcard::to_allocvec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let bytes = match self
+            .net
+            .call(&self.addr, rpc, data, option.hard_ttl())
+            .await
+        {
+            Ok(b) => b,
+            Err(CallError::NotSent(e)) | Err(CallError::Unknown(e)) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&AnyError::error(e))));
+            }
+        };
+        let resp: Result<Resp, RaftError<u64, E>> =
+            postcard::from_bytes(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        resp.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RpcErr<openraft::error::Infallible>> {
+        self.send(Rpc::AppendEntries, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<u64>, RpcErr<InstallSnapshotError>> {
+        self.send(Rpc::InstallSnapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RpcErr<openraft::error::Infallible>> {
+        self.send(Rpc::Vote, &rpc, &option).await
+    }
+}
+
+/// The gRPC service a member serves to its peers.
+pub(crate) struct RaftService {
+    pub(crate) raft: Raft<TypeConfig>,
+    pub(crate) net: Arc<NetShared>,
+    pub(crate) inner: Weak<Inner>,
+}
+
+fn bad_request(e: impl std::fmt::Display) -> tonic::Status {
+    tonic::Status::invalid_argument(format!("undecodable raft payload: {e}"))
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<tonic::Response<Payload>, tonic::Status> {
+    postcard::to_allocvec(v)
+        .map(|data| tonic::Response::new(Payload { data }))
+        .map_err(|e| tonic::Status::internal(e.to_string()))
+}
+
+impl RaftService {
+    fn check(&self) -> Result<(), tonic::Status> {
+        if self.net.is_partitioned() {
+            return Err(tonic::Status::unavailable(PARTITIONED));
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl RaftTransport for RaftService {
+    async fn append_entries(
+        &self,
+        request: tonic::Request<Payload>,
+    ) -> Result<tonic::Response<Payload>, tonic::Status> {
+        self.check()?;
+        let req: AppendEntriesRequest<TypeConfig> =
+            postcard::from_bytes(&request.into_inner().data).map_err(bad_request)?;
+        encode(&self.raft.append_entries(req).await)
+    }
+
+    async fn vote(
+        &self,
+        request: tonic::Request<Payload>,
+    ) -> Result<tonic::Response<Payload>, tonic::Status> {
+        self.check()?;
+        let req: VoteRequest<u64> =
+            postcard::from_bytes(&request.into_inner().data).map_err(bad_request)?;
+        encode(&self.raft.vote(req).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: tonic::Request<Payload>,
+    ) -> Result<tonic::Response<Payload>, tonic::Status> {
+        self.check()?;
+        let req: InstallSnapshotRequest<TypeConfig> =
+            postcard::from_bytes(&request.into_inner().data).map_err(bad_request)?;
+        encode(&self.raft.install_snapshot(req).await)
+    }
+
+    async fn forward(
+        &self,
+        request: tonic::Request<Payload>,
+    ) -> Result<tonic::Response<Payload>, tonic::Status> {
+        self.check()?;
+        let req: ClientRequest =
+            postcard::from_bytes(&request.into_inner().data).map_err(bad_request)?;
+        let resp = match self.inner.upgrade() {
+            Some(inner) => super::RaftStore::handle_forward(inner, req).await,
+            None => Err(WireError::Stopped),
+        };
+        encode(&resp)
+    }
+}

@@ -1,0 +1,324 @@
+//! Behaviour of the durable embedded store: watches under concurrent writes, slow
+//! watchers, leases, limits, corruption detection, backup and restore. Real files in a
+//! temporary directory, real fsyncs.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use lattice_store::*;
+
+async fn open(dir: &std::path::Path) -> EmbeddedStore {
+    EmbeddedStore::open(dir, StoreConfig::default())
+        .await
+        .expect("open store")
+}
+
+async fn next(w: &mut WatchStream) -> WatchBatch {
+    tokio::time::timeout(Duration::from_secs(10), w.next())
+        .await
+        .expect("watch stalled")
+        .expect("watch ended")
+        .expect("watch error")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_sees_every_revision_once_under_concurrent_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    for i in 0..50 {
+        store
+            .put(PutRequest::new(format!("/w/{i}"), "x"))
+            .await
+            .unwrap();
+    }
+    // Start in the past while 8 writers keep going: history then live, no gap.
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let s = store.clone();
+        writers.push(tokio::spawn(async move {
+            for i in 0..100 {
+                s.put(PutRequest::new(format!("/w/{w}-{i}"), "y"))
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    let mut watch = store
+        .watch(WatchRequest {
+            range: KeyRange::prefix("/w/"),
+            start_revision: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let last = store.revision();
+    let mut expect = 10;
+    while expect <= last {
+        for e in next(&mut watch).await.events {
+            assert_eq!(e.kv.mod_revision, expect, "gap or duplicate in watch");
+            expect += 1;
+        }
+    }
+    assert_eq!(expect, 50 + 800 + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_watcher_blocks_nobody_and_catches_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = StoreConfig {
+        watch_buffer: 2,
+        ..Default::default()
+    };
+    let store = EmbeddedStore::open(dir.path(), config).await.unwrap();
+    let mut slow = store
+        .watch(WatchRequest {
+            range: KeyRange::prefix("/s/"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut fast = store
+        .watch(WatchRequest {
+            range: KeyRange::prefix("/s/"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let reader = tokio::spawn(async move {
+        let mut n = 0;
+        while n < 2000 {
+            n += next(&mut fast).await.events.len();
+        }
+        n
+    });
+    let mut batch = Vec::new();
+    for i in 0..2000 {
+        let s = store.clone();
+        batch.push(tokio::spawn(async move {
+            s.put(PutRequest::new(format!("/s/{i}"), "v"))
+                .await
+                .unwrap()
+        }));
+    }
+    for b in batch {
+        b.await.unwrap();
+    }
+    assert_eq!(reader.await.unwrap(), 2000);
+    // The slow one was never read while writes happened; it still gets all 2000, in order.
+    let mut seen = 0;
+    let mut last_rev = 0;
+    while seen < 2000 {
+        for e in next(&mut slow).await.events {
+            assert!(e.kv.mod_revision > last_rev);
+            last_rev = e.kv.mod_revision;
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 2000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_lease_deletes_its_keys_and_notifies_watchers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let lease = store.lease_grant(0, 1).await.unwrap();
+    assert!(lease.id > 0);
+    let mut put = PutRequest::new("/lease/k", "v");
+    put.lease = lease.id;
+    store.put(put).await.unwrap();
+    let ttl = store.lease_time_to_live(lease.id, true).await.unwrap();
+    assert_eq!(ttl.keys, vec![Bytes::from("/lease/k")]);
+    assert_eq!(ttl.granted_ttl, 1);
+    let mut w = store
+        .watch(WatchRequest {
+            range: KeyRange::single("/lease/k"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let batch = next(&mut w).await;
+    assert_eq!(batch.events[0].kind, EventType::Delete);
+    assert!(store.get(Bytes::from("/lease/k")).await.unwrap().is_none());
+    assert_eq!(
+        store.lease_time_to_live(lease.id, false).await.unwrap().ttl,
+        -1
+    );
+    assert_eq!(
+        store.lease_keep_alive(lease.id).await,
+        Err(StoreError::LeaseNotFound)
+    );
+}
+
+#[tokio::test]
+async fn keep_alive_holds_a_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let lease = store.lease_grant(42, 1).await.unwrap();
+    assert_eq!(lease.id, 42);
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(store.lease_keep_alive(42).await.unwrap(), 1);
+    }
+    assert_eq!(store.lease_leases().await.unwrap(), vec![42]);
+    store.lease_revoke(42).await.unwrap();
+    assert!(store.lease_leases().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn limits_give_clear_errors_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let big_key = "k".repeat(5000);
+    let err = store.put(PutRequest::new(big_key, "v")).await.unwrap_err();
+    assert!(err.to_string().contains("--max-key-bytes"), "{err}");
+    let big_value = vec![0u8; 2 * 1024 * 1024];
+    let err = store
+        .put(PutRequest::new("k", big_value))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::ValueTooLarge { .. }));
+    assert_eq!(
+        store.put(PutRequest::new("", "v")).await.unwrap_err(),
+        StoreError::EmptyKey
+    );
+    let mut put = PutRequest::new("k", "v");
+    put.lease = 999;
+    assert_eq!(store.put(put).await.unwrap_err(), StoreError::LeaseNotFound);
+    assert_eq!(store.revision(), 0);
+}
+
+#[tokio::test]
+async fn compaction_answers_compacted_for_reads_and_watches() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    for i in 0..10 {
+        store
+            .put(PutRequest::new("/c/k", format!("{i}")))
+            .await
+            .unwrap();
+    }
+    store.compact(6).await.unwrap();
+    let mut old = RangeRequest::key("/c/k");
+    old.revision = 3;
+    assert_eq!(
+        store.range(old).await.unwrap_err(),
+        StoreError::Compacted {
+            compact_revision: 6
+        }
+    );
+    let err = store
+        .watch(WatchRequest {
+            range: KeyRange::single("/c/k"),
+            start_revision: 2,
+            ..Default::default()
+        })
+        .await
+        .err();
+    assert_eq!(
+        err,
+        Some(StoreError::Compacted {
+            compact_revision: 6
+        })
+    );
+    // Compaction survives a restart, and the latest value is intact.
+    store.close().await;
+    let store = open(dir.path()).await;
+    let mut at6 = RangeRequest::key("/c/k");
+    at6.revision = 6;
+    assert_eq!(
+        store.range(at6).await.unwrap().kvs[0].value,
+        Bytes::from("5")
+    );
+    assert_eq!(
+        store.get(Bytes::from("/c/k")).await.unwrap().unwrap().value,
+        Bytes::from("9")
+    );
+    assert_eq!(store.status().await.unwrap().compact_revision, 6);
+}
+
+#[tokio::test]
+async fn corrupted_record_stops_startup_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    store
+        .put(PutRequest::new("/x", "CORRUPT-ME-0123456789"))
+        .await
+        .unwrap();
+    store.close().await;
+    drop(store);
+    let path = dir.path().join("state.redb");
+    let mut data = std::fs::read(&path).unwrap();
+    let needle = b"CORRUPT-ME-0123456789";
+    let mut hits = 0;
+    let mut i = 0;
+    while i + needle.len() <= data.len() {
+        if &data[i..i + needle.len()] == needle {
+            data[i] ^= 0x20;
+            hits += 1;
+        }
+        i += 1;
+    }
+    assert!(hits > 0, "value not found in the state file");
+    std::fs::write(&path, data).unwrap();
+    let err = EmbeddedStore::open(dir.path(), StoreConfig::default())
+        .await
+        .err()
+        .expect("must refuse to start");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("state.redb"),
+        "message should name the file: {msg}"
+    );
+}
+
+#[tokio::test]
+async fn backup_verify_and_restore_into_a_fresh_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    for i in 0..100 {
+        store
+            .put(PutRequest::new(format!("/b/{i:03}"), format!("v{i}")))
+            .await
+            .unwrap();
+    }
+    store
+        .delete_range(DeleteRangeRequest {
+            range: KeyRange::single("/b/000"),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+    let file = dir.path().join("backup.lbk");
+    let backup = store.backup(&file).await.unwrap();
+    assert_eq!(backup.key_count(), 99);
+    let verified = Backup::read(&file).unwrap();
+    assert_eq!(verified.revision, 101);
+
+    let fresh = tempfile::tempdir().unwrap();
+    verified.restore_into(fresh.path()).unwrap();
+    let restored = open(fresh.path()).await;
+    assert_eq!(restored.revision(), 101);
+    let all = restored.range(RangeRequest::prefix("/b/")).await.unwrap();
+    assert_eq!(all.count, 99);
+    assert_eq!(all.kvs[0].value, Bytes::from("v1"));
+    // Writes continue from the restored revision.
+    assert_eq!(
+        restored
+            .put(PutRequest::new("/b/new", "x"))
+            .await
+            .unwrap()
+            .revision,
+        102
+    );
+
+    // A flipped bit in the backup is caught.
+    let mut data = std::fs::read(&file).unwrap();
+    let n = data.len();
+    data[n - 3] ^= 1;
+    std::fs::write(&file, data).unwrap();
+    assert!(matches!(Backup::read(&file), Err(StoreError::Corrupt(_))));
+}
