@@ -22,7 +22,7 @@ etcd --name bench --data-dir "$work/etcd" --listen-client-urls http://127.0.0.1:
 pids+=($!)
 echo "==> starting lattice-server on 127.0.0.1:23792 (etcd port)"
 target/release/lattice-server --data-dir "$work/lattice" --api-addr 127.0.0.1:28080 \
-  --etcd-addr 127.0.0.1:23792 >"$work/lattice.log" 2>&1 &
+  --tls-addr off --etcd-addr 127.0.0.1:23792 >"$work/lattice.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do
   ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:23791 endpoint health >/dev/null 2>&1 &&
@@ -37,10 +37,48 @@ for target in "etcd 127.0.0.1:23791" "lattice 127.0.0.1:23792"; do
   target/release/lattice-bench --name "$1" --endpoint "$2" ${BENCH_ARGS:-} | tee -a "$out"
 done
 
+if [ "${BENCH_SKIP_3:-}" != 1 ]; then
+  echo "==> 3-member clusters: etcd on 2479[1-3], Lattice (Raft) on 2579[1-3]"
+  cluster="e1=http://127.0.0.1:24801,e2=http://127.0.0.1:24802,e3=http://127.0.0.1:24803"
+  for i in 1 2 3; do
+    etcd --name e$i --data-dir "$work/etcd3-$i" --listen-client-urls http://127.0.0.1:2479$i \
+      --advertise-client-urls http://127.0.0.1:2479$i --listen-peer-urls http://127.0.0.1:2480$i \
+      --initial-advertise-peer-urls http://127.0.0.1:2480$i --initial-cluster "$cluster" \
+      --initial-cluster-state new --log-level error >"$work/etcd3-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in 1 2 3; do
+    flags=(--bootstrap)
+    [ $i -gt 1 ] && flags=(--join 127.0.0.1:27901)
+    target/release/lattice-server --data-dir "$work/lattice3-$i" --api-addr 127.0.0.1:2818$i \
+      --tls-addr off --etcd-addr 127.0.0.1:2579$i --raft-addr 127.0.0.1:2790$i --node-id $i \
+      "${flags[@]}" >"$work/lattice3-$i.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 150); do
+      ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:2579$i endpoint health >/dev/null 2>&1 && break
+      sleep 0.2
+    done
+  done
+  for _ in $(seq 100); do
+    ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:24791 endpoint health >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  for target in "etcd3 127.0.0.1:24791" "lattice3 127.0.0.1:25791"; do
+    set -- $target
+    echo "==> load against $1 (3 members)"
+    target/release/lattice-bench --name "$1" --endpoint "$2" --puts-only ${BENCH_ARGS:-} | tee -a "$out"
+  done
+fi
+
 val() { grep "^RESULT $1=" "$out" | cut -d= -f2; }
 ratio() { awk -v a="$(val "$1")" -v b="$(val "$2")" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }'; }
 echo "RESULT put_ratio_vs_etcd=$(ratio lattice_seq_puts_per_s etcd_seq_puts_per_s)"
 echo "RESULT put8_ratio_vs_etcd=$(ratio lattice_puts_per_s_8_clients etcd_puts_per_s_8_clients)"
 echo "RESULT put64_ratio_vs_etcd=$(ratio lattice_puts_per_s_64_clients etcd_puts_per_s_64_clients)"
+if [ "${BENCH_SKIP_3:-}" != 1 ]; then
+  echo "RESULT put3_ratio_vs_etcd=$(ratio lattice3_seq_puts_per_s etcd3_seq_puts_per_s)"
+  echo "RESULT put3_8_ratio_vs_etcd=$(ratio lattice3_puts_per_s_8_clients etcd3_puts_per_s_8_clients)"
+  echo "RESULT put3_64_ratio_vs_etcd=$(ratio lattice3_puts_per_s_64_clients etcd3_puts_per_s_64_clients)"
+fi
 echo "RESULT watch_p99_ratio_vs_etcd=$(ratio lattice_watch_p99_ms etcd_watch_p99_ms)"
 echo "RESULT get_p99_ratio_vs_etcd=$(ratio lattice_get_p99_ms etcd_get_p99_ms)"

@@ -64,6 +64,22 @@ struct ServeArgs {
     /// Storage backend.
     #[arg(long, value_enum, default_value_t = Backend::Embedded)]
     backend: Backend,
+    /// Replicate the embedded store with Raft: this member's Raft listen address. Without
+    /// it the embedded store is a single durable member.
+    #[arg(long, env = "LATTICE_RAFT_ADDR")]
+    raft_addr: Option<SocketAddr>,
+    /// Address other members use to reach this one (default: the bound --raft-addr).
+    #[arg(long)]
+    raft_advertise_addr: Option<String>,
+    /// This member's ID in the Raft cluster; never reuse a removed member's ID.
+    #[arg(long, default_value_t = 1)]
+    node_id: u64,
+    /// First member only, once: form a new cluster (harmless on restart).
+    #[arg(long, requires = "raft_addr")]
+    bootstrap: bool,
+    /// Join an existing cluster through any member's Raft address.
+    #[arg(long, requires = "raft_addr", conflicts_with = "bootstrap")]
+    join: Option<String>,
     /// Endpoints of the external etcd cluster (with --backend etcd), comma separated.
     #[arg(long, value_delimiter = ',')]
     etcd_endpoints: Vec<String>,
@@ -94,11 +110,27 @@ enum Cmd {
         #[command(subcommand)]
         cmd: BackupCmd,
     },
+    /// Raft membership of a running cluster (members join with `--join`).
+    Membership {
+        #[command(subcommand)]
+        cmd: MembershipCmd,
+    },
     /// Create a fresh data directory from a backup file.
     Restore {
         #[arg(long)]
         data_dir: PathBuf,
         file: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum MembershipCmd {
+    /// Remove member NODE_ID, asking the member at --peer (any member's Raft address).
+    Remove {
+        #[arg(long)]
+        peer: String,
+        #[arg(long)]
+        node_id: u64,
     },
 }
 
@@ -135,6 +167,18 @@ fn main() -> anyhow::Result<()> {
                 cmd: BackupCmd::Verify { file },
             }) => offline::backup_verify(&file),
             Some(Cmd::Restore { data_dir, file }) => offline::restore(&data_dir, &file),
+            Some(Cmd::Membership {
+                cmd: MembershipCmd::Remove { peer, node_id },
+            }) => {
+                lattice_store::raft::RaftStore::remove_member_via(
+                    &peer,
+                    node_id,
+                    Duration::from_secs(30),
+                )
+                .await?;
+                println!("member {node_id} removed");
+                Ok(())
+            }
             None => serve(args.serve).await,
         }
     })
@@ -183,7 +227,21 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_txn_ops: args.max_txn_ops,
     };
     let mut registry = prometheus_client::registry::Registry::default();
+    let mut info = ServerInfo {
+        max_request_bytes: limits.max_value_bytes + limits.max_key_bytes + 64 * 1024,
+        max_txn_ops: limits.max_txn_ops,
+        ..Default::default()
+    };
+    let mut raft_store = None;
     let backend: Arc<dyn KvBackend> = match args.backend {
+        Backend::Embedded if args.raft_addr.is_some() => {
+            let store = start_raft(&args, &data_dir, limits.clone()).await?;
+            store.metrics().register(&mut registry);
+            info.member_id = args.node_id;
+            info.membership = Some(Arc::new(RaftMembership(store.clone())));
+            raft_store = Some(store.clone());
+            Arc::new(store)
+        }
         Backend::Embedded => {
             let store = EmbeddedStore::open(
                 data_dir.join("store"),
@@ -228,11 +286,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 args.etcd_addr
             )
         })?;
-        let info = ServerInfo {
-            max_request_bytes: limits.max_value_bytes + limits.max_key_bytes + 64 * 1024,
-            max_txn_ops: limits.max_txn_ops,
-            ..Default::default()
-        };
         let grpc = EtcdGrpcServer::bind(addr, backend.clone(), info)
             .await
             .with_context(|| format!("binding the etcd port {addr}"))?;
@@ -308,6 +361,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )?;
     }
     if args.dev {
+        if let Some(raft) = &raft_store {
+            raft.wait_for_leader(Duration::from_secs(30)).await?;
+        }
         dev::bootstrap(api_addr, &admin_token).await?;
         eprintln!(
             "\nLattice dev server ready.\n  API:   http://{api_addr}{}\n  etcd:  {}\n  token: {}\n\n  export LATTICE_API_URL=http://{api_addr}\n  export LATTICE_TOKEN=$(cat {})\n  lattice get vclusters\n{}",
@@ -333,7 +389,61 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             _ => {}
         }
     }
+    if let Some(raft) = raft_store {
+        raft.shutdown().await;
+    }
     Ok(())
+}
+
+async fn start_raft(
+    args: &ServeArgs,
+    data_dir: &Path,
+    limits: Limits,
+) -> anyhow::Result<lattice_store::raft::RaftStore> {
+    use lattice_store::raft::{RaftConfig, RaftStore};
+    let addr = args
+        .raft_addr
+        .context("--raft-addr is required for a replicated store")?;
+    let mut config = RaftConfig::new(args.node_id, data_dir.join("store"), addr);
+    config.advertise_addr = args.raft_advertise_addr.clone();
+    config.bootstrap = args.bootstrap;
+    config.limits = limits;
+    let store = RaftStore::start(config)
+        .await
+        .with_context(|| format!("starting Raft member {} on {addr}", args.node_id))?;
+    if let Some(seed) = &args.join {
+        store
+            .join(seed)
+            .await
+            .with_context(|| format!("joining the cluster through {seed}"))?;
+    }
+    tracing::info!(node = args.node_id, raft = %store.local_addr(), "raft member started");
+    Ok(store)
+}
+
+/// The etcd port's MemberList and header term, from the Raft membership.
+struct RaftMembership(lattice_store::raft::RaftStore);
+
+impl lattice_store::grpc::Membership for RaftMembership {
+    fn members(&self) -> Vec<lattice_store::Member> {
+        let metrics = self.0.raft().metrics().borrow().clone();
+        let membership = metrics.membership_config.membership().clone();
+        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+        membership
+            .nodes()
+            .map(|(id, node)| lattice_store::Member {
+                id: *id,
+                name: format!("member-{id}"),
+                peer_urls: vec![format!("http://{}", node.addr)],
+                client_urls: Vec::new(),
+                is_learner: !voters.contains(id),
+            })
+            .collect()
+    }
+
+    fn raft_term(&self) -> Option<u64> {
+        Some(self.0.raft().metrics().borrow().current_term)
+    }
 }
 
 /// A kubeconfig for kubectl (and GitOps tools) against the HTTPS listener.

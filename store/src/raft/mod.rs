@@ -13,11 +13,12 @@
 //! * Writes (`txn` with writes, leases, compaction) are Raft log entries. A member that is
 //!   not the leader forwards them to the leader over gRPC. An `Ok` answer means the entry
 //!   is committed and applied. A request that may or may not have been applied (the leader
-//!   died mid-request, or commit took longer than [`RaftConfig::request_timeout`]) fails with
-//!   `StoreError::Backend("… outcome unknown …")`; the store never retries such a request
-//!   itself, so a write is never applied twice. A request that surely was not applied (no
-//!   leader yet, leader changed before appending) is retried until `request_timeout`, then
-//!   fails with `StoreError::NoLeader`.
+//!   died or stepped down mid-request, or commit took longer than
+//!   [`RaftConfig::request_timeout`]) fails with `StoreError::Backend("… outcome
+//!   unknown …")`; the store never retries such a request itself, so a write is never
+//!   applied twice. A request that surely was not applied (no leader yet, the member asked
+//!   does not lead) is retried until `request_timeout`, then fails with
+//!   `StoreError::NoLeader`.
 //! * Linearizable reads (`serializable == false`) first get a read index from the leader
 //!   (`Raft::ensure_linearizable`), wait until this member has applied it, then read
 //!   locally. Serializable reads and watches are served from the local applied state.
@@ -166,6 +167,18 @@ async fn proposer(
                         vec![Err(e); replies.len()]
                     }
                 },
+                // openraft answers ForwardToLeader both when it refuses a proposal and when
+                // it truncates an appended-but-uncommitted one on stepping down; the latter
+                // may still be committed by a later leader holding a copy, so a write can
+                // never be retried on this answer. (`handle_local` refuses up front, safely,
+                // when this member does not lead.)
+                Ok(Err(ClientWriteError::ForwardToLeader(f))) => vec![
+                    Err(WireError::Backend(format!(
+                        "leadership moved (to {:?}) before the write was confirmed; outcome unknown",
+                        f.leader_id
+                    )));
+                    replies.len()
+                ],
                 Ok(Err(e)) => vec![Err(write_error(RaftError::APIError(e))); replies.len()],
                 // The leader stepped down or stopped before answering: the entry may
                 // still be committed by the next leader.
@@ -313,6 +326,11 @@ pub(crate) enum ClientRequest {
     Join {
         id: u64,
         addr: String,
+    },
+    /// Sent by an operator tool to any member (`lattice-server membership remove`): that
+    /// member removes `id`, forwarding to the leader as needed.
+    RemoveVia {
+        id: u64,
     },
 }
 
@@ -619,6 +637,12 @@ impl RaftStore {
         &self.inner.net
     }
 
+    /// Store metrics of this member (`lattice_store_*`; register with
+    /// [`crate::StoreMetrics::register`]).
+    pub fn metrics(&self) -> &crate::StoreMetrics {
+        &self.inner.sm.metrics
+    }
+
     /// Newest revision applied and durable on this member.
     pub fn revision(&self) -> i64 {
         self.inner.sm.published.load(Ordering::Acquire)
@@ -749,7 +773,34 @@ impl RaftStore {
                     .map(|_| ClientReply::Done)
                     .map_err(WireError::from)
             }
+            ClientRequest::RemoveVia { id } => {
+                let store = RaftStore { inner };
+                store
+                    .remove_member(id)
+                    .await
+                    .map(|_| ClientReply::Done)
+                    .map_err(WireError::from)
+            }
             other => inner.handle_local(other).await,
+        }
+    }
+
+    /// Ask the member at `peer` (any member's Raft address) to remove member `id`, from a
+    /// process that is not a member itself (`lattice-server membership remove`).
+    pub async fn remove_member_via(peer: &str, id: u64, timeout: Duration) -> StoreResult<()> {
+        let net = NetShared::default();
+        let data = postcard::to_allocvec(&ClientRequest::RemoveVia { id })
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        match net.call(peer, Rpc::Forward, data, timeout).await {
+            Ok(bytes) => {
+                let res: ClientResult = postcard::from_bytes(&bytes).map_err(|e| {
+                    StoreError::Backend(format!("undecodable answer from {peer}: {e}"))
+                })?;
+                res.map(|_| ()).map_err(StoreError::from)
+            }
+            Err(CallError::NotSent(e)) | Err(CallError::Unknown(e)) => {
+                Err(StoreError::NoLeader(format!("asking {peer}: {e}")))
+            }
         }
     }
 
@@ -1047,6 +1098,8 @@ impl Inner {
         let timeout = self.config.request_timeout;
         match req {
             ClientRequest::Write(cmd) => {
+                // Not submitted at all unless this member leads: a safe, retryable refusal.
+                self.check_leader()?;
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 self.proposals
                     .send((cmd, tx))
@@ -1140,7 +1193,7 @@ impl Inner {
                     .map_err(write_error)?;
                 Ok(ClientReply::Done)
             }
-            ClientRequest::Join { .. } => {
+            ClientRequest::Join { .. } | ClientRequest::RemoveVia { .. } => {
                 // Handled by `RaftStore::handle_forward`; never sent to the leader as such.
                 Err(WireError::InvalidArgument(
                     "join must be sent to the raft service".into(),

@@ -26,6 +26,7 @@ use tokio::sync::Notify;
 
 use super::{RaftResponse, TypeConfig, WireError};
 use crate::error::{StoreError, StoreResult};
+use crate::metrics::StoreMetrics;
 use crate::mvcc::{Applied, Limits, Mvcc};
 use crate::persist::{Backup, Persist};
 use crate::types::Event;
@@ -74,6 +75,7 @@ pub(crate) struct SmShared {
     current_snapshot: Mutex<Option<StoredSnapshot>>,
     snapshot_seq: AtomicU64,
     pub(crate) db_size: AtomicI64,
+    pub(crate) metrics: StoreMetrics,
 }
 
 fn encode_meta(last_applied: &Option<LogId<u64>>, membership: &Membership) -> StoreResult<Vec<u8>> {
@@ -105,7 +107,11 @@ impl SmShared {
             path = %persist.path().display(),
             "raft state machine opened"
         );
+        let metrics = StoreMetrics::default();
+        metrics.applied_revision.set(mvcc.revision());
+        metrics.db_size_bytes.set(persist.size_bytes());
         Ok(Arc::new(SmShared {
+            metrics,
             published: AtomicI64::new(mvcc.revision()),
             db_size: AtomicI64::new(persist.size_bytes()),
             state: RwLock::new(SmState {
@@ -147,8 +153,14 @@ impl SmShared {
     ) -> StoreResult<()> {
         let guard = lock(&self.persist);
         let persist = guard.as_ref().ok_or(StoreError::Stopped)?;
+        let started = Instant::now();
         persist.commit_with_raft_meta(applied, revision, compact, meta)?;
+        self.metrics
+            .commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics.batch_size.observe(applied.len() as f64);
         self.db_size.store(persist.size_bytes(), Ordering::Relaxed);
+        self.metrics.db_size_bytes.set(persist.size_bytes());
         Ok(())
     }
 
@@ -169,11 +181,14 @@ impl SmShared {
                 }
             }
         }
+        self.metrics.applied_revision.set(revision);
         let revisions: Vec<(i64, Arc<[Event]>)> =
             applied.iter().filter_map(|a| a.revision.clone()).collect();
         let mut hub = lock(&self.hub);
         self.published.store(revision, Ordering::Release);
         hub.publish(&revisions, revision);
+        self.metrics.writes.inc_by(revisions.len() as u64);
+        self.metrics.watchers.set(hub.len() as i64);
         if hub.unsynced() > 0 {
             self.catch_up.notify_one();
         }

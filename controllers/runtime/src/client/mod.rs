@@ -1,0 +1,278 @@
+//! The untyped client: a [`Transport`] trait with two implementations, and the
+//! parameter types shared by every verb.
+//!
+//! * [`HttpTransport`]: any process, Kubernetes paths, bearer token, NDJSON watch.
+//! * [`InProcessTransport`]: built-in controllers inside `lattice-server`; calls
+//!   `lattice_apiserver::resources::Resources` directly (the same admission,
+//!   generation, server-side apply and finalizer code as the HTTP API) and watches
+//!   the store, so there is no HTTP and no serialisation round trip per request.
+//!
+//! Typed access goes through [`Api`](crate::Api), which wraps a [`Client`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use lattice_apis::KindInfo;
+use serde_json::Value;
+
+use crate::error::{ErrorResponse, Result};
+
+mod http;
+mod in_process;
+
+pub use http::HttpTransport;
+pub use in_process::InProcessTransport;
+
+/// Parameters of a list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListParams {
+    /// Label selector, e.g. `app=web,tier!=db`.
+    pub label_selector: Option<String>,
+    /// Field selector, e.g. `metadata.name=x`.
+    pub field_selector: Option<String>,
+    /// Page size (0 or `None`: everything).
+    pub limit: Option<u32>,
+    /// Continue token of the previous page.
+    pub continue_token: Option<String>,
+}
+
+impl ListParams {
+    /// Only objects matching this label selector.
+    pub fn labels(mut self, selector: &str) -> Self {
+        self.label_selector = Some(selector.to_string());
+        self
+    }
+    /// Only objects matching this field selector.
+    pub fn fields(mut self, selector: &str) -> Self {
+        self.field_selector = Some(selector.to_string());
+        self
+    }
+    /// Page size.
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+}
+
+/// Parameters of a watch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchParams {
+    /// Label selector.
+    pub label_selector: Option<String>,
+    /// Field selector.
+    pub field_selector: Option<String>,
+    /// Deliver every change after this resourceVersion. Empty: synthetic ADDED
+    /// events for every current object first, then changes.
+    pub resource_version: String,
+    /// Ask for BOOKMARK events.
+    pub bookmarks: bool,
+    /// Server-side lifetime of the watch (HTTP only).
+    pub timeout: Option<Duration>,
+}
+
+/// How to patch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Patch {
+    /// JSON merge patch (RFC 7386).
+    Merge(Value),
+    /// JSON patch (RFC 6902): an array of operations.
+    Json(Value),
+    /// Server-side apply: the fields this manager wants; needs a field manager.
+    Apply(Value),
+}
+
+impl Patch {
+    pub(crate) fn content_type(&self) -> &'static str {
+        match self {
+            Patch::Merge(_) => "application/merge-patch+json",
+            Patch::Json(_) => "application/json-patch+json",
+            Patch::Apply(_) => "application/apply-patch+yaml",
+        }
+    }
+    pub(crate) fn body(&self) -> &Value {
+        match self {
+            Patch::Merge(v) | Patch::Json(v) | Patch::Apply(v) => v,
+        }
+    }
+}
+
+/// Parameters of create and replace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PostParams {
+    /// Field manager recorded in managedFields.
+    pub field_manager: Option<String>,
+    /// Validate only; write nothing.
+    pub dry_run: bool,
+}
+
+/// Parameters of a patch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PatchParams {
+    /// Field manager (required for [`Patch::Apply`]).
+    pub field_manager: Option<String>,
+    /// Apply only: take over fields owned by other managers.
+    pub force: bool,
+    /// Validate only; write nothing.
+    pub dry_run: bool,
+}
+
+impl PatchParams {
+    /// Server-side apply as `manager`.
+    pub fn apply(manager: &str) -> Self {
+        Self {
+            field_manager: Some(manager.to_string()),
+            ..Self::default()
+        }
+    }
+    /// Take over conflicting fields (apply only).
+    pub fn force(mut self) -> Self {
+        self.force = true;
+        self
+    }
+}
+
+/// DELETE preconditions: the delete fails with 409 unless they hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Preconditions {
+    /// The object's uid must be this (it was not deleted and recreated).
+    pub uid: Option<String>,
+    /// The object's resourceVersion must be this (nobody changed it since).
+    pub resource_version: Option<String>,
+}
+
+/// Parameters of a delete.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeleteParams {
+    /// Preconditions.
+    pub preconditions: Option<Preconditions>,
+    /// Validate only.
+    pub dry_run: bool,
+}
+
+impl DeleteParams {
+    /// Delete only if the object still has this uid.
+    pub fn with_uid(uid: &str) -> Self {
+        Self {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: None,
+            }),
+            dry_run: false,
+        }
+    }
+}
+
+/// A raw watch event, as JSON.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RawWatchEvent {
+    /// Created, or entered the selector.
+    Added(Value),
+    /// Changed.
+    Modified(Value),
+    /// Deleted (last state, with the deletion's resourceVersion), or left the selector.
+    Deleted(Value),
+    /// Every later event has a higher resourceVersion than this one.
+    Bookmark(String),
+    /// An in-stream error (410 when the watch fell behind compaction).
+    Error(ErrorResponse),
+}
+
+/// A raw watch stream.
+pub type RawWatchStream = BoxStream<'static, Result<RawWatchEvent>>;
+
+/// The verbs, over JSON. Implemented by [`HttpTransport`] and [`InProcessTransport`];
+/// tests wrap one to count calls or inject faults.
+#[async_trait]
+pub trait Transport: Send + Sync + 'static {
+    /// GET one object.
+    async fn get(&self, kind: &'static KindInfo, ns: Option<&str>, name: &str) -> Result<Value>;
+    /// LIST (one page): a `<Kind>List` with `metadata.resourceVersion` and `continue`.
+    async fn list(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        params: &ListParams,
+    ) -> Result<Value>;
+    /// WATCH. A compacted resourceVersion fails with a 410 error (before the stream)
+    /// or ends the stream with [`RawWatchEvent::Error`] code 410.
+    async fn watch(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        params: &WatchParams,
+    ) -> Result<RawWatchStream>;
+    /// POST.
+    async fn create(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        obj: Value,
+        params: &PostParams,
+    ) -> Result<Value>;
+    /// PUT (the object must carry the resourceVersion it was read at).
+    async fn replace(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        name: &str,
+        obj: Value,
+        subresource: Option<&str>,
+        params: &PostParams,
+    ) -> Result<Value>;
+    /// PATCH.
+    async fn patch(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Patch,
+        subresource: Option<&str>,
+        params: &PatchParams,
+    ) -> Result<Value>;
+    /// DELETE: the deleted object's last state, or the object now terminating
+    /// (finalizers pending).
+    async fn delete(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        name: &str,
+        params: &DeleteParams,
+    ) -> Result<Value>;
+}
+
+/// A cheaply clonable handle on a [`Transport`].
+#[derive(Clone)]
+pub struct Client {
+    transport: Arc<dyn Transport>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// A client over any transport.
+    pub fn new(transport: Arc<dyn Transport>) -> Self {
+        Self { transport }
+    }
+
+    /// HTTP client for `base_url` (e.g. `http://127.0.0.1:6443`), with an optional
+    /// bearer token.
+    pub fn http(base_url: &str, token: Option<String>) -> Result<Self> {
+        Ok(Self::new(Arc::new(HttpTransport::new(base_url, token)?)))
+    }
+
+    /// In-process client over a store backend.
+    pub fn in_process(backend: Arc<dyn lattice_store::KvBackend>) -> Self {
+        Self::new(Arc::new(InProcessTransport::new(backend)))
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
+    }
+}

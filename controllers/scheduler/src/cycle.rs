@@ -1,0 +1,874 @@
+//! One scheduling cycle: order → filter → place (select) → reserve/backfill → preempt →
+//! explain. Pure: the same catalog, snapshot and config always give the same `Plan`.
+
+use std::collections::HashMap;
+
+use crate::catalog::{FilterOutcome, NodeCatalog};
+use crate::model::{ClusterSnapshot, JobId, NodeId, PendingJob, TenantId, Time};
+use crate::plan::{
+    PendingExplanation, PendingReason, Plan, Proposal, ProposalKind, QuotaKind, Reservation,
+};
+use crate::preempt;
+use crate::profile::{Discipline, QueueOrder, SchedulerConfig, SchedulerKind};
+use crate::score::{self, Components};
+use crate::select::{self, BucketCount};
+
+const NEVER: Time = Time::MAX;
+
+/// A vCluster scheduler instance: configuration plus the pure cycle function.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+}
+
+/// Free nodes of one class in one (group, fingerprint) bucket; popped lowest id first.
+#[derive(Debug)]
+struct Bucket {
+    class: u32,
+    key: (u32, u64),
+    nodes: Vec<u32>,
+}
+
+/// Free nodes held for a reservation: usable only by jobs that end before `start`.
+#[derive(Debug)]
+struct Held {
+    start: Time,
+    nodes: Vec<u32>,
+}
+
+/// Mutable per-cycle view of node availability.
+pub(crate) struct CycleState<'a> {
+    pub(crate) cat: &'a NodeCatalog,
+    pub(crate) now: Time,
+    pub(crate) busy: Vec<bool>,
+    /// When each node is next free (running jobs' expected ends, jobs started this cycle).
+    avail: Vec<Time>,
+    buckets: Vec<Bucket>,
+    class_buckets: Vec<(usize, usize)>,
+    pub(crate) class_free: Vec<u32>,
+    held: Vec<Held>,
+    held_by: Vec<u32>,
+    intervals: HashMap<u32, Vec<(Time, Time)>>,
+}
+
+/// Feasibility of every class for one job.
+pub(crate) struct Feasible {
+    pub(crate) mask: Vec<bool>,
+    pub(crate) borrowed: Vec<bool>,
+    pub(crate) classes: Vec<u32>,
+}
+
+impl<'a> CycleState<'a> {
+    fn new(cat: &'a NodeCatalog, snap: &ClusterSnapshot<'_>) -> Self {
+        let n = cat.len();
+        let now = snap.now;
+        let mut busy = vec![false; n];
+        let mut avail = vec![now; n];
+        for r in snap.running {
+            let end = r.expected_end().max(now);
+            for id in &r.nodes {
+                if let Some(i) = cat.index_of(*id) {
+                    busy[i as usize] = true;
+                    avail[i as usize] = end;
+                }
+            }
+        }
+        let mut buckets: Vec<Bucket> = Vec::new();
+        let mut class_buckets = Vec::with_capacity(cat.classes().len());
+        let mut class_free = vec![0u32; cat.classes().len()];
+        for (c, class) in cat.classes().iter().enumerate() {
+            let first = buckets.len();
+            if !class.key.schedulable {
+                for &i in &class.members {
+                    avail[i as usize] = NEVER;
+                }
+                class_buckets.push((first, first));
+                continue;
+            }
+            for &i in &class.members {
+                if busy[i as usize] {
+                    continue;
+                }
+                let node = cat.node(i);
+                let key = (node.topology_group, node.conformance_fingerprint);
+                match buckets.last_mut() {
+                    Some(b) if b.class == c as u32 && b.key == key => b.nodes.push(i),
+                    _ => buckets.push(Bucket {
+                        class: c as u32,
+                        key,
+                        nodes: vec![i],
+                    }),
+                }
+                class_free[c] += 1;
+            }
+            for b in &mut buckets[first..] {
+                b.nodes.reverse();
+            }
+            class_buckets.push((first, buckets.len()));
+        }
+        CycleState {
+            cat,
+            now,
+            busy,
+            avail,
+            buckets,
+            class_buckets,
+            class_free,
+            held: Vec::new(),
+            held_by: vec![u32::MAX; n],
+            intervals: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn feasible(&self, job: &PendingJob) -> Feasible {
+        let k = self.cat.classes().len();
+        let mut f = Feasible {
+            mask: vec![false; k],
+            borrowed: vec![false; k],
+            classes: Vec::new(),
+        };
+        for c in 0..k as u32 {
+            if let FilterOutcome::Feasible { borrowed } = self.cat.filter(c, job) {
+                f.mask[c as usize] = true;
+                f.borrowed[c as usize] = borrowed;
+                f.classes.push(c);
+            }
+        }
+        f
+    }
+
+    /// Cumulative subsets of the feasible classes by *excess*: how many capabilities a class
+    /// offers that the job did not ask for (GPUs, unified memory, CXL memory, extra
+    /// features) plus one when it is borrowed. The last tier is every feasible class.
+    fn tiers(&self, feas: &Feasible, job: &PendingJob) -> Vec<Feasible> {
+        let c = &job.constraints;
+        let excess = |k: u32| -> usize {
+            let key = &self.cat.classes()[k as usize].key;
+            usize::from(feas.borrowed[k as usize])
+                + usize::from(key.gpus > 0 && c.min_gpus_per_node == 0 && c.gpu_type.is_none())
+                + usize::from(key.unified_memory && !c.require_unified_memory)
+                + usize::from(key.cxl_memory_gb > 0 && !c.allow_cxl_memory)
+                + key.features.len().saturating_sub(c.features.len())
+        };
+        let levels: Vec<usize> = {
+            let mut l: Vec<usize> = feas.classes.iter().map(|&k| excess(k)).collect();
+            l.sort_unstable();
+            l.dedup();
+            l
+        };
+        let mut out = Vec::with_capacity(levels.len().min(3));
+        // At most two narrower tiers before the full set keeps the cost bounded.
+        for &level in levels.iter().take(levels.len().saturating_sub(1)).take(2) {
+            let classes: Vec<u32> = feas
+                .classes
+                .iter()
+                .copied()
+                .filter(|&k| excess(k) <= level)
+                .collect();
+            let mut mask = vec![false; feas.mask.len()];
+            for &k in &classes {
+                mask[k as usize] = true;
+            }
+            out.push(Feasible {
+                mask,
+                borrowed: feas.borrowed.clone(),
+                classes,
+            });
+        }
+        out
+    }
+
+    /// Free feasible nodes per (group, fingerprint): unreserved ones plus those held by
+    /// reservations that start no earlier than `end`.
+    fn counts(&self, feas: &Feasible, end: Option<Time>) -> Vec<BucketCount> {
+        let mut out: Vec<BucketCount> = Vec::new();
+        for &c in &feas.classes {
+            let (a, b) = self.class_buckets[c as usize];
+            for bk in &self.buckets[a..b] {
+                if !bk.nodes.is_empty() {
+                    out.push((bk.key, bk.nodes.len() as u32));
+                }
+            }
+        }
+        if let Some(end) = end {
+            for h in self.held.iter().filter(|h| h.start >= end) {
+                for &i in &h.nodes {
+                    if feas.mask[self.cat.class_of(i) as usize] {
+                        let n = self.cat.node(i);
+                        out.push(((n.topology_group, n.conformance_fingerprint), 1));
+                    }
+                }
+            }
+        }
+        merge_counts(out)
+    }
+
+    /// All schedulable feasible nodes per (group, fingerprint), free or not.
+    fn inventory_counts(&self, feas: &Feasible) -> Vec<BucketCount> {
+        let out: Vec<BucketCount> = feas
+            .classes
+            .iter()
+            .flat_map(|&c| self.cat.classes()[c as usize].inventory.iter().copied())
+            .collect();
+        merge_counts(out)
+    }
+
+    fn free_unreserved(&self, feas: &Feasible) -> u32 {
+        feas.classes
+            .iter()
+            .map(|&c| self.class_free[c as usize])
+            .sum()
+    }
+
+    fn held_feasible(&self, feas: &Feasible, end: Option<Time>) -> u32 {
+        self.held
+            .iter()
+            .filter(|h| end.is_none_or(|e| h.start >= e))
+            .flat_map(|h| h.nodes.iter())
+            .filter(|&&i| feas.mask[self.cat.class_of(i) as usize])
+            .count() as u32
+    }
+
+    /// Remove the selected nodes from the free index (held pools first, so unreserved nodes
+    /// stay available for long backfill candidates) and mark them busy until `end`.
+    fn take(&mut self, feas: &Feasible, sel: &select::Selection, end: Time) -> Vec<u32> {
+        let mut out = Vec::with_capacity(sel.total() as usize);
+        for &(key, mut n) in &sel.take {
+            for h in self.held.iter_mut().filter(|h| h.start >= end) {
+                let mut j = 0;
+                while j < h.nodes.len() && n > 0 {
+                    let i = h.nodes[j];
+                    let node = self.cat.node(i);
+                    if feas.mask[self.cat.class_of(i) as usize]
+                        && (node.topology_group, node.conformance_fingerprint) == key
+                    {
+                        h.nodes.remove(j);
+                        out.push(i);
+                        n -= 1;
+                    } else {
+                        j += 1;
+                    }
+                }
+            }
+            for &c in &feas.classes {
+                if n == 0 {
+                    break;
+                }
+                let (a, b) = self.class_buckets[c as usize];
+                for bk in &mut self.buckets[a..b] {
+                    while bk.key == key && n > 0 {
+                        let Some(i) = bk.nodes.pop() else { break };
+                        self.class_free[c as usize] -= 1;
+                        out.push(i);
+                        n -= 1;
+                    }
+                }
+            }
+        }
+        for &i in &out {
+            self.busy[i as usize] = true;
+            self.avail[i as usize] = end;
+            self.held_by[i as usize] = u32::MAX;
+        }
+        out
+    }
+
+    /// Mark nodes (freed by preemption victims) as committed to a new job.
+    pub(crate) fn commit_busy(&mut self, nodes: &[u32], end: Time) {
+        for &i in nodes {
+            self.avail[i as usize] = end;
+        }
+    }
+
+    /// Earliest start for `need` feasible nodes for `duration`, honouring earlier
+    /// reservations. Chooses the nodes that free up last, so nodes free now stay available
+    /// to backfill (this is what makes depth 1 behave exactly like EASY's "extra" nodes).
+    fn reserve(&mut self, feas: &Feasible, need: u32, duration: i64) -> Option<(Time, Vec<u32>)> {
+        let mut cand: Vec<(Time, bool, u32)> = Vec::new();
+        for &c in &feas.classes {
+            for &i in &self.cat.classes()[c as usize].members {
+                let a = self.avail[i as usize];
+                if a != NEVER {
+                    cand.push((a, self.busy[i as usize], i));
+                }
+            }
+        }
+        let need_us = need as usize;
+        if need == 0 || cand.len() < need_us {
+            return None;
+        }
+        cand.sort_unstable();
+        let first_t = cand[need_us - 1].0;
+        let conflicts = |i: u32, t: Time| {
+            self.intervals.get(&i).is_some_and(|v| {
+                v.iter()
+                    .any(|&(s, e)| s < t.saturating_add(duration) && t < e)
+            })
+        };
+        let chosen: Option<(Time, Vec<u32>)> = if self.intervals.is_empty() {
+            let k = cand.partition_point(|c| c.0 <= first_t);
+            Some((first_t, cand[k - need_us..k].iter().map(|c| c.2).collect()))
+        } else {
+            let mut times: Vec<Time> = cand.iter().map(|c| c.0).filter(|&t| t >= first_t).collect();
+            for &c in &feas.classes {
+                for &i in &self.cat.classes()[c as usize].members {
+                    if let Some(v) = self.intervals.get(&i) {
+                        times.extend(v.iter().map(|&(_, e)| e).filter(|&e| e >= first_t));
+                    }
+                }
+            }
+            times.sort_unstable();
+            times.dedup();
+            let mut found = None;
+            for t in times {
+                let k = cand.partition_point(|c| c.0 <= t);
+                let ok: Vec<u32> = cand[..k]
+                    .iter()
+                    .rev()
+                    .filter(|c| !conflicts(c.2, t))
+                    .take(need_us)
+                    .map(|c| c.2)
+                    .collect();
+                if ok.len() == need_us {
+                    found = Some((t, ok));
+                    break;
+                }
+            }
+            found
+        };
+        let (start, mut nodes) = chosen?;
+        nodes.sort_unstable();
+        let slot = self.held.len() as u32;
+        self.held.push(Held {
+            start,
+            nodes: Vec::new(),
+        });
+        for &i in &nodes {
+            self.intervals
+                .entry(i)
+                .or_default()
+                .push((start, start.saturating_add(duration)));
+            if self.busy[i as usize] {
+                continue;
+            }
+            let prev = self.held_by[i as usize];
+            if prev == u32::MAX {
+                self.unindex_free(i);
+            } else if self.held[prev as usize].start > start {
+                self.held[prev as usize].nodes.retain(|&x| x != i);
+            } else {
+                continue;
+            }
+            self.held_by[i as usize] = slot;
+            self.held[slot as usize].nodes.push(i);
+        }
+        Some((start, nodes))
+    }
+
+    fn unindex_free(&mut self, i: u32) {
+        let c = self.cat.class_of(i);
+        let node = self.cat.node(i);
+        let key = (node.topology_group, node.conformance_fingerprint);
+        let (a, b) = self.class_buckets[c as usize];
+        for bk in &mut self.buckets[a..b] {
+            if bk.key == key {
+                if let Some(p) = bk.nodes.iter().position(|&x| x == i) {
+                    bk.nodes.remove(p);
+                    self.class_free[c as usize] -= 1;
+                }
+                return;
+            }
+        }
+    }
+
+    /// Unreserved free nodes of feasible classes, as node indices (preemption needs them).
+    pub(crate) fn free_counts(&self, feas: &Feasible) -> Vec<BucketCount> {
+        self.counts(feas, None)
+    }
+
+    pub(crate) fn take_free(
+        &mut self,
+        feas: &Feasible,
+        key: (u32, u64),
+        n: u32,
+        end: Time,
+    ) -> Vec<u32> {
+        let sel = select::Selection {
+            take: vec![(key, n)],
+            groups: 1,
+            largest_conformance: n,
+        };
+        // `None` end: held pools are never raided for preemption placements.
+        let held = std::mem::take(&mut self.held);
+        let out = self.take(feas, &sel, end);
+        self.held = held;
+        out
+    }
+}
+
+pub(crate) fn merge_counts(mut v: Vec<BucketCount>) -> Vec<BucketCount> {
+    v.sort_unstable_by_key(|e| e.0);
+    let mut out: Vec<BucketCount> = Vec::with_capacity(v.len());
+    for (k, c) in v {
+        match out.last_mut() {
+            Some((lk, lc)) if *lk == k => *lc += c,
+            _ => out.push((k, c)),
+        }
+    }
+    out
+}
+
+/// Inventory-derived scoring inputs shared by jobs with the same feasible classes.
+pub(crate) struct Inventory {
+    /// Schedulable node count per dragonfly group, largest first.
+    group_sizes: Vec<u32>,
+    largest_fp: u32,
+}
+
+/// Per-tenant counters for hard quotas, updated as the cycle places jobs.
+struct QuotaLedger {
+    nodes: HashMap<TenantId, u32>,
+    allocations: HashMap<TenantId, u32>,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig) -> Self {
+        Scheduler { config }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// f₁..f₉ of every job in `snap.pending` against the current free index (no placement).
+    pub fn components(&self, catalog: &NodeCatalog, snap: &ClusterSnapshot<'_>) -> Vec<Components> {
+        let state = CycleState::new(catalog, snap);
+        let f6 = backlog(snap);
+        let mut cache = HashMap::new();
+        snap.pending
+            .iter()
+            .map(|j| self.job_components(&state, snap, j, f6, &mut cache))
+            .collect()
+    }
+
+    fn job_components(
+        &self,
+        state: &CycleState<'_>,
+        snap: &ClusterSnapshot<'_>,
+        job: &PendingJob,
+        f6: f64,
+        cache: &mut HashMap<Vec<u32>, Inventory>,
+    ) -> Components {
+        let feas = state.feasible(job);
+        // Topology and conformance fitness are scored against the schedulable inventory the
+        // job could use, not against the nodes free this instant: otherwise a blocked large
+        // job would sink in the queue exactly when it most needs its reservation. Jobs with
+        // the same feasible classes share that inventory, so it is computed once per set.
+        let inv = cache.entry(feas.classes.clone()).or_insert_with(|| {
+            let counts = state.inventory_counts(&feas);
+            let mut groups: Vec<(u32, u32)> = Vec::new();
+            for &((g, _), c) in &counts {
+                match groups.last_mut() {
+                    Some((lg, lc)) if *lg == g => *lc += c,
+                    _ => groups.push((g, c)),
+                }
+            }
+            let mut group_sizes: Vec<u32> = groups.iter().map(|g| g.1).collect();
+            group_sizes.sort_unstable_by(|a, b| b.cmp(a));
+            Inventory {
+                group_sizes,
+                largest_fp: largest_fingerprint_group(&counts),
+            }
+        });
+        let need = job.nodes.min;
+        let groups_needed = {
+            let mut acc = 0u32;
+            inv.group_sizes
+                .iter()
+                .position(|&c| {
+                    acc += c;
+                    acc >= need
+                })
+                .map(|p| p as u32 + 1)
+        };
+        let inter = score::f4_inter_node(groups_needed, inv.group_sizes.len() as u32);
+        let intra = feas
+            .classes
+            .iter()
+            .map(|&c| {
+                let cl = &state.cat.classes()[c as usize];
+                score::f4_intra_node(
+                    cl.gpu_link_fitness,
+                    cl.memory_locality,
+                    job.constraints.gpu_heavy,
+                )
+            })
+            .fold(0.0, f64::max);
+        let largest = inv.largest_fp;
+        let tenant = snap.tenant(job.tenant);
+        let (target, actual) =
+            tenant.map_or((0.0, 0.0), |t| (t.quota.target_share, t.usage.actual_share));
+        Components([
+            score::f1_priority(job.preemption_class, job.sensitive),
+            score::f2_wait_time(
+                (snap.now - job.submit_time) as f64,
+                self.config.reference_wait_s,
+            ),
+            score::f3_fair_share(target, actual),
+            score::f4_topology(need, inter, intra),
+            score::f5_data_readiness(job.data_readiness),
+            f6,
+            score::f7_energy(snap.energy_price),
+            score::f8_checkpoint(&job.checkpoint),
+            score::f9_conformance(largest, need),
+        ])
+    }
+
+    /// Run one cycle. `catalog` must describe the nodes the snapshot's jobs refer to.
+    pub fn cycle(&self, catalog: &NodeCatalog, snap: &ClusterSnapshot<'_>) -> Plan {
+        let cfg = &self.config;
+        let now = snap.now;
+        let mut state = CycleState::new(catalog, snap);
+        let mut plan = Plan {
+            now,
+            ..Plan::default()
+        };
+
+        // Queue order.
+        let mut order: Vec<(f64, usize)> = snap
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, j)| cfg.vcluster.is_none_or(|v| v == j.vcluster))
+            .map(|(i, _)| (0.0, i))
+            .collect();
+        if cfg.order == QueueOrder::Score {
+            let f6 = backlog(snap);
+            let mut cache = HashMap::new();
+            for o in &mut order {
+                let j = &snap.pending[o.1];
+                let c = self.job_components(&state, snap, j, f6, &mut cache);
+                let budget = snap.tenant(j.tenant).and_then(|t| t.usage.budget_used);
+                o.0 = c.score(&cfg.weights) * score::budget_factor(budget);
+            }
+            order.sort_by(|a, b| {
+                let (ja, jb) = (&snap.pending[a.1], &snap.pending[b.1]);
+                b.0.total_cmp(&a.0)
+                    .then(ja.submit_time.cmp(&jb.submit_time))
+                    .then(ja.id.cmp(&jb.id))
+            });
+        } else {
+            order.sort_by_key(|&(_, i)| (snap.pending[i].submit_time, snap.pending[i].id));
+        }
+
+        let mut ledger = QuotaLedger {
+            nodes: HashMap::new(),
+            allocations: HashMap::new(),
+        };
+        for r in snap.running {
+            *ledger.nodes.entry(r.tenant).or_default() += r.nodes.len() as u32;
+            *ledger.allocations.entry(r.tenant).or_default() += 1;
+        }
+
+        let depth = match cfg.discipline {
+            Discipline::Backfill { depth } => depth,
+            _ => 0,
+        };
+        let mut blocked: Option<JobId> = None;
+        let mut reservations = 0usize;
+        let mut preempt_attempts = 0usize;
+        let mut victims_taken: Vec<JobId> = Vec::new();
+        let binpack = cfg.kind == SchedulerKind::ServiceBinpack;
+
+        for &(score_value, idx) in &order {
+            let job = &snap.pending[idx];
+            let explain = |plan: &mut Plan, reason: PendingReason| {
+                if cfg.explain {
+                    plan.pending.push(PendingExplanation {
+                        job: job.id,
+                        reason,
+                    });
+                }
+            };
+            if let Some(b) = blocked {
+                explain(&mut plan, PendingReason::WaitingBehind { job: b });
+                continue;
+            }
+            let max_take = match quota_check(snap, &ledger, job) {
+                Ok(m) => m,
+                Err(reason) => {
+                    explain(&mut plan, reason);
+                    continue;
+                }
+            };
+            let need = job.nodes.min;
+            let want = job.nodes.max.max(need).min(max_take);
+            let duration = job.walltime_s.max(1);
+            let end = now.saturating_add(duration);
+            let same_fp = job.constraints.require_conformance
+                || job.sensitive
+                || cfg.kind == SchedulerKind::SensitiveReservation;
+            let feas = state.feasible(job);
+
+            // Try the nodes with the least the job did not ask for first (no special memory,
+            // no extra features, not borrowed), so special hardware and other vClusters' nodes
+            // stay available for the jobs that need them; fall back to every feasible node.
+            let narrower = state.tiers(&feas, job);
+            // A narrower tier is taken only if it spans no more dragonfly groups than the
+            // full feasible set would need: topology beats keeping special nodes free.
+            let full_groups = if narrower.is_empty() {
+                None
+            } else {
+                select::min_groups_needed(&state.counts(&feas, Some(end)), need)
+            };
+            let mut selection = None;
+            for tier in narrower.iter().chain(std::iter::once(&feas)) {
+                let fast_total = state.free_unreserved(tier) + state.held_feasible(tier, Some(end));
+                if fast_total >= need {
+                    let counts = state.counts(tier, Some(end));
+                    if let Some(sel) = select::select(&counts, need, want, same_fp, binpack) {
+                        let is_full = std::ptr::eq(tier, &feas);
+                        if is_full || full_groups.is_none_or(|g| sel.groups <= g) {
+                            selection = Some((sel, tier));
+                            break;
+                        }
+                    }
+                }
+            }
+            if let Some((sel, tier)) = selection {
+                let unreserved_before = state.free_unreserved(&feas);
+                let taken = state.take(tier, &sel, end);
+                let borrowed = taken
+                    .iter()
+                    .filter(|&&i| feas.borrowed[catalog.class_of(i) as usize])
+                    .count() as u32;
+                let used_reserved_gap =
+                    unreserved_before - state.free_unreserved(&feas) < taken.len() as u32;
+                let kind = if cfg.kind == SchedulerKind::SensitiveReservation {
+                    ProposalKind::Claim
+                } else if reservations > 0 || used_reserved_gap {
+                    ProposalKind::Backfill
+                } else {
+                    ProposalKind::Start
+                };
+                *ledger.nodes.entry(job.tenant).or_default() += taken.len() as u32;
+                *ledger.allocations.entry(job.tenant).or_default() += 1;
+                plan.proposals.push(proposal(
+                    catalog,
+                    job.id,
+                    &taken,
+                    kind,
+                    score_value,
+                    borrowed,
+                    sel.groups,
+                ));
+                continue;
+            }
+
+            // Preemption: only downward, bounded attempts per cycle.
+            if cfg.preemption.enabled
+                && preempt_attempts < cfg.preemption.max_attempts_per_cycle
+                && job.preemption_class > 0
+            {
+                preempt_attempts += 1;
+                if let Some(p) = preempt::try_preempt(
+                    &cfg.preemption,
+                    &mut state,
+                    snap,
+                    job,
+                    &feas,
+                    &victims_taken,
+                    same_fp,
+                ) {
+                    victims_taken.extend(p.victims.iter().copied());
+                    state.commit_busy(&p.nodes, end);
+                    *ledger.nodes.entry(job.tenant).or_default() += p.nodes.len() as u32;
+                    *ledger.allocations.entry(job.tenant).or_default() += 1;
+                    plan.proposals.push(proposal(
+                        catalog,
+                        job.id,
+                        &p.nodes,
+                        ProposalKind::Preempt { victims: p.victims },
+                        score_value,
+                        0,
+                        p.groups,
+                    ));
+                    continue;
+                }
+            }
+
+            let reason = diagnose(&state, &feas, job, end, same_fp);
+            let occupancy = matches!(
+                reason,
+                PendingReason::NodesOccupied { .. } | PendingReason::BlockedByReservation { .. }
+            );
+            match cfg.discipline {
+                Discipline::Strict => {
+                    blocked = Some(job.id);
+                    explain(&mut plan, reason);
+                }
+                Discipline::Greedy => explain(&mut plan, reason),
+                Discipline::Backfill { .. } => {
+                    if occupancy && reservations < depth {
+                        if let Some((start, nodes)) = state.reserve(&feas, need, duration) {
+                            reservations += 1;
+                            plan.reservations.push(Reservation {
+                                job: job.id,
+                                start,
+                                nodes: nodes.iter().map(|&i| catalog.node(i).id).collect(),
+                            });
+                            explain(&mut plan, PendingReason::Reserved { start });
+                            continue;
+                        }
+                    }
+                    explain(&mut plan, reason);
+                }
+            }
+        }
+        plan
+    }
+}
+
+fn proposal(
+    cat: &NodeCatalog,
+    job: JobId,
+    nodes: &[u32],
+    kind: ProposalKind,
+    score: f64,
+    borrowed_nodes: u32,
+    groups: u32,
+) -> Proposal {
+    let mut ids: Vec<NodeId> = nodes.iter().map(|&i| cat.node(i).id).collect();
+    ids.sort_unstable();
+    Proposal {
+        job,
+        nodes: ids,
+        kind,
+        score,
+        borrowed_nodes,
+        groups,
+    }
+}
+
+/// f₆ inputs: node(GPU)-hours queued vs running.
+fn backlog(snap: &ClusterSnapshot<'_>) -> f64 {
+    // Integer GPU-seconds: the sum must not depend on the order jobs arrive in.
+    let queued: u128 = snap
+        .pending
+        .iter()
+        .map(|j| {
+            u128::from(j.nodes.min) * u128::from(j.gpus_per_node()) * j.walltime_s.max(0) as u128
+        })
+        .sum();
+    let running: u128 = snap
+        .running
+        .iter()
+        .map(|r| {
+            r.nodes.len() as u128 * u128::from(r.gpus_per_node.max(1)) * r.walltime_s.max(0) as u128
+        })
+        .sum();
+    score::f6_backlog(queued as f64 / 3600.0, running as f64 / 3600.0)
+}
+
+/// Hard quotas as filters: returns how many nodes the job may take at most.
+fn quota_check(
+    snap: &ClusterSnapshot<'_>,
+    ledger: &QuotaLedger,
+    job: &PendingJob,
+) -> Result<u32, PendingReason> {
+    let Some(t) = snap.tenant(job.tenant) else {
+        return Ok(u32::MAX);
+    };
+    let mut max_take = u32::MAX;
+    if let Some(limit) = t.quota.max_concurrent_allocations {
+        let current = ledger.allocations.get(&job.tenant).copied().unwrap_or(0);
+        if current + 1 > limit {
+            return Err(PendingReason::QuotaHeadroom {
+                quota: QuotaKind::MaxConcurrentAllocations,
+                current,
+                requested: 1,
+                limit,
+            });
+        }
+    }
+    if let Some(limit) = t.quota.max_nodes {
+        let current = ledger.nodes.get(&job.tenant).copied().unwrap_or(0);
+        if current.saturating_add(job.nodes.min) > limit {
+            return Err(PendingReason::QuotaHeadroom {
+                quota: QuotaKind::MaxNodes,
+                current,
+                requested: job.nodes.min,
+                limit,
+            });
+        }
+        max_take = limit - current;
+    }
+    Ok(max_take)
+}
+
+fn diagnose(
+    state: &CycleState<'_>,
+    feas: &Feasible,
+    job: &PendingJob,
+    end: Time,
+    same_fp: bool,
+) -> PendingReason {
+    let cat = state.cat;
+    let need = job.nodes.min;
+    let matching: u32 = feas
+        .classes
+        .iter()
+        .map(|&c| cat.classes()[c as usize].members.len() as u32)
+        .sum();
+    if matching < need {
+        return PendingReason::NoMatchingNodes {
+            requested: need,
+            matching,
+            total: cat.len() as u32,
+        };
+    }
+    if same_fp {
+        let largest = largest_fingerprint_group(&state.inventory_counts(feas));
+        if largest < need {
+            return PendingReason::InsufficientConformanceGroup {
+                requested: need,
+                largest,
+            };
+        }
+    }
+    let unreserved = state.free_unreserved(feas);
+    let usable = unreserved + state.held_feasible(feas, Some(end));
+    let all_free = unreserved + state.held_feasible(feas, None);
+    if usable < need && all_free >= need {
+        return PendingReason::BlockedByReservation { free: all_free };
+    }
+    if usable >= need && same_fp {
+        let largest = largest_fingerprint_group(&state.counts(feas, Some(end)));
+        return PendingReason::InsufficientConformanceGroup {
+            requested: need,
+            largest,
+        };
+    }
+    PendingReason::NodesOccupied {
+        requested: need,
+        free: usable,
+    }
+}
+
+/// Size of the largest set of nodes sharing one conformance fingerprint.
+pub(crate) fn largest_fingerprint_group(counts: &[BucketCount]) -> u32 {
+    let mut per_fp: Vec<(u64, u32)> = counts.iter().map(|((_, f), c)| (*f, *c)).collect();
+    per_fp.sort_unstable();
+    let mut largest = 0;
+    let mut i = 0;
+    while i < per_fp.len() {
+        let f = per_fp[i].0;
+        let mut t = 0;
+        while i < per_fp.len() && per_fp[i].0 == f {
+            t += per_fp[i].1;
+            i += 1;
+        }
+        largest = largest.max(t);
+    }
+    largest
+}

@@ -1,0 +1,266 @@
+//! The scheduler's own view of the cluster. A later adapter maps `lattice-apis` objects onto
+//! these types; the core never sees the API types, a clock or any I/O.
+
+use serde::{Deserialize, Serialize};
+
+/// Dense node identifier (the adapter interns node names).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+pub struct NodeId(pub u32);
+
+/// Allocation (job) identifier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct JobId(pub u64);
+
+/// Tenant identifier (interned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TenantId(pub u32);
+
+/// vCluster identifier (interned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct VClusterId(pub u32);
+
+/// Simulated or wall time in seconds; always an input, never read from a clock.
+pub type Time = i64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    #[default]
+    Ready,
+    Draining,
+    Drained,
+    Down,
+}
+
+/// Node ownership at the two levels the quorum tracks (home and current vCluster).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub struct NodeOwner {
+    /// Permanent assignment; `None` = shared pool usable by every vCluster.
+    pub home: Option<VClusterId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    #[serde(default)]
+    pub id: NodeId,
+    #[serde(default)]
+    pub state: NodeState,
+    #[serde(default)]
+    pub gpus: u32,
+    #[serde(default)]
+    pub gpu_type: Option<String>,
+    /// Sorted, de-duplicated feature labels.
+    #[serde(default)]
+    pub features: Vec<String>,
+    /// Local DRAM capacity.
+    #[serde(default)]
+    pub memory_gb: u32,
+    /// CXL-attached capacity, usable only by allocations that opt in.
+    #[serde(default)]
+    pub cxl_memory_gb: u32,
+    #[serde(default)]
+    pub unified_memory: bool,
+    /// Dragonfly group.
+    #[serde(default)]
+    pub topology_group: u32,
+    #[serde(default)]
+    pub conformance_fingerprint: u64,
+    #[serde(default)]
+    pub owner: NodeOwner,
+    /// Node belongs to the sensitive pool (only sensitive claims land here).
+    #[serde(default)]
+    pub sensitive_pool: bool,
+    /// min link bandwidth / max link bandwidth of the node's GPU set (intra-node f4 term).
+    #[serde(default = "one")]
+    pub gpu_link_fitness: f64,
+    /// Fraction of CPUs/GPUs sharing a memory domain (memory-locality f4 term).
+    #[serde(default = "one")]
+    pub memory_locality: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl NodeView {
+    /// A plain CPU node in group 0 — the full-node "processor slot" of the SWF experiments.
+    pub fn slot(id: u32) -> Self {
+        NodeView {
+            id: NodeId(id),
+            state: NodeState::Ready,
+            gpus: 0,
+            gpu_type: None,
+            features: Vec::new(),
+            memory_gb: 0,
+            cxl_memory_gb: 0,
+            unified_memory: false,
+            topology_group: 0,
+            conformance_fingerprint: 0,
+            owner: NodeOwner::default(),
+            sensitive_pool: false,
+            gpu_link_fitness: 1.0,
+            memory_locality: 1.0,
+        }
+    }
+}
+
+/// Hard placement constraints of an allocation (all per node).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Constraints {
+    pub gpu_type: Option<String>,
+    pub min_gpus_per_node: u32,
+    pub features: Vec<String>,
+    pub memory_gb_per_node: u32,
+    pub require_unified_memory: bool,
+    pub allow_cxl_memory: bool,
+    /// All nodes must share one conformance fingerprint (always true for sensitive claims).
+    pub require_conformance: bool,
+    /// May run on idle nodes whose home is another vCluster.
+    pub allow_borrowed: bool,
+    /// GPU-heavy workload (β = 0.7 in the memory-topology f4 term) / CPU-heavy (β = 0.3).
+    pub gpu_heavy: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointMode {
+    Auto,
+    Manual,
+    #[default]
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct CheckpointInfo {
+    pub mode: CheckpointMode,
+    pub estimated_minutes: f64,
+}
+
+/// Requested node count: exact (`min == max`) or elastic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRequest {
+    pub min: u32,
+    pub max: u32,
+}
+
+impl NodeRequest {
+    pub fn exact(n: u32) -> Self {
+        NodeRequest { min: n, max: n }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingJob {
+    pub id: JobId,
+    pub tenant: TenantId,
+    pub vcluster: VClusterId,
+    pub nodes: NodeRequest,
+    #[serde(default)]
+    pub constraints: Constraints,
+    /// 0..=10; validated at admission, clamped here.
+    pub preemption_class: u8,
+    #[serde(default)]
+    pub sensitive: bool,
+    pub submit_time: Time,
+    /// Walltime estimate in seconds (user request or prediction).
+    pub walltime_s: i64,
+    #[serde(default)]
+    pub checkpoint: CheckpointInfo,
+    /// Fraction of input data on the hot tier, if known.
+    #[serde(default)]
+    pub data_readiness: Option<f64>,
+}
+
+impl PendingJob {
+    /// Non-preemptible allocations are kept off borrowed nodes.
+    pub fn non_preemptible(&self) -> bool {
+        self.sensitive
+            || (self.checkpoint.mode == CheckpointMode::None && self.preemption_class >= 7)
+    }
+    pub fn gpus_per_node(&self) -> u32 {
+        self.constraints.min_gpus_per_node.max(1)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunningJob {
+    pub id: JobId,
+    pub tenant: TenantId,
+    pub vcluster: VClusterId,
+    pub nodes: Vec<NodeId>,
+    pub preemption_class: u8,
+    #[serde(default)]
+    pub sensitive: bool,
+    pub start_time: Time,
+    pub walltime_s: i64,
+    #[serde(default)]
+    pub checkpoint: CheckpointInfo,
+    #[serde(default)]
+    pub last_checkpoint: Option<Time>,
+    #[serde(default)]
+    pub gpus_per_node: u32,
+    /// Already being preempted.
+    #[serde(default)]
+    pub checkpointing: bool,
+}
+
+impl RunningJob {
+    pub fn expected_end(&self) -> Time {
+        self.start_time + self.walltime_s.max(0)
+    }
+}
+
+/// Hard quotas (filters) and soft targets of one tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct TenantQuota {
+    pub max_nodes: Option<u32>,
+    pub max_concurrent_allocations: Option<u32>,
+    /// Contracted share of system capacity (0..1]; 0 = no fair-share target.
+    pub target_share: f64,
+}
+
+/// Eventually consistent usage figures fed to scoring.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct TenantUsage {
+    /// Actual share of capacity used (same units as `target_share`).
+    pub actual_share: f64,
+    /// Fraction of the GPU/node-hours budget used, if a budget is set.
+    pub budget_used: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Tenant {
+    pub id: TenantId,
+    #[serde(default)]
+    pub quota: TenantQuota,
+    #[serde(default)]
+    pub usage: TenantUsage,
+}
+
+/// Everything one scheduling cycle looks at. Borrowed, so a simulator or controller can keep
+/// its state in place between cycles.
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterSnapshot<'a> {
+    pub now: Time,
+    pub running: &'a [RunningJob],
+    pub pending: &'a [PendingJob],
+    /// Sorted by id; tenants missing here have no quota and no fair-share target.
+    pub tenants: &'a [Tenant],
+    /// Normalised electricity price at `now`, 0 (cheap) ..= 1 (expensive).
+    pub energy_price: f64,
+}
+
+impl<'a> ClusterSnapshot<'a> {
+    pub fn tenant(&self, id: TenantId) -> Option<&'a Tenant> {
+        self.tenants
+            .binary_search_by_key(&id, |t| t.id)
+            .ok()
+            .map(|i| &self.tenants[i])
+    }
+}

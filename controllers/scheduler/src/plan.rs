@@ -1,0 +1,143 @@
+//! The output of one cycle: proposals (each becomes one store transaction in the live
+//! controller), reservations and a reason for every job left pending.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::model::{JobId, NodeId, Time};
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum ProposalKind {
+    /// Start in queue order on free nodes.
+    Start,
+    /// Started ahead of a blocked job without delaying any reservation.
+    Backfill,
+    /// Sensitive node claim (sensitive-reservation scheduler).
+    Claim,
+    /// Start after the victims have checkpointed and released their nodes.
+    Preempt { victims: Vec<JobId> },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Proposal {
+    pub job: JobId,
+    /// Sorted node ids.
+    pub nodes: Vec<NodeId>,
+    pub kind: ProposalKind,
+    pub score: f64,
+    /// Nodes borrowed from another vCluster's idle pool.
+    pub borrowed_nodes: u32,
+    pub groups: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Reservation {
+    pub job: JobId,
+    pub start: Time,
+    pub nodes: Vec<NodeId>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuotaKind {
+    MaxNodes,
+    MaxConcurrentAllocations,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "reason")]
+pub enum PendingReason {
+    NoMatchingNodes {
+        requested: u32,
+        matching: u32,
+        total: u32,
+    },
+    InsufficientConformanceGroup {
+        requested: u32,
+        largest: u32,
+    },
+    NodesOccupied {
+        requested: u32,
+        free: u32,
+    },
+    QuotaHeadroom {
+        quota: QuotaKind,
+        current: u32,
+        requested: u32,
+        limit: u32,
+    },
+    /// Blocked behind an earlier job in a strict-FIFO queue.
+    WaitingBehind {
+        job: JobId,
+    },
+    /// Could start now, but only by delaying a reservation.
+    BlockedByReservation {
+        free: u32,
+    },
+    Reserved {
+        start: Time,
+    },
+}
+
+impl fmt::Display for PendingReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PendingReason::NoMatchingNodes {
+                requested,
+                matching,
+                total,
+            } => write!(
+                f,
+                "no nodes matching constraints (requested {requested}, {matching} of {total} nodes match)"
+            ),
+            PendingReason::InsufficientConformanceGroup { requested, largest } => write!(
+                f,
+                "insufficient conformance group (requested {requested}, largest group {largest})"
+            ),
+            PendingReason::NodesOccupied { requested, free } => write!(
+                f,
+                "all suitable nodes occupied (requested {requested}, {free} free)"
+            ),
+            PendingReason::QuotaHeadroom {
+                quota,
+                current,
+                requested,
+                limit,
+            } => {
+                let q = match quota {
+                    QuotaKind::MaxNodes => "max_nodes",
+                    QuotaKind::MaxConcurrentAllocations => "max_concurrent_allocations",
+                };
+                write!(
+                    f,
+                    "waiting for quota headroom ({q}: current {current}, requested {requested}, limit {limit})"
+                )
+            }
+            PendingReason::WaitingBehind { job } => {
+                write!(f, "waiting behind job {} (strict FIFO)", job.0)
+            }
+            PendingReason::BlockedByReservation { free } => write!(
+                f,
+                "free nodes ({free}) are reserved for higher-priority jobs"
+            ),
+            PendingReason::Reserved { start } => write!(f, "reserved to start at t={start}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingExplanation {
+    pub job: JobId,
+    pub reason: PendingReason,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct Plan {
+    pub now: Time,
+    pub proposals: Vec<Proposal>,
+    pub reservations: Vec<Reservation>,
+    /// Only filled when `SchedulerConfig::explain` is set.
+    pub pending: Vec<PendingExplanation>,
+}

@@ -1,0 +1,245 @@
+//! Weight profiles and scheduler configuration are data, not code (ADR-002): a vCluster picks
+//! a profile and a scheduler type; `rm-replay` loads the same structures from YAML.
+
+use serde::{Deserialize, Serialize};
+
+/// w₁..w₉ of `Score(j) = Σ wᵢ·fᵢ(j)`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CostWeights {
+    pub priority: f64,
+    pub wait_time: f64,
+    pub fair_share: f64,
+    pub topology: f64,
+    pub data_readiness: f64,
+    pub backlog: f64,
+    pub energy: f64,
+    pub checkpoint: f64,
+    pub conformance: f64,
+}
+
+impl Default for CostWeights {
+    /// The seed's "balanced HPC" baseline (not identical to any named profile).
+    fn default() -> Self {
+        CostWeights::new([0.20, 0.20, 0.20, 0.15, 0.10, 0.05, 0.00, 0.00, 0.10])
+    }
+}
+
+impl CostWeights {
+    pub const fn new(w: [f64; 9]) -> Self {
+        CostWeights {
+            priority: w[0],
+            wait_time: w[1],
+            fair_share: w[2],
+            topology: w[3],
+            data_readiness: w[4],
+            backlog: w[5],
+            energy: w[6],
+            checkpoint: w[7],
+            conformance: w[8],
+        }
+    }
+    pub fn as_array(&self) -> [f64; 9] {
+        [
+            self.priority,
+            self.wait_time,
+            self.fair_share,
+            self.topology,
+            self.data_readiness,
+            self.backlog,
+            self.energy,
+            self.checkpoint,
+            self.conformance,
+        ]
+    }
+}
+
+/// The seed's five named weight profiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WeightProfile {
+    HpcBatch,
+    MlTraining,
+    Service,
+    Sensitive,
+    Interactive,
+}
+
+impl WeightProfile {
+    pub const ALL: [WeightProfile; 5] = [
+        WeightProfile::HpcBatch,
+        WeightProfile::MlTraining,
+        WeightProfile::Service,
+        WeightProfile::Sensitive,
+        WeightProfile::Interactive,
+    ];
+    pub fn weights(self) -> CostWeights {
+        match self {
+            WeightProfile::HpcBatch => {
+                CostWeights::new([0.15, 0.20, 0.20, 0.15, 0.10, 0.05, 0.00, 0.05, 0.10])
+            }
+            WeightProfile::MlTraining => {
+                CostWeights::new([0.10, 0.10, 0.10, 0.25, 0.15, 0.05, 0.05, 0.10, 0.10])
+            }
+            WeightProfile::Service => {
+                CostWeights::new([0.15, 0.05, 0.10, 0.05, 0.10, 0.05, 0.10, 0.10, 0.30])
+            }
+            WeightProfile::Sensitive => {
+                CostWeights::new([0.90, 0.00, 0.00, 0.00, 0.00, 0.00, 0.00, 0.00, 0.10])
+            }
+            WeightProfile::Interactive => {
+                CostWeights::new([0.10, 0.30, 0.10, 0.00, 0.05, 0.15, 0.00, 0.00, 0.30])
+            }
+        }
+    }
+}
+
+/// The four vCluster scheduler types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchedulerKind {
+    HpcBackfill,
+    ServiceBinpack,
+    SensitiveReservation,
+    InteractiveFifo,
+}
+
+/// In which order the queue is walked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueOrder {
+    /// Submission time, then id.
+    Fifo,
+    /// `Score(j)` descending, then submission time, then id.
+    Score,
+}
+
+/// What happens to jobs behind one that cannot start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "mode")]
+pub enum Discipline {
+    /// The first blocked job blocks everything behind it (plain FCFS).
+    Strict,
+    /// Every job that fits starts; no reservations (bin-packing, interactive).
+    Greedy,
+    /// The first `depth` blocked jobs get reservations; later jobs start only when they do
+    /// not delay any reservation. depth 1 = EASY, `usize::MAX` = conservative.
+    Backfill { depth: usize },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PreemptionConfig {
+    pub enabled: bool,
+    /// Maximum victims per decision (seed default 3).
+    pub max_victims: usize,
+    /// Allocations within this many seconds of their walltime are never preempted.
+    pub near_completion_s: i64,
+    /// Allocations past this fraction of their walltime are never preempted.
+    pub near_completion_fraction: f64,
+    /// Checkpoint time assumed for `checkpoint: manual` (the broker's timeout).
+    pub manual_checkpoint_minutes: f64,
+    /// Preemption is evaluated for at most this many blocked jobs per cycle.
+    pub max_attempts_per_cycle: usize,
+}
+
+impl Default for PreemptionConfig {
+    fn default() -> Self {
+        PreemptionConfig {
+            enabled: true,
+            max_victims: 3,
+            near_completion_s: 300,
+            near_completion_fraction: 0.9,
+            manual_checkpoint_minutes: 10.0,
+            max_attempts_per_cycle: 8,
+        }
+    }
+}
+
+/// One vCluster scheduler instance's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SchedulerConfig {
+    pub kind: SchedulerKind,
+    pub weights: CostWeights,
+    pub order: QueueOrder,
+    pub discipline: Discipline,
+    pub preemption: PreemptionConfig,
+    /// f₂'s reference_wait in seconds (seed default: one hour).
+    pub reference_wait_s: f64,
+    /// Schedule only this vCluster's pending jobs (`None` = all of them).
+    pub vcluster: Option<crate::model::VClusterId>,
+    /// Build human-readable pending reasons (off in large replays to save time).
+    pub explain: bool,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig::for_kind(SchedulerKind::HpcBackfill)
+    }
+}
+
+impl SchedulerConfig {
+    pub fn for_kind(kind: SchedulerKind) -> Self {
+        let (weights, order, discipline, preempt) = match kind {
+            SchedulerKind::HpcBackfill => (
+                WeightProfile::HpcBatch.weights(),
+                QueueOrder::Score,
+                Discipline::Backfill { depth: 1 },
+                true,
+            ),
+            SchedulerKind::ServiceBinpack => (
+                WeightProfile::Service.weights(),
+                QueueOrder::Score,
+                Discipline::Greedy,
+                true,
+            ),
+            SchedulerKind::SensitiveReservation => (
+                WeightProfile::Sensitive.weights(),
+                QueueOrder::Fifo,
+                Discipline::Strict,
+                false,
+            ),
+            SchedulerKind::InteractiveFifo => (
+                WeightProfile::Interactive.weights(),
+                QueueOrder::Fifo,
+                Discipline::Greedy,
+                false,
+            ),
+        };
+        SchedulerConfig {
+            kind,
+            weights,
+            order,
+            discipline,
+            preemption: PreemptionConfig {
+                enabled: preempt,
+                ..PreemptionConfig::default()
+            },
+            reference_wait_s: 3600.0,
+            vcluster: None,
+            explain: true,
+        }
+    }
+
+    /// Plain FCFS (no backfill, no preemption) for trace baselines.
+    pub fn fcfs() -> Self {
+        SchedulerConfig {
+            order: QueueOrder::Fifo,
+            discipline: Discipline::Strict,
+            preemption: PreemptionConfig {
+                enabled: false,
+                ..PreemptionConfig::default()
+            },
+            ..SchedulerConfig::for_kind(SchedulerKind::HpcBackfill)
+        }
+    }
+
+    /// FCFS order with backfilling behind `depth` reservations (1 = EASY).
+    pub fn backfill(depth: usize) -> Self {
+        SchedulerConfig {
+            discipline: Discipline::Backfill { depth },
+            ..SchedulerConfig::fcfs()
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! Scenario tests of one cycle, Nomad-style: real scheduler, in-memory state, assert the plan.
+
+use lattice_scheduler::*;
+
+fn nodes(n: u32, per_group: u32) -> Vec<NodeView> {
+    (0..n)
+        .map(|i| {
+            let mut v = NodeView::slot(i);
+            v.topology_group = i / per_group;
+            v
+        })
+        .collect()
+}
+
+fn job(id: u64, n: u32, submit: i64, wall: i64) -> PendingJob {
+    PendingJob {
+        id: JobId(id),
+        tenant: TenantId(0),
+        vcluster: VClusterId(0),
+        nodes: NodeRequest::exact(n),
+        constraints: Constraints::default(),
+        preemption_class: 5,
+        sensitive: false,
+        submit_time: submit,
+        walltime_s: wall,
+        checkpoint: CheckpointInfo::default(),
+        data_readiness: None,
+    }
+}
+
+fn running(id: u64, on: std::ops::Range<u32>, start: i64, wall: i64, class: u8) -> RunningJob {
+    RunningJob {
+        id: JobId(id),
+        tenant: TenantId(9),
+        vcluster: VClusterId(0),
+        nodes: on.map(NodeId).collect(),
+        preemption_class: class,
+        sensitive: false,
+        start_time: start,
+        walltime_s: wall,
+        checkpoint: CheckpointInfo {
+            mode: CheckpointMode::Auto,
+            estimated_minutes: 2.0,
+        },
+        last_checkpoint: None,
+        gpus_per_node: 0,
+        checkpointing: false,
+    }
+}
+
+fn cycle(
+    cfg: SchedulerConfig,
+    nodes: Vec<NodeView>,
+    run: &[RunningJob],
+    pending: &[PendingJob],
+    tenants: &[Tenant],
+) -> Plan {
+    let cat = NodeCatalog::new(nodes);
+    let snap = ClusterSnapshot {
+        now: 1000,
+        running: run,
+        pending,
+        tenants,
+        energy_price: 0.0,
+    };
+    Scheduler::new(cfg).cycle(&cat, &snap)
+}
+
+fn reason(plan: &Plan, id: u64) -> &PendingReason {
+    &plan
+        .pending
+        .iter()
+        .find(|p| p.job == JobId(id))
+        .expect("explained")
+        .reason
+}
+
+#[test]
+fn easy_backfills_short_jobs_and_protects_the_reservation() {
+    // 10 nodes; 6 busy until t=2000. Head needs 8 -> reserved at 2000 on the 6 busy nodes
+    // plus 2 free ones; 2 free nodes are "extra".
+    let run = [running(100, 0..6, 0, 2000, 5)];
+    let pending = [
+        job(1, 8, 0, 3600), // head, blocked
+        job(2, 4, 1, 500),  // short: ends at 1500 <= 2000 -> backfills on any free node
+        job(3, 3, 2, 9000), // long, needs 3 > extra 2 -> must wait
+        job(4, 2, 3, 9000), // long but fits in extra... only 0 free left after job 2
+    ];
+    let plan = cycle(
+        SchedulerConfig::backfill(1),
+        nodes(10, 10),
+        &run,
+        &pending,
+        &[],
+    );
+    let started: Vec<u64> = plan.proposals.iter().map(|p| p.job.0).collect();
+    assert_eq!(started, vec![2]);
+    assert!(matches!(plan.proposals[0].kind, ProposalKind::Backfill));
+    assert_eq!(plan.reservations.len(), 1);
+    assert_eq!(plan.reservations[0].start, 2000);
+    assert!(matches!(
+        reason(&plan, 1),
+        PendingReason::Reserved { start: 2000 }
+    ));
+    // Job 4 (2 nodes, long) would fit the extra nodes had job 2 not taken free nodes.
+    let pending2 = [job(1, 8, 0, 3600), job(4, 2, 3, 9000), job(3, 3, 2, 9000)];
+    let plan = cycle(
+        SchedulerConfig::backfill(1),
+        nodes(10, 10),
+        &run,
+        &pending2,
+        &[],
+    );
+    let started: Vec<u64> = plan.proposals.iter().map(|p| p.job.0).collect();
+    assert_eq!(started, vec![4]);
+    assert!(matches!(
+        reason(&plan, 3),
+        PendingReason::BlockedByReservation { .. } | PendingReason::NodesOccupied { .. }
+    ));
+}
+
+#[test]
+fn fcfs_blocks_behind_the_head() {
+    let run = [running(100, 0..6, 0, 2000, 5)];
+    let pending = [job(1, 8, 0, 3600), job(2, 1, 1, 10)];
+    let plan = cycle(SchedulerConfig::fcfs(), nodes(10, 10), &run, &pending, &[]);
+    assert!(plan.proposals.is_empty());
+    assert_eq!(
+        reason(&plan, 2),
+        &PendingReason::WaitingBehind { job: JobId(1) }
+    );
+    assert_eq!(
+        reason(&plan, 1).to_string(),
+        "all suitable nodes occupied (requested 8, 4 free)"
+    );
+}
+
+#[test]
+fn conservative_reserves_for_every_blocked_job() {
+    let run = [running(100, 0..6, 0, 2000, 5)];
+    let pending = [
+        job(1, 8, 0, 3600),
+        job(2, 8, 1, 3600),
+        job(3, 4, 2, 100_000),
+    ];
+    let plan = cycle(
+        SchedulerConfig::backfill(usize::MAX),
+        nodes(10, 10),
+        &run,
+        &pending,
+        &[],
+    );
+    // Every blocked job gets a reservation; job 3 cannot start now without delaying job 1
+    // (it would hold free nodes past t=2000), so it is reserved behind the others.
+    assert_eq!(plan.reservations.len(), 3);
+    assert_eq!(plan.reservations[0].start, 2000);
+    assert_eq!(plan.reservations[1].start, 2000 + 3600);
+    assert!(plan.reservations[2].start >= 2000);
+    assert!(plan.proposals.is_empty());
+}
+
+#[test]
+fn reasons_name_the_constraint_and_numbers() {
+    let mut ns = nodes(4, 2);
+    ns[0].gpus = 4;
+    ns[0].gpu_type = Some("H100".into());
+    let mut a = job(1, 2, 0, 100);
+    a.constraints.gpu_type = Some("H100".into());
+    let plan = cycle(SchedulerConfig::default(), ns, &[], &[a], &[]);
+    assert_eq!(
+        reason(&plan, 1).to_string(),
+        "no nodes matching constraints (requested 2, 1 of 4 nodes match)"
+    );
+
+    let mut ns = nodes(4, 2);
+    ns[0].conformance_fingerprint = 1;
+    ns[1].conformance_fingerprint = 2;
+    ns[2].conformance_fingerprint = 3;
+    let mut b = job(2, 2, 0, 100);
+    b.constraints.require_conformance = true;
+    let plan = cycle(SchedulerConfig::default(), ns, &[], &[b], &[]);
+    assert!(matches!(
+        reason(&plan, 2),
+        PendingReason::InsufficientConformanceGroup {
+            requested: 2,
+            largest: 1
+        }
+    ));
+}
+
+#[test]
+fn hard_quotas_are_filters() {
+    let tenants = [Tenant {
+        id: TenantId(0),
+        quota: TenantQuota {
+            max_nodes: Some(3),
+            max_concurrent_allocations: Some(2),
+            target_share: 0.0,
+        },
+        usage: TenantUsage::default(),
+    }];
+    let pending = [
+        job(1, 2, 0, 100),
+        job(2, 2, 1, 100),
+        job(3, 1, 2, 100),
+        job(4, 1, 3, 100),
+    ];
+    let plan = cycle(
+        SchedulerConfig::for_kind(SchedulerKind::InteractiveFifo),
+        nodes(8, 8),
+        &[],
+        &pending,
+        &tenants,
+    );
+    let started: Vec<u64> = plan.proposals.iter().map(|p| p.job.0).collect();
+    assert_eq!(started, vec![1, 3]);
+    assert_eq!(
+        reason(&plan, 2).to_string(),
+        "waiting for quota headroom (max_nodes: current 2, requested 2, limit 3)"
+    );
+    assert!(matches!(
+        reason(&plan, 4),
+        PendingReason::QuotaHeadroom {
+            quota: plan::QuotaKind::MaxConcurrentAllocations,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn cxl_memory_only_on_opt_in_and_unified_memory_is_hard() {
+    let mut ns = nodes(2, 2);
+    ns[0].memory_gb = 512;
+    ns[0].cxl_memory_gb = 2048;
+    ns[1].memory_gb = 512;
+    ns[1].unified_memory = true;
+    let mut big = job(1, 1, 0, 100);
+    big.constraints.memory_gb_per_node = 1024;
+    let plan = cycle(
+        SchedulerConfig::default(),
+        ns.clone(),
+        &[],
+        &[big.clone()],
+        &[],
+    );
+    assert!(plan.proposals.is_empty());
+    big.constraints.allow_cxl_memory = true;
+    let plan = cycle(SchedulerConfig::default(), ns.clone(), &[], &[big], &[]);
+    assert_eq!(plan.proposals[0].nodes, vec![NodeId(0)]);
+    let mut uni = job(2, 1, 0, 100);
+    uni.constraints.require_unified_memory = true;
+    let plan = cycle(SchedulerConfig::default(), ns, &[], &[uni], &[]);
+    assert_eq!(plan.proposals[0].nodes, vec![NodeId(1)]);
+}
+
+#[test]
+fn borrowing_needs_opt_in_and_preemptibility_and_sensitive_is_isolated() {
+    let mut ns = nodes(3, 3);
+    ns[0].owner.home = Some(VClusterId(7));
+    ns[1].owner.home = Some(VClusterId(7));
+    ns[2].sensitive_pool = true;
+    let mut j = job(1, 2, 0, 100);
+    let plan = cycle(
+        SchedulerConfig::default(),
+        ns.clone(),
+        &[],
+        &[j.clone()],
+        &[],
+    );
+    assert!(plan.proposals.is_empty());
+    j.constraints.allow_borrowed = true;
+    let plan = cycle(
+        SchedulerConfig::default(),
+        ns.clone(),
+        &[],
+        &[j.clone()],
+        &[],
+    );
+    assert_eq!(plan.proposals[0].borrowed_nodes, 2);
+    // Non-preemptible work (no checkpoint, class >= 7) stays off borrowed nodes.
+    j.preemption_class = 8;
+    let plan = cycle(SchedulerConfig::default(), ns.clone(), &[], &[j], &[]);
+    assert!(plan.proposals.is_empty());
+    let mut s = job(2, 1, 0, 100);
+    s.sensitive = true;
+    let plan = cycle(
+        SchedulerConfig::for_kind(SchedulerKind::SensitiveReservation),
+        ns,
+        &[],
+        &[s],
+        &[],
+    );
+    assert_eq!(plan.proposals[0].nodes, vec![NodeId(2)]);
+    assert!(matches!(plan.proposals[0].kind, ProposalKind::Claim));
+}
+
+#[test]
+fn preemption_moves_down_only_and_prefers_one_large_victim() {
+    // 8 nodes, all busy: a class-2 job on 4 nodes, two class-1 jobs on 2 nodes each.
+    let run = [
+        running(10, 0..4, 900, 36_000, 2),
+        running(11, 4..6, 900, 36_000, 1),
+        running(12, 6..8, 900, 36_000, 1),
+    ];
+    let mut urgent = job(1, 4, 0, 3600);
+    urgent.preemption_class = 8;
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(8, 8),
+        &run,
+        &[urgent.clone()],
+        &[],
+    );
+    match &plan.proposals[0].kind {
+        ProposalKind::Preempt { victims } => assert_eq!(victims, &vec![JobId(10)]),
+        k => panic!("expected preemption, got {k:?}"),
+    }
+    // Same class cannot preempt.
+    urgent.preemption_class = 2;
+    let run2 = [running(10, 0..8, 900, 36_000, 2)];
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(8, 8),
+        &run2,
+        &[urgent.clone()],
+        &[],
+    );
+    assert!(plan.proposals.is_empty());
+    // Near completion (> 90 % of walltime used) is never preempted.
+    urgent.preemption_class = 9;
+    let run3 = [running(10, 0..8, -31_000, 35_000, 0)];
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(8, 8),
+        &run3,
+        &[urgent.clone()],
+        &[],
+    );
+    assert!(plan.proposals.is_empty());
+    // Sensitive allocations are never victims.
+    let mut s = running(10, 0..8, 900, 36_000, 0);
+    s.sensitive = true;
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(8, 8),
+        &[s],
+        &[urgent],
+        &[],
+    );
+    assert!(plan.proposals.is_empty());
+}
+
+#[test]
+fn placement_packs_into_one_group_and_one_fingerprint() {
+    let mut ns = nodes(12, 4); // groups 0,1,2 of 4 nodes
+    for n in ns.iter_mut() {
+        n.conformance_fingerprint = u64::from(n.id.0 % 2);
+    }
+    ns[8].conformance_fingerprint = 5; // group 2: fingerprints 5,1,0,1
+    let run = [running(100, 0..2, 0, 9999, 5)]; // group 0 has 2 free
+    let plan = cycle(
+        SchedulerConfig::default(),
+        ns,
+        &run,
+        &[job(1, 3, 0, 100)],
+        &[],
+    );
+    let p = &plan.proposals[0];
+    assert_eq!(p.groups, 1);
+    // No fingerprint has 3 free nodes inside one group, so conformance cannot be perfect;
+    // the job must still land in a single group.
+    let groups: std::collections::BTreeSet<u32> = p.nodes.iter().map(|n| n.0 / 4).collect();
+    assert_eq!(groups.len(), 1);
+}
+
+#[test]
+fn unconstrained_jobs_leave_special_nodes_free() {
+    let mut ns = nodes(12, 4);
+    for n in ns.iter_mut().skip(8) {
+        n.unified_memory = true; // group 2: GH200-like nodes
+    }
+    let run = [running(100, 0..2, 0, 9999, 5)];
+    // 4 nodes fit exactly in group 2 (best fit), but group 1 has 4 plain nodes too.
+    let plan = cycle(
+        SchedulerConfig::default(),
+        ns,
+        &run,
+        &[job(1, 4, 0, 100)],
+        &[],
+    );
+    assert_eq!(
+        plan.proposals[0].nodes,
+        (4..8).map(NodeId).collect::<Vec<_>>()
+    );
+}

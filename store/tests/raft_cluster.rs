@@ -1,0 +1,494 @@
+//! Replicated store: in-process 3-member clusters over real gRPC on loopback, with real
+//! fsyncs in temporary directories.
+
+mod raft_common;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lattice_store::raft::RaftConfig;
+use lattice_store::*;
+use raft_common::{get_value, no_tune, Cluster};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bootstrap_replicates_to_every_member() {
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let members = c.node(0).members().await.unwrap();
+    assert_eq!(members.len(), 3, "{members:?}");
+    assert!(members.iter().all(|m| !m.is_learner));
+    // Writes through any member (followers forward to the leader).
+    let mut last = 0;
+    for i in 0..30 {
+        let node = c.node(i % 3);
+        last = node
+            .put(PutRequest::new(format!("/k/{i}"), format!("v{i}")))
+            .await
+            .unwrap()
+            .revision;
+    }
+    assert_eq!(last, 30);
+    for i in 0..3 {
+        c.wait_revision(i, last, Duration::from_secs(10)).await;
+        let resp = c
+            .node(i)
+            .range(RangeRequest {
+                serializable: true,
+                ..RangeRequest::prefix("/k/")
+            })
+            .await
+            .unwrap();
+        assert_eq!(resp.count, 30, "member {}", i + 1);
+    }
+    assert_eq!(
+        c.node((leader + 1) % 3).metrics().applied_revision.get(),
+        last
+    );
+    let st = c.node(leader).status().await.unwrap();
+    assert_eq!(st.leader, leader as u64 + 1);
+    assert!(st.raft_term >= 1 && st.raft_applied_index >= 30);
+    c.shutdown_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn linearizable_reads_from_a_follower_see_every_acknowledged_write() {
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let follower = c.node((leader + 1) % 3);
+    let leader_node = c.node(leader);
+    for i in 0..40 {
+        let v = format!("v{i}");
+        leader_node
+            .put(PutRequest::new("/lin", v.clone()))
+            .await
+            .unwrap();
+        // Read index: no waiting, no retry; the follower must already answer the new value.
+        assert_eq!(get_value(&follower, "/lin", false).await.unwrap(), Some(v));
+    }
+    // And a write through the follower is visible on the leader at once.
+    follower.put(PutRequest::new("/lin2", "x")).await.unwrap();
+    assert_eq!(
+        get_value(&leader_node, "/lin2", false).await.unwrap(),
+        Some("x".into())
+    );
+    c.shutdown_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_killed_under_50_writers_loses_no_acknowledged_write() {
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let nodes = c.running();
+    let acked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let after_kill = Arc::new(AtomicBool::new(false));
+    let acked_after_kill = Arc::new(AtomicUsize::new(0));
+    let mut writers = Vec::new();
+    for w in 0..50usize {
+        let nodes = nodes.clone();
+        let acked = acked.clone();
+        let stop = stop.clone();
+        let after_kill = after_kill.clone();
+        let acked_after_kill = acked_after_kill.clone();
+        writers.push(tokio::spawn(async move {
+            let mut seq = 0u64;
+            let mut target = w % nodes.len();
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("/load/{w}/{seq}");
+                seq += 1;
+                match nodes[target].put(PutRequest::new(key.clone(), "x")).await {
+                    Ok(_) => {
+                        acked.lock().unwrap().push(key);
+                        if after_kill.load(Ordering::Relaxed) {
+                            acked_after_kill.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Err(_) => {
+                        target = (target + 1) % nodes.len();
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = acked.lock().unwrap().len();
+    assert!(before > 0, "no write succeeded before the kill");
+    let killed_at = Instant::now();
+    c.stop(leader).await;
+    after_kill.store(true, Ordering::Relaxed);
+    let new_leader = c.wait_leader(Duration::from_secs(5)).await;
+    let elected_in = killed_at.elapsed();
+    assert_ne!(new_leader, leader);
+    assert!(
+        elected_in < Duration::from_secs(5),
+        "new leader took {elected_in:?}"
+    );
+    // Writers resume.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while acked_after_kill.load(Ordering::Relaxed) < 100 {
+        assert!(
+            Instant::now() < deadline,
+            "writers did not resume after the leader was killed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    eprintln!(
+        "new leader after {elected_in:?}; {} writes acknowledged ({before} before the kill)",
+        acked.len()
+    );
+    // Every acknowledged write is on both survivors.
+    for node in c.running() {
+        let resp = node.range(RangeRequest::prefix("/load/")).await.unwrap();
+        let present: BTreeSet<Vec<u8>> = resp.kvs.iter().map(|kv| kv.key.to_vec()).collect();
+        for k in &acked {
+            assert!(
+                present.contains(k.as_bytes()),
+                "member {} lost acknowledged write {k}",
+                node.id()
+            );
+        }
+    }
+    c.shutdown_all().await;
+}
+
+fn small_snapshots(c: &mut RaftConfig) {
+    c.snapshot_logs = 50;
+    c.keep_logs_after_snapshot = 5;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stopped_member_catches_up_after_restart_via_snapshot() {
+    let mut c = Cluster::start(3, small_snapshots).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let victim = (leader + 1) % 3;
+    c.stop(victim).await;
+    let writer = c.node(leader);
+    let mut last = 0;
+    for i in 0..300 {
+        last = writer
+            .put(PutRequest::new(format!("/cu/{i:04}"), format!("{i}")))
+            .await
+            .unwrap()
+            .revision;
+    }
+    // The leader's log was purged past what the stopped member has: it needs a snapshot.
+    let purged = writer.raft().metrics().borrow().purged;
+    assert!(purged.is_some(), "expected a purged log after 300 entries");
+    c.restart(victim).await;
+    c.wait_revision(victim, last, Duration::from_secs(20)).await;
+    let node = c.node(victim);
+    let resp = node
+        .range(RangeRequest {
+            serializable: true,
+            ..RangeRequest::prefix("/cu/")
+        })
+        .await
+        .unwrap();
+    assert_eq!(resp.count, 300);
+    // It keeps replicating normally afterwards.
+    let rev = writer
+        .put(PutRequest::new("/cu/after", "y"))
+        .await
+        .unwrap()
+        .revision;
+    c.wait_revision(victim, rev, Duration::from_secs(10)).await;
+    assert_eq!(
+        get_value(&node, "/cu/after", true).await.unwrap(),
+        Some("y".into())
+    );
+    c.shutdown_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn whole_cluster_restarted_from_disk_keeps_all_data() {
+    let mut c = Cluster::start(3, small_snapshots).await;
+    c.wait_leader(Duration::from_secs(10)).await;
+    let node = c.node(0);
+    for i in 0..120 {
+        node.put(PutRequest::new(format!("/dur/{i:03}"), format!("{i}")))
+            .await
+            .unwrap();
+    }
+    let lease = node.lease_grant(0, 3600).await.unwrap();
+    let mut p = PutRequest::new("/dur/leased", "l");
+    p.lease = lease.id;
+    let last = node.put(p).await.unwrap().revision;
+    c.shutdown_all().await;
+    // Member 1 restarts with --bootstrap again: an initialized log is not re-initialized.
+    for i in 0..3 {
+        c.restart(i).await;
+    }
+    let leader = c.wait_leader(Duration::from_secs(15)).await;
+    let l = c.node(leader);
+    let resp = l.range(RangeRequest::prefix("/dur/")).await.unwrap();
+    assert_eq!(resp.count, 121);
+    assert!(resp.revision >= last);
+    assert_eq!(l.lease_leases().await.unwrap(), vec![lease.id]);
+    assert_eq!(l.members().await.unwrap().len(), 3);
+    // Still writable.
+    l.put(PutRequest::new("/dur/new", "n")).await.unwrap();
+    c.shutdown_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn add_and_remove_members() {
+    let mut c = Cluster::start(3, no_tune).await;
+    c.wait_leader(Duration::from_secs(10)).await;
+    c.node(0).put(PutRequest::new("/m/a", "1")).await.unwrap();
+    // A fourth member joins: learner first (it catches up), then voter.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = raft_common::config(4, dir.path(), "127.0.0.1:0".parse().unwrap(), no_tune);
+    let n4 = lattice_store::raft::RaftStore::start(cfg).await.unwrap();
+    c.node(1)
+        .add_learner(4, n4.local_addr().to_string())
+        .await
+        .unwrap();
+    let m = c.node(0).members().await.unwrap();
+    assert!(m.iter().any(|m| m.id == 4 && m.is_learner), "{m:?}");
+    c.node(2).promote(4).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let st = n4.raft_status();
+        if st.voters.len() == 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "member 4 never saw itself as voter: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        get_value(&n4, "/m/a", false).await.unwrap(),
+        Some("1".into())
+    );
+    // Remove member 2 (whoever leads), then keep writing with the rest.
+    c.node(0).remove_member(2).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ids: BTreeSet<u64> = n4.members().await.unwrap().iter().map(|m| m.id).collect();
+        if ids == BTreeSet::from([1, 3, 4]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "member 2 still listed: {ids:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.stop(1).await;
+    let rev = n4.put(PutRequest::new("/m/b", "2")).await.unwrap().revision;
+    assert_eq!(
+        get_value(&c.node(0), "/m/b", false).await.unwrap(),
+        Some("2".into())
+    );
+    assert!(rev > 1);
+    n4.shutdown().await;
+    c.shutdown_all().await;
+}
+
+fn short_requests(c: &mut RaftConfig) {
+    c.request_timeout = Duration::from_secs(2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn partitioned_minority_cannot_commit() {
+    let mut c = Cluster::start(3, short_requests).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    // 1) A partitioned follower can neither write nor serve linearizable reads; the
+    //    majority goes on.
+    let f = (leader + 1) % 3;
+    let follower = c.node(f);
+    follower.network().set_partitioned(true);
+    assert!(follower
+        .put(PutRequest::new("/p/minority", "x"))
+        .await
+        .is_err());
+    assert!(get_value(&follower, "/p/minority", false).await.is_err());
+    let rev = c
+        .node(leader)
+        .put(PutRequest::new("/p/majority", "y"))
+        .await
+        .unwrap()
+        .revision;
+    follower.network().set_partitioned(false);
+    c.wait_revision(f, rev, Duration::from_secs(10)).await;
+    assert_eq!(
+        get_value(&follower, "/p/minority", false).await.unwrap(),
+        None
+    );
+
+    // 2) A partitioned leader cannot commit: its write is never acknowledged, the other two
+    //    elect a new leader and commit, and the old leader's entry is discarded on healing.
+    let old = c.wait_leader(Duration::from_secs(10)).await;
+    let old_leader = c.node(old);
+    old_leader.network().set_partitioned(true);
+    let res = old_leader
+        .put(PutRequest::new("/p/old-leader", "lost"))
+        .await;
+    assert!(
+        res.is_err(),
+        "a partitioned leader acknowledged a write: {res:?}"
+    );
+    let other = c.node((old + 1) % 3);
+    // The first attempts may fail while the majority still waits for the old leader.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let rev = loop {
+        match other.put(PutRequest::new("/p/new-leader", "ok")).await {
+            Ok(r) => break r.revision,
+            Err(e) => assert!(Instant::now() < deadline, "majority cannot commit: {e}"),
+        }
+    };
+    old_leader.network().set_partitioned(false);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while old_leader.revision() < rev || old_leader.is_leader() {
+        assert!(Instant::now() < deadline, "old leader did not rejoin");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for n in c.running() {
+        assert_eq!(
+            get_value(&n, "/p/old-leader", false).await.unwrap(),
+            None,
+            "member {}",
+            n.id()
+        );
+        assert_eq!(
+            get_value(&n, "/p/new-leader", false).await.unwrap(),
+            Some("ok".into())
+        );
+    }
+    c.shutdown_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leases_expire_by_the_leaders_decision_and_keep_alive_goes_to_the_leader() {
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let follower = c.node((leader + 1) % 3);
+    // Granted through a follower, attached to a key.
+    let short = follower.lease_grant(0, 1).await.unwrap();
+    let kept = follower.lease_grant(0, 2).await.unwrap();
+    for (key, lease) in [("/l/short", short.id), ("/l/kept", kept.id)] {
+        let mut p = PutRequest::new(key, "v");
+        p.lease = lease;
+        follower.put(p).await.unwrap();
+    }
+    let ttl = follower.lease_time_to_live(kept.id, true).await.unwrap();
+    assert_eq!(ttl.granted_ttl, 2);
+    assert_eq!(ttl.keys.len(), 1);
+    // Keep one alive through the follower for 4 s; the other expires.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(4) {
+        assert_eq!(follower.lease_keep_alive(kept.id).await.unwrap(), 2);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    for n in c.running() {
+        assert_eq!(
+            get_value(&n, "/l/short", false).await.unwrap(),
+            None,
+            "member {}",
+            n.id()
+        );
+        assert_eq!(
+            get_value(&n, "/l/kept", false).await.unwrap(),
+            Some("v".into())
+        );
+        assert_eq!(n.lease_leases().await.unwrap(), vec![kept.id]);
+    }
+    assert!(matches!(
+        follower.lease_keep_alive(short.id).await,
+        Err(StoreError::LeaseNotFound)
+    ));
+    // Without keep-alives the second one expires too.
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while get_value(&follower, "/l/kept", false)
+        .await
+        .unwrap()
+        .is_some()
+    {
+        assert!(Instant::now() < deadline, "lease never expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.shutdown_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn watch_on_a_follower_sees_replicated_writes() {
+    use futures::StreamExt;
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let follower = c.node((leader + 1) % 3);
+    let mut w = follower
+        .watch(WatchRequest {
+            range: KeyRange::prefix("/w/"),
+            start_revision: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for i in 0..10 {
+        c.node(leader)
+            .put(PutRequest::new(format!("/w/{i}"), "x"))
+            .await
+            .unwrap();
+    }
+    let mut seen = 0;
+    while seen < 10 {
+        let batch = tokio::time::timeout(Duration::from_secs(10), w.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen += batch.events.len();
+    }
+    assert_eq!(seen, 10);
+    c.shutdown_all().await;
+}
+
+mod suite;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_member_joins_through_any_seed_address() {
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    c.node(0).put(PutRequest::new("/j/a", "1")).await.unwrap();
+    let seed = c.addrs[(leader + 1) % 3].to_string(); // a follower's address
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = raft_common::config(4, dir.path(), "127.0.0.1:0".parse().unwrap(), no_tune);
+    let n4 = lattice_store::raft::RaftStore::start(cfg).await.unwrap();
+    n4.join(&seed).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while n4.raft_status().voters != BTreeSet::from([1, 2, 3, 4]) {
+        assert!(Instant::now() < deadline, "{:?}", n4.raft_status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    n4.join(&seed).await.unwrap(); // idempotent
+    assert_eq!(
+        get_value(&n4, "/j/a", true).await.unwrap(),
+        Some("1".into())
+    );
+    n4.put(PutRequest::new("/j/b", "2")).await.unwrap();
+    assert_eq!(
+        get_value(&c.node(leader), "/j/b", false).await.unwrap(),
+        Some("2".into())
+    );
+    n4.shutdown().await;
+    c.shutdown_all().await;
+}
+
+/// The shared `KvBackend` conformance suite (etcd's semantics), through a follower of a
+/// 3-member cluster: every write is forwarded, every linearizable read takes a read index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn follower_passes_the_backend_conformance_suite() {
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let follower = c.node((leader + 1) % 3);
+    let failed = suite::run_all_collect(Arc::new(follower)).await;
+    assert!(failed.is_empty(), "conformance failures: {failed:#?}");
+    c.shutdown_all().await;
+}
