@@ -7,6 +7,8 @@
 #   libprotobuf-dev    google/protobuf/*.proto (descriptor.proto, struct.proto) for the same
 #   etcd-server        /usr/bin/etcd, the real etcd used by lattice-store's tests
 #   etcd-client        /usr/bin/etcdctl, drives the etcd gRPC facade in tests
+#   prometheus         promtool, checks the /metrics exposition
+#   curl               readiness polling in hack/ scripts
 #
 # Add a package: append a "command package" line to PACKAGES below.
 set -euo pipefail
@@ -19,6 +21,7 @@ PACKAGES=(
   "etcd etcd-server"
   "etcdctl etcd-client"
   "promtool prometheus"
+  "curl curl"
 )
 
 missing=()

@@ -73,6 +73,9 @@ impl Default for ApiConfig {
     }
 }
 
+/// A `/readyz` check: `Ok(())` when ready, `Err(reason)` otherwise. Must be cheap.
+pub type ReadinessCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 /// Shared state of every handler.
 pub struct Inner {
     pub config: ApiConfig,
@@ -83,6 +86,8 @@ pub struct Inner {
     /// Flips to true when the server shuts down: open watches end so the graceful
     /// shutdown does not wait for them.
     pub shutting_down: tokio::sync::watch::Sender<bool>,
+    /// Extra `/readyz` checks (the controller host's, say): name → `Err(why)` when not ready.
+    readiness: std::sync::RwLock<Vec<(String, ReadinessCheck)>>,
     openapi_doc: Vec<u8>,
     openapi_hash: String,
 }
@@ -129,11 +134,19 @@ impl ApiServer {
             metrics,
             authenticator,
             shutting_down: tokio::sync::watch::channel(false).0,
+            readiness: std::sync::RwLock::new(Vec::new()),
             openapi_doc,
             openapi_hash,
         };
         ApiServer {
             inner: Arc::new(inner),
+        }
+    }
+
+    /// Add a `/readyz` check (e.g. the controller host's readiness).
+    pub fn add_readiness_check(&self, name: &str, check: ReadinessCheck) {
+        if let Ok(mut checks) = self.inner.readiness.write() {
+            checks.push((name.to_string(), check));
         }
     }
 
@@ -262,9 +275,20 @@ async fn openapi_doc(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Res
 }
 
 async fn readyz(State(inner): State<Arc<Inner>>) -> Response {
-    match inner.resources.backend.status().await {
-        Ok(_) => "ok".into_response(),
-        Err(e) => ApiError::unavailable(format!("store not ready: {e}")).into_response(),
+    if let Err(e) = inner.resources.backend.status().await {
+        return ApiError::unavailable(format!("store not ready: {e}")).into_response();
+    }
+    let failing: Vec<String> = match inner.readiness.read() {
+        Ok(checks) => checks
+            .iter()
+            .filter_map(|(name, check)| check().err().map(|why| format!("{name}: {why}")))
+            .collect(),
+        Err(_) => vec!["readiness checks: lock poisoned".to_string()],
+    };
+    if failing.is_empty() {
+        "ok".into_response()
+    } else {
+        ApiError::unavailable(format!("not ready: {}", failing.join("; "))).into_response()
     }
 }
 

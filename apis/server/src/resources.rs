@@ -709,14 +709,37 @@ impl Resources {
         ))
     }
 
-    /// DELETE with optional preconditions; finalizers turn it into setting
-    /// `deletionTimestamp`.
+    /// DELETE with optional preconditions and the default propagation (background,
+    /// or whatever garbage-collection finalizer the object already carries);
+    /// finalizers turn it into setting `deletionTimestamp`.
     pub async fn delete(
         &self,
         kind: &'static KindInfo,
         ns: Option<&str>,
         name: &str,
         preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> ApiResult<Value> {
+        self.delete_propagating(kind, ns, name, preconditions, None, dry_run)
+            .await
+    }
+
+    /// DELETE with optional preconditions and an optional propagation policy.
+    ///
+    /// `Foreground` and `Orphan` add the finalizer `foregroundDeletion` or `orphan`
+    /// (and drop the other one): the object is only marked with `deletionTimestamp`
+    /// and the garbage collector finishes the job (deletes the dependents first, or
+    /// removes this object from their `ownerReferences`), then removes its finalizer.
+    /// An explicit `Background` drops both; `None` keeps what the object carries. Any
+    /// finalizer turns the delete into setting `deletionTimestamp`; on an object that is
+    /// already terminating only the garbage-collection finalizers can change.
+    pub async fn delete_propagating(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        name: &str,
+        preconditions: &Preconditions,
+        propagation: Option<PropagationPolicy>,
         dry_run: bool,
     ) -> ApiResult<Value> {
         let key = object_key(kind, ns, name);
@@ -744,13 +767,25 @@ impl Resources {
                     ));
                 }
             }
-            if !finalizers(&old).is_empty() {
-                if is_terminating(&old) {
-                    return Ok(old);
-                }
+            let old_f = finalizers(&old);
+            let new_f = deletion_finalizers(&old_f, propagation);
+            let terminating = is_terminating(&old);
+            if terminating && new_f == old_f {
+                return Ok(old);
+            }
+            if terminating || !new_f.is_empty() {
+                // Mark (or re-mark) the object; `commit` deletes it outright when an
+                // explicit policy removed the last finalizer of a terminating object.
                 let mut result = old.clone();
                 if let Some(m) = meta_mut(&mut result) {
-                    m.insert("deletionTimestamp".into(), Value::String(now_rfc3339()));
+                    if !terminating {
+                        m.insert("deletionTimestamp".into(), Value::String(now_rfc3339()));
+                    }
+                    if new_f.is_empty() {
+                        m.remove("finalizers");
+                    } else {
+                        m.insert("finalizers".into(), json!(new_f));
+                    }
                     m.remove("resourceVersion");
                 }
                 match self
@@ -808,6 +843,108 @@ async fn backoff(attempt: usize) {
     let jitter = u64::from(uuid::Uuid::new_v4().as_bytes()[0] % 4);
     let ms = (attempt as u64).min(20) + jitter;
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+}
+
+/// Finalizer of a foreground deletion: the garbage collector deletes the object's
+/// dependents first, then removes it.
+pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+/// Finalizer of an orphaning deletion: the garbage collector removes the object from
+/// its dependents' `ownerReferences` (they survive), then removes it.
+pub const ORPHAN_FINALIZER: &str = "orphan";
+
+/// `DeleteOptions.propagationPolicy`: what happens to the dependents of a deleted
+/// object (objects whose `ownerReferences` name it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PropagationPolicy {
+    /// Delete the object now; the garbage collector deletes the dependents afterwards.
+    Background,
+    /// Delete the dependents first (finalizer `foregroundDeletion`).
+    Foreground,
+    /// Keep the dependents, without their reference to the object (finalizer `orphan`).
+    Orphan,
+}
+
+impl PropagationPolicy {
+    /// The accepted spellings, as the API names them.
+    pub const SUPPORTED: [&'static str; 3] = ["Foreground", "Background", "Orphan"];
+
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Background => "Background",
+            Self::Foreground => "Foreground",
+            Self::Orphan => "Orphan",
+        }
+    }
+
+    /// Parse the API's spelling (case-sensitive, as in Kubernetes); anything else is a
+    /// 422 naming the field and the supported values.
+    pub fn parse(s: &str) -> ApiResult<Self> {
+        match s {
+            "Background" => Ok(Self::Background),
+            "Foreground" => Ok(Self::Foreground),
+            "Orphan" => Ok(Self::Orphan),
+            other => {
+                let shown: String = other.chars().take(64).collect();
+                let supported: Vec<String> =
+                    Self::SUPPORTED.iter().map(|v| format!("{v:?}")).collect();
+                Err(invalid_delete_options(
+                    "propagationPolicy",
+                    "FieldValueNotSupported",
+                    format!(
+                        "Unsupported value: {shown:?}: supported values: {}",
+                        supported.join(", ")
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// The garbage-collection finalizer this policy adds, if any.
+    pub fn finalizer(self) -> Option<&'static str> {
+        match self {
+            Self::Background => None,
+            Self::Foreground => Some(FOREGROUND_FINALIZER),
+            Self::Orphan => Some(ORPHAN_FINALIZER),
+        }
+    }
+}
+
+/// A 422 `Invalid` about a `DeleteOptions` field.
+pub fn invalid_delete_options(field: &str, reason: &str, message: String) -> ApiError {
+    ApiError::new(
+        422,
+        "Invalid",
+        format!("DeleteOptions \"\" is invalid: {field}: {message}"),
+    )
+    .with_details(json!({
+        "name": "",
+        "kind": "DeleteOptions",
+        "causes": [{"reason": reason, "field": field, "message": message}],
+    }))
+}
+
+/// The finalizers a delete leaves on an object that carries `current`: an explicit
+/// policy replaces the garbage-collection finalizers with its own (none for
+/// `Background`); no policy keeps them. Unchanged as a set → `current` as is.
+fn deletion_finalizers(current: &[String], policy: Option<PropagationPolicy>) -> Vec<String> {
+    let Some(policy) = policy else {
+        return current.to_vec();
+    };
+    let mut next: Vec<String> = current
+        .iter()
+        .filter(|f| *f != FOREGROUND_FINALIZER && *f != ORPHAN_FINALIZER)
+        .cloned()
+        .collect();
+    if let Some(f) = policy.finalizer() {
+        next.push(f.to_string());
+    }
+    let same = next.len() == current.len() && next.iter().all(|f| current.contains(f));
+    if same {
+        current.to_vec()
+    } else {
+        next
+    }
 }
 
 /// `DeleteOptions.preconditions`.

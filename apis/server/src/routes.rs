@@ -16,7 +16,9 @@ use crate::auth::{authorize, Access, UserInfo};
 use crate::errors::{ApiError, ApiResult};
 use crate::objects::parse_body;
 use crate::patch::PatchType;
-use crate::resources::{ListOptions, Preconditions, WriteOptions};
+use crate::resources::{
+    invalid_delete_options, ListOptions, Preconditions, PropagationPolicy, WriteOptions,
+};
 use crate::selectors::{FieldSelector, LabelSelector, Selectors};
 use crate::table::{self, IncludeObject};
 use crate::watch::{serve_watch, WatchParams};
@@ -347,6 +349,21 @@ async fn dispatch(
             let mut opts = params.write_options()?;
             let b = read_body(inner, headers, body).await?;
             let mut pre = Preconditions::default();
+            // Query parameters first; the DeleteOptions body overrides them.
+            let mut policy = match params.get("propagationPolicy") {
+                None | Some("") => None,
+                Some(p) => Some(PropagationPolicy::parse(p)?),
+            };
+            let mut orphan = match params.get("orphanDependents") {
+                None | Some("") => None,
+                Some("true") => Some(true),
+                Some("false") => Some(false),
+                Some(_) => {
+                    return Err(ApiError::bad_request(
+                        "orphanDependents must be true or false",
+                    ))
+                }
+            };
             if !b.iter().all(|c| c.is_ascii_whitespace()) {
                 let v: Value = serde_json::from_slice(&b).map_err(|e| {
                     ApiError::bad_request(format!("the DeleteOptions body is not valid JSON: {e}"))
@@ -361,8 +378,48 @@ async fn dispatch(
                         opts.dry_run = true;
                     }
                 }
+                match v.get("propagationPolicy") {
+                    None | Some(Value::Null) => {}
+                    Some(Value::String(p)) => policy = Some(PropagationPolicy::parse(p)?),
+                    Some(_) => {
+                        return Err(invalid_delete_options(
+                            "propagationPolicy",
+                            "FieldValueInvalid",
+                            format!(
+                                "Invalid value: must be one of {}",
+                                PropagationPolicy::SUPPORTED.join(", ")
+                            ),
+                        ))
+                    }
+                }
+                match v.get("orphanDependents") {
+                    None | Some(Value::Null) => {}
+                    Some(Value::Bool(o)) => orphan = Some(*o),
+                    Some(_) => {
+                        return Err(ApiError::bad_request(
+                            "orphanDependents must be true or false",
+                        ))
+                    }
+                }
             }
-            let v = res.delete(kind, ns, name, &pre, opts.dry_run).await?;
+            // The deprecated `orphanDependents`, as Kubernetes reads it.
+            let policy = match (policy, orphan) {
+                (Some(_), Some(_)) => {
+                    let why = "orphanDependents and propagationPolicy cannot be both set";
+                    return Err(invalid_delete_options(
+                        "propagationPolicy",
+                        "FieldValueInvalid",
+                        format!("Invalid value: {why}"),
+                    ));
+                }
+                (Some(p), None) => Some(p),
+                (None, Some(true)) => Some(PropagationPolicy::Orphan),
+                (None, Some(false)) => Some(PropagationPolicy::Background),
+                (None, None) => None,
+            };
+            let v = res
+                .delete_propagating(kind, ns, name, &pre, policy, opts.dry_run)
+                .await?;
             ok(v)
         }
         (m, _) => Err(ApiError::method_not_allowed(format!(

@@ -642,6 +642,171 @@ async fn delete_preconditions_and_dry_run() {
 }
 
 #[tokio::test]
+async fn delete_propagation_policy_sets_gc_finalizers() {
+    let s = start().await;
+    let finals = |v: &Value| -> Vec<String> {
+        v["metadata"]["finalizers"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|f| f.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let opts = |policy: &str| json!({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": policy});
+
+    // Foreground: marked with foregroundDeletion, not deleted.
+    let path = format!("{}/fg", allocs("t1"));
+    assert_eq!(s.post(&allocs("t1"), &alloc("fg", "t1")).await.0, 201);
+    let (c, d) = s
+        .req(Method::DELETE, &path, Some(&opts("Foreground")))
+        .await;
+    assert_eq!(c, 200, "{d}");
+    assert!(d["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(finals(&d), ["foregroundDeletion"]);
+    let (c, g) = s.get(&path).await;
+    assert_eq!(c, 200);
+    assert_eq!(finals(&g), ["foregroundDeletion"]);
+    let ts = g["metadata"]["deletionTimestamp"].clone();
+    // The same delete again changes nothing; Orphan swaps the finalizer, keeps the timestamp.
+    let (_, again) = s
+        .req(Method::DELETE, &path, Some(&opts("Foreground")))
+        .await;
+    assert_eq!(rv(&again), rv(&g));
+    let (c, o) = s.req(Method::DELETE, &path, Some(&opts("Orphan"))).await;
+    assert_eq!(c, 200, "{o}");
+    assert_eq!(finals(&o), ["orphan"]);
+    assert_eq!(o["metadata"]["deletionTimestamp"], ts);
+    // Removing the last finalizer completes the delete.
+    let (c, _) = s
+        .patch(
+            &path,
+            "application/merge-patch+json",
+            r#"{"metadata":{"finalizers":null}}"#,
+        )
+        .await;
+    assert_eq!(c, 200);
+    assert_eq!(s.get(&path).await.0, 404);
+
+    // Orphan as a query parameter, next to a finalizer of the user's own.
+    let path = format!("{}/or", allocs("t1"));
+    let mut o = alloc("or", "t1");
+    o["metadata"]["finalizers"] = json!(["lattice.dev/checkpoint"]);
+    assert_eq!(s.post(&allocs("t1"), &o).await.0, 201);
+    let (c, d) = s
+        .req(
+            Method::DELETE,
+            &format!("{path}?propagationPolicy=Orphan"),
+            None,
+        )
+        .await;
+    assert_eq!(c, 200, "{d}");
+    assert_eq!(finals(&d), ["lattice.dev/checkpoint", "orphan"]);
+    // An explicit Background drops the garbage-collection finalizer only.
+    let (c, d) = s
+        .req(Method::DELETE, &path, Some(&opts("Background")))
+        .await;
+    assert_eq!(c, 200, "{d}");
+    assert_eq!(finals(&d), ["lattice.dev/checkpoint"]);
+    assert_eq!(s.get(&path).await.0, 200);
+
+    // The deprecated orphanDependents means Orphan.
+    let path = format!("{}/od", allocs("t1"));
+    assert_eq!(s.post(&allocs("t1"), &alloc("od", "t1")).await.0, 201);
+    let (c, d) = s
+        .req(
+            Method::DELETE,
+            &path,
+            Some(&json!({"orphanDependents": true})),
+        )
+        .await;
+    assert_eq!(c, 200, "{d}");
+    assert_eq!(finals(&d), ["orphan"]);
+
+    // Dry run: the answer is marked, the store is not.
+    let path = format!("{}/dry", allocs("t1"));
+    assert_eq!(s.post(&allocs("t1"), &alloc("dry", "t1")).await.0, 201);
+    let (c, d) = s
+        .req(
+            Method::DELETE,
+            &format!("{path}?dryRun=All&propagationPolicy=Foreground"),
+            None,
+        )
+        .await;
+    assert_eq!(c, 200, "{d}");
+    assert_eq!(finals(&d), ["foregroundDeletion"]);
+    let (_, g) = s.get(&path).await;
+    assert!(g["metadata"]["deletionTimestamp"].is_null());
+    assert!(finals(&g).is_empty());
+
+    // Background (the default) on an object without finalizers deletes at once.
+    let (c, _) = s
+        .req(Method::DELETE, &path, Some(&opts("Background")))
+        .await;
+    assert_eq!(c, 200);
+    assert_eq!(s.get(&path).await.0, 404);
+}
+
+#[tokio::test]
+async fn delete_rejects_invalid_propagation_policy() {
+    let s = start().await;
+    let path = format!("{}/bad", allocs("t1"));
+    assert_eq!(s.post(&allocs("t1"), &alloc("bad", "t1")).await.0, 201);
+    let check = |c: u16, e: &Value| {
+        assert_eq!(c, 422, "{e}");
+        assert_eq!(e["kind"], "Status");
+        assert_eq!(e["reason"], "Invalid");
+        assert_eq!(e["details"]["causes"][0]["field"], "propagationPolicy");
+    };
+    for body in [
+        json!({"propagationPolicy": "Sideways"}),
+        json!({"propagationPolicy": "foreground"}),
+    ] {
+        let (c, e) = s.req(Method::DELETE, &path, Some(&body)).await;
+        check(c, &e);
+        let msg = e["message"].as_str().unwrap_or_default();
+        for word in [
+            "propagationPolicy",
+            "\"Foreground\"",
+            "\"Background\"",
+            "\"Orphan\"",
+        ] {
+            assert!(msg.contains(word), "{word} in {msg}");
+        }
+    }
+    let (c, e) = s
+        .req(
+            Method::DELETE,
+            &format!("{path}?propagationPolicy=All"),
+            None,
+        )
+        .await;
+    check(c, &e);
+    let (c, e) = s
+        .req(
+            Method::DELETE,
+            &path,
+            Some(&json!({"propagationPolicy": 3})),
+        )
+        .await;
+    check(c, &e);
+    let (c, e) = s
+        .req(
+            Method::DELETE,
+            &path,
+            Some(&json!({"propagationPolicy": "Orphan", "orphanDependents": true})),
+        )
+        .await;
+    check(c, &e);
+    // Nothing happened to the object.
+    let (c, g) = s.get(&path).await;
+    assert_eq!(c, 200);
+    assert!(g["metadata"]["deletionTimestamp"].is_null());
+    assert!(g["metadata"]["finalizers"].is_null());
+}
+
+#[tokio::test]
 async fn auth_roles_and_tenants() {
     let secret = b"test-secret".to_vec();
     let s = start_with(ApiConfig {

@@ -68,7 +68,7 @@ pub use api::{Api, DeleteResult, ObjectList, WatchEvent};
 pub use backoff::Backoff;
 pub use client::{
     Client, DeleteParams, HttpTransport, InProcessTransport, ListParams, Patch, PatchParams,
-    PostParams, Preconditions, Transport, WatchParams,
+    PostParams, Preconditions, PropagationPolicy, Transport, WatchParams,
 };
 pub use controller::{Action, Controller, ErrorContext};
 pub use error::{Error, ErrorResponse, Result};

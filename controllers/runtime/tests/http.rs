@@ -155,7 +155,7 @@ async fn verbs_over_http() {
             uid: Some("not-the-uid".into()),
             resource_version: None,
         }),
-        dry_run: false,
+        ..DeleteParams::default()
     };
     assert!(api.delete("a2", &wrong).await.unwrap_err().is_conflict());
     let a2 = api.get("a2").await.unwrap();

@@ -306,6 +306,43 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
     );
+    // Built-in controllers: run on the Raft leader only (every member of a single-member
+    // store is its leader), hand over when leadership moves.
+    let gate: Arc<dyn lattice_runtime::LeaderGate> = match &raft_store {
+        Some(raft) => Arc::new(raft_leader_gate(raft)),
+        None => Arc::new(lattice_runtime::AlwaysLeader::new()),
+    };
+    let mut host = lattice_runtime::ControllerHost::new(
+        lattice_runtime::Client::in_process(backend.clone()),
+        gate,
+    );
+    lattice_runtime::gc::register(&mut host);
+    host.register_metrics(&mut registry);
+    let readiness = host.readiness();
+    api.add_readiness_check(
+        "controllers",
+        Arc::new(move || {
+            if readiness.is_ready() {
+                Ok(())
+            } else {
+                let waiting: Vec<String> = readiness
+                    .report()
+                    .into_iter()
+                    .filter(|(_, ready)| !ready)
+                    .map(|(name, _)| name)
+                    .collect();
+                Err(format!("controllers not synced: {}", waiting.join(", ")))
+            }
+        }),
+    );
+    tracing::info!(controllers = ?host.controllers(), "controller host");
+    tasks.push(tokio::spawn({
+        let stop = shutdown();
+        async move {
+            host.run(stop).await;
+            Ok(())
+        }
+    }));
     api.metrics().add_registry(registry);
     let listener = tokio::net::TcpListener::bind(args.api_addr)
         .await
@@ -393,6 +430,23 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         raft.shutdown().await;
     }
     Ok(())
+}
+
+/// "Am I the Raft leader", pushed as it changes (the controller host's gate).
+fn raft_leader_gate(raft: &lattice_store::raft::RaftStore) -> tokio::sync::watch::Receiver<bool> {
+    let id = raft.id();
+    let mut metrics = raft.raft().metrics();
+    let (tx, rx) = tokio::sync::watch::channel(raft.is_leader());
+    tokio::spawn(async move {
+        loop {
+            let leader = metrics.borrow_and_update().current_leader == Some(id);
+            tx.send_if_modified(|v| std::mem::replace(v, leader) != leader);
+            if metrics.changed().await.is_err() || tx.is_closed() {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 async fn start_raft(

@@ -193,7 +193,10 @@ impl EtcdGrpcServer {
             "etcd gRPC facade serving");
         let router = add_services(Server::builder(), backend, info);
         router
-            .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(listener).with_nodelay(Some(true)),
+                shutdown,
+            )
             .await?;
         tracing::info!(%addr, "etcd gRPC facade stopped");
         Ok(())

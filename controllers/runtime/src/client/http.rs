@@ -330,6 +330,9 @@ impl Transport for HttpTransport {
             }
             body["preconditions"] = Value::Object(pre);
         }
+        if let Some(p) = params.propagation_policy {
+            body["propagationPolicy"] = Value::String(p.as_str().into());
+        }
         if params.dry_run {
             body["dryRun"] = json!(["All"]);
         }

@@ -285,9 +285,14 @@ impl Transport for InProcessTransport {
                 resource_version: p.resource_version.clone(),
             })
             .unwrap_or_default();
+        let policy = params.propagation_policy.map(|p| match p {
+            PropagationPolicy::Background => resources::PropagationPolicy::Background,
+            PropagationPolicy::Foreground => resources::PropagationPolicy::Foreground,
+            PropagationPolicy::Orphan => resources::PropagationPolicy::Orphan,
+        });
         Ok(self
             .resources
-            .delete(kind, ns, name, &pre, params.dry_run)
+            .delete_propagating(kind, ns, name, &pre, policy, params.dry_run)
             .await?)
     }
 }

@@ -142,11 +142,65 @@ pub struct Preconditions {
     pub resource_version: Option<String>,
 }
 
+/// What a delete does to the object's dependents (the objects whose
+/// `ownerReferences` name it). Sent as `DeleteOptions.propagationPolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PropagationPolicy {
+    /// The object goes now; the garbage collector deletes the dependents afterwards
+    /// (the server's default).
+    Background,
+    /// The object is only marked (`deletionTimestamp`, finalizer `foregroundDeletion`);
+    /// the garbage collector deletes the dependents — in the foreground too, so the
+    /// whole tree goes — and the object goes once no dependent that has
+    /// `blockOwnerDeletion: true` remains.
+    Foreground,
+    /// The object is only marked (finalizer `orphan`); the garbage collector removes
+    /// it from the dependents' `ownerReferences`, then the object goes. The
+    /// dependents survive.
+    Orphan,
+}
+
+impl PropagationPolicy {
+    /// The API's spelling: `Background`, `Foreground` or `Orphan`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Background => "Background",
+            Self::Foreground => "Foreground",
+            Self::Orphan => "Orphan",
+        }
+    }
+}
+
+impl std::fmt::Display for PropagationPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for PropagationPolicy {
+    type Err = crate::Error;
+
+    /// The API's spelling (case-sensitive, as the server checks it).
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "Background" => Ok(Self::Background),
+            "Foreground" => Ok(Self::Foreground),
+            "Orphan" => Ok(Self::Orphan),
+            other => Err(crate::Error::Request(format!(
+                "unsupported propagationPolicy {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+            ))),
+        }
+    }
+}
+
 /// Parameters of a delete.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeleteParams {
     /// Preconditions.
     pub preconditions: Option<Preconditions>,
+    /// What happens to the dependents; `None`: the server's default (background,
+    /// or the garbage-collection finalizer the object already carries).
+    pub propagation_policy: Option<PropagationPolicy>,
     /// Validate only.
     pub dry_run: bool,
 }
@@ -159,8 +213,29 @@ impl DeleteParams {
                 uid: Some(uid.to_string()),
                 resource_version: None,
             }),
-            dry_run: false,
+            ..Self::default()
         }
+    }
+
+    /// Delete in the background (explicitly).
+    pub fn background() -> Self {
+        Self::default().propagation(PropagationPolicy::Background)
+    }
+
+    /// Delete the dependents first, then the object.
+    pub fn foreground() -> Self {
+        Self::default().propagation(PropagationPolicy::Foreground)
+    }
+
+    /// Delete the object and keep its dependents.
+    pub fn orphan() -> Self {
+        Self::default().propagation(PropagationPolicy::Orphan)
+    }
+
+    /// Use this propagation policy.
+    pub fn propagation(mut self, policy: PropagationPolicy) -> Self {
+        self.propagation_policy = Some(policy);
+        self
     }
 }
 
