@@ -116,3 +116,51 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// One member of a replicated (Raft) `lattice-server` cluster on random loopback ports;
+/// the data directory survives restarts.
+pub struct RaftMember {
+    pub id: u64,
+    pub dir: PathBuf,
+    pub api: u16,
+    pub etcd: u16,
+    pub raft: u16,
+    pub server: Option<Server>,
+}
+
+impl RaftMember {
+    /// Member `id` with its data under `root/m<id>` (not started).
+    pub fn new(root: &Path, id: u64) -> RaftMember {
+        RaftMember {
+            id,
+            dir: root.join(format!("m{id}")),
+            api: free_port(),
+            etcd: free_port(),
+            raft: free_port(),
+            server: None,
+        }
+    }
+
+    /// Start (or restart) it with `--raft-addr`, `--node-id` and `extra` flags.
+    pub fn start(&mut self, extra: &[String]) {
+        let mut args = vec![
+            "--raft-addr".to_string(),
+            format!("127.0.0.1:{}", self.raft),
+            "--node-id".to_string(),
+            self.id.to_string(),
+        ];
+        args.extend(extra.iter().cloned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.server = Some(Server::start(&self.dir, self.api, self.etcd, &args));
+    }
+
+    /// Its etcd v3 endpoint.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.etcd)
+    }
+
+    /// Its API base URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.api)
+    }
+}

@@ -8,37 +8,8 @@
 use std::time::{Duration, Instant};
 
 use lattice_apis::Allocation;
-use lattice_e2e::{free_port, Server};
+use lattice_e2e::RaftMember;
 use lattice_runtime::{Api, Client, DeleteParams, PostParams, ResourceExt};
-
-struct Member {
-    id: u64,
-    dir: std::path::PathBuf,
-    api: u16,
-    etcd: u16,
-    raft: u16,
-    server: Option<Server>,
-}
-
-impl Member {
-    fn start(&mut self, secret: &std::path::Path, extra: &[String]) {
-        let mut args = vec![
-            "--raft-addr".to_string(),
-            format!("127.0.0.1:{}", self.raft),
-            "--node-id".to_string(),
-            self.id.to_string(),
-            "--jwt-secret-file".to_string(),
-            secret.display().to_string(),
-        ];
-        args.extend(extra.iter().cloned());
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.server = Some(Server::start(&self.dir, self.api, self.etcd, &args));
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.api)
-    }
-}
 
 /// `lattice_controller_running{controller="garbage-collector"}` on one member, `None`
 /// when it does not answer.
@@ -127,20 +98,15 @@ async fn controllers_follow_the_raft_leader_and_lose_no_reconcile() {
     let root = tempfile::tempdir().unwrap();
     let secret = root.path().join("jwt.secret");
     std::fs::write(&secret, b"controllers-ha-test-secret-0123456789").unwrap();
-    let mut members: Vec<Member> = (1..=3)
-        .map(|id| Member {
-            id,
-            dir: root.path().join(format!("m{id}")),
-            api: free_port(),
-            etcd: free_port(),
-            raft: free_port(),
-            server: None,
-        })
-        .collect();
-    members[0].start(&secret, &["--bootstrap".into(), "--dev".into()]);
+    let mut members: Vec<RaftMember> = (1..=3).map(|id| RaftMember::new(root.path(), id)).collect();
+    let jwt = [
+        "--jwt-secret-file".to_string(),
+        secret.display().to_string(),
+    ];
+    members[0].start(&[&jwt[..], &["--bootstrap".into(), "--dev".into()]].concat());
     let seed = format!("127.0.0.1:{}", members[0].raft);
     for m in members.iter_mut().skip(1) {
-        m.start(&secret, &["--join".into(), seed.clone()]);
+        m.start(&[&jwt[..], &["--join".into(), seed.clone()]].concat());
     }
     let token = members[0].server.as_ref().unwrap().admin_token();
     let http = reqwest::Client::new();
@@ -167,7 +133,7 @@ async fn controllers_follow_the_raft_leader_and_lose_no_reconcile() {
         }
     };
 
-    let api_for = |m: &Member| -> Api<Allocation> {
+    let api_for = |m: &RaftMember| -> Api<Allocation> {
         Api::namespaced(
             Client::http(&m.url(), Some(token.clone())).expect("client"),
             "default",
@@ -254,7 +220,7 @@ async fn controllers_follow_the_raft_leader_and_lose_no_reconcile() {
     }
 
     // The killed member restarts as a follower: still one controller host running.
-    members[leader_idx].start(&secret, &[]);
+    members[leader_idx].start(&jwt);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut running = Vec::new();
     for (i, m) in members.iter().enumerate() {

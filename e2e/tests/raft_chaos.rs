@@ -8,34 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, GetOptions};
-use lattice_e2e::{free_port, Server};
-
-struct Member {
-    id: u64,
-    dir: std::path::PathBuf,
-    api: u16,
-    etcd: u16,
-    raft: u16,
-    server: Option<Server>,
-}
-
-impl Member {
-    fn start(&mut self, extra: &[String]) {
-        let mut args = vec![
-            "--raft-addr".to_string(),
-            format!("127.0.0.1:{}", self.raft),
-            "--node-id".to_string(),
-            self.id.to_string(),
-        ];
-        args.extend(extra.iter().cloned());
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.server = Some(Server::start(&self.dir, self.api, self.etcd, &args));
-    }
-
-    fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.etcd)
-    }
-}
+use lattice_e2e::RaftMember;
 
 async fn leader_of(endpoint: &str) -> Option<u64> {
     let mut c = Client::connect([endpoint], None).await.ok()?;
@@ -49,22 +22,13 @@ async fn leader_of(endpoint: &str) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_kill_9_loses_no_acknowledged_write() {
     let root = tempfile::tempdir().unwrap();
-    let mut members: Vec<Member> = (1..=3)
-        .map(|id| Member {
-            id,
-            dir: root.path().join(format!("m{id}")),
-            api: free_port(),
-            etcd: free_port(),
-            raft: free_port(),
-            server: None,
-        })
-        .collect();
+    let mut members: Vec<RaftMember> = (1..=3).map(|id| RaftMember::new(root.path(), id)).collect();
     members[0].start(&["--bootstrap".into()]);
     let seed = format!("127.0.0.1:{}", members[0].raft);
     for m in members.iter_mut().skip(1) {
         m.start(&["--join".into(), seed.clone()]);
     }
-    let endpoints: Vec<String> = members.iter().map(Member::endpoint).collect();
+    let endpoints: Vec<String> = members.iter().map(RaftMember::endpoint).collect();
     let mut leader = None;
     for _ in 0..100 {
         leader = leader_of(&endpoints[0]).await;
