@@ -28,7 +28,7 @@ use crate::resources::{ListOptions, WriteOptions};
 use crate::routes::{authenticate, json_response, kind_by_plural, read_body, Params};
 use crate::Inner;
 
-pub const CANCEL_ANNOTATION: &str = "lattice.dev/cancel-requested";
+pub use lattice_apis::lifecycle::CANCEL_ANNOTATION;
 
 fn kind(plural: &str) -> ApiResult<&'static lattice_apis::KindInfo> {
     match plural {

@@ -315,10 +315,16 @@ impl FieldSelector {
         self.requirements.is_empty()
     }
 
+    /// An array field (e.g. `status.assignedNodes`) matches `=` when any element equals
+    /// the value, so an agent can watch `status.assignedNodes=<node>`.
     pub fn matches_object(&self, obj: &Value) -> bool {
         self.requirements.iter().all(|r| {
-            let actual = field_value(obj, &r.field);
-            (actual == r.value) == r.equal
+            let hit = match field(obj, &r.field) {
+                Some(Value::Array(items)) => items.iter().any(|v| scalar(v) == r.value),
+                Some(v) => scalar(v) == r.value,
+                None => r.value.is_empty(),
+            };
+            hit == r.equal
         })
     }
 
@@ -333,14 +339,19 @@ impl FieldSelector {
 
 /// The string form of a dotted field path on an object ("" when missing).
 pub fn field_value(obj: &Value, path: &str) -> String {
+    field(obj, path).map(scalar).unwrap_or_default()
+}
+
+fn field<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
     let mut cur = obj;
     for seg in path.split('.') {
-        match cur.get(seg) {
-            Some(v) => cur = v,
-            None => return String::new(),
-        }
+        cur = cur.get(seg)?;
     }
-    match cur {
+    Some(cur)
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
         Value::String(s) => s.clone(),
         Value::Null => String::new(),
         other => other.to_string(),
@@ -438,6 +449,17 @@ mod tests {
         ] {
             assert!(LabelSelector::parse(s).is_err(), "{s} should fail");
         }
+    }
+
+    #[test]
+    fn field_selector_on_an_array_matches_any_element() {
+        let f = FieldSelector::parse("status.assignedNodes=n2", &["status.assignedNodes"]).unwrap();
+        assert!(f.matches_object(&json!({"status": {"assignedNodes": ["n1", "n2"]}})));
+        assert!(!f.matches_object(&json!({"status": {"assignedNodes": ["n1"]}})));
+        assert!(!f.matches_object(&json!({"status": {}})));
+        let ne =
+            FieldSelector::parse("status.assignedNodes!=n2", &["status.assignedNodes"]).unwrap();
+        assert!(ne.matches_object(&json!({"status": {"assignedNodes": ["n1"]}})));
     }
 
     #[test]

@@ -64,6 +64,7 @@
 pub mod duration;
 pub mod intent;
 pub mod kinds;
+pub mod lifecycle;
 pub mod meta;
 pub mod registry;
 pub mod resource;
@@ -73,9 +74,10 @@ pub mod validation;
 pub use kinds::allocation::{
     Allocation, AllocationPhase, AllocationSpec, AllocationStatus, Checkpoint, CheckpointStrategy,
     Connectivity, Constraints, DataMount, Dependency, DependencyCondition, Environment,
-    ExposedPort, Lifecycle, LifecycleType, LivenessProbe, MountAccess, NodeCount, PortProtocol,
-    ProbeType, Requeue, RequeuePolicy, Resources, ScalePolicy, ScaleTarget, TaskGroup,
-    TaskGroupStatus, TaskRange, Telemetry, TelemetryMode, TierHint, Topology,
+    ExposedPort, Lifecycle, LifecycleType, LivenessProbe, MountAccess, NodeCount, NodeTaskPhase,
+    NodeTaskState, PortProtocol, ProbeType, Requeue, RequeuePolicy, Resources, ScalePolicy,
+    ScaleTarget, TaskGroup, TaskGroupStatus, TaskRange, Telemetry, TelemetryMode, TierHint,
+    Topology,
 };
 pub use kinds::dag::{
     Dag, DagCounts, DagDefaults, DagFailurePolicy, DagPhase, DagSpec, DagStatus, DagTask,

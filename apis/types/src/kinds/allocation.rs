@@ -975,6 +975,61 @@ pub struct TaskGroupStatus {
     pub failed: u64,
 }
 
+/// What one node's agent reports about its part of an allocation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum NodeTaskPhase {
+    /// The agent is starting the process (staging, prologue).
+    #[default]
+    Starting,
+    /// The process group is running.
+    Running,
+    /// Exited with status 0.
+    Succeeded,
+    /// Exited non-zero, killed, never started, or lost.
+    Failed,
+}
+
+impl NodeTaskPhase {
+    /// Succeeded or Failed: the node's process group is gone.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+}
+
+/// One node's report for one attempt of an allocation (`status.nodeStates[node]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeTaskState {
+    /// Starting | Running | Succeeded | Failed.
+    #[serde(default)]
+    pub phase: NodeTaskPhase,
+    /// The allocation attempt this report belongs to.
+    #[serde(default)]
+    pub attempt: u32,
+    /// Process (group leader) id on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// When the process started on this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the process group was gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_time: Option<Time>,
+    /// Exit status, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Terminating signal, when it was killed by one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// CamelCase reason: `Exited`, `NonZeroExit`, `Signaled`, `WalltimeExceeded`,
+    /// `Cancelled`, `StartFailed`, `NotStarted`, `Lost`, `Stopped`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable detail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
 /// Observed state of an allocation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -1027,6 +1082,21 @@ pub struct AllocationStatus {
     /// `metadata.generation` this status reflects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Binding attempt: 1 at the first binding, +1 at every re-binding (requeue,
+    /// preemption). Agents and node ownership records carry it so a late report from an
+    /// earlier attempt never touches the current one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempt: u32,
+    /// Effective walltime in seconds stamped at binding (the spec's, or the vCluster's
+    /// default); absent for unbounded lifecycles. Agents enforce it from their start time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub walltime_seconds: Option<u64>,
+    /// When the scheduler bound the allocation to its nodes (latest attempt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_time: Option<Time>,
+    /// Per assigned node, the agent's report for the current attempt (keyed by node name).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_states: BTreeMap<String, NodeTaskState>,
     /// Conditions such as `Scheduled`, `DependenciesMet`, `DataStaged`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -1628,4 +1698,8 @@ impl Resource for Allocation {
             st.validate(errs);
         }
     }
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }

@@ -211,6 +211,13 @@ pub struct NodeOwner {
     /// True when the node is borrowed from its home vCluster.
     #[serde(default, skip_serializing_if = "skip_false")]
     pub borrowed: bool,
+    /// The allocation's binding attempt that owns the node (`status.attempt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// uid of the owning allocation (a re-created allocation with the same name is a
+    /// different owner).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_uid: Option<String>,
 }
 
 /// Agent build and endpoint.

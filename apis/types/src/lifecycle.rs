@@ -1,0 +1,627 @@
+//! The allocation execution contract shared by node agents and controllers
+//! (`docs/adr/002-allocation-execution.md`).
+//!
+//! Who writes what:
+//!
+//! * the **scheduler** binds: `phase: Staging`, `assignedNodes`, `attempt += 1`,
+//!   `walltimeSeconds`, and node ownership, in one store transaction;
+//! * each **agent** reports its node's part in `status.nodeStates[node]` with
+//!   [`record_node_state`], a read-modify-write guarded by `resourceVersion`, which also
+//!   recomputes the allocation's phase ([`aggregate`]) — so the phase is always derived
+//!   from the latest reports of every node, never from one agent's partial view;
+//! * an agent keeps a process only while [`should_run`] says so (level-triggered: it
+//!   stops work whose allocation was cancelled, finished, failed elsewhere, preempted or
+//!   re-bound);
+//! * the **release** controller frees a node once [`node_released`] holds.
+//!
+//! Terminal phases (Completed, Failed, Cancelled) are never left: a late report can add
+//! its node entry but cannot change the outcome.
+
+use crate::kinds::allocation::{
+    Allocation, AllocationPhase, AllocationStatus, NodeTaskPhase, NodeTaskState, RequeuePolicy,
+    DEFAULT_MAX_REQUEUE,
+};
+use crate::meta::{set_condition, Condition, ConditionStatus, Time};
+
+/// Annotation that asks for an allocation (or Dag) to be cancelled; the object is kept.
+pub const CANCEL_ANNOTATION: &str = "lattice.dev/cancel-requested";
+/// Annotation the scheduler sets on a preemption victim (value: the preemptor's name).
+pub const PREEMPT_ANNOTATION: &str = "lattice.dev/preempt-requested";
+
+/// Allocation `status.reason` codes (the seed's wording, snake_case).
+pub mod reason {
+    /// All nodes exited 0.
+    pub const COMPLETED: &str = "completed";
+    /// A node's process exited non-zero.
+    pub const NON_ZERO_EXIT: &str = "non_zero_exit";
+    /// A node's process was killed by a signal it did not get from us.
+    pub const SIGNALED: &str = "signaled";
+    /// Walltime ran out: SIGTERM, grace, SIGKILL.
+    pub const WALLTIME_EXCEEDED: &str = "walltime_exceeded";
+    /// A user cancelled it.
+    pub const CANCELLED: &str = "cancelled";
+    /// The process could not be started.
+    pub const START_FAILED: &str = "start_failed";
+    /// Node Down or the agent lost the process.
+    pub const NODE_FAILURE: &str = "node_failure";
+    /// Put back in the queue after a failure (requeue policy).
+    pub const REQUEUED: &str = "requeued";
+    /// Stopped to make room for higher-priority work; back in the queue.
+    pub const PREEMPTED: &str = "preempted";
+    /// Held until its dependencies are satisfied.
+    pub const WAITING_FOR_DEPENDENCIES: &str = "waiting_for_dependencies";
+    /// A dependency can never be satisfied.
+    pub const DEPENDENCY_NEVER_SATISFIED: &str = "dependency_never_satisfied";
+}
+
+/// Node-entry reason codes (`status.nodeStates[*].reason`).
+pub mod node_reason {
+    /// Exited 0.
+    pub const EXITED: &str = "Exited";
+    /// Exited non-zero.
+    pub const NON_ZERO_EXIT: &str = "NonZeroExit";
+    /// Killed by a signal not sent by the agent.
+    pub const SIGNALED: &str = "Signaled";
+    /// Killed by the agent when walltime ran out.
+    pub const WALLTIME_EXCEEDED: &str = "WalltimeExceeded";
+    /// Killed by the agent after a cancel request.
+    pub const CANCELLED: &str = "Cancelled";
+    /// Killed by the agent for preemption.
+    pub const PREEMPTED: &str = "Preempted";
+    /// Killed by the agent because the allocation stopped elsewhere (another node failed,
+    /// or it finished).
+    pub const STOPPED: &str = "Stopped";
+    /// The process could not be started.
+    pub const START_FAILED: &str = "StartFailed";
+    /// The allocation ended before this node started it.
+    pub const NOT_STARTED: &str = "NotStarted";
+    /// The process died while the agent was down (exit status unknown) or the node was
+    /// declared Down.
+    pub const LOST: &str = "Lost";
+}
+
+/// True when a user asked to cancel the allocation.
+pub fn cancel_requested(a: &Allocation) -> bool {
+    a.metadata
+        .annotations
+        .get(CANCEL_ANNOTATION)
+        .is_some_and(|v| v == "true")
+}
+
+/// True when the scheduler asked to preempt the allocation.
+pub fn preempt_requested(a: &Allocation) -> bool {
+    a.metadata.annotations.contains_key(PREEMPT_ANNOTATION)
+}
+
+/// What an agent must do with its process for `(allocation, attempt)` on `node`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunDecision {
+    /// Start it (if not started) or keep it running.
+    Run,
+    /// Stop it (SIGTERM, grace, SIGKILL) and report the given node reason.
+    Stop(&'static str),
+}
+
+/// Whether `node` should run (or keep running) attempt `attempt` of `a`.
+pub fn should_run(a: &Allocation, node: &str, attempt: u32) -> RunDecision {
+    let Some(st) = a.status.as_ref() else {
+        return RunDecision::Stop(node_reason::STOPPED);
+    };
+    if st.attempt != attempt || !st.assigned_nodes.iter().any(|n| n == node) {
+        return RunDecision::Stop(node_reason::STOPPED);
+    }
+    if cancel_requested(a) {
+        return RunDecision::Stop(node_reason::CANCELLED);
+    }
+    if st.phase.is_terminal() {
+        return RunDecision::Stop(node_reason::STOPPED);
+    }
+    if preempt_requested(a) {
+        return RunDecision::Stop(node_reason::PREEMPTED);
+    }
+    if !matches!(
+        st.phase,
+        AllocationPhase::Staging | AllocationPhase::Running | AllocationPhase::Checkpointing
+    ) {
+        return RunDecision::Stop(node_reason::STOPPED);
+    }
+    let peer_failed = st
+        .node_states
+        .iter()
+        .any(|(n, s)| n != node && s.attempt == attempt && s.phase == NodeTaskPhase::Failed);
+    if peer_failed {
+        return RunDecision::Stop(node_reason::STOPPED);
+    }
+    RunDecision::Run
+}
+
+/// Record `report` for `node` and recompute the phase. Returns whether anything changed.
+///
+/// Reports for another attempt are ignored, and a node's terminal report is never
+/// replaced (a duplicate completion report changes nothing).
+pub fn record_node_state(a: &mut Allocation, node: &str, report: NodeTaskState, now: Time) -> bool {
+    let Some(st) = a.status.as_mut() else {
+        return false;
+    };
+    if report.attempt != st.attempt || !st.assigned_nodes.iter().any(|n| n == node) {
+        return false;
+    }
+    if let Some(old) = st.node_states.get(node) {
+        if old.attempt == report.attempt && (old.phase.is_terminal() || *old == report) {
+            return false;
+        }
+    }
+    st.node_states.insert(node.to_string(), report);
+    aggregate(a, now);
+    true
+}
+
+/// Recompute `status.phase` from the node reports (see the module docs). Never changes a
+/// terminal phase.
+pub fn aggregate(a: &mut Allocation, now: Time) {
+    let cancel = cancel_requested(a);
+    let (policy, max_requeue) = requeue_policy(a);
+    let Some(st) = a.status.as_mut() else {
+        return;
+    };
+    if st.phase.is_terminal() || st.assigned_nodes.is_empty() {
+        return;
+    }
+    let attempt = st.attempt;
+    let reports: Vec<&NodeTaskState> = st
+        .assigned_nodes
+        .iter()
+        .filter_map(|n| st.node_states.get(n))
+        .filter(|s| s.attempt == attempt)
+        .collect();
+    let all_reported = reports.len() == st.assigned_nodes.len();
+    let all_terminal = all_reported && reports.iter().all(|s| s.phase.is_terminal());
+    let all_started = all_reported && reports.iter().all(|s| s.phase != NodeTaskPhase::Starting);
+
+    if st.phase == AllocationPhase::Staging && all_started {
+        st.phase = AllocationPhase::Running;
+        st.start_time = reports
+            .iter()
+            .filter_map(|s| s.start_time)
+            .min()
+            .or(Some(now));
+        st.reason = None;
+        st.message = None;
+    }
+
+    // The first failure decides the outcome (by end time, then node name for determinism).
+    let first_failure = st
+        .assigned_nodes
+        .iter()
+        .filter_map(|n| st.node_states.get(n).map(|s| (n, s)))
+        .filter(|(_, s)| s.attempt == attempt && s.phase == NodeTaskPhase::Failed)
+        .min_by(|a, b| a.1.end_time.cmp(&b.1.end_time).then(a.0.cmp(b.0)))
+        .map(|(n, s)| (n.clone(), s.clone()));
+
+    if cancel {
+        if all_terminal {
+            finish(
+                st,
+                AllocationPhase::Cancelled,
+                reason::CANCELLED,
+                "cancelled by user".into(),
+                now,
+            );
+        }
+        return;
+    }
+    if let Some((node, f)) = first_failure {
+        let why = f.reason.as_deref().unwrap_or(node_reason::NON_ZERO_EXIT);
+        if why == node_reason::PREEMPTED {
+            if all_terminal {
+                st.preemption_count += 1;
+                requeue(st, reason::PREEMPTED, "preempted; back in the queue".into());
+            }
+            return;
+        }
+        let node_side = matches!(why, node_reason::LOST | node_reason::START_FAILED);
+        let may_requeue = st.requeue_count < max_requeue
+            && match policy {
+                RequeuePolicy::Always => true,
+                RequeuePolicy::OnNodeFailure => node_side,
+                RequeuePolicy::Never => false,
+            };
+        let (code, msg) = failure_reason(&node, &f);
+        st.exit_code = f.exit_code;
+        st.signal = f.signal;
+        if may_requeue {
+            if all_terminal {
+                st.requeue_count += 1;
+                let msg = format!("{msg}; requeued ({}/{max_requeue})", st.requeue_count);
+                requeue(st, reason::REQUEUED, msg);
+            }
+            return;
+        }
+        finish(st, AllocationPhase::Failed, code, msg, now);
+        return;
+    }
+    if all_terminal {
+        st.exit_code = Some(0);
+        st.signal = None;
+        finish(
+            st,
+            AllocationPhase::Completed,
+            reason::COMPLETED,
+            String::new(),
+            now,
+        );
+    }
+}
+
+fn failure_reason(node: &str, f: &NodeTaskState) -> (&'static str, String) {
+    let detail = f.message.clone().unwrap_or_default();
+    let suffix = if detail.is_empty() {
+        String::new()
+    } else {
+        format!(": {detail}")
+    };
+    match f.reason.as_deref() {
+        Some(node_reason::WALLTIME_EXCEEDED) => (
+            reason::WALLTIME_EXCEEDED,
+            format!("walltime exceeded on {node}{suffix}"),
+        ),
+        Some(node_reason::START_FAILED) => (
+            reason::START_FAILED,
+            format!("could not start on {node}{suffix}"),
+        ),
+        Some(node_reason::LOST) => (reason::NODE_FAILURE, format!("lost on {node}{suffix}")),
+        Some(node_reason::SIGNALED) => (
+            reason::SIGNALED,
+            format!(
+                "killed by signal {} on {node}{suffix}",
+                f.signal.unwrap_or_default()
+            ),
+        ),
+        _ => (
+            reason::NON_ZERO_EXIT,
+            format!(
+                "exited with code {} on {node}{suffix}",
+                f.exit_code.unwrap_or_default()
+            ),
+        ),
+    }
+}
+
+fn finish(st: &mut AllocationStatus, phase: AllocationPhase, code: &str, msg: String, now: Time) {
+    st.phase = phase;
+    st.reason = Some(code.to_string());
+    st.message = (!msg.is_empty()).then_some(msg);
+    st.end_time = Some(now);
+}
+
+/// Back to Pending for a new binding; node reports of the old attempt are dropped (the
+/// release controller frees nodes whose owner attempt is older than `status.attempt`...
+/// or equal with a terminal report — both hold here).
+fn requeue(st: &mut AllocationStatus, code: &str, msg: String) {
+    st.phase = AllocationPhase::Pending;
+    st.reason = Some(code.to_string());
+    st.message = Some(msg);
+    st.assigned_nodes.clear();
+    st.topology_groups.clear();
+    st.node_states.clear();
+    st.start_time = None;
+    st.scheduled_time = None;
+    set_condition(
+        &mut st.conditions,
+        Condition::new("Scheduled", ConditionStatus::False, "Requeued", ""),
+    );
+}
+
+/// Put a bound allocation back in the queue because `node` failed (node Down). Used by
+/// the node lifecycle controller; returns false (and fails the allocation) when the
+/// policy or the requeue limit forbids it. Never touches a terminal allocation.
+pub fn node_failed(a: &mut Allocation, node: &str, now: Time) -> bool {
+    if a.phase().is_terminal() {
+        return false;
+    }
+    let attempt = a.status.as_ref().map(|s| s.attempt).unwrap_or(0);
+    let report = NodeTaskState {
+        phase: NodeTaskPhase::Failed,
+        attempt,
+        end_time: Some(now),
+        reason: Some(node_reason::LOST.into()),
+        message: Some(format!("node {node} is Down")),
+        ..Default::default()
+    };
+    let Some(st) = a.status.as_mut() else {
+        return false;
+    };
+    if !st.assigned_nodes.iter().any(|n| n == node) {
+        return false;
+    }
+    // Overwrites a non-terminal report: the node is gone, whatever it said last.
+    let prev = st.node_states.insert(node.to_string(), report);
+    if let Some(p) = prev.filter(|p| p.attempt == attempt && p.phase.is_terminal()) {
+        st.node_states.insert(node.to_string(), p);
+        return false;
+    }
+    // The other nodes' processes are stopped by their agents (peer failed); the
+    // requeue waits for their reports, or for them to be declared Down as well.
+    aggregate(a, now);
+    true
+}
+
+/// `(policy, max_requeue)` with defaults applied.
+pub fn requeue_policy(a: &Allocation) -> (RequeuePolicy, u32) {
+    let r = a.spec.requeue.as_ref();
+    (
+        r.and_then(|r| r.policy)
+            .unwrap_or(RequeuePolicy::OnNodeFailure),
+        r.and_then(|r| r.max_requeue).unwrap_or(DEFAULT_MAX_REQUEUE),
+    )
+}
+
+/// Whether a node owned by attempt `owner_attempt` of `a` (or of a vanished allocation,
+/// `None`) may be released. `node_down`: the node is Down (its agent is not coming back
+/// soon, so no confirmation will arrive).
+pub fn node_released(
+    a: Option<&Allocation>,
+    node: &str,
+    owner_attempt: u32,
+    node_down: bool,
+) -> bool {
+    let Some(a) = a else {
+        return true;
+    };
+    let Some(st) = a.status.as_ref() else {
+        return true;
+    };
+    if st.attempt != owner_attempt || !st.assigned_nodes.iter().any(|n| n == node) {
+        // Re-bound elsewhere or requeued: requeue happens only after every node confirmed.
+        return true;
+    }
+    match st
+        .node_states
+        .get(node)
+        .filter(|s| s.attempt == owner_attempt)
+    {
+        Some(s) if s.phase.is_terminal() => true,
+        // Finished elsewhere: wait for this node's agent to confirm its process is gone,
+        // unless the node is Down.
+        _ => node_down && st.phase.is_terminal(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::now;
+
+    fn bound(nodes: &[&str]) -> Allocation {
+        let mut a = Allocation::default();
+        a.metadata.name = Some("a".into());
+        a.status = Some(AllocationStatus {
+            phase: AllocationPhase::Staging,
+            assigned_nodes: nodes.iter().map(|s| s.to_string()).collect(),
+            attempt: 1,
+            ..Default::default()
+        });
+        a
+    }
+
+    fn report(phase: NodeTaskPhase, exit: Option<i32>, reason: &str) -> NodeTaskState {
+        NodeTaskState {
+            phase,
+            attempt: 1,
+            exit_code: exit,
+            start_time: Some(now()),
+            end_time: phase.is_terminal().then(now),
+            reason: (!reason.is_empty()).then(|| reason.to_string()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn running_when_every_node_started_then_completed() {
+        let mut a = bound(&["n1", "n2"]);
+        assert!(record_node_state(
+            &mut a,
+            "n1",
+            report(NodeTaskPhase::Running, None, ""),
+            now()
+        ));
+        assert_eq!(a.phase(), AllocationPhase::Staging);
+        record_node_state(
+            &mut a,
+            "n2",
+            report(NodeTaskPhase::Running, None, ""),
+            now(),
+        );
+        assert_eq!(a.phase(), AllocationPhase::Running);
+        record_node_state(
+            &mut a,
+            "n1",
+            report(NodeTaskPhase::Succeeded, Some(0), "Exited"),
+            now(),
+        );
+        assert_eq!(a.phase(), AllocationPhase::Running);
+        record_node_state(
+            &mut a,
+            "n2",
+            report(NodeTaskPhase::Succeeded, Some(0), "Exited"),
+            now(),
+        );
+        assert_eq!(a.phase(), AllocationPhase::Completed);
+        assert_eq!(a.status.as_ref().unwrap().exit_code, Some(0));
+    }
+
+    #[test]
+    fn one_failure_fails_at_once_and_stops_peers() {
+        let mut a = bound(&["n1", "n2"]);
+        a.spec.requeue = Some(crate::Requeue {
+            policy: Some(RequeuePolicy::Never),
+            max_requeue: None,
+        });
+        record_node_state(
+            &mut a,
+            "n1",
+            report(NodeTaskPhase::Running, None, ""),
+            now(),
+        );
+        record_node_state(
+            &mut a,
+            "n2",
+            report(NodeTaskPhase::Running, None, ""),
+            now(),
+        );
+        assert_eq!(should_run(&a, "n2", 1), RunDecision::Run);
+        record_node_state(
+            &mut a,
+            "n1",
+            report(NodeTaskPhase::Failed, Some(3), "NonZeroExit"),
+            now(),
+        );
+        let st = a.status.as_ref().unwrap();
+        assert_eq!(st.phase, AllocationPhase::Failed);
+        assert_eq!(st.exit_code, Some(3));
+        assert_eq!(st.reason.as_deref(), Some(reason::NON_ZERO_EXIT));
+        assert_eq!(
+            should_run(&a, "n2", 1),
+            RunDecision::Stop(node_reason::STOPPED)
+        );
+        // n2 still owned until it confirms.
+        assert!(!node_released(Some(&a), "n2", 1, false));
+        assert!(node_released(Some(&a), "n1", 1, false));
+        // A late report is recorded but the outcome stays.
+        record_node_state(
+            &mut a,
+            "n2",
+            report(NodeTaskPhase::Succeeded, Some(0), "Exited"),
+            now(),
+        );
+        assert_eq!(a.phase(), AllocationPhase::Failed);
+        assert!(node_released(Some(&a), "n2", 1, false));
+    }
+
+    #[test]
+    fn always_policy_requeues_after_all_nodes_confirm() {
+        let mut a = bound(&["n1", "n2"]);
+        a.spec.requeue = Some(crate::Requeue {
+            policy: Some(RequeuePolicy::Always),
+            max_requeue: Some(1),
+        });
+        record_node_state(
+            &mut a,
+            "n1",
+            report(NodeTaskPhase::Failed, Some(1), "NonZeroExit"),
+            now(),
+        );
+        assert_eq!(a.phase(), AllocationPhase::Staging, "waits for n2");
+        record_node_state(
+            &mut a,
+            "n2",
+            report(NodeTaskPhase::Failed, None, "Stopped"),
+            now(),
+        );
+        let st = a.status.as_ref().unwrap();
+        assert_eq!(st.phase, AllocationPhase::Pending);
+        assert_eq!(st.requeue_count, 1);
+        assert!(st.assigned_nodes.is_empty());
+        // Second failure exhausts the limit.
+        let mut b = a.clone();
+        let st = b.status.as_mut().unwrap();
+        st.phase = AllocationPhase::Staging;
+        st.attempt = 2;
+        st.assigned_nodes = vec!["n3".into()];
+        let mut r = report(NodeTaskPhase::Failed, Some(1), "NonZeroExit");
+        r.attempt = 2;
+        record_node_state(&mut b, "n3", r, now());
+        assert_eq!(b.phase(), AllocationPhase::Failed);
+    }
+
+    #[test]
+    fn cancel_and_walltime_reasons() {
+        let mut a = bound(&["n1"]);
+        a.metadata
+            .annotations
+            .insert(CANCEL_ANNOTATION.into(), "true".into());
+        assert_eq!(
+            should_run(&a, "n1", 1),
+            RunDecision::Stop(node_reason::CANCELLED)
+        );
+        record_node_state(
+            &mut a,
+            "n1",
+            report(NodeTaskPhase::Failed, None, "Cancelled"),
+            now(),
+        );
+        assert_eq!(a.phase(), AllocationPhase::Cancelled);
+        assert_eq!(
+            a.status.as_ref().unwrap().reason.as_deref(),
+            Some("cancelled")
+        );
+
+        let mut w = bound(&["n1"]);
+        w.spec.requeue = Some(crate::Requeue {
+            policy: Some(RequeuePolicy::OnNodeFailure),
+            max_requeue: None,
+        });
+        record_node_state(
+            &mut w,
+            "n1",
+            report(NodeTaskPhase::Failed, None, "WalltimeExceeded"),
+            now(),
+        );
+        assert_eq!(w.phase(), AllocationPhase::Failed);
+        assert_eq!(
+            w.status.as_ref().unwrap().reason.as_deref(),
+            Some("walltime_exceeded")
+        );
+    }
+
+    #[test]
+    fn stale_attempts_and_duplicates_are_ignored() {
+        let mut a = bound(&["n1"]);
+        let mut old = report(NodeTaskPhase::Failed, Some(1), "NonZeroExit");
+        old.attempt = 0;
+        assert!(!record_node_state(&mut a, "n1", old, now()));
+        assert!(record_node_state(
+            &mut a,
+            "n1",
+            report(NodeTaskPhase::Succeeded, Some(0), "Exited"),
+            now()
+        ));
+        assert!(!record_node_state(
+            &mut a,
+            "n1",
+            report(NodeTaskPhase::Failed, Some(9), "NonZeroExit"),
+            now()
+        ));
+        assert_eq!(a.phase(), AllocationPhase::Completed);
+        assert_eq!(
+            should_run(&a, "n1", 0),
+            RunDecision::Stop(node_reason::STOPPED)
+        );
+    }
+
+    #[test]
+    fn node_down_requeues_under_on_node_failure() {
+        let mut a = bound(&["n1"]);
+        record_node_state(
+            &mut a,
+            "n1",
+            report(NodeTaskPhase::Running, None, ""),
+            now(),
+        );
+        assert!(node_failed(&mut a, "n1", now()));
+        let st = a.status.as_ref().unwrap();
+        assert_eq!(st.phase, AllocationPhase::Pending);
+        assert_eq!(st.requeue_count, 1);
+        let mut n = bound(&["n1"]);
+        n.spec.requeue = Some(crate::Requeue {
+            policy: Some(RequeuePolicy::Never),
+            max_requeue: None,
+        });
+        node_failed(&mut n, "n1", now());
+        assert_eq!(n.phase(), AllocationPhase::Failed);
+        assert_eq!(
+            n.status.as_ref().unwrap().reason.as_deref(),
+            Some("node_failure")
+        );
+    }
+}
