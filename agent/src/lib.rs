@@ -1,0 +1,1 @@
+//! `lattice-agent`: the Lattice node agent.

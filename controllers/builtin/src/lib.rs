@@ -1,0 +1,1 @@
+//! Lattice's built-in controllers.
