@@ -399,6 +399,9 @@ impl Resources {
             }
         }
         check_type_meta(kind, &new)?;
+        if kind.kind == "Allocation" && subresource == Some("status") {
+            check_terminal_phase(old, &new)?;
+        }
         let mut result = if subresource == Some("status") {
             let mut r = old.clone();
             if let Some(o) = r.as_object_mut() {
@@ -1006,4 +1009,26 @@ fn conflict_error(kind: &KindInfo, name: &str, conflicts: &[apply::Conflict]) ->
         ),
     )
     .with_details(json!({"name": name, "group": GROUP, "kind": kind.plural, "causes": causes}))
+}
+
+/// Completed, Failed and Cancelled are final: a late report from an agent or a
+/// controller working from a stale cache may add detail but never change the outcome.
+fn check_terminal_phase(old: &Value, new: &Value) -> ApiResult<()> {
+    const TERMINAL: [&str; 3] = ["Completed", "Failed", "Cancelled"];
+    let was = old.pointer("/status/phase").and_then(Value::as_str);
+    let now = new.pointer("/status/phase").and_then(Value::as_str);
+    match (was, now) {
+        (Some(w), n) if TERMINAL.contains(&w) && n != Some(w) => Err(ApiError::invalid(
+            "Allocation",
+            name_of(old),
+            vec![(
+                "status.phase".into(),
+                format!(
+                    "is {w}, a terminal phase, and cannot become {}; terminal phases are final (submit a new allocation to run it again)",
+                    n.unwrap_or("unset")
+                ),
+            )],
+        )),
+        _ => Ok(()),
+    }
 }

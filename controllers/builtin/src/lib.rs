@@ -1,1 +1,95 @@
-//! Lattice's built-in controllers.
+//! # lattice-controllers
+//!
+//! Lattice's built-in controllers, hosted by `lattice-server` on the Raft leader
+//! (`lattice_runtime::ControllerHost`). Each is level-triggered and restartable from the
+//! store alone; the contract between them and the node agents is ADR-002
+//! (`docs/adr/002-allocation-execution.md`, `lattice_apis::lifecycle`).
+//!
+//! | module | what |
+//! |---|---|
+//! | [`scheduler`] | one loop per vCluster: the pure core (`lattice_scheduler`) over the shared caches, binding transactions, pending reasons, preemption requests |
+//! | [`release`] | frees nodes whose owner is done (after the node's agent confirmed), tenant usage counters |
+//! | [`allocations`] | cancels unbound allocations, `spec.dependsOn` between allocations |
+//! | [`dag`] | runs `Dag` steps with the `lattice_dag` dispatch engine |
+//! | [`task_groups`] | job arrays: elements created lazily within the concurrency limit |
+//! | [`node_lifecycle`] | heartbeat leases → Degraded/Down (requeue or fail), drain/undrain/disable |
+//! | [`objects`] | guarded multi-object store transactions |
+//!
+//! ```no_run
+//! # async fn demo(backend: std::sync::Arc<dyn lattice_store::KvBackend>) {
+//! use std::sync::Arc;
+//! use lattice_runtime::{AlwaysLeader, Client, ControllerHost};
+//! let mut host = ControllerHost::new(Client::in_process(backend.clone()), Arc::new(AlwaysLeader::new()));
+//! let metrics = lattice_controllers::register_all(&mut host, backend, lattice_controllers::Config::default());
+//! # let _ = metrics;
+//! tokio::spawn(host.run(std::future::pending()));
+//! # }
+//! ```
+
+pub mod allocations;
+pub mod dag;
+pub mod metrics;
+pub mod node_lifecycle;
+pub mod objects;
+pub mod release;
+pub mod scheduler;
+pub mod task_groups;
+
+use std::sync::Arc;
+
+use lattice_runtime::ControllerHost;
+use lattice_store::KvBackend;
+
+pub use metrics::{ControllerMetrics, SchedulerMetrics};
+pub use node_lifecycle::NodeLifecycleConfig;
+
+/// Settings of the built-in controllers.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    /// Heartbeat timeouts.
+    pub node_lifecycle: NodeLifecycleConfig,
+    /// DAG admission limits.
+    pub dag_limits: lattice_dag::graph::Limits,
+}
+
+/// The metric families of the built-in controllers (register them on `/metrics`).
+pub struct Metrics {
+    /// Scheduler loops.
+    pub scheduler: SchedulerMetrics,
+    /// The other loops.
+    pub controllers: ControllerMetrics,
+}
+
+impl Metrics {
+    /// Register every family.
+    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
+        self.scheduler.register(r);
+        self.controllers.register(r);
+    }
+}
+
+/// Register every built-in controller (the garbage collector is registered by
+/// `lattice_runtime::gc::register`).
+pub fn register_all(
+    host: &mut ControllerHost,
+    backend: Arc<dyn KvBackend>,
+    config: Config,
+) -> Metrics {
+    let metrics = Metrics {
+        scheduler: SchedulerMetrics::new(),
+        controllers: ControllerMetrics::new(),
+    };
+    {
+        let backend = backend.clone();
+        let m = metrics.scheduler.clone();
+        host.register("scheduler", move |hc| {
+            scheduler::run(hc, backend.clone(), m.clone())
+        });
+    }
+    release::register(host, backend, metrics.controllers.clone());
+    allocations::register(host);
+    dag::register(host, config.dag_limits, metrics.controllers.clone());
+    task_groups::register(host);
+    node_lifecycle::register(host, config.node_lifecycle, metrics.controllers.clone());
+    metrics
+}

@@ -330,4 +330,34 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
         }
         Err(last.unwrap_or_else(|| Error::Request("no attempt made".into())))
     }
+
+    /// Like [`update_with_retry`](Self::update_with_retry) for the `/status`
+    /// subresource: read, `mutate` (return `false` to write nothing), write the status
+    /// with the resourceVersion read, and start over on a 409.
+    pub async fn update_status_with_retry<F>(
+        &self,
+        name: &str,
+        attempts: usize,
+        mut mutate: F,
+    ) -> Result<K>
+    where
+        F: FnMut(&mut K) -> bool + Send,
+    {
+        let mut last = None;
+        for _ in 0..attempts.max(1) {
+            let mut obj = self.get(name).await?;
+            if !mutate(&mut obj) {
+                return Ok(obj);
+            }
+            match self.replace_status(name, &PostParams::default(), &obj).await {
+                Ok(o) => return Ok(o),
+                Err(e) if e.is_conflict() => {
+                    tracing::debug!(kind = K::KIND, name, "status update conflict; re-reading");
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Request("no attempt made".into())))
+    }
 }

@@ -95,6 +95,31 @@ struct ServeArgs {
     /// Most operations in one transaction.
     #[arg(long, default_value_t = Limits::default().max_txn_ops)]
     max_txn_ops: usize,
+    /// A node whose agent has not renewed its heartbeat lease for this long goes
+    /// Degraded (no new work; running work continues).
+    #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
+    heartbeat_timeout: Duration,
+    /// A Degraded node goes Down after this further grace period; its allocations are
+    /// requeued or failed per their requeue policy.
+    #[arg(long, default_value = "60s", value_parser = parse_duration_arg)]
+    node_grace_period: Duration,
+    /// Grace period of sensitive nodes.
+    #[arg(long, default_value = "5m", value_parser = parse_duration_arg)]
+    sensitive_grace_period: Duration,
+    /// Largest DAG accepted (steps).
+    #[arg(long, default_value_t = 1000)]
+    max_dag_size: usize,
+}
+
+fn parse_duration_arg(s: &str) -> Result<Duration, String> {
+    if let Some(ms) = s.strip_suffix("ms") {
+        return ms
+            .trim()
+            .parse::<u64>()
+            .map(Duration::from_millis)
+            .map_err(|e| format!("{s:?}: {e}"));
+    }
+    lattice_apis::duration::parse_duration(s).map(Duration::from_secs)
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum, PartialEq, Eq)]
@@ -317,6 +342,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         gate,
     );
     lattice_runtime::gc::register(&mut host);
+    let controller_metrics = lattice_controllers::register_all(
+        &mut host,
+        backend.clone(),
+        lattice_controllers::Config {
+            node_lifecycle: lattice_controllers::NodeLifecycleConfig {
+                heartbeat_timeout: args.heartbeat_timeout,
+                grace_period: args.node_grace_period,
+                sensitive_grace_period: args.sensitive_grace_period,
+            },
+            dag_limits: lattice_dag::graph::Limits {
+                max_dag_size: args.max_dag_size,
+                ..Default::default()
+            },
+        },
+    );
+    controller_metrics.register(&mut registry);
     host.register_metrics(&mut registry);
     let readiness = host.readiness();
     api.add_readiness_check(

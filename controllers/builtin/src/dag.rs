@@ -1,0 +1,627 @@
+//! The DAG controller: runs a `Dag`'s steps as Allocations owned by it, driven by the
+//! event-driven dispatch engine of `lattice_dag` (fan-in counters; a step's terminal
+//! state evaluates only its outgoing edges).
+//!
+//! * On first sight every plain step's Allocation `<dag>-<step>` is created (labelled
+//!   `lattice.dev/dag`, `lattice.dev/dag-step`); steps whose dependencies do not hold
+//!   yet carry the annotation `lattice.dev/hold: dependencies` (reason
+//!   `waiting_for_dependencies`), which keeps them out of every queue. Task-group steps
+//!   get their elements `<dag>-<step>-<i>` created lazily, within their concurrency.
+//! * Each child's transitions (started, requeued, terminal) are fed to the engine once;
+//!   its `Release` actions lift the hold (or create the element), its `Cancel` actions
+//!   cancel the child (with the cascade's reason).
+//! * The engine lives in memory, keyed by the Dag's uid; after a restart or leader change
+//!   it is rebuilt from the Dag and its children (replaying their states), so the
+//!   controller is restartable from the store alone.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use lattice_apis::kinds::dag::{DagCounts, DagPhase, DagStatus, DagTaskPhase, DagTaskStatus};
+use lattice_apis::lifecycle::{self, CANCEL_ANNOTATION};
+use lattice_apis::meta::now;
+use lattice_apis::{Allocation, AllocationPhase, Dag, ObjectMeta};
+use lattice_dag::graph::{validate, DagDef, Limits};
+use lattice_dag::{Action as DagAction, CancelReason, Engine, Outcome, StepState};
+use lattice_runtime::reflector::Store;
+use lattice_runtime::{Action, Api, HostContext, Patch, PatchParams, PostParams, ResourceExt};
+use serde_json::json;
+
+use crate::allocations::CANCEL_REASON_ANNOTATION;
+use crate::metrics::ControllerMetrics;
+use crate::scheduler::adapter::{HOLD_ANNOTATION, TASK_INDEX_LABEL};
+
+/// Label: the Dag an allocation belongs to.
+pub const DAG_LABEL: &str = "lattice.dev/dag";
+/// Label: the step of the Dag.
+pub const DAG_STEP_LABEL: &str = "lattice.dev/dag-step";
+/// Label: the task group (parent) an element belongs to.
+pub const TASK_GROUP_LABEL: &str = "lattice.dev/task-group";
+
+/// What the controller knows of one child, as last fed to the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    Created,
+    Started,
+    Done,
+}
+
+struct DagRun {
+    engine: Engine,
+    /// Child allocation name → what the engine has been told.
+    seen: HashMap<String, Seen>,
+    /// Requeue counts fed, per child.
+    requeues: HashMap<String, u32>,
+    cancelled: bool,
+    started_at: Option<lattice_apis::meta::Time>,
+}
+
+struct Ctx {
+    api: Api<Allocation>,
+    dags: Api<Dag>,
+    allocations: Store<Allocation>,
+    runs: Mutex<HashMap<String, Arc<tokio::sync::Mutex<DagRun>>>>,
+    limits: Limits,
+    metrics: ControllerMetrics,
+}
+
+/// Register the DAG controller.
+pub fn register(
+    host: &mut lattice_runtime::ControllerHost,
+    limits: Limits,
+    metrics: ControllerMetrics,
+) {
+    host.register("dag", move |hc: HostContext| {
+        let metrics = metrics.clone();
+        async move {
+            let controller = hc.controller::<Dag>().owns::<Allocation>();
+            let ctx = Arc::new(Ctx {
+                api: Api::all(hc.client.clone()),
+                dags: Api::all(hc.client.clone()),
+                allocations: hc.factory.all::<Allocation>().store(),
+                runs: Mutex::new(HashMap::new()),
+                limits,
+                metrics,
+            });
+            controller.run(reconcile, ctx).await;
+        }
+    });
+}
+
+fn step_of(a: &Allocation) -> Option<(String, Option<u64>)> {
+    let step = a.labels().get(DAG_STEP_LABEL)?.clone();
+    let index = a
+        .labels()
+        .get(TASK_INDEX_LABEL)
+        .and_then(|i| i.parse().ok());
+    Some((step, index))
+}
+
+fn outcome(a: &Allocation) -> Option<Outcome> {
+    match a.phase() {
+        AllocationPhase::Completed => Some(Outcome::Succeeded),
+        AllocationPhase::Failed => Some(Outcome::Failed {
+            exit: a.status.as_ref().and_then(|s| s.exit_code).unwrap_or(1),
+        }),
+        AllocationPhase::Cancelled => Some(Outcome::Cancelled),
+        _ => None,
+    }
+}
+
+async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error> {
+    let uid = dag.uid().unwrap_or_default().to_string();
+    if dag.is_deleting() {
+        if let Ok(mut g) = ctx.runs.lock() {
+            g.remove(&uid);
+        }
+        return Ok(Action::await_change());
+    }
+    let existing = ctx.runs.lock().ok().and_then(|g| g.get(&uid).cloned());
+    let run = match existing {
+        Some(r) => r,
+        None => {
+            let phase = dag.status.as_ref().map(|s| s.phase).unwrap_or_default();
+            if matches!(
+                phase,
+                DagPhase::Completed | DagPhase::Failed | DagPhase::Cancelled
+            ) {
+                return Ok(Action::await_change());
+            }
+            let def = DagDef::from_value(&serde_json::to_value(dag.as_ref())?)
+                .map_err(|e| anyhow::anyhow!("{}: {} ({})", e.path, e.message, e.hint))?;
+            let validated = match validate(&def, &ctx.limits) {
+                Ok(v) => v,
+                Err(errs) => {
+                    let msg = errs.to_string();
+                    write_status(
+                        &ctx,
+                        &dag,
+                        DagStatus {
+                            phase: DagPhase::Failed,
+                            reason: Some("Invalid".into()),
+                            message: Some(msg),
+                            completion_time: Some(now()),
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+                    return Ok(Action::await_change());
+                }
+            };
+            let r = Arc::new(tokio::sync::Mutex::new(DagRun {
+                engine: Engine::new(validated),
+                seen: HashMap::new(),
+                requeues: HashMap::new(),
+                cancelled: false,
+                started_at: dag.status.as_ref().and_then(|s| s.start_time),
+            }));
+            if let Ok(mut g) = ctx.runs.lock() {
+                g.entry(uid.clone()).or_insert(r).clone()
+            } else {
+                return Err(anyhow::anyhow!("DAG state lock poisoned"));
+            }
+        }
+    };
+    let mut run = run.lock().await;
+    let begun = Instant::now();
+    let mut actions = Vec::new();
+    let first = run.seen.is_empty()
+        && !run
+            .engine
+            .states()
+            .values()
+            .any(|s| *s != StepState::Waiting);
+    if first {
+        let released = run.engine.start();
+        // Create every plain step up front (held unless released), so users see the
+        // whole workflow at once.
+        let released_steps: Vec<String> = released
+            .iter()
+            .filter_map(|a| match a {
+                DagAction::Release { step, index: None } => Some(step.clone()),
+                _ => None,
+            })
+            .collect();
+        for task in &dag.spec.allocations {
+            if task.spec.task_group.is_some() {
+                continue;
+            }
+            let hold = !released_steps.contains(&task.name);
+            create_step(&ctx, &dag, &task.name, None, hold).await?;
+        }
+        actions.extend(released);
+        run.started_at.get_or_insert_with(now);
+    }
+
+    // Feed each child's transitions to the engine, once each. After a restart the
+    // engine starts from scratch: children are replayed in passes until nothing more
+    // applies (a step's events only apply once its predecessors' have).
+    let children = ctx.allocations.by_owner_uid(&uid);
+    loop {
+        let mut progress = false;
+        for child in &children {
+            if let Some(more) = feed(&mut run, child) {
+                progress |= more.0;
+                actions.extend(more.1);
+            }
+        }
+        if !progress {
+            break;
+        }
+    }
+    let dag_cancelled = dag
+        .metadata
+        .annotations
+        .get(CANCEL_ANNOTATION)
+        .is_some_and(|v| v == "true");
+    if dag_cancelled && !run.cancelled {
+        run.cancelled = true;
+        actions.extend(run.engine.cancel_dag());
+    }
+    let released = apply(&ctx, &dag, &actions).await?;
+    if released > 0 {
+        ctx.metrics.dag_releases.inc_by(released);
+        ctx.metrics
+            .dag_release_latency
+            .observe(begun.elapsed().as_secs_f64());
+    }
+    let status = status_of(&run, &dag, &children);
+    let terminal = matches!(
+        status.phase,
+        DagPhase::Completed | DagPhase::Failed | DagPhase::Cancelled
+    );
+    write_status(&ctx, &dag, status).await?;
+    if terminal {
+        drop(run);
+        if let Ok(mut g) = ctx.runs.lock() {
+            g.remove(&uid);
+        }
+    }
+    Ok(Action::await_change())
+}
+
+/// Feed one child's state to the engine. Returns (whether the engine took something,
+/// its actions), or `None` for children that are not DAG steps.
+fn feed(run: &mut DagRun, child: &Allocation) -> Option<(bool, Vec<DagAction>)> {
+    let (step, index) = step_of(child)?;
+    let name = child.name_any().to_string();
+    let seen = run.seen.get(&name).copied().unwrap_or(Seen::Created);
+    if seen == Seen::Done {
+        return Some((false, Vec::new()));
+    }
+    let phase = child.phase();
+    let held = child.metadata.annotations.contains_key(HOLD_ANNOTATION);
+    if held && !phase.is_terminal() {
+        return Some((false, Vec::new()));
+    }
+    let requeues = child
+        .status
+        .as_ref()
+        .map(|s| s.requeue_count + s.preemption_count)
+        .unwrap_or(0);
+    let mut took = false;
+    if seen == Seen::Started
+        && phase == AllocationPhase::Pending
+        && requeues > run.requeues.get(&name).copied().unwrap_or(0)
+    {
+        if run.engine.on_requeued(&step, index).is_ok() {
+            run.requeues.insert(name.clone(), requeues);
+            run.seen.insert(name, Seen::Created);
+            return Some((true, Vec::new()));
+        }
+        return Some((false, Vec::new()));
+    }
+    let running = matches!(
+        phase,
+        AllocationPhase::Staging | AllocationPhase::Running | AllocationPhase::Checkpointing
+    );
+    let ended = outcome(child);
+    if seen == Seen::Created && !held && (running || ended.is_some()) {
+        if run.engine.on_started(&step, index).is_err() {
+            // Not released in the engine yet (replay order): a later pass.
+            if ended.is_none() || engine_waiting(&run.engine, &step, index) {
+                return Some((false, Vec::new()));
+            }
+        } else {
+            run.seen.insert(name.clone(), Seen::Started);
+            took = true;
+        }
+    }
+    let mut actions = Vec::new();
+    if let Some(o) = ended {
+        match run.engine.on_terminal(&step, o, index) {
+            Ok(a) => {
+                actions = a;
+                run.seen.insert(name, Seen::Done);
+                took = true;
+            }
+            Err(e) => {
+                tracing::debug!(step, error = %e, "terminal event not applicable yet");
+            }
+        }
+    }
+    Some((took, actions))
+}
+
+fn engine_waiting(engine: &Engine, step: &str, index: Option<u64>) -> bool {
+    index.is_none()
+        && matches!(
+            engine.state(step),
+            Some(StepState::Waiting | StepState::Queued)
+        )
+}
+
+fn step_spec(dag: &Dag, step: &str) -> Option<lattice_apis::AllocationSpec> {
+    let task = dag.spec.allocations.iter().find(|t| t.name == step)?;
+    let mut spec = task.spec.clone();
+    if let Some(d) = &dag.spec.defaults {
+        if spec.vcluster.is_none() {
+            spec.vcluster = d.vcluster.clone();
+        }
+        if spec.project.is_none() {
+            spec.project = d.project.clone();
+        }
+        if let Some(nd) = &d.network_domain {
+            let c = spec.connectivity.get_or_insert_with(Default::default);
+            if c.network_domain.is_none() {
+                c.network_domain = Some(nd.clone());
+            }
+        }
+    }
+    spec.depends_on.clear();
+    Some(spec)
+}
+
+fn child_name(dag: &Dag, step: &str, index: Option<u64>) -> String {
+    match index {
+        Some(i) => format!("{}-{step}-{i}", dag.name_any()),
+        None => format!("{}-{step}", dag.name_any()),
+    }
+}
+
+async fn create_step(
+    ctx: &Ctx,
+    dag: &Dag,
+    step: &str,
+    index: Option<u64>,
+    hold: bool,
+) -> Result<(), anyhow::Error> {
+    let Some(mut spec) = step_spec(dag, step) else {
+        return Ok(());
+    };
+    let name = child_name(dag, step, index);
+    let mut meta = ObjectMeta::named(&name, dag.namespace());
+    meta.labels
+        .insert(DAG_LABEL.into(), dag.name_any().to_string());
+    meta.labels.insert(DAG_STEP_LABEL.into(), step.to_string());
+    if let Some(i) = index {
+        spec.task_group = None;
+        meta.labels.insert(
+            TASK_GROUP_LABEL.into(),
+            format!("{}-{step}", dag.name_any()),
+        );
+        meta.labels.insert(TASK_INDEX_LABEL.into(), i.to_string());
+    }
+    for k in ["lattice.dev/user", "lattice.dev/submit-dir"] {
+        if let Some(v) = dag.metadata.annotations.get(k) {
+            meta.annotations.insert(k.into(), v.clone());
+        }
+    }
+    if hold {
+        meta.annotations
+            .insert(HOLD_ANNOTATION.into(), "dependencies".into());
+    }
+    if let Some(owner) = dag.owner_ref(true) {
+        meta.owner_references.push(owner);
+    }
+    let a = Allocation {
+        metadata: meta,
+        spec,
+        ..Default::default()
+    };
+    let api = ctx.api.within(dag.namespace());
+    match api.create(&PostParams::default(), &a).await {
+        Ok(_) => {}
+        Err(e) if e.is_already_exists() => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    if hold {
+        let deps: Vec<String> = dag
+            .spec
+            .allocations
+            .iter()
+            .find(|t| t.name == step)
+            .map(|t| {
+                t.depends_on
+                    .iter()
+                    .map(|d| {
+                        format!(
+                            "{} ({})",
+                            d.ref_,
+                            serde_json::to_value(d.condition)
+                                .ok()
+                                .and_then(|v| v.as_str().map(String::from))
+                                .unwrap_or_default()
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let patch = Patch::Merge(json!({"status": {
+            "reason": lifecycle::reason::WAITING_FOR_DEPENDENCIES,
+            "message": format!("waiting for dependencies: {}", deps.join(", ")),
+        }}));
+        api.patch_status(&name, &PatchParams::default(), &patch)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Carry out the engine's actions; returns how many steps were released.
+async fn apply(ctx: &Ctx, dag: &Dag, actions: &[DagAction]) -> Result<u64, anyhow::Error> {
+    let api = ctx.api.within(dag.namespace());
+    let mut released = 0;
+    for a in actions {
+        match a {
+            DagAction::Release { step, index } => {
+                released += 1;
+                let name = child_name(dag, step, *index);
+                match ctx.allocations.get_named(dag.namespace(), &name) {
+                    Some(child) if child.metadata.annotations.contains_key(HOLD_ANNOTATION) => {
+                        let patch = Patch::Merge(
+                            json!({"metadata": {"annotations": {HOLD_ANNOTATION: null}}}),
+                        );
+                        api.patch(&name, &PatchParams::default(), &patch).await?;
+                        let patch = Patch::Merge(
+                            json!({"status": {"reason": null, "message": "dependencies satisfied; queued"}}),
+                        );
+                        api.patch_status(&name, &PatchParams::default(), &patch)
+                            .await
+                            .ok();
+                    }
+                    Some(_) => {}
+                    None => {
+                        // Not in the cache yet: it may exist (just created) — create is
+                        // idempotent; a held copy is released by the patch below.
+                        create_step(ctx, dag, step, *index, false).await?;
+                        let patch = Patch::Merge(
+                            json!({"metadata": {"annotations": {HOLD_ANNOTATION: null}}}),
+                        );
+                        api.patch(&name, &PatchParams::default(), &patch).await.ok();
+                    }
+                }
+            }
+            DagAction::Cancel {
+                step,
+                index,
+                reason,
+            } => {
+                let name = child_name(dag, step, *index);
+                let why = cancel_message(reason);
+                let exists = ctx.allocations.get_named(dag.namespace(), &name);
+                if exists.as_ref().is_some_and(|c| c.phase().is_terminal()) {
+                    continue;
+                }
+                let patch = Patch::Merge(json!({"metadata": {"annotations": {
+                    CANCEL_ANNOTATION: "true",
+                    CANCEL_REASON_ANNOTATION: why,
+                }}}));
+                match api.patch(&name, &PatchParams::default(), &patch).await {
+                    Ok(_) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    Ok(released)
+}
+
+fn cancel_message(r: &CancelReason) -> String {
+    match r {
+        CancelReason::DependencyFailed { dependency } => format!("dependency {dependency} failed"),
+        CancelReason::DependencyCancelled { dependency } => {
+            format!("dependency {dependency} was cancelled")
+        }
+        CancelReason::ConditionNotMet { dependency } => {
+            format!("skipped: its condition on {dependency} can no longer hold")
+        }
+        CancelReason::CorrespondingElement { dependency, index } => {
+            format!("element {index} of {dependency} did not succeed")
+        }
+        CancelReason::UserRequested => "cancelled by user".into(),
+        CancelReason::DagCancelled => "the DAG was cancelled".into(),
+    }
+}
+
+fn status_of(run: &DagRun, dag: &Dag, children: &[Arc<Allocation>]) -> DagStatus {
+    let engine = run.engine.status();
+    let by_name: HashMap<&str, &Arc<Allocation>> =
+        children.iter().map(|c| (c.name_any(), c)).collect();
+    let mut tasks = BTreeMap::new();
+    let mut counts = DagCounts {
+        total: engine.counts.total,
+        ..Default::default()
+    };
+    for s in &engine.steps {
+        let alloc_name = child_name(dag, &s.name, None);
+        let child = if s.elements.is_none() {
+            by_name.get(alloc_name.as_str()).copied()
+        } else {
+            None
+        };
+        let (phase, reason, message) = match &s.state {
+            StepState::Waiting | StepState::Queued => (DagTaskPhase::Waiting, None, None),
+            StepState::Pending | StepState::Running => {
+                let p = child.map(|c| c.phase()).unwrap_or(AllocationPhase::Pending);
+                let phase = match p {
+                    AllocationPhase::Staging => DagTaskPhase::Staging,
+                    AllocationPhase::Running => DagTaskPhase::Running,
+                    AllocationPhase::Checkpointing => DagTaskPhase::Checkpointing,
+                    AllocationPhase::Suspended => DagTaskPhase::Suspended,
+                    _ if s.state == StepState::Running => DagTaskPhase::Running,
+                    _ => DagTaskPhase::Pending,
+                };
+                (
+                    phase,
+                    None,
+                    child.and_then(|c| c.status.as_ref()?.message.clone()),
+                )
+            }
+            StepState::Succeeded => (DagTaskPhase::Completed, None, None),
+            StepState::Failed { exit } => (
+                DagTaskPhase::Failed,
+                Some("Failed".to_string()),
+                Some(format!("exited with code {exit}")),
+            ),
+            StepState::Cancelled { reason } => (
+                if matches!(reason, CancelReason::ConditionNotMet { .. }) {
+                    DagTaskPhase::Skipped
+                } else {
+                    DagTaskPhase::Cancelled
+                },
+                Some(reason.code().to_string()),
+                Some(cancel_message(reason)),
+            ),
+        };
+        match phase {
+            DagTaskPhase::Waiting => counts.waiting += 1,
+            DagTaskPhase::Pending | DagTaskPhase::Staging => counts.pending += 1,
+            DagTaskPhase::Running | DagTaskPhase::Checkpointing | DagTaskPhase::Suspended => {
+                counts.running += 1
+            }
+            DagTaskPhase::Completed => counts.completed += 1,
+            DagTaskPhase::Failed => counts.failed += 1,
+            DagTaskPhase::Cancelled => counts.cancelled += 1,
+            DagTaskPhase::Skipped => counts.skipped += 1,
+        }
+        let message = match &s.elements {
+            Some(e) => Some(format!(
+                "{} elements: {} completed, {} failed, {} running",
+                e.total, e.succeeded, e.failed, e.running
+            )),
+            None => message,
+        };
+        tasks.insert(
+            s.name.clone(),
+            DagTaskStatus {
+                phase,
+                allocation: s.elements.is_none().then_some(alloc_name),
+                reason,
+                message,
+            },
+        );
+    }
+    let phase = match engine.phase {
+        lattice_dag::DagPhase::Running => DagPhase::Running,
+        lattice_dag::DagPhase::Completed => DagPhase::Completed,
+        lattice_dag::DagPhase::Failed => DagPhase::Failed,
+        lattice_dag::DagPhase::Cancelled => DagPhase::Cancelled,
+    };
+    // A cancelled DAG is Cancelled only once its running steps have stopped.
+    let settled = counts.pending == 0 && counts.running == 0;
+    let phase = if phase == DagPhase::Cancelled && !settled {
+        DagPhase::Running
+    } else {
+        phase
+    };
+    let terminal = matches!(
+        phase,
+        DagPhase::Completed | DagPhase::Failed | DagPhase::Cancelled
+    );
+    let prev = dag.status.clone().unwrap_or_default();
+    DagStatus {
+        phase,
+        tasks,
+        counts,
+        start_time: run.started_at.or(prev.start_time),
+        completion_time: if terminal {
+            prev.completion_time.or_else(|| Some(now()))
+        } else {
+            None
+        },
+        reason: match phase {
+            DagPhase::Failed => Some("StepFailed".into()),
+            DagPhase::Cancelled => Some("Cancelled".into()),
+            _ => None,
+        },
+        message: None,
+        observed_generation: dag.metadata.generation,
+        conditions: prev.conditions,
+    }
+}
+
+async fn write_status(ctx: &Ctx, dag: &Dag, status: DagStatus) -> Result<(), anyhow::Error> {
+    if dag.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let mut obj = dag.clone();
+    obj.status = Some(status);
+    let patch = Patch::Merge(json!({"status": serde_json::to_value(obj.status)?}));
+    ctx.dags
+        .within(dag.namespace())
+        .patch_status(dag.name_any(), &PatchParams::default(), &patch)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! Metrics of the built-in controllers' long-running loops (the seed's "Scheduler
+//! Self-Monitoring"): `lattice_scheduler_*`, `lattice_release_*`, `lattice_node_*`,
+//! `lattice_dag_*`.
+
+use std::sync::atomic::AtomicI64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::scheduler::CycleStats;
+
+/// `vcluster` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VClusterLabel {
+    /// `tenant/name`.
+    pub vcluster: String,
+}
+
+/// `state` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// Node state.
+    pub state: String,
+}
+
+fn histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 20))
+}
+
+/// Scheduler loop metrics (cheap to clone).
+#[derive(Clone)]
+pub struct SchedulerMetrics {
+    cycle_duration: Family<VClusterLabel, Histogram, fn() -> Histogram>,
+    core_duration: Family<VClusterLabel, Histogram, fn() -> Histogram>,
+    queue_depth: Family<VClusterLabel, Gauge<i64, AtomicI64>>,
+    running: Family<VClusterLabel, Gauge<i64, AtomicI64>>,
+    proposals_accepted: Family<VClusterLabel, Counter>,
+    proposals_rejected: Family<VClusterLabel, Counter>,
+    backfills: Family<VClusterLabel, Counter>,
+    preemptions: Family<VClusterLabel, Counter>,
+    cycles: Family<VClusterLabel, Counter>,
+}
+
+impl Default for SchedulerMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SchedulerMetrics {
+    /// Empty families.
+    pub fn new() -> Self {
+        Self {
+            cycle_duration: Family::new_with_constructor(histogram as fn() -> Histogram),
+            core_duration: Family::new_with_constructor(histogram as fn() -> Histogram),
+            queue_depth: Family::default(),
+            running: Family::default(),
+            proposals_accepted: Family::default(),
+            proposals_rejected: Family::default(),
+            backfills: Family::default(),
+            preemptions: Family::default(),
+            cycles: Family::default(),
+        }
+    }
+
+    /// Register under `lattice_scheduler_*`.
+    pub fn register(&self, r: &mut Registry) {
+        let r = r.sub_registry_with_prefix("lattice_scheduler");
+        r.register(
+            "cycle_duration_seconds",
+            "Duration of a scheduling cycle, store writes included",
+            self.cycle_duration.clone(),
+        );
+        r.register(
+            "cost_function_duration_seconds",
+            "Time spent in the pure scheduling core (scoring, placement) per cycle",
+            self.core_duration.clone(),
+        );
+        r.register(
+            "queue_depth",
+            "Allocations queued",
+            self.queue_depth.clone(),
+        );
+        r.register(
+            "running_allocations",
+            "Allocations holding nodes",
+            self.running.clone(),
+        );
+        r.register(
+            "proposals_accepted",
+            "Bindings committed",
+            self.proposals_accepted.clone(),
+        );
+        r.register(
+            "proposals_rejected",
+            "Bindings that lost a race (retried next cycle)",
+            self.proposals_rejected.clone(),
+        );
+        r.register(
+            "backfills",
+            "Allocations started by backfill",
+            self.backfills.clone(),
+        );
+        r.register(
+            "preemptions",
+            "Preemptions requested",
+            self.preemptions.clone(),
+        );
+        r.register("cycles", "Scheduling cycles run", self.cycles.clone());
+    }
+
+    /// Record one cycle.
+    pub fn observe_cycle(&self, vcluster: &str, took: Duration, s: &CycleStats) {
+        let l = VClusterLabel {
+            vcluster: vcluster.to_string(),
+        };
+        self.cycles.get_or_create(&l).inc();
+        self.cycle_duration
+            .get_or_create(&l)
+            .observe(took.as_secs_f64());
+        self.core_duration
+            .get_or_create(&l)
+            .observe(s.core_time.as_secs_f64());
+        self.queue_depth.get_or_create(&l).set(s.pending as i64);
+        self.running.get_or_create(&l).set(s.running as i64);
+        self.proposals_accepted
+            .get_or_create(&l)
+            .inc_by(s.bound as u64);
+        self.proposals_rejected
+            .get_or_create(&l)
+            .inc_by(s.conflicts as u64);
+        self.backfills.get_or_create(&l).inc_by(s.backfilled as u64);
+        self.preemptions
+            .get_or_create(&l)
+            .inc_by(s.preemptions as u64);
+    }
+}
+
+/// Metrics of the other built-in loops.
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    /// Nodes released (ownership cleared).
+    pub nodes_released: Counter,
+    /// Release transactions that lost a race.
+    pub release_conflicts: Counter,
+    /// Node state transitions made by the node lifecycle controller.
+    pub node_transitions: Family<StateLabel, Counter>,
+    /// Allocations requeued or failed because their node went Down.
+    pub node_failures: Counter,
+    /// DAG steps released.
+    pub dag_releases: Counter,
+    /// DAG release latency: from the predecessor's terminal status to the successor
+    /// being released.
+    pub dag_release_latency: Histogram,
+}
+
+impl ControllerMetrics {
+    /// Empty metrics.
+    pub fn new() -> Self {
+        Self {
+            nodes_released: Counter::default(),
+            release_conflicts: Counter::default(),
+            node_transitions: Family::default(),
+            node_failures: Counter::default(),
+            dag_releases: Counter::default(),
+            dag_release_latency: histogram(),
+        }
+    }
+
+    /// Register under `lattice_*`.
+    pub fn register(&self, r: &mut Registry) {
+        let r = r.sub_registry_with_prefix("lattice");
+        r.register(
+            "release_nodes_released",
+            "Nodes whose ownership was released",
+            self.nodes_released.clone(),
+        );
+        r.register(
+            "release_conflicts",
+            "Release transactions that lost a race",
+            self.release_conflicts.clone(),
+        );
+        r.register(
+            "node_transitions",
+            "Node state transitions by the node lifecycle controller",
+            self.node_transitions.clone(),
+        );
+        r.register(
+            "node_failure_allocations",
+            "Allocations requeued or failed because their node went Down",
+            self.node_failures.clone(),
+        );
+        r.register(
+            "dag_releases",
+            "DAG steps released",
+            self.dag_releases.clone(),
+        );
+        r.register(
+            "dag_release_latency_seconds",
+            "From a predecessor's terminal status write to its successor's release",
+            self.dag_release_latency.clone(),
+        );
+    }
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,194 @@
+//! The release controller: gives nodes back to the pool once their owner is done with
+//! them (`lattice_apis::lifecycle::node_released`), and decrements the tenant's usage
+//! counters in the same guarded transaction.
+//!
+//! A node stays owned until its own agent has confirmed that the owner's process group is
+//! gone (or the node is Down), so a new allocation can never start on a node where the
+//! previous one is still in its SIGTERM grace period.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lattice_apis::{lifecycle, Allocation, Node, NodeState, Tenant};
+use lattice_runtime::informer::InformerParams;
+use lattice_runtime::reflector::Store;
+use lattice_runtime::{Action, HostContext, ObjectRef, ResourceExt};
+use lattice_store::KvBackend;
+
+use crate::metrics::ControllerMetrics;
+use crate::objects::{key_of, read_many, GuardedWrite};
+
+struct Ctx {
+    backend: Arc<dyn KvBackend>,
+    nodes: Store<Node>,
+    allocations: Store<Allocation>,
+    metrics: ControllerMetrics,
+}
+
+/// `(tenant, allocation, attempt)` of a node's owner.
+type OwnerKey = (String, String, u32);
+
+fn owner_key(n: &Node) -> Option<OwnerKey> {
+    let o = n.status.as_ref()?.owner.as_ref()?;
+    Some((
+        o.tenant.clone()?,
+        o.allocation.clone()?,
+        o.attempt.unwrap_or(0),
+    ))
+}
+
+/// The owner allocation of `n` as `a` (if it is the same object: a re-created allocation
+/// with the same name is a different owner).
+fn same_owner(n: &Node, a: Option<&Allocation>) -> bool {
+    let Some(a) = a else { return false };
+    let want = n
+        .status
+        .as_ref()
+        .and_then(|s| s.owner.as_ref())
+        .and_then(|o| o.allocation_uid.as_deref());
+    match (want, a.uid()) {
+        (Some(w), Some(h)) => w == h,
+        _ => true,
+    }
+}
+
+fn releasable(n: &Node, a: Option<&Allocation>) -> bool {
+    let Some((_, _, attempt)) = owner_key(n) else {
+        return false;
+    };
+    let down = n
+        .status
+        .as_ref()
+        .is_some_and(|s| s.state == NodeState::Down);
+    let a = a.filter(|a| same_owner(n, Some(a)));
+    lifecycle::node_released(a, n.name_any(), attempt, down)
+}
+
+/// Register the release controller.
+pub fn register(
+    host: &mut lattice_runtime::ControllerHost,
+    backend: Arc<dyn KvBackend>,
+    metrics: ControllerMetrics,
+) {
+    host.register("release", move |hc: HostContext| {
+        let backend = backend.clone();
+        let metrics = metrics.clone();
+        async move {
+            let controller = hc.controller::<Node>();
+            let nodes = controller.store();
+            let allocations = hc.factory.all::<Allocation>().store();
+            let by_owner = nodes.clone();
+            let ctx = Arc::new(Ctx {
+                backend,
+                nodes,
+                allocations,
+                metrics,
+            });
+            controller
+                .watches::<Allocation, _>(&InformerParams::default(), move |a| {
+                    // The nodes this allocation owns (any attempt).
+                    let ns = a.namespace().map(str::to_string);
+                    let name = a.name_any().to_string();
+                    by_owner
+                        .find(|n| {
+                            n.status
+                                .as_ref()
+                                .and_then(|s| s.owner.as_ref())
+                                .is_some_and(|o| {
+                                    o.tenant == ns && o.allocation.as_deref() == Some(name.as_str())
+                                })
+                        })
+                        .iter()
+                        .map(|n| ObjectRef::from_obj(n.as_ref()))
+                        .collect()
+                })
+                .resync_every(Some(Duration::from_secs(30)))
+                .run(reconcile, ctx)
+                .await;
+        }
+    });
+}
+
+async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error> {
+    let Some(owner) = owner_key(&node) else {
+        return Ok(Action::await_change());
+    };
+    // The cache may not have caught up with a binding made a moment ago: a cached view
+    // that says "not released" is final for now, but "released" is only acted on after
+    // reading the allocation from the store.
+    let cached = ctx.allocations.get_named(Some(&owner.0), &owner.1);
+    if cached.is_some() && !releasable(&node, cached.as_deref()) {
+        return Ok(Action::await_change());
+    }
+    let alloc = read_many::<Allocation>(
+        &ctx.backend,
+        &[key_of::<Allocation>(Some(&owner.0), &owner.1)],
+    )
+    .await?
+    .pop()
+    .flatten()
+    .map(|s| s.obj);
+    if !releasable(&node, alloc.as_ref()) {
+        return Ok(Action::await_change());
+    }
+    // Every node of the same owner: released together, so the allocation count of the
+    // tenant drops exactly once (when the last of them goes).
+    let group: Vec<Arc<Node>> = ctx.nodes.find(|n| owner_key(n).as_ref() == Some(&owner));
+    let mut keys: Vec<String> = group
+        .iter()
+        .map(|n| key_of::<Node>(None, n.name_any()))
+        .collect();
+    let own_key = key_of::<Node>(None, node.name_any());
+    if !keys.contains(&own_key) {
+        keys.push(own_key);
+    }
+    let fresh = read_many::<Node>(&ctx.backend, &keys).await?;
+    let tenant = read_many::<Tenant>(&ctx.backend, &[key_of::<Tenant>(None, &owner.0)])
+        .await?
+        .pop()
+        .flatten();
+    let mut w = GuardedWrite::new();
+    let mut released = 0u32;
+    let mut still_owned = 0u32;
+    for stored in fresh.iter().flatten() {
+        if owner_key(&stored.obj).as_ref() != Some(&owner) {
+            continue;
+        }
+        if releasable(&stored.obj, alloc.as_ref()) {
+            let mut n = stored.obj.clone();
+            if let Some(st) = n.status.as_mut() {
+                st.owner = None;
+                st.allocations.clear();
+            }
+            w.put(stored, &n)?;
+            released += 1;
+        } else {
+            w.guard(stored);
+            still_owned += 1;
+        }
+    }
+    if released == 0 {
+        return Ok(Action::await_change());
+    }
+    if let Some(t) = &tenant {
+        let mut obj = t.obj.clone();
+        let sensitive = alloc.as_ref().is_some_and(|a| a.spec.sensitive);
+        let usage = &mut obj.status.get_or_insert_with(Default::default).usage;
+        usage.nodes = usage.nodes.saturating_sub(released);
+        if sensitive {
+            usage.sensitive_nodes = usage.sensitive_nodes.saturating_sub(released);
+        }
+        if still_owned == 0 {
+            usage.running_allocations = usage.running_allocations.saturating_sub(1);
+        }
+        w.put(t, &obj)?;
+    }
+    if w.commit(&ctx.backend).await? {
+        ctx.metrics.nodes_released.inc_by(u64::from(released));
+        tracing::debug!(allocation = %format!("{}/{}", owner.0, owner.1), attempt = owner.2, released, "nodes released");
+        Ok(Action::await_change())
+    } else {
+        ctx.metrics.release_conflicts.inc();
+        Ok(Action::requeue(Duration::from_millis(20)))
+    }
+}

@@ -1,0 +1,419 @@
+//! API objects → the scheduling core's model (`lattice_scheduler::model`). The core never
+//! sees API types; this is the only place that knows both.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use lattice_apis::kinds::vcluster::{PreemptionMode, SchedulerType};
+use lattice_apis::{
+    lifecycle, Allocation, AllocationPhase, CheckpointStrategy, Node, NodeState, Tenant, VCluster,
+};
+use lattice_runtime::ResourceExt;
+use lattice_scheduler::{
+    CheckpointInfo, CheckpointMode, Constraints, CostWeights, Discipline, JobId, NodeId, NodeOwner,
+    NodeRequest, NodeView, PendingJob, RunningJob, SchedulerConfig, SchedulerKind, TenantId,
+    TenantQuota, TenantUsage, VClusterId,
+};
+
+/// Annotation that keeps an allocation out of the queue (value: why). The DAG controller
+/// holds steps whose dependencies are not satisfied yet.
+pub const HOLD_ANNOTATION: &str = "lattice.dev/hold";
+/// Label of a task-group element: its index.
+pub const TASK_INDEX_LABEL: &str = "lattice.dev/task-index";
+
+/// Default walltime when neither the allocation nor its vCluster sets one (bounded work).
+pub const DEFAULT_WALLTIME_S: u64 = 3600;
+/// "Forever" for unbounded work, in the core's integer seconds.
+const UNBOUNDED_S: i64 = 10 * 365 * 24 * 3600;
+
+/// `(tenant, name)` of a vCluster.
+pub type VClusterKey = (String, String);
+
+/// Unix seconds of an API time.
+pub fn unix(t: &lattice_apis::meta::Time) -> i64 {
+    t.timestamp()
+}
+
+/// The vCluster an allocation is queued in: `<tenant>/<spec.vcluster or "default">`,
+/// else the shared `default/<name>`.
+pub fn resolve_vcluster(
+    a: &Allocation,
+    exists: impl Fn(&VClusterKey) -> bool,
+) -> Result<VClusterKey, String> {
+    let name = a.spec.vcluster.clone().unwrap_or_else(|| "default".into());
+    let ns = a.namespace().unwrap_or("default").to_string();
+    let own = (ns, name.clone());
+    if exists(&own) {
+        return Ok(own);
+    }
+    let shared = ("default".to_string(), name.clone());
+    if exists(&shared) {
+        return Ok(shared);
+    }
+    Err(format!(
+        "vCluster {name:?} not found in tenant {:?} or in \"default\"; create it (lattice apply -f vcluster.yaml) or set spec.vcluster",
+        a.namespace().unwrap_or("default")
+    ))
+}
+
+/// Whether an allocation is waiting in a queue at all (not held, not a task-group parent,
+/// not cancelled, not bound).
+pub fn is_queued(a: &Allocation) -> bool {
+    if a.is_deleting() || lifecycle::cancel_requested(a) {
+        return false;
+    }
+    if a.metadata.annotations.contains_key(HOLD_ANNOTATION) {
+        return false;
+    }
+    if a.spec.task_group.is_some() && !a.labels().contains_key(TASK_INDEX_LABEL) {
+        return false; // the parent of a job array: its elements are queued instead
+    }
+    if !a.spec.depends_on.is_empty() && !crate::allocations::dependencies_met(a) {
+        return false;
+    }
+    let st = a.status.as_ref();
+    st.is_none_or(|s| s.phase == AllocationPhase::Pending && s.assigned_nodes.is_empty())
+}
+
+/// Effective walltime in seconds (`None`: unbounded).
+pub fn walltime_s(a: &Allocation, vc: Option<&VCluster>) -> Option<u64> {
+    use lattice_apis::LifecycleType;
+    if let Some(w) = a.spec.lifecycle.walltime_seconds() {
+        return Some(w);
+    }
+    if matches!(
+        a.spec.lifecycle.type_,
+        LifecycleType::Unbounded | LifecycleType::Reactive
+    ) {
+        return None;
+    }
+    let default = vc
+        .and_then(|v| v.spec.default_walltime.as_deref())
+        .and_then(|d| lattice_apis::duration::parse_duration(d).ok());
+    Some(default.unwrap_or(DEFAULT_WALLTIME_S))
+}
+
+/// The core configuration of a vCluster.
+pub fn scheduler_config(vc: &VCluster) -> SchedulerConfig {
+    let t = vc.spec.scheduler_type.unwrap_or(SchedulerType::HpcBackfill);
+    let kind = match t {
+        SchedulerType::HpcBackfill => SchedulerKind::HpcBackfill,
+        SchedulerType::ServiceBinpack => SchedulerKind::ServiceBinpack,
+        SchedulerType::SensitiveReservation => SchedulerKind::SensitiveReservation,
+        SchedulerType::InteractiveFifo => SchedulerKind::InteractiveFifo,
+    };
+    let mut cfg = SchedulerConfig::for_kind(kind);
+    let mut weights = vc.spec.weights.clone();
+    if let Some(p) = vc.spec.effective_profile() {
+        weights.fill_from(p);
+    }
+    cfg.weights = CostWeights::new(weights.to_array());
+    if kind == SchedulerKind::HpcBackfill {
+        let depth = vc
+            .spec
+            .backfill_depth
+            .unwrap_or(t.default_backfill_depth())
+            .max(1);
+        cfg.discipline = Discipline::Backfill {
+            depth: depth as usize,
+        };
+    }
+    let mode = vc.spec.preemption.mode.unwrap_or(t.default_preemption());
+    cfg.preemption.enabled = cfg.preemption.enabled && mode != PreemptionMode::Never;
+    if let Some(m) = vc.spec.preemption.max_victims {
+        cfg.preemption.max_victims = m as usize;
+    }
+    if let Some(s) = vc
+        .spec
+        .preemption
+        .near_completion_threshold
+        .as_deref()
+        .and_then(|d| lattice_apis::duration::parse_duration(d).ok())
+    {
+        cfg.preemption.near_completion_s = s as i64;
+    }
+    cfg
+}
+
+/// Interns strings to dense ids.
+#[derive(Default)]
+pub struct Interner {
+    ids: HashMap<String, u32>,
+}
+
+impl Interner {
+    /// The id of `s` (new ids are dense, in order of first use).
+    pub fn id(&mut self, s: &str) -> u32 {
+        let n = self.ids.len() as u32;
+        *self.ids.entry(s.to_string()).or_insert(n)
+    }
+}
+
+/// Stable 64-bit hash of a conformance fingerprint string (FNV-1a).
+fn fingerprint(s: Option<&str>) -> u64 {
+    let Some(s) = s else { return 0 };
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The node inventory of one cycle.
+pub struct Inventory {
+    /// Node views, `NodeId(i)` = `names[i]`.
+    pub views: Vec<NodeView>,
+    /// Node names by dense id.
+    pub names: Vec<String>,
+    /// Running work (from node ownership), `JobId(i)` = `running_refs[i]`.
+    pub running: Vec<RunningJob>,
+    /// `(tenant, name)` of each running job.
+    pub running_refs: Vec<(String, String)>,
+}
+
+/// Scheduler state of a node.
+pub fn node_state(n: &Node) -> lattice_scheduler::NodeState {
+    use lattice_scheduler::NodeState as S;
+    let state = n.status.as_ref().map(|s| s.state).unwrap_or_default();
+    if n.spec.disabled {
+        return S::Down;
+    }
+    match state {
+        NodeState::Ready if n.spec.unschedulable || n.spec.drain.is_some() => S::Draining,
+        NodeState::Ready => S::Ready,
+        NodeState::Degraded | NodeState::Draining => S::Draining,
+        NodeState::Drained => S::Drained,
+        _ => S::Down,
+    }
+}
+
+/// Build the inventory: every Node, and running jobs from node ownership.
+pub fn inventory(
+    nodes: &[Arc<Node>],
+    allocations: &impl Fn(&str, &str) -> Option<Arc<Allocation>>,
+    vclusters: &mut Interner,
+    tenants: &mut Interner,
+    home_of: &HashMap<String, VClusterKey>,
+    now: i64,
+) -> Inventory {
+    let mut sorted: Vec<&Arc<Node>> = nodes.iter().collect();
+    sorted.sort_by(|a, b| a.name_any().cmp(b.name_any()));
+    let mut views = Vec::with_capacity(sorted.len());
+    let mut names = Vec::with_capacity(sorted.len());
+    let mut owned: BTreeMap<(String, String), Vec<NodeId>> = BTreeMap::new();
+    for (i, n) in sorted.iter().enumerate() {
+        let id = NodeId(i as u32);
+        let st = n.status.as_ref();
+        let cap = st.map(|s| s.capacity.clone()).unwrap_or_default();
+        let mut features = n.spec.features.clone();
+        features.sort();
+        features.dedup();
+        let home = n
+            .spec
+            .home_vcluster
+            .as_ref()
+            .map(|h| {
+                // A bare name is a vCluster of the "default" tenant; `tenant/name` is explicit.
+                match h.split_once('/') {
+                    Some((t, v)) => format!("{t}/{v}"),
+                    None => format!("default/{h}"),
+                }
+            })
+            .or_else(|| home_of.get(n.name_any()).map(|(t, v)| format!("{t}/{v}")))
+            .map(|k| VClusterId(vclusters.id(&k)));
+        views.push(NodeView {
+            id,
+            state: node_state(n),
+            gpus: cap.gpu_count,
+            gpu_type: cap.gpu_type.clone(),
+            features,
+            memory_gb: u32::try_from(cap.memory_gb).unwrap_or(u32::MAX),
+            cxl_memory_gb: cap
+                .cxl_memory_gb
+                .map(|c| u32::try_from(c).unwrap_or(u32::MAX))
+                .unwrap_or(0),
+            unified_memory: cap.unified_memory,
+            topology_group: n.spec.topology_group.unwrap_or(0),
+            conformance_fingerprint: fingerprint(
+                st.and_then(|s| s.conformance_fingerprint.as_deref()),
+            ),
+            owner: NodeOwner { home },
+            sensitive_pool: n.spec.sensitive,
+            gpu_link_fitness: 1.0,
+            memory_locality: 1.0,
+        });
+        names.push(n.name_any().to_string());
+        if let Some(o) = st.and_then(|s| s.owner.as_ref()) {
+            if let (Some(t), Some(a)) = (&o.tenant, &o.allocation) {
+                owned.entry((t.clone(), a.clone())).or_default().push(id);
+            }
+        }
+    }
+    let mut running = Vec::with_capacity(owned.len());
+    let mut running_refs = Vec::with_capacity(owned.len());
+    for ((tenant, name), ids) in owned {
+        let a = allocations(&tenant, &name);
+        let job = JobId(running.len() as u64);
+        let tid = TenantId(tenants.id(&tenant));
+        let r = match a {
+            Some(a) => {
+                let st = a.status.as_ref();
+                let start = st
+                    .and_then(|s| s.start_time.as_ref().or(s.scheduled_time.as_ref()))
+                    .map(unix)
+                    .unwrap_or(now);
+                let vc = a.spec.vcluster.clone().unwrap_or_else(|| "default".into());
+                RunningJob {
+                    id: job,
+                    tenant: tid,
+                    vcluster: VClusterId(vclusters.id(&format!("{tenant}/{vc}"))),
+                    nodes: ids,
+                    preemption_class: a.spec.preemption_class.unwrap_or(5).clamp(0, 10) as u8,
+                    sensitive: a.spec.sensitive,
+                    start_time: start,
+                    walltime_s: st
+                        .and_then(|s| s.walltime_seconds)
+                        .map(|w| w as i64)
+                        .unwrap_or(UNBOUNDED_S),
+                    checkpoint: checkpoint(&a),
+                    last_checkpoint: st.and_then(|s| s.last_checkpoint_time.as_ref()).map(unix),
+                    gpus_per_node: a.spec.resources.constraints.gpu_count.unwrap_or(0),
+                    checkpointing: lifecycle::preempt_requested(&a)
+                        || a.phase() == AllocationPhase::Checkpointing,
+                }
+            }
+            // The owner vanished (release pending): busy, never a preemption victim.
+            None => RunningJob {
+                id: job,
+                tenant: tid,
+                vcluster: VClusterId(u32::MAX),
+                nodes: ids,
+                preemption_class: 10,
+                sensitive: true,
+                start_time: now,
+                walltime_s: 60,
+                checkpoint: CheckpointInfo::default(),
+                last_checkpoint: None,
+                gpus_per_node: 0,
+                checkpointing: true,
+            },
+        };
+        running.push(r);
+        running_refs.push((tenant, name));
+    }
+    Inventory {
+        views,
+        names,
+        running,
+        running_refs,
+    }
+}
+
+fn checkpoint(a: &Allocation) -> CheckpointInfo {
+    let strategy = a
+        .spec
+        .checkpoint
+        .as_ref()
+        .map(|c| c.strategy)
+        .unwrap_or_default();
+    CheckpointInfo {
+        mode: match strategy {
+            CheckpointStrategy::None => CheckpointMode::None,
+            CheckpointStrategy::Manual => CheckpointMode::Manual,
+            _ => CheckpointMode::Auto,
+        },
+        estimated_minutes: 5.0,
+    }
+}
+
+/// A queued allocation as the core sees it.
+pub fn pending_job(
+    id: JobId,
+    a: &Allocation,
+    tenant: TenantId,
+    vcluster: VClusterId,
+    vc: Option<&VCluster>,
+    now: i64,
+) -> PendingJob {
+    let c = &a.spec.resources.constraints;
+    let submit = a
+        .status
+        .as_ref()
+        .and_then(|s| s.submit_time.as_ref())
+        .or(a.metadata.creation_timestamp.as_ref())
+        .map(unix)
+        .unwrap_or(now);
+    let allow_borrow = vc
+        .and_then(|v| v.spec.borrowing.allow_borrow)
+        .unwrap_or(false);
+    let mut features = c.features.clone();
+    features.sort();
+    features.dedup();
+    PendingJob {
+        id,
+        tenant,
+        vcluster,
+        nodes: NodeRequest {
+            min: a.spec.resources.nodes.min().max(1),
+            max: a
+                .spec
+                .resources
+                .nodes
+                .max()
+                .max(a.spec.resources.nodes.min().max(1)),
+        },
+        constraints: Constraints {
+            gpu_type: c.gpu_type.clone(),
+            min_gpus_per_node: c.gpu_count.unwrap_or(0),
+            features,
+            memory_gb_per_node: c
+                .memory_gb
+                .map(|m| u32::try_from(m).unwrap_or(u32::MAX))
+                .unwrap_or(0),
+            require_unified_memory: c.require_unified_memory,
+            allow_cxl_memory: c.allow_cxl_memory,
+            require_conformance: c.require_conformance,
+            allow_borrowed: allow_borrow,
+            gpu_heavy: c.gpu_count.map(|g| g > 0),
+        },
+        preemption_class: a.spec.preemption_class.unwrap_or(5).clamp(0, 10) as u8,
+        sensitive: a.spec.sensitive,
+        submit_time: submit,
+        walltime_s: walltime_s(a, vc).map(|w| w as i64).unwrap_or(UNBOUNDED_S),
+        checkpoint: checkpoint(a),
+        data_readiness: None,
+    }
+}
+
+/// Quotas and usage of a tenant for the core.
+pub fn tenant_model(id: TenantId, t: &Tenant, total_nodes: u32) -> lattice_scheduler::Tenant {
+    let q = &t.spec.quota;
+    let usage = t
+        .status
+        .as_ref()
+        .map(|s| s.usage.clone())
+        .unwrap_or_default();
+    let budget_used = q
+        .node_hours_budget
+        .filter(|b| *b > 0.0)
+        .map(|b| usage.node_hours_used / b)
+        .or_else(|| {
+            q.gpu_hours_budget
+                .filter(|b| *b > 0.0)
+                .map(|b| usage.gpu_hours_used / b)
+        });
+    lattice_scheduler::Tenant {
+        id,
+        quota: TenantQuota {
+            max_nodes: q.max_nodes,
+            max_concurrent_allocations: q.max_concurrent_allocations,
+            target_share: q.fair_share_target.unwrap_or(0.0),
+        },
+        usage: TenantUsage {
+            actual_share: if total_nodes == 0 {
+                0.0
+            } else {
+                f64::from(usage.nodes) / f64::from(total_nodes)
+            },
+            budget_used,
+        },
+    }
+}

@@ -1,0 +1,217 @@
+//! Binding: one store transaction per placement that compares the revisions of the
+//! allocation, every chosen node and the tenant it read, and writes the allocation's
+//! binding, the node owners and the tenant's usage counters. Double assignment and hard
+//! quota overshoot are impossible by construction: two binders that read the same
+//! revision cannot both commit.
+
+use std::sync::Arc;
+
+use lattice_apis::kinds::node::NodeOwner;
+use lattice_apis::meta::{now, set_condition, Condition, ConditionStatus};
+use lattice_apis::{
+    lifecycle, Allocation, AllocationPhase, AllocationStatus, Node, NodeState, Tenant,
+};
+use lattice_store::KvBackend;
+
+use crate::objects::{key_of, read_many, GuardedWrite, TxnError};
+
+/// What to bind.
+#[derive(Debug, Clone)]
+pub struct Binding {
+    /// Allocation tenant and name.
+    pub tenant: String,
+    /// Allocation name.
+    pub name: String,
+    /// Nodes, in the core's order.
+    pub nodes: Vec<String>,
+    /// `tenant/vcluster` the allocation is scheduled by.
+    pub vcluster: String,
+    /// Effective walltime stamped into the status.
+    pub walltime_s: Option<u64>,
+    /// Nodes taken from another vCluster's idle pool.
+    pub borrowed: bool,
+}
+
+/// Outcome of one binding attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindOutcome {
+    /// Committed.
+    Bound,
+    /// Someone else changed one of the objects first (or a node is taken): retry next cycle.
+    Conflict(String),
+    /// A hard quota would be exceeded (the authoritative check, on the counters read).
+    Quota(String),
+    /// The allocation is no longer schedulable (cancelled, bound, gone).
+    Stale,
+}
+
+/// Bind every binding of one tenant in one guarded transaction. Bindings that are no
+/// longer valid (allocation changed, node taken, quota) are left out with their outcome;
+/// if the transaction loses a race, every included binding is a `Conflict`.
+pub async fn bind_batch(
+    backend: &Arc<dyn KvBackend>,
+    tenant: &str,
+    bindings: &[Binding],
+) -> Result<Vec<BindOutcome>, TxnError> {
+    let alloc_keys: Vec<String> = bindings
+        .iter()
+        .map(|b| key_of::<Allocation>(Some(&b.tenant), &b.name))
+        .collect();
+    let allocs = read_many::<Allocation>(backend, &alloc_keys).await?;
+    let node_names: Vec<&String> = bindings.iter().flat_map(|b| b.nodes.iter()).collect();
+    let node_keys: Vec<String> = node_names.iter().map(|n| key_of::<Node>(None, n)).collect();
+    let nodes = read_many::<Node>(backend, &node_keys).await?;
+    let tenant_obj = read_many::<Tenant>(backend, &[key_of::<Tenant>(None, tenant)])
+        .await?
+        .pop()
+        .flatten();
+
+    let mut outcomes = vec![BindOutcome::Stale; bindings.len()];
+    let mut included = Vec::new();
+    let mut w = GuardedWrite::new();
+    let mut usage = tenant_obj
+        .as_ref()
+        .and_then(|t| t.obj.status.as_ref().map(|s| s.usage.clone()))
+        .unwrap_or_default();
+    let quota = tenant_obj.as_ref().map(|t| t.obj.spec.quota.clone());
+    let t = now();
+    let mut node_at = 0;
+    for (i, b) in bindings.iter().enumerate() {
+        let my_nodes = &nodes[node_at..node_at + b.nodes.len()];
+        node_at += b.nodes.len();
+        let Some(alloc) = &allocs[i] else {
+            continue;
+        };
+        let a = &alloc.obj;
+        if !crate::scheduler::adapter::is_queued(a) {
+            continue;
+        }
+        let attempt = a.status.as_ref().map(|s| s.attempt).unwrap_or(0) + 1;
+        let (_, vc_name) = b.vcluster.split_once('/').unwrap_or(("", &b.vcluster));
+        let mut groups = Vec::new();
+        let mut node_writes = Vec::new();
+        let mut problem = None;
+        for (name, n) in b.nodes.iter().zip(my_nodes) {
+            let Some(n) = n else {
+                problem = Some(format!("node {name} is gone"));
+                break;
+            };
+            let st = n.obj.status.clone().unwrap_or_default();
+            if st.owner.as_ref().is_some_and(|o| o.allocation.is_some()) {
+                problem = Some(format!("node {name} is owned"));
+                break;
+            }
+            if st.state != NodeState::Ready
+                || n.obj.spec.unschedulable
+                || n.obj.spec.drain.is_some()
+                || n.obj.spec.disabled
+            {
+                problem = Some(format!("node {name} is not schedulable"));
+                break;
+            }
+            let mut node = n.obj.clone();
+            let status = node.status.get_or_insert_with(Default::default);
+            status.owner = Some(NodeOwner {
+                tenant: Some(b.tenant.clone()),
+                vcluster: Some(vc_name.to_string()),
+                allocation: Some(b.name.clone()),
+                borrowed: b.borrowed,
+                attempt: Some(attempt),
+                allocation_uid: a.metadata.uid.clone(),
+            });
+            status.allocations = vec![b.name.clone()];
+            if let Some(g) = node.spec.topology_group {
+                if !groups.contains(&g) {
+                    groups.push(g);
+                }
+            }
+            node_writes.push((n, node));
+        }
+        if let Some(p) = problem {
+            outcomes[i] = BindOutcome::Conflict(p);
+            continue;
+        }
+        let n = b.nodes.len() as u32;
+        if let Some(q) = &quota {
+            if let Some(max) = q.max_nodes {
+                if usage.nodes + n > max {
+                    outcomes[i] = BindOutcome::Quota(format!(
+                        "waiting for quota headroom (max_nodes: current {}, requested {n}, limit {max})",
+                        usage.nodes
+                    ));
+                    continue;
+                }
+            }
+            if let Some(max) = q.max_concurrent_allocations {
+                if usage.running_allocations + 1 > max {
+                    outcomes[i] = BindOutcome::Quota(format!(
+                        "waiting for quota headroom (max_concurrent_allocations: current {}, requested 1, limit {max})",
+                        usage.running_allocations
+                    ));
+                    continue;
+                }
+            }
+        }
+        usage.nodes += n;
+        usage.running_allocations += 1;
+        if a.spec.sensitive {
+            usage.sensitive_nodes += n;
+        }
+        for (stored, node) in &node_writes {
+            w.put(stored, node)?;
+        }
+        let mut bound = a.clone();
+        let status = bound.status.get_or_insert_with(AllocationStatus::default);
+        status.phase = AllocationPhase::Staging;
+        status.assigned_nodes = b.nodes.clone();
+        groups.sort_unstable();
+        status.topology_groups = groups;
+        status.attempt = attempt;
+        status.walltime_seconds = b.walltime_s;
+        status.scheduled_time = Some(t);
+        status.node_states.clear();
+        status.start_time = None;
+        status.end_time = None;
+        status.exit_code = None;
+        status.signal = None;
+        if status.submit_time.is_none() {
+            status.submit_time = bound.metadata.creation_timestamp.or(Some(t));
+        }
+        status.reason = None;
+        status.message = Some(format!("scheduled on {}", b.nodes.join(",")));
+        status.observed_generation = bound.metadata.generation;
+        set_condition(
+            &mut status.conditions,
+            Condition::new(
+                "Scheduled",
+                ConditionStatus::True,
+                "Bound",
+                format!("bound to {} by {}", b.nodes.join(","), b.vcluster),
+            ),
+        );
+        // Preemption bookkeeping belongs to the previous attempt.
+        bound
+            .metadata
+            .annotations
+            .remove(lifecycle::PREEMPT_ANNOTATION);
+        w.put(alloc, &bound)?;
+        included.push(i);
+    }
+    if included.is_empty() {
+        return Ok(outcomes);
+    }
+    if let Some(t) = &tenant_obj {
+        let mut obj = t.obj.clone();
+        obj.status.get_or_insert_with(Default::default).usage = usage;
+        w.put(t, &obj)?;
+    }
+    let ok = w.commit(backend).await?;
+    for i in included {
+        outcomes[i] = if ok {
+            BindOutcome::Bound
+        } else {
+            BindOutcome::Conflict("a guarded object changed".into())
+        };
+    }
+    Ok(outcomes)
+}

@@ -1,0 +1,501 @@
+//! The live scheduler: one loop per vCluster over the shared informer caches, running the
+//! pure core (`lattice_scheduler`) and turning its plan into binding transactions.
+//!
+//! Each loop cycles every `spec.cycleInterval` and is woken early (debounced) by changes
+//! that can make a difference: a queued allocation of its own, any node change (nodes
+//! freed, drained, registered), any tenant change. Loops of different vCluster race for
+//! shared nodes only through the guarded binding transaction, so they need no locks.
+
+pub mod adapter;
+pub mod bind;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lattice_apis::meta::now;
+use lattice_apis::{lifecycle, Allocation, Node, Tenant, VCluster};
+use lattice_runtime::informer::InformerEvent;
+use lattice_runtime::reflector::Store;
+use lattice_runtime::{Api, HostContext, Patch, PatchParams, ResourceExt};
+use lattice_scheduler::{
+    ClusterSnapshot, JobId, NodeCatalog, PendingReason, ProposalKind, Scheduler, TenantId,
+    VClusterId,
+};
+use lattice_store::KvBackend;
+use serde_json::json;
+use tokio::sync::{broadcast, Notify};
+
+use crate::metrics::SchedulerMetrics;
+use adapter::{Interner, VClusterKey};
+use bind::{BindOutcome, Binding};
+
+/// Shortest pause between two cycles of one vCluster: changes arriving within it are
+/// handled by one cycle.
+const DEBOUNCE: Duration = Duration::from_millis(5);
+
+/// What every vCluster loop shares.
+pub struct Shared {
+    backend: Arc<dyn KvBackend>,
+    allocations: Store<Allocation>,
+    nodes: Store<Node>,
+    tenants: Store<Tenant>,
+    vclusters: Store<VCluster>,
+    api: Api<Allocation>,
+    metrics: SchedulerMetrics,
+}
+
+/// Run the scheduler until dropped (the controller host drops it on losing leadership).
+pub async fn run(ctx: HostContext, backend: Arc<dyn KvBackend>, metrics: SchedulerMetrics) {
+    let allocs = ctx.factory.all::<Allocation>();
+    let nodes = ctx.factory.all::<Node>();
+    let tenants = ctx.factory.all::<Tenant>();
+    let vclusters = ctx.factory.all::<VCluster>();
+    let mut alloc_rx = allocs.subscribe();
+    let mut node_rx = nodes.subscribe();
+    let mut tenant_rx = tenants.subscribe();
+    let mut vc_rx = vclusters.subscribe();
+    allocs.store().wait_until_synced().await;
+    nodes.store().wait_until_synced().await;
+    tenants.store().wait_until_synced().await;
+    vclusters.store().wait_until_synced().await;
+    let shared = Arc::new(Shared {
+        backend,
+        allocations: allocs.store(),
+        nodes: nodes.store(),
+        tenants: tenants.store(),
+        vclusters: vclusters.store(),
+        api: Api::all(ctx.client.clone()),
+        metrics,
+    });
+    ctx.set_ready(true);
+    tracing::info!("scheduler started");
+
+    let mut loops: HashMap<VClusterKey, (Arc<Notify>, tokio::task::JoinHandle<()>)> =
+        HashMap::new();
+    let sync_loops =
+        |loops: &mut HashMap<VClusterKey, (Arc<Notify>, tokio::task::JoinHandle<()>)>| {
+            let want: Vec<VClusterKey> = shared
+                .vclusters
+                .state()
+                .iter()
+                .filter(|v| !v.is_deleting())
+                .map(|v| {
+                    (
+                        v.namespace().unwrap_or_default().to_string(),
+                        v.name_any().to_string(),
+                    )
+                })
+                .collect();
+            loops.retain(|k, (_, h)| {
+            let keep = want.contains(k);
+            if !keep {
+                h.abort();
+                tracing::info!(vcluster = %format!("{}/{}", k.0, k.1), "scheduler loop stopped");
+            }
+            keep
+        });
+            for k in want {
+                loops.entry(k.clone()).or_insert_with(|| {
+                let notify = Arc::new(Notify::new());
+                let h = tokio::spawn(vcluster_loop(shared.clone(), k.clone(), notify.clone()));
+                tracing::info!(vcluster = %format!("{}/{}", k.0, k.1), "scheduler loop started");
+                (notify, h)
+            });
+            }
+        };
+    sync_loops(&mut loops);
+    let notify_all = |loops: &HashMap<VClusterKey, (Arc<Notify>, tokio::task::JoinHandle<()>)>| {
+        for (n, _) in loops.values() {
+            n.notify_one();
+        }
+    };
+    // Abort the loops when this future is dropped.
+    struct AbortAll(Vec<tokio::task::AbortHandle>);
+    impl Drop for AbortAll {
+        fn drop(&mut self) {
+            for h in &self.0 {
+                h.abort();
+            }
+        }
+    }
+    let mut guard = AbortAll(Vec::new());
+    loop {
+        guard.0 = loops.values().map(|(_, h)| h.abort_handle()).collect();
+        tokio::select! {
+            ev = alloc_rx.recv() => match ev {
+                Ok(InformerEvent::Applied(a)) => {
+                    if adapter::is_queued(&a) {
+                        let exists = |k: &VClusterKey| loops.contains_key(k);
+                        if let Ok(k) = adapter::resolve_vcluster(&a, exists) {
+                            if let Some((n, _)) = loops.get(&k) {
+                                n.notify_one();
+                            }
+                        }
+                    } else if a.phase().is_terminal() {
+                        // May unblock a reserved job's start estimate; nodes themselves are
+                        // freed by the release controller (a node event).
+                    }
+                }
+                Ok(InformerEvent::Deleted(_)) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => notify_all(&loops),
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            ev = node_rx.recv() => match ev {
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => notify_all(&loops),
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            ev = tenant_rx.recv() => match ev {
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => notify_all(&loops),
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            ev = vc_rx.recv() => match ev {
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                    sync_loops(&mut loops);
+                    notify_all(&loops);
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+        }
+    }
+}
+
+async fn vcluster_loop(shared: Arc<Shared>, key: VClusterKey, notify: Arc<Notify>) {
+    let label = format!("{}/{}", key.0, key.1);
+    let mut last_status = Instant::now() - Duration::from_secs(60);
+    loop {
+        let interval = shared
+            .vclusters
+            .get_named(Some(&key.0), &key.1)
+            .and_then(|v| v.spec.cycle_interval.clone())
+            .and_then(|d| lattice_apis::duration::parse_duration(&d).ok())
+            .unwrap_or(15)
+            .max(1);
+        let started = Instant::now();
+        match cycle(&shared, &key).await {
+            Ok(stats) => {
+                shared
+                    .metrics
+                    .observe_cycle(&label, started.elapsed(), &stats);
+                if last_status.elapsed() >= Duration::from_secs(2) {
+                    last_status = Instant::now();
+                    write_vcluster_status(&shared, &key, &stats, started.elapsed()).await;
+                }
+                if stats.retry_soon {
+                    // A lost race or a node still being released: try again shortly.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            }
+            Err(e) => tracing::warn!(vcluster = %label, error = %e, "scheduling cycle failed"),
+        }
+        tokio::select! {
+            _ = notify.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(interval)) => {}
+        }
+        tokio::time::sleep(DEBOUNCE).await;
+    }
+}
+
+/// Figures of one cycle.
+#[derive(Debug, Default)]
+pub struct CycleStats {
+    /// Allocations queued in this vCluster.
+    pub pending: usize,
+    /// Allocations running in this vCluster (by node ownership).
+    pub running: usize,
+    /// Proposals committed.
+    pub bound: usize,
+    /// Proposals lost to a conflicting write.
+    pub conflicts: usize,
+    /// Bound by backfill.
+    pub backfilled: usize,
+    /// Preemptions requested.
+    pub preemptions: usize,
+    /// Nodes this vCluster could use.
+    pub nodes: usize,
+    /// Idle among those.
+    pub idle_nodes: usize,
+    /// Time in the pure core.
+    pub core_time: Duration,
+    /// Run again soon (conflict).
+    pub retry_soon: bool,
+}
+
+/// One scheduling cycle of vCluster `key`.
+pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleStats> {
+    let mut stats = CycleStats::default();
+    let Some(vc) = shared.vclusters.get_named(Some(&key.0), &key.1) else {
+        return Ok(stats);
+    };
+    let now_t = now();
+    let now_s = now_t.timestamp();
+    let vclusters_all = shared.vclusters.state();
+    let exists = |k: &VClusterKey| {
+        vclusters_all
+            .iter()
+            .any(|v| v.namespace() == Some(k.0.as_str()) && v.name_any() == k.1)
+    };
+    let mut vc_ids = Interner::default();
+    let mut tenant_ids = Interner::default();
+    let self_id = VClusterId(vc_ids.id(&format!("{}/{}", key.0, key.1)));
+    let mut home_of: HashMap<String, VClusterKey> = HashMap::new();
+    for v in &vclusters_all {
+        for n in &v.spec.home_nodes {
+            home_of.insert(
+                n.clone(),
+                (
+                    v.namespace().unwrap_or_default().to_string(),
+                    v.name_any().to_string(),
+                ),
+            );
+        }
+    }
+    let nodes = shared.nodes.state();
+    let allocs = &shared.allocations;
+    let lookup = |t: &str, n: &str| allocs.get_named(Some(t), n);
+    let inv = adapter::inventory(
+        &nodes,
+        &lookup,
+        &mut vc_ids,
+        &mut tenant_ids,
+        &home_of,
+        now_s,
+    );
+    stats.running = inv.running.iter().filter(|r| r.vcluster == self_id).count();
+
+    // The queue of this vCluster; a queued allocation whose vCluster is missing gets told.
+    let mut queued: Vec<Arc<Allocation>> = Vec::new();
+    let mut unresolved: Vec<(Arc<Allocation>, String)> = Vec::new();
+    for a in allocs.find(adapter::is_queued) {
+        match adapter::resolve_vcluster(&a, exists) {
+            Ok(k) if &k == key => queued.push(a),
+            Ok(_) => {}
+            Err(msg) if key.0 == "default" && key.1 == "default" => unresolved.push((a, msg)),
+            Err(_) => {}
+        }
+    }
+    for (a, msg) in unresolved {
+        explain(shared, &a, "vcluster_not_found", &msg).await;
+    }
+    queued.sort_by(|a, b| (a.namespace(), a.name_any()).cmp(&(b.namespace(), b.name_any())));
+    stats.pending = queued.len();
+    let pending: Vec<lattice_scheduler::PendingJob> = queued
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let t = TenantId(tenant_ids.id(a.namespace().unwrap_or("default")));
+            adapter::pending_job(JobId(i as u64), a, t, self_id, Some(&vc), now_s)
+        })
+        .collect();
+    if pending.is_empty() {
+        stats.idle_nodes = inv
+            .views
+            .iter()
+            .filter(|v| v.state == lattice_scheduler::NodeState::Ready)
+            .count()
+            .saturating_sub(inv.running.iter().map(|r| r.nodes.len()).sum());
+        stats.nodes = inv.views.len();
+        return Ok(stats);
+    }
+    let total_nodes = inv.views.len() as u32;
+    let mut tenants: Vec<lattice_scheduler::Tenant> = shared
+        .tenants
+        .state()
+        .iter()
+        .map(|t| adapter::tenant_model(TenantId(tenant_ids.id(t.name_any())), t, total_nodes))
+        .collect();
+    tenants.sort_by_key(|t| t.id);
+    stats.nodes = inv.views.len();
+    let mut config = adapter::scheduler_config(&vc);
+    config.vcluster = Some(self_id);
+    let started = Instant::now();
+    let catalog = NodeCatalog::new(inv.views.clone());
+    let snap = ClusterSnapshot {
+        now: now_s,
+        running: &inv.running,
+        pending: &pending,
+        tenants: &tenants,
+        energy_price: 0.0,
+    };
+    let plan = Scheduler::new(config).cycle(&catalog, &snap);
+    stats.core_time = started.elapsed();
+    let busy: usize = inv.running.iter().map(|r| r.nodes.len()).sum();
+    stats.idle_nodes = inv
+        .views
+        .iter()
+        .filter(|v| v.state == lattice_scheduler::NodeState::Ready)
+        .count()
+        .saturating_sub(busy);
+
+    // Bindings, batched per tenant: one transaction per tenant per cycle.
+    let mut by_tenant: BTreeMap<String, Vec<(Binding, bool)>> = BTreeMap::new();
+    for p in &plan.proposals {
+        let a = &queued[p.job.0 as usize];
+        match &p.kind {
+            ProposalKind::Preempt { victims } => {
+                for v in victims {
+                    let (t, n) = &inv.running_refs[v.0 as usize];
+                    if let Some(victim) = allocs.get_named(Some(t), n) {
+                        request_preemption(shared, &victim, a.name_any()).await;
+                        stats.preemptions += 1;
+                    }
+                }
+                explain(
+                    shared,
+                    a,
+                    "waiting_for_preemption",
+                    &format!("preempting {} allocation(s) to make room", victims.len()),
+                )
+                .await;
+            }
+            _ => {
+                let tenant = a.namespace().unwrap_or("default").to_string();
+                by_tenant.entry(tenant.clone()).or_default().push((
+                    Binding {
+                        tenant,
+                        name: a.name_any().to_string(),
+                        nodes: p
+                            .nodes
+                            .iter()
+                            .map(|n| inv.names[n.0 as usize].clone())
+                            .collect(),
+                        vcluster: format!("{}/{}", key.0, key.1),
+                        walltime_s: adapter::walltime_s(a, Some(&vc)),
+                        borrowed: p.borrowed_nodes > 0,
+                    },
+                    p.kind == ProposalKind::Backfill,
+                ));
+            }
+        }
+    }
+    for (tenant, bindings) in by_tenant {
+        let list: Vec<Binding> = bindings.iter().map(|(b, _)| b.clone()).collect();
+        let outcomes = bind::bind_batch(&shared.backend, &tenant, &list).await?;
+        for ((b, backfill), outcome) in bindings.iter().zip(outcomes) {
+            match outcome {
+                BindOutcome::Bound => {
+                    stats.bound += 1;
+                    if *backfill {
+                        stats.backfilled += 1;
+                    }
+                    tracing::debug!(allocation = %format!("{}/{}", b.tenant, b.name), nodes = ?b.nodes, "bound");
+                }
+                BindOutcome::Conflict(why) => {
+                    stats.conflicts += 1;
+                    stats.retry_soon = true;
+                    tracing::debug!(allocation = %b.name, %why, "binding lost a race; retrying next cycle");
+                }
+                BindOutcome::Quota(msg) => {
+                    if let Some(a) = allocs.get_named(Some(&b.tenant), &b.name) {
+                        explain(shared, &a, "quota_headroom", &msg).await;
+                    }
+                }
+                BindOutcome::Stale => {}
+            }
+        }
+    }
+
+    // Every allocation left in the queue carries a reason.
+    for e in &plan.pending {
+        let a = &queued[e.job.0 as usize];
+        let code = reason_code(&e.reason);
+        let msg = match &e.reason {
+            PendingReason::WaitingBehind { job } => format!(
+                "waiting behind {} (strict FIFO)",
+                queued[job.0 as usize].name_any()
+            ),
+            PendingReason::Reserved { start } => format!(
+                "reserved: expected to start in {}",
+                lattice_apis::duration::format_hms((*start - now_s).max(0) as u64)
+            ),
+            other => other.to_string(),
+        };
+        explain(shared, a, code, &msg).await;
+    }
+    Ok(stats)
+}
+
+fn reason_code(r: &PendingReason) -> &'static str {
+    match r {
+        PendingReason::NoMatchingNodes { .. } => "no_matching_nodes",
+        PendingReason::InsufficientConformanceGroup { .. } => "insufficient_conformance_group",
+        PendingReason::NodesOccupied { .. } => "nodes_occupied",
+        PendingReason::QuotaHeadroom { .. } => "quota_headroom",
+        PendingReason::WaitingBehind { .. } => "waiting_behind",
+        PendingReason::BlockedByReservation { .. } => "blocked_by_reservation",
+        PendingReason::Reserved { .. } => "reserved",
+    }
+}
+
+/// Write a pending reason when it changed (a merge patch of two status fields).
+async fn explain(shared: &Shared, a: &Allocation, code: &str, msg: &str) {
+    let st = a.status.as_ref();
+    if st.and_then(|s| s.reason.as_deref()) == Some(code)
+        && st.and_then(|s| s.message.as_deref()) == Some(msg)
+    {
+        return;
+    }
+    let patch = Patch::Merge(json!({"status": {"reason": code, "message": msg}}));
+    if let Err(e) = shared
+        .api
+        .for_obj(a)
+        .patch_status(a.name_any(), &PatchParams::default(), &patch)
+        .await
+    {
+        tracing::debug!(allocation = %a.name_any(), error = %e, "could not write the pending reason");
+    }
+}
+
+async fn request_preemption(shared: &Shared, victim: &Allocation, by: &str) {
+    if lifecycle::preempt_requested(victim) {
+        return;
+    }
+    tracing::info!(victim = %victim.name_any(), preemptor = %by, "requesting preemption");
+    let patch =
+        Patch::Merge(json!({"metadata": {"annotations": {lifecycle::PREEMPT_ANNOTATION: by}}}));
+    if let Err(e) = shared
+        .api
+        .for_obj(victim)
+        .patch(victim.name_any(), &PatchParams::default(), &patch)
+        .await
+    {
+        tracing::warn!(victim = %victim.name_any(), error = %e, "could not request preemption");
+    }
+}
+
+async fn write_vcluster_status(
+    shared: &Shared,
+    key: &VClusterKey,
+    stats: &CycleStats,
+    took: Duration,
+) {
+    let Some(vc) = shared.vclusters.get_named(Some(&key.0), &key.1) else {
+        return;
+    };
+    let st = vc.status.clone().unwrap_or_default();
+    let ms = took.as_millis() as u64;
+    if st.pending_allocations == stats.pending as u32
+        && st.running_allocations == stats.running as u32
+        && st.nodes == stats.nodes as u32
+        && st.idle_nodes == stats.idle_nodes as u32
+        && st.last_cycle_time.is_some()
+    {
+        return;
+    }
+    let patch = Patch::Merge(json!({"status": {
+        "pendingAllocations": stats.pending,
+        "runningAllocations": stats.running,
+        "nodes": stats.nodes,
+        "idleNodes": stats.idle_nodes,
+        "lastCycleTime": now(),
+        "lastCycleDurationMs": ms,
+    }}));
+    let api: Api<VCluster> = Api::namespaced(shared.api.client().clone(), &key.0);
+    if let Err(e) = api
+        .patch_status(&key.1, &PatchParams::default(), &patch)
+        .await
+    {
+        tracing::debug!(error = %e, "could not write the vCluster status");
+    }
+}
