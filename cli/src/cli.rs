@@ -39,11 +39,26 @@ pub struct GlobalArgs {
     #[arg(
         long,
         short = 'n',
-        short_alias = 't',
+        visible_short_alias = 't',
         global = true,
         value_name = "TENANT"
     )]
     pub tenant: Option<String>,
+    /// Output format: table (default), wide, json, yaml, name
+    #[arg(short = 'o', long, global = true, value_enum)]
+    pub output: Option<OutputFormat>,
+    /// Suppress non-essential output (warnings, progress, empty-result notes)
+    #[arg(short = 'q', long, global = true)]
+    pub quiet: bool,
+    /// Verbose output (pending reasons, extra detail)
+    #[arg(short = 'v', long, global = true)]
+    pub verbose: bool,
+    /// vCluster to submit to / filter by [env: LATTICE_VCLUSTER for submit]
+    #[arg(long, global = true, value_name = "VCLUSTER")]
+    pub vcluster: Option<String>,
+    /// Disable colored output (the CLI never prints colors; accepted for compatibility)
+    #[arg(long, global = true)]
+    pub no_color: bool,
     /// PEM file of the CA that signed the server's certificate [env: LATTICE_CA_FILE]
     #[arg(long, global = true, value_name = "PATH")]
     pub certificate_authority: Option<PathBuf>,
@@ -88,8 +103,534 @@ pub enum Command {
     /// View or change the client config file
     #[command(subcommand)]
     Config(ConfigCommand),
-    // The product's workload verbs (submit, status, cancel, logs, nodes, ...) land here as
-    // further variants, each with its module under `cmd/`.
+    /// Submit a batch script (#SBATCH/#LATTICE directives) or `-- CMD ARGS` as an Allocation
+    Submit(Box<SubmitArgs>),
+    /// Show allocations (your own by default)
+    Status(StatusArgs),
+    /// Cancel allocations (the objects are kept, marked for cancellation)
+    Cancel(CancelArgs),
+    /// Print an allocation's state changes as they happen, until it finishes
+    Watch(WatchArgs),
+    /// Print an allocation's output (stdout and stderr)
+    Logs(LogsArgs),
+    /// List the cluster's nodes, or show one
+    Nodes(NodesArgs),
+    /// Drain, undrain, disable, enable or show one node
+    #[command(subcommand)]
+    Node(NodeCommand),
+    /// Finished allocations with start, end and exit status
+    History(HistoryArgs),
+    /// DAG workflows: submit, status, list, cancel
+    #[command(subcommand)]
+    Dag(DagCommand),
+    /// Administration: tenants, vClusters, configuration, Raft status
+    #[command(subcommand)]
+    Admin(Box<AdminCommand>),
+    /// Print a shell completion script (bash, zsh, fish, ...)
+    Completion(CompletionArgs),
+    /// Print shell functions sbatch, squeue, scancel, salloc, srun, sinfo, sacct
+    /// (use: eval "$(lattice compat-aliases)")
+    CompatAliases,
+    /// Slurm front-end: `lattice compat sbatch|squeue|scancel|sinfo|sacct|srun|salloc ARGS`
+    #[command(hide = true)]
+    Compat(CompatArgs),
+    /// Start a local cluster: lattice-server and N lattice-agent processes
+    Up(UpArgs),
+    /// Stop a cluster started by `lattice up`
+    Down(DownArgs),
+    /// Names for shell completion (allocations, nodes, vclusters, dags, tenants)
+    #[command(name = "__complete", hide = true)]
+    Complete(CompleteArgs),
+}
+
+/// `submit --dry-run` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SubmitDryRun {
+    /// Translate locally and print the Allocation; no server needed.
+    Client,
+    /// Also have the server validate and default it (dryRun=All); nothing is stored.
+    Server,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    pub flags: lattice_compat::SubmitFlags,
+    /// Print only the allocation name
+    #[arg(long)]
+    pub parsable: bool,
+    /// Print the Allocation (-o yaml|json) and warnings without submitting
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "client")]
+    pub dry_run: Option<SubmitDryRun>,
+    /// Wait until the allocation finishes; exit 0 only when it Completed
+    #[arg(long)]
+    pub wait: bool,
+    /// Site mapping file [env: LATTICE_COMPAT_CONFIG] [default: ./lattice-compat.yaml, then
+    /// ~/.config/lattice/lattice-compat.yaml]
+    #[arg(long, value_name = "PATH")]
+    pub compat_config: Option<PathBuf>,
+    /// Batch script (- reads it from stdin)
+    pub script: Option<String>,
+    /// Command and arguments to run instead of a script (after `--`; no shell re-quoting)
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct StatusArgs {
+    /// Allocation IDs (names); your allocations when omitted
+    pub ids: Vec<String>,
+    /// Only these states (comma separated): pending, staging, running, checkpointing,
+    /// suspended, completed, failed, cancelled; also active, finished
+    #[arg(long, value_delimiter = ',', value_name = "STATE")]
+    pub state: Vec<String>,
+    /// Every allocation of the tenant, not only yours
+    #[arg(long)]
+    pub all: bool,
+    /// Allocations submitted by this user
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+    /// Across all tenants
+    #[arg(short = 'A', long)]
+    pub all_tenants: bool,
+    /// Refresh every few seconds until Ctrl-C
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+    /// Seconds between refreshes with --watch
+    #[arg(long, default_value_t = 5, value_name = "SECONDS", hide = true)]
+    pub interval: u64,
+    /// Print only the number of matching allocations
+    #[arg(long)]
+    pub count: bool,
+    /// Also list the per-task allocations of task groups
+    #[arg(long)]
+    pub tasks: bool,
+    /// Omit the header row
+    #[arg(long)]
+    pub no_headers: bool,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct CancelArgs {
+    /// Allocation IDs (names)
+    pub ids: Vec<String>,
+    /// With --all-mine: only allocations in these states (comma separated)
+    #[arg(long, value_delimiter = ',', value_name = "STATE")]
+    pub state: Vec<String>,
+    /// Cancel all your unfinished allocations (narrow with --state)
+    #[arg(long)]
+    pub all_mine: bool,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct WatchArgs {
+    /// Allocation ID (name)
+    pub id: String,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct LogsArgs {
+    /// Allocation ID (name)
+    pub id: String,
+    /// Keep printing new output until the allocation finishes (or Ctrl-C)
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Only the last N lines
+    #[arg(long, value_name = "N")]
+    pub tail: Option<u64>,
+    /// Only standard error
+    #[arg(long, conflicts_with = "stdout")]
+    pub stderr: bool,
+    /// Only standard output
+    #[arg(long)]
+    pub stdout: bool,
+    /// Only this node's output
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
+    /// Only output after this time: RFC 3339 (2026-03-05T10:00:00Z) or a duration ago (10m, 2h)
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// Only output before this time: RFC 3339 or a duration ago
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
+    /// Prefix each line with its timestamp
+    #[arg(long)]
+    pub timestamps: bool,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct NodesArgs {
+    /// Node names; all nodes when omitted (one name shows its details)
+    pub ids: Vec<String>,
+    /// Only these states (comma separated): ready, draining, drained, down, degraded,
+    /// booting, failed, unknown; also allocated, idle
+    #[arg(long, value_delimiter = ',', value_name = "STATE")]
+    pub state: Vec<String>,
+    /// Omit the header row
+    #[arg(long)]
+    pub no_headers: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct NodeDrainArgs {
+    /// Node name
+    pub id: String,
+    /// Why (shown in `lattice nodes -o wide`)
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Checkpoint running allocations instead of waiting for them
+    #[arg(long)]
+    pub urgent: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct NodeIdArg {
+    /// Node name
+    pub id: String,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum NodeCommand {
+    /// Stop placing work on the node; Ready → Draining → Drained once its allocations end
+    Drain(NodeDrainArgs),
+    /// Make a Drained node schedulable again (only from Drained)
+    Undrain(NodeIdArg),
+    /// Take the node out of service at once (it goes Down)
+    Disable(NodeIdArg),
+    /// Undo `disable`
+    Enable(NodeIdArg),
+    /// Show the node's state, hardware, owner and conditions
+    Status(NodeIdArg),
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct HistoryArgs {
+    /// Only allocations that ended at or after this time: RFC 3339, a date (2026-03-01) or a
+    /// duration ago (7d)
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// Only allocations that ended before this time
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
+    /// Only these end states (comma separated): completed, failed, cancelled
+    #[arg(long, value_delimiter = ',', value_name = "STATE")]
+    pub state: Vec<String>,
+    /// Every allocation of the tenant, not only yours
+    #[arg(long)]
+    pub all: bool,
+    /// Allocations submitted by this user
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+    /// Omit the header row
+    #[arg(long)]
+    pub no_headers: bool,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum DagCommand {
+    /// Submit a DAG (the short `name:` + `allocations:` form, or a `kind: Dag` manifest)
+    Submit {
+        /// DAG file (- reads stdin)
+        file: String,
+        /// Print the Dag manifest without submitting (client: no server; server: validated)
+        #[arg(long, value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "client")]
+        dry_run: Option<SubmitDryRun>,
+    },
+    /// Show a DAG's allocations and their states (--graph: arrows)
+    Status {
+        /// DAG ID (name)
+        id: String,
+        /// Draw the dependency graph
+        #[arg(long)]
+        graph: bool,
+    },
+    /// List DAGs
+    List {
+        /// Omit the header row
+        #[arg(long)]
+        no_headers: bool,
+    },
+    /// Cancel a DAG (its unfinished allocations are cancelled)
+    Cancel {
+        /// DAG ID (name)
+        id: String,
+    },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum AdminCommand {
+    /// Tenants and their quotas
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// vClusters: scheduler type, weights, configuration
+    #[command(subcommand)]
+    Vcluster(VClusterCommand),
+    /// Read or change configuration (the CLI config file; see the README)
+    #[command(subcommand)]
+    Config(AdminConfigCommand),
+    /// Raft / store status of the server
+    #[command(subcommand)]
+    Raft(RaftCommand),
+    /// Same as `lattice node drain`
+    #[command(hide = true)]
+    Drain(NodeDrainArgs),
+    /// Same as `lattice node undrain`
+    #[command(hide = true)]
+    Undrain(NodeIdArg),
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct TenantFields {
+    /// Tenant name (a DNS label; it becomes the namespace of the tenant's objects)
+    #[arg(long)]
+    pub name: String,
+    /// Human-readable name
+    #[arg(long)]
+    pub display_name: Option<String>,
+    /// Hard quota: most nodes in use at once
+    #[arg(long)]
+    pub max_nodes: Option<u32>,
+    /// Hard quota: most running allocations at once
+    #[arg(long)]
+    pub max_concurrent_allocations: Option<u32>,
+    /// Hard quota: most nodes claimable for sensitive work
+    #[arg(long)]
+    pub sensitive_pool_size: Option<u32>,
+    /// Soft quota: GPU-hours per budget period
+    #[arg(long)]
+    pub gpu_hours_budget: Option<f64>,
+    /// Soft quota: node-hours per budget period
+    #[arg(long)]
+    pub node_hours_budget: Option<f64>,
+    /// Soft quota: share of the system (0-1)
+    #[arg(long)]
+    pub fair_share_target: Option<f64>,
+    /// Soft quota: multiple of the fair share usable when idle (>= 1)
+    #[arg(long)]
+    pub burst_allowance: Option<f64>,
+    /// Budget window in days
+    #[arg(long)]
+    pub budget_period_days: Option<u32>,
+    /// Most network domains
+    #[arg(long)]
+    pub max_network_domains: Option<u32>,
+    /// Tenant admins (OIDC subjects; repeatable)
+    #[arg(long = "admin", value_name = "SUBJECT")]
+    pub admins: Vec<String>,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant
+    Create(TenantFields),
+    /// Change a tenant's quotas or settings (alias: set-quota)
+    #[command(visible_alias = "set-quota")]
+    Update(TenantFields),
+    /// List tenants with quota and usage
+    List {
+        /// Omit the header row
+        #[arg(long)]
+        no_headers: bool,
+    },
+    /// Show one tenant
+    Show {
+        /// Tenant name (or --name)
+        name: Option<String>,
+        #[arg(long = "name", hide = true)]
+        name_flag: Option<String>,
+        /// Quotas against usage only
+        #[arg(long)]
+        quotas: bool,
+    },
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct VClusterConfigFields {
+    /// Weight profile: hpc-batch, ml-training, service, sensitive, interactive
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// Scheduling cycle interval, e.g. 15s
+    #[arg(long)]
+    pub cycle_interval: Option<String>,
+    /// Future reservations the backfill solver considers
+    #[arg(long)]
+    pub backfill_depth: Option<u32>,
+    /// Walltime for allocations that set none, e.g. 1h
+    #[arg(long)]
+    pub default_walltime: Option<String>,
+    /// Longest walltime accepted, e.g. 72h
+    #[arg(long)]
+    pub max_walltime: Option<String>,
+    /// Free-text description
+    #[arg(long)]
+    pub description: Option<String>,
+    /// Home nodes (repeatable, or comma separated)
+    #[arg(long = "home-node", value_delimiter = ',', value_name = "NODE")]
+    pub home_nodes: Vec<String>,
+    /// Preemption mode: class_based, borrowed_nodes_only, never
+    #[arg(long)]
+    pub preemption: Option<String>,
+    /// Lend idle home nodes to other vClusters
+    #[arg(long)]
+    pub allow_lend: Option<bool>,
+    /// Borrow idle nodes from other vClusters
+    #[arg(long)]
+    pub allow_borrow: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct WeightFields {
+    /// w1: priority class
+    #[arg(long)]
+    pub priority: Option<f64>,
+    /// w2: wait time
+    #[arg(long)]
+    pub wait_time: Option<f64>,
+    /// w3: fair-share deficit
+    #[arg(long)]
+    pub fair_share: Option<f64>,
+    /// w4: topology fitness
+    #[arg(long)]
+    pub topology: Option<f64>,
+    /// w5: data readiness
+    #[arg(long)]
+    pub data_readiness: Option<f64>,
+    /// w6: backlog pressure
+    #[arg(long)]
+    pub backlog: Option<f64>,
+    /// w7: energy cost
+    #[arg(long)]
+    pub energy: Option<f64>,
+    /// w8: checkpoint efficiency
+    #[arg(long)]
+    pub checkpoint_efficiency: Option<f64>,
+    /// w9: conformance fitness
+    #[arg(long)]
+    pub conformance: Option<f64>,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum VClusterCommand {
+    /// Create a vCluster in the tenant given by -t/--tenant
+    Create {
+        /// vCluster name
+        #[arg(long)]
+        name: String,
+        /// Scheduler: hpc-backfill, service-binpack, sensitive-reservation, interactive-fifo
+        #[arg(long)]
+        scheduler: String,
+        #[command(flatten)]
+        config: VClusterConfigFields,
+        #[command(flatten)]
+        weights: WeightFields,
+    },
+    /// Set cost-function weights (0-1 each; unset ones keep their value)
+    SetWeights {
+        /// vCluster name
+        #[arg(long)]
+        name: String,
+        #[command(flatten)]
+        weights: WeightFields,
+    },
+    /// Change scheduling configuration
+    SetConfig {
+        /// vCluster name
+        #[arg(long)]
+        name: String,
+        #[command(flatten)]
+        config: VClusterConfigFields,
+    },
+    /// Show a vCluster with its effective weights
+    Show {
+        /// vCluster name (or --name)
+        name: Option<String>,
+        #[arg(long = "name", hide = true)]
+        name_flag: Option<String>,
+    },
+    /// List vClusters (all tenants unless -t is given)
+    List {
+        /// Omit the header row
+        #[arg(long)]
+        no_headers: bool,
+    },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum AdminConfigCommand {
+    /// Print a setting (dotted key), or all settings
+    Get {
+        /// Dotted key, e.g. accounting.enabled
+        key: Option<String>,
+    },
+    /// Change a setting: KEY=VALUE (or KEY VALUE)
+    Set {
+        /// KEY=VALUE or KEY
+        assignment: String,
+        /// The value, when not given as KEY=VALUE
+        value: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum RaftCommand {
+    /// Readiness, leader, term and commit/apply positions from /readyz and /metrics
+    Status,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CompletionArgs {
+    /// Shell
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+#[command(disable_help_flag = true)]
+pub struct CompatArgs {
+    /// sbatch, squeue, scancel, sinfo, sacct, srun or salloc
+    pub tool: String,
+    /// The tool's arguments, as Slurm takes them
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+    pub args: Vec<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct UpArgs {
+    /// Number of lattice-agent processes (nodes node-01 ... node-NN)
+    #[arg(long, default_value_t = 4)]
+    pub agents: u32,
+    /// Where server state, agent state, logs and up.json go
+    #[arg(long, default_value = "./.lattice-up", value_name = "DIR")]
+    pub data_dir: PathBuf,
+    /// Submit the example training pipeline DAG and show its progress
+    #[arg(long)]
+    pub demo: bool,
+    /// Start everything in the background and return
+    #[arg(long)]
+    pub detach: bool,
+    /// API listen address of the server
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
+    pub api_addr: String,
+    /// Directory with tenant.yaml, vclusters.yaml and training-pipeline.yaml
+    /// [default: ./manifests/examples when it exists]
+    #[arg(long, value_name = "DIR")]
+    pub manifests: Option<PathBuf>,
+    /// Seconds to wait for the server and the nodes to become ready
+    #[arg(long, default_value_t = 120, value_name = "SECONDS")]
+    pub timeout: u64,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DownArgs {
+    /// The directory given to `lattice up`
+    #[arg(long, default_value = "./.lattice-up", value_name = "DIR")]
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CompleteArgs {
+    /// allocations, nodes, vclusters, dags or tenants
+    pub kind: String,
 }
 
 /// `--dry-run` values.
@@ -132,8 +673,8 @@ pub struct ApplyArgs {
     /// Field manager name for server-side apply
     #[arg(long, default_value = crate::client::DEFAULT_FIELD_MANAGER)]
     pub field_manager: String,
-    /// Output format for applied objects (name prints `kind/name` only)
-    #[arg(short = 'o', long, value_enum)]
+    /// Output format for applied objects (the global `-o`; name prints `kind/name` only)
+    #[arg(skip)]
     pub output: Option<OutputFormat>,
 }
 
@@ -155,8 +696,8 @@ pub struct GetArgs {
     pub kind: String,
     /// Object names (all when omitted)
     pub names: Vec<String>,
-    /// Output format
-    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+    /// Output format (the global `-o`)
+    #[arg(skip)]
     pub output: OutputFormat,
     /// Label selector, e.g. `app=train,tier!=test`
     #[arg(short = 'l', long = "selector", value_name = "SELECTOR")]

@@ -394,6 +394,45 @@ impl Client {
         self.send_json(reqwest::Method::GET, path, &[], None).await
     }
 
+    /// GET a text document (`/readyz`, `/metrics`); non-2xx answers are errors.
+    pub async fn get_text(&self, path: &str) -> Result<String, ClientError> {
+        let url = self.url(path);
+        let resp = self
+            .request(reqwest::Method::GET, path)
+            .header(reqwest::header::ACCEPT, "text/plain, */*")
+            .timeout(self.request_timeout)
+            .send()
+            .await
+            .map_err(|e| self.transport_error(&url, e))?;
+        if !resp.status().is_success() {
+            return Err(Self::error_from_response("GET", &url, resp).await);
+        }
+        resp.text().await.map_err(|e| self.transport_error(&url, e))
+    }
+
+    /// GET a streamed body (`.../log?follow=true`): the chunks as they arrive. No overall
+    /// timeout (a followed log lasts as long as the allocation).
+    pub async fn get_stream(
+        &self,
+        path: &str,
+        query: &[(String, String)],
+    ) -> Result<ByteChunks, ClientError> {
+        let url = self.url(path);
+        let resp = self
+            .request(reqwest::Method::GET, path)
+            .header(reqwest::header::ACCEPT, "text/plain, */*")
+            .query(query)
+            .send()
+            .await
+            .map_err(|e| self.transport_error(&url, e))?;
+        if !resp.status().is_success() {
+            return Err(Self::error_from_response("GET", &url, resp).await);
+        }
+        Ok(ByteChunks {
+            body: Box::pin(resp.bytes_stream()),
+        })
+    }
+
     /// GET an object, `None` on 404.
     pub async fn get_opt(&self, path: &str) -> Result<Option<Value>, ClientError> {
         match self.get(path).await {
@@ -638,6 +677,24 @@ impl NdjsonDecoder {
 
 type ByteStream =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<bytes::Bytes, reqwest::Error>> + Send>>;
+
+/// A streamed response body.
+pub struct ByteChunks {
+    body: ByteStream,
+}
+
+impl ByteChunks {
+    /// The next chunk; `None` at the end of the body.
+    pub async fn next(&mut self) -> Option<Result<bytes::Bytes, ClientError>> {
+        match self.body.next().await? {
+            Ok(b) => Some(Ok(b)),
+            Err(e) => Some(Err(ClientError::Other(format!(
+                "the stream broke: {}",
+                describe_transport_error(&e)
+            )))),
+        }
+    }
+}
 
 /// An open watch.
 pub struct WatchStream {

@@ -16,6 +16,8 @@ pub const ENV_TOKEN_FILE: &str = "LATTICE_TOKEN_FILE";
 pub const ENV_TENANT: &str = "LATTICE_TENANT";
 pub const ENV_CONFIG: &str = "LATTICE_CONFIG";
 pub const ENV_CA_FILE: &str = "LATTICE_CA_FILE";
+pub const ENV_VCLUSTER: &str = "LATTICE_VCLUSTER";
+pub const ENV_COMPAT_CONFIG: &str = "LATTICE_COMPAT_CONFIG";
 
 /// The on-disk config file (`~/.config/lattice/config.yaml`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,6 +38,12 @@ pub struct FileConfig {
     /// PEM CA bundle for an https API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<String>,
+    /// vCluster for `lattice submit` when the script names none (`vcluster` accepted too).
+    #[serde(default, alias = "vcluster", skip_serializing_if = "Option::is_none")]
+    pub default_vcluster: Option<String>,
+    /// Default `-o`: table, wide, json or yaml.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_format: Option<String>,
     /// Keys this client does not know are kept when the file is rewritten.
     #[serde(flatten)]
     pub other: serde_yaml::Mapping,
@@ -69,8 +77,12 @@ impl Env {
             ENV_TENANT,
             ENV_CONFIG,
             ENV_CA_FILE,
+            ENV_VCLUSTER,
+            ENV_COMPAT_CONFIG,
             "XDG_CONFIG_HOME",
             "HOME",
+            "USER",
+            "LOGNAME",
         ];
         Env {
             vars: keys
@@ -201,6 +213,10 @@ pub struct Settings {
     pub ca_file: Option<PathBuf>,
     /// Skip TLS verification.
     pub insecure: bool,
+    /// Default vCluster for submissions (`LATTICE_VCLUSTER` > file `default_vcluster`).
+    pub default_vcluster: Option<String>,
+    /// Default output format from the file (`output_format`).
+    pub output_format: Option<String>,
 }
 
 fn read_token_file(path: &Path, origin: &str) -> Result<String, CliError> {
@@ -267,6 +283,10 @@ pub fn resolve(flags: &FlagValues, env: &Env, file: &FileConfig) -> Result<Setti
         config_path: None,
         ca_file,
         insecure: flags.insecure,
+        default_vcluster: env
+            .get(ENV_VCLUSTER)
+            .or_else(|| nonempty(&file.default_vcluster)),
+        output_format: nonempty(&file.output_format),
     })
 }
 

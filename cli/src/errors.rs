@@ -3,14 +3,32 @@
 //! Every error the CLI prints has the shape
 //!
 //! ```text
-//! error: <what failed>: <why>
+//! Error: <what failed> — <why>
 //!   <detail>
-//!   hint: <what to do>
+//!   Hint: <what to do>
 //! ```
+//!
+//! (the seed's "Error Messages" layout). Exit codes are in [`exit`].
 
 use std::fmt;
 
 use crate::client::{ApiStatus, ClientError};
+
+/// Process exit codes (documented in the README).
+pub mod exit {
+    /// Success.
+    pub const OK: i32 = 0;
+    /// Any other error (also: `watch`/`--wait` saw the allocation end Failed or Cancelled).
+    pub const ERROR: i32 = 1;
+    /// Bad command line: unknown flag, missing or conflicting arguments.
+    pub const USAGE: i32 = 2;
+    /// The named allocation, node, DAG, tenant or vCluster does not exist.
+    pub const NOT_FOUND: i32 = 3;
+    /// Not authenticated (401) or not allowed (403).
+    pub const DENIED: i32 = 4;
+    /// The API server cannot be reached or did not answer in time.
+    pub const UNREACHABLE: i32 = 5;
+}
 
 /// An error ready to be shown to a person.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,16 +76,19 @@ impl CliError {
         let what = what.into();
         match err {
             ClientError::Connect { url, reason } => {
-                CliError::new(format!("cannot reach the Lattice API at {url}"), reason).hint(
-                    "start a server with `lattice-server --dev` or set LATTICE_API_URL \
-                 (or --api-url) to the address of a running one",
-                )
+                CliError::new(format!("cannot reach the Lattice API at {url}"), reason)
+                    .hint(
+                        "start a server with `lattice-server --dev` (or `lattice up`) or set \
+                         LATTICE_API_URL (or --api-url) to the address of a running one",
+                    )
+                    .exit_code(exit::UNREACHABLE)
             }
             ClientError::Timeout { url } => CliError::new(
                 what,
                 format!("the Lattice API at {url} did not answer in time"),
             )
-            .hint("check that the server is healthy and retry"),
+            .hint("check that the server is healthy and retry")
+            .exit_code(exit::UNREACHABLE),
             ClientError::Decode { url, reason } => CliError::new(
                 what,
                 format!("the answer from {url} could not be read: {reason}"),
@@ -81,12 +102,16 @@ impl CliError {
 
 impl fmt::Display for CliError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "error: {}: {}", self.what, self.why)?;
+        if self.why.is_empty() {
+            write!(f, "Error: {}", self.what)?;
+        } else {
+            write!(f, "Error: {} — {}", self.what, self.why)?;
+        }
         for line in &self.details {
             write!(f, "\n  {line}")?;
         }
         if let Some(h) = &self.hint {
-            write!(f, "\n  hint: {h}")?;
+            write!(f, "\n  Hint: {h}")?;
         }
         Ok(())
     }
@@ -101,11 +126,14 @@ pub fn from_status(what: String, st: &ApiStatus) -> CliError {
         401 => CliError::new(what, format!("not authenticated (401 Unauthorized): {msg}")).hint(
             "set LATTICE_TOKEN (or --token / --token-file, or `lattice config set-token`) to a \
              valid token; a dev server writes its admin token to `admin.token` in its data directory",
-        ),
+        )
+        .exit_code(exit::DENIED),
         403 => CliError::new(what, format!("permission denied (403 Forbidden): {msg}"))
-            .hint("ask your tenant or system administrator for a role that allows this"),
+            .hint("ask your tenant or system administrator for a role that allows this")
+            .exit_code(exit::DENIED),
         404 => CliError::new(what, format!("not found (404): {msg}"))
-            .hint("check the name and tenant (-n); `lattice get KIND` lists what exists"),
+            .hint("check the name and tenant (-t); `lattice get KIND` lists what exists")
+            .exit_code(exit::NOT_FOUND),
         409 if st.reason == "AlreadyExists" => {
             CliError::new(what, format!("already exists (409): {msg}"))
                 .hint("use `lattice apply -f` to update an existing object")

@@ -15,6 +15,7 @@ pub mod output;
 
 use std::future::Future;
 use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::pin::Pin;
 
 use chrono::{DateTime, Utc};
@@ -24,6 +25,7 @@ use crate::client::Client;
 use crate::config::{Env, Settings};
 use crate::errors::CliError;
 use crate::kinds::Catalog;
+use crate::output::OutputFormat;
 
 /// A future that resolves when the user asks to stop (Ctrl-C); watches end on it.
 pub type Shutdown = Pin<Box<dyn Future<Output = ()>>>;
@@ -36,11 +38,43 @@ pub struct Ctx {
     pub settings: Settings,
     /// Fixed "now" for reproducible ages (tests); the real clock when `None`.
     pub fixed_now: Option<DateTime<Utc>>,
+    /// Global `-o`.
+    pub output: Option<OutputFormat>,
+    /// Global `-q`.
+    pub quiet: bool,
+    /// Global `-v`.
+    pub verbose: bool,
+    /// Global `--vcluster`.
+    pub vcluster: Option<String>,
+    /// Environment (USER, LATTICE_*, HOME).
+    pub env: Env,
+    /// Working directory (submit directory, ./lattice-compat.yaml).
+    pub cwd: PathBuf,
+    /// Standard output is a terminal (refreshing views clear the screen).
+    pub tty: bool,
 }
 
 impl Ctx {
     pub fn now(&self) -> DateTime<Utc> {
         self.fixed_now.unwrap_or_else(Utc::now)
+    }
+
+    /// The output format, `default` when `-o` was not given.
+    pub fn output_or(&self, default: OutputFormat) -> OutputFormat {
+        self.output.unwrap_or(default)
+    }
+
+    /// The user running the CLI (`$USER`), if known.
+    pub fn user(&self) -> Option<String> {
+        self.env.get("USER").or_else(|| self.env.get("LOGNAME"))
+    }
+
+    /// True when the tenant was chosen by flag or environment (not defaulted).
+    pub fn tenant_explicit(&self) -> bool {
+        matches!(
+            self.settings.tenant_source,
+            config::Source::Flag | config::Source::Env
+        )
     }
 }
 
@@ -54,6 +88,10 @@ pub struct RunOptions {
     pub stdin: Box<dyn Read>,
     /// Resolves when the user interrupts; a never-ending future when `None`.
     pub shutdown: Option<Shutdown>,
+    /// Working directory; the process's when `None`.
+    pub cwd: Option<PathBuf>,
+    /// Standard output is a terminal.
+    pub tty: bool,
 }
 
 impl Default for RunOptions {
@@ -63,8 +101,32 @@ impl Default for RunOptions {
             now: None,
             stdin: Box::new(std::io::empty()),
             shutdown: None,
+            cwd: None,
+            tty: false,
         }
     }
+}
+
+/// Parses the command line. `lattice compat TOOL ARGS...` is split by hand so that the
+/// Slurm tool's own flags (`-o`, `-t`, `-n`, `-v`, ...) are never taken for global flags.
+pub fn parse_args<I, T>(argv: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    use clap::Parser;
+    let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+    if argv.len() >= 3 && argv[1] == "compat" && !argv[2].to_string_lossy().starts_with('-') {
+        let mut cli = Cli::try_parse_from(&argv[..3])?;
+        if let Command::Compat(c) = &mut cli.command {
+            c.args = argv[3..]
+                .iter()
+                .map(|a| a.to_string_lossy().to_string())
+                .collect();
+        }
+        return Ok(cli);
+    }
+    Cli::try_parse_from(argv)
 }
 
 /// Runs a parsed command line; errors are printed to `err`. Returns the exit code.
@@ -94,8 +156,17 @@ async fn dispatch(
     err: &mut dyn Write,
 ) -> Result<i32, CliError> {
     let flags = cli.global.flag_values();
-    if let Command::Config(c) = &cli.command {
-        return cmd::config_cmd::run(c, &flags, env, out);
+    match &cli.command {
+        Command::Config(c) => return cmd::config_cmd::run(c, &flags, env, out),
+        Command::Completion(a) => return cmd::completion::run(a, out),
+        Command::CompatAliases => return cmd::compat::aliases(out),
+        Command::Down(a) => return cmd::up::down(a, out, err).await,
+        Command::Admin(a) => {
+            if let cli::AdminCommand::Config(c) = a.as_ref() {
+                return cmd::admin::config(c, &flags, env, out);
+            }
+        }
+        _ => {}
     }
     let settings = config::load(&flags, env, false)?;
     let tls = client::TlsOptions {
@@ -110,26 +181,68 @@ async fn dispatch(
     };
     let client = Client::with_tls(&settings.api_url, settings.token.clone(), &tls)
         .map_err(|e| CliError::from_client("set up the HTTP client", e))?;
+    let output = cli.global.output.or_else(|| {
+        settings
+            .output_format
+            .as_deref()
+            .and_then(|f| <OutputFormat as clap::ValueEnum>::from_str(f, true).ok())
+    });
     let mut ctx = Ctx {
         client,
         catalog: opts.catalog.take().unwrap_or_else(Catalog::with_builtins),
         tenant: settings.tenant.clone(),
         settings,
         fixed_now: opts.now,
+        output,
+        quiet: cli.global.quiet,
+        verbose: cli.global.verbose,
+        vcluster: cli.global.vcluster.clone().filter(|v| !v.is_empty()),
+        env: env.clone(),
+        cwd: opts
+            .cwd
+            .take()
+            .or_else(|| std::env::current_dir().ok())
+            .unwrap_or_else(|| PathBuf::from(".")),
+        tty: opts.tty,
     };
     let shutdown: Shutdown = opts
         .shutdown
         .take()
         .unwrap_or_else(|| Box::pin(std::future::pending::<()>()));
     match cli.command {
-        Command::Apply(a) => cmd::apply::run(&mut ctx, &a, &mut opts.stdin, out, err).await,
+        Command::Apply(mut a) => {
+            a.output = ctx.output;
+            cmd::apply::run(&mut ctx, &a, &mut opts.stdin, out, err).await
+        }
         Command::Diff(a) => cmd::diff::run(&mut ctx, &a, &mut opts.stdin, out, err).await,
-        Command::Get(a) => cmd::get::run(&mut ctx, &a, out, err, shutdown).await,
+        Command::Get(mut a) => {
+            a.output = ctx.output.unwrap_or_default();
+            cmd::get::run(&mut ctx, &a, out, err, shutdown).await
+        }
         Command::Describe(a) => cmd::describe::run(&mut ctx, &a, out, err).await,
         Command::Delete(a) => cmd::delete::run(&mut ctx, &a, &mut opts.stdin, out, err).await,
         Command::ApiResources(a) => cmd::api_resources::run(&mut ctx, &a, out).await,
         Command::Version(a) => cmd::version::run(&mut ctx, &a, out).await,
-        Command::Config(_) => Ok(0),
+        Command::Submit(a) => {
+            cmd::submit::run(&mut ctx, &a, &mut opts.stdin, out, err, shutdown).await
+        }
+        Command::Status(a) => cmd::status::run(&mut ctx, &a, out, err, shutdown).await,
+        Command::Cancel(a) => cmd::status::cancel(&mut ctx, &a, out, err).await,
+        Command::Watch(a) => cmd::status::watch(&mut ctx, &a, out, err, shutdown).await,
+        Command::History(a) => cmd::status::history(&mut ctx, &a, out, err).await,
+        Command::Logs(a) => cmd::logs::run(&mut ctx, &a, out, err, shutdown).await,
+        Command::Nodes(a) => cmd::nodes::list(&mut ctx, &a, out, err).await,
+        Command::Node(c) => cmd::nodes::node(&mut ctx, &c, out, err).await,
+        Command::Dag(c) => cmd::dag::run(&mut ctx, &c, &mut opts.stdin, out, err).await,
+        Command::Admin(c) => cmd::admin::run(&mut ctx, &c, out, err).await,
+        Command::Compat(a) => {
+            cmd::compat::run(&mut ctx, &a, &mut opts.stdin, out, err, shutdown).await
+        }
+        Command::Up(a) => cmd::up::up(&mut ctx, &a, out, err, shutdown).await,
+        Command::Complete(a) => cmd::completion::complete(&mut ctx, &a, out).await,
+        Command::Config(_) | Command::Completion(_) | Command::CompatAliases | Command::Down(_) => {
+            Ok(0)
+        }
     }
 }
 

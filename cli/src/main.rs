@@ -1,13 +1,15 @@
 //! The `lattice` binary: parse arguments, run, exit with the command's code.
 
-use clap::Parser;
+use std::io::IsTerminal;
 
-use lattice_cli::cli::Cli;
 use lattice_cli::config::Env;
 use lattice_cli::RunOptions;
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match lattice_cli::parse_args(std::env::args_os()) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -23,6 +25,7 @@ fn main() {
         shutdown: Some(Box::pin(async {
             let _ = tokio::signal::ctrl_c().await;
         })),
+        tty: std::io::stdout().is_terminal(),
         ..RunOptions::default()
     };
     let mut out = std::io::stdout().lock();

@@ -271,6 +271,19 @@ fn push_object(
         }
         return Ok(());
     }
+    // The seed's short DAG form (`name:` + `allocations:` with `depends_on`): a Dag.
+    let v = if crate::cmd::dag::is_short_form(&v) {
+        let def = lattice_dag::graph::DagDef::from_value(&v).map_err(|e| {
+            CliError::new(
+                format!("read DAG in {}", at()),
+                format!("{}: {}", e.path, e.message),
+            )
+            .hint(e.hint.clone())
+        })?;
+        crate::cmd::dag::manifest_of(&at(), &def)?.0
+    } else {
+        v
+    };
     let m = Manifest {
         source: source.to_string(),
         document,

@@ -32,14 +32,14 @@ fn connection_refused_is_human_and_fails() {
         .env("LATTICE_API_URL", format!("http://127.0.0.1:{port}"))
         .output()
         .expect("run lattice");
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(5), "unreachable server exits 5");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         err,
         format!(
-            "error: cannot reach the Lattice API at http://127.0.0.1:{port}: connection refused\n  \
-             hint: start a server with `lattice-server --dev` or set LATTICE_API_URL (or --api-url) \
-             to the address of a running one\n"
+            "Error: cannot reach the Lattice API at http://127.0.0.1:{port} — connection refused\n  \
+             Hint: start a server with `lattice-server --dev` (or `lattice up`) or set \
+             LATTICE_API_URL (or --api-url) to the address of a running one\n"
         )
     );
     assert!(!err.contains('\u{1b}'), "no ANSI colors when not a TTY");
@@ -95,7 +95,9 @@ fn missing_explicit_config_file_is_reported() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.starts_with("error: read config file /nonexistent/lattice.yaml: no such file\n  hint:"),
+        err.starts_with(
+            "Error: read config file /nonexistent/lattice.yaml — no such file\n  Hint:"
+        ),
         "{err}"
     );
 }
@@ -114,10 +116,10 @@ fn unreadable_ca_file_is_reported() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.starts_with("error: read CA file /nonexistent/ca.pem: "),
+        err.starts_with("Error: read CA file /nonexistent/ca.pem — "),
         "{err}"
     );
-    assert!(err.contains("hint: check --certificate-authority"), "{err}");
+    assert!(err.contains("Hint: check --certificate-authority"), "{err}");
 }
 
 #[cfg(unix)]
@@ -167,4 +169,314 @@ async fn watch_exits_zero_on_ctrl_c() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+fn run_ok(c: &mut Command) -> std::process::Output {
+    c.output().expect("run")
+}
+
+#[test]
+fn completion_scripts_load() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = run_ok(lattice().args(["completion", "bash"]));
+    assert_eq!(out.status.code(), Some(0));
+    let script = dir.path().join("lattice.bash");
+    std::fs::write(&script, &out.stdout).expect("write");
+    let check = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {} && complete -p lattice && declare -F _lattice_dynamic",
+            script.display()
+        ))
+        .output()
+        .expect("bash");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let loaded = String::from_utf8_lossy(&check.stdout);
+    assert!(loaded.contains("-F _lattice_dynamic"), "{loaded}");
+    for shell in ["zsh", "fish"] {
+        let out = run_ok(lattice().args(["completion", shell]));
+        assert_eq!(out.status.code(), Some(0));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("lattice"));
+    }
+    // Loaded the way the seed shows it, without a server.
+    let out = run_ok(lattice().args([
+        "__complete",
+        "allocations",
+        "--api-url",
+        "http://127.0.0.1:9",
+    ]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty() && out.stderr.is_empty());
+}
+
+#[test]
+fn compat_aliases_define_slurm_functions() {
+    let out = run_ok(lattice().arg("compat-aliases"));
+    assert_eq!(out.status.code(), Some(0));
+    let script = String::from_utf8_lossy(&out.stdout).to_string();
+    let check = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "{script}\nfor f in sbatch squeue scancel salloc srun sinfo sacct; do declare -F $f >/dev/null || exit 1; done\nLATTICE_BIN={} sbatch --bogus-option 2>&1; echo rc=$?",
+            env!("CARGO_BIN_EXE_lattice")
+        ))
+        .output()
+        .expect("bash");
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{text}");
+    assert!(
+        text.contains("rc=2"),
+        "unknown sbatch option is a usage error: {text}"
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let out = run_ok(lattice().args(["cancel"]));
+    assert_eq!(out.status.code(), Some(2));
+    let out = run_ok(lattice().args(["submit", "--nodes"]));
+    assert_eq!(out.status.code(), Some(2));
+    let out = run_ok(lattice().args(["submit", "--dry-run=client"]));
+    assert_eq!(out.status.code(), Some(2), "nothing to run");
+}
+
+/// The site mapping of the compat crate's corpus tests (cli/compat/tests/common).
+const SITE: &str = "partitions:\n  normal: hpc-batch\n  debug: interactive\n  gpu: ml-training\n  long: hpc-batch\n  sensitive: sensitive-secure\nqos:\n  low: 1\n  normal: 4\n  high: 7\n  urgent: 9\naccounts:\n  ml_team: ml-team\nvclusters: [hpc-batch, ml-training, interactive, sensitive-secure]\ndefault_vcluster: hpc-batch\nset_slurm_env: true\n";
+
+#[test]
+fn corpus_submits_with_client_dry_run() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let site = dir.path().join("lattice-compat.yaml");
+    std::fs::write(&site, SITE).expect("site");
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("compat/tests/corpus");
+    let mut scripts: Vec<_> = std::fs::read_dir(&corpus)
+        .expect("corpus")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "sh"))
+        .collect();
+    scripts.sort();
+    assert!(scripts.len() >= 30);
+    for s in &scripts {
+        let golden = s.with_extension("golden.json");
+        let out = run_ok(
+            lattice()
+                .args([
+                    "submit",
+                    "--dry-run=client",
+                    "-o",
+                    "json",
+                    "--compat-config",
+                ])
+                .arg(&site)
+                .arg(s)
+                .env("USER", "alice")
+                // Nothing listens here: client dry runs need no server.
+                .env("LATTICE_API_URL", "http://127.0.0.1:9"),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{}: {stderr}", s.display());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(v["kind"], "Allocation", "{}", s.display());
+        assert_eq!(v["metadata"]["annotations"]["lattice.dev/user"], "alice");
+        // Same translation as the library's golden file.
+        let want: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&golden).expect("golden")).expect("json");
+        let want_spec = want
+            .get("allocation")
+            .map(|a| &a["spec"])
+            .unwrap_or(&want["spec"]);
+        assert_eq!(
+            v["spec"]["resources"],
+            want_spec["resources"],
+            "{}",
+            s.display()
+        );
+        for w in stderr.lines() {
+            assert!(w.starts_with("Warning: "), "{}: {w}", s.display());
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+fn server_bin() -> Option<std::path::PathBuf> {
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_lattice"));
+    let p = exe.parent()?.join("lattice-server");
+    p.is_file().then_some(p)
+}
+
+/// `lattice up --agents 0 --detach` against the real server binary, then `lattice down`.
+/// Skipped when lattice-server has not been built (`cargo build -p lattice-server`).
+#[test]
+fn up_detach_and_down_with_real_server() {
+    let Some(_) = server_bin() else {
+        eprintln!("skipped: build lattice-server first (cargo build -p lattice-server)");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = dir.path().join("up");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let manifests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/examples");
+    let out = run_ok(
+        lattice()
+            .args([
+                "up",
+                "--agents",
+                "0",
+                "--detach",
+                "--timeout",
+                "60",
+                "--api-addr",
+                &addr,
+                "--data-dir",
+            ])
+            .arg(&data)
+            .arg("--manifests")
+            .arg(&manifests),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("export LATTICE_API_URL=http://{addr}")),
+        "{stdout}"
+    );
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("up.json")).expect("up.json"))
+            .expect("json");
+    let pid = state["processes"][0]["pid"].as_u64().expect("pid");
+    let token = data.join("server/admin.token");
+    let out = run_ok(
+        lattice()
+            .args([
+                "admin",
+                "vcluster",
+                "list",
+                "--api-url",
+                &format!("http://{addr}"),
+            ])
+            .arg("--token-file")
+            .arg(&token),
+    );
+    let list = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(list.contains("ml-training"), "examples applied: {list}");
+    // A second `up` in the same directory refuses.
+    let again = run_ok(
+        lattice()
+            .args(["up", "--agents", "0", "--detach", "--data-dir"])
+            .arg(&data),
+    );
+    assert_eq!(again.status.code(), Some(1));
+    let out = run_ok(lattice().args(["down", "--data-dir"]).arg(&data));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("Stopped 1 process"));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists() || {
+            let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            st.contains(") Z ")
+        },
+        "server stopped"
+    );
+    assert!(!data.join("up.json").exists());
+}
+
+/// Foreground `lattice up`: Ctrl-C stops what it started.
+#[cfg(unix)]
+#[test]
+fn up_foreground_stops_on_ctrl_c() {
+    let Some(_) = server_bin() else {
+        eprintln!("skipped: build lattice-server first (cargo build -p lattice-server)");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = dir.path().join("up");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut child = lattice()
+        .args([
+            "up",
+            "--agents",
+            "0",
+            "--timeout",
+            "60",
+            "--api-addr",
+            &addr,
+            "--data-dir",
+        ])
+        .arg(&data)
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut seen = Vec::new();
+    for l in lines.by_ref() {
+        let l = l.unwrap_or_default();
+        let done = l.starts_with("Press Ctrl-C");
+        seen.push(l);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        seen.iter().any(|l| l.starts_with("Lattice is up")),
+        "{seen:?}"
+    );
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("up.json")).expect("up.json"))
+            .expect("json");
+    let pid = state["processes"][0]["pid"].as_u64().expect("pid");
+    assert!(Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill")
+        .success());
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0));
+    let rest: Vec<String> = lines.map(|l| l.unwrap_or_default()).collect();
+    assert!(
+        rest.iter().any(|l| l.starts_with("Stopped 1 processes")),
+        "{rest:?}"
+    );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists() || {
+            let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            st.contains(") Z ")
+        }
+    );
+}
+
+#[test]
+fn up_reports_missing_binaries() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = run_ok(
+        lattice()
+            .args(["up", "--agents", "2", "--detach", "--data-dir"])
+            .arg(dir.path().join("up"))
+            .env("LATTICE_AGENT_BIN", "/nonexistent/lattice-agent")
+            .env("LATTICE_SERVER_BIN", env!("CARGO_BIN_EXE_lattice")),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("Error: start lattice-agent — LATTICE_AGENT_BIN=/nonexistent/lattice-agent does not exist"), "{err}");
+    assert!(err.contains("cargo build --release"), "{err}");
 }

@@ -154,7 +154,7 @@ async fn unauthorized_hint() {
     let f = populated().await;
     f.state.lock().expect("lock").token = Some("s3cret".into());
     let r = run_at(&f.url, &["get", "alloc"]).await;
-    assert_eq!(r.code, 1);
+    assert_eq!(r.code, 4, "not authenticated exits 4");
     golden("error_401.txt", &r.err);
 
     let r = run_at(&f.url, &["--token", "s3cret", "get", "alloc", "-o", "name"]).await;
@@ -170,7 +170,7 @@ async fn connection_refused_hint() {
     drop(l);
     let url = format!("http://127.0.0.1:{port}");
     let r = run_at(&url, &["get", "alloc"]).await;
-    assert_eq!(r.code, 1);
+    assert_eq!(r.code, 5, "unreachable exits 5");
     golden(
         "error_connection_refused.txt",
         &r.err.replace(&port.to_string(), "PORT"),

@@ -6,12 +6,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Path of a workspace binary (`target/debug/NAME`), failing with a hint when missing.
+/// Path of a workspace binary (`target/debug/NAME`, or `$LATTICE_BIN_DIR/NAME` — the
+/// benchmarks point it at `target/release`), failing with a hint when missing.
 pub fn bin(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let path = target.join("debug").join(name);
+    let dir = match std::env::var_os("LATTICE_BIN_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+            .join("debug"),
+    };
+    let path = dir.join(name);
     assert!(
         path.exists(),
         "{} is missing: build the binaries first (`cargo build --workspace --bins`, as hack/test.sh does)",
@@ -162,5 +167,126 @@ impl RaftMember {
     /// Its API base URL.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.api)
+    }
+}
+
+/// A `lattice-agent` process (one node).
+pub struct Agent {
+    pub child: Option<Child>,
+    pub node: String,
+    pub state_dir: PathBuf,
+    api_url: String,
+    token: String,
+    extra: Vec<String>,
+}
+
+impl Agent {
+    /// Start an agent for `node` against `api_url`, state under `state_dir`.
+    pub fn start(node: &str, api_url: &str, token: &str, state_dir: &Path, extra: &[&str]) -> Agent {
+        let mut a = Agent {
+            child: None,
+            node: node.to_string(),
+            state_dir: state_dir.to_path_buf(),
+            api_url: api_url.to_string(),
+            token: token.to_string(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        a.restart();
+        a
+    }
+
+    /// (Re)start the process with the same identity and state directory.
+    pub fn restart(&mut self) {
+        std::fs::create_dir_all(&self.state_dir).expect("agent state dir");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.state_dir.join("agent.log"))
+            .expect("agent log");
+        let child = Command::new(bin("lattice-agent"))
+            .arg("--node-id")
+            .arg(&self.node)
+            .arg("--api-url")
+            .arg(&self.api_url)
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .args(&self.extra)
+            .env("LATTICE_AGENT_TOKEN", &self.token)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn lattice-agent");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL the agent only (its workloads live on in their own process groups).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The agent's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.state_dir.join("agent.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A whole local cluster: `lattice-server --dev` and `n` agents in two topology groups.
+pub struct Cluster {
+    pub server: Server,
+    pub agents: Vec<Agent>,
+    pub dir: PathBuf,
+}
+
+impl Cluster {
+    /// Start it; `server_extra` are more `lattice-server` flags (e.g. short heartbeat
+    /// timeouts), `agent_extra` more `lattice-agent` flags.
+    pub fn start(dir: &Path, n: usize, server_extra: &[&str], agent_extra: &[&str]) -> Cluster {
+        let mut args = vec!["--dev"];
+        args.extend_from_slice(server_extra);
+        let server = Server::start(&dir.join("server"), free_port(), free_port(), &args);
+        let token = server.admin_token();
+        let url = server.api_url();
+        let agents = (0..n)
+            .map(|i| {
+                let node = format!("node-{:02}", i + 1);
+                let group = (i * 2 / n.max(1)).to_string();
+                let mut extra = vec!["--topology-group", group.as_str(), "--heartbeat-interval", "500ms", "--grace-period", "2s"];
+                extra.extend_from_slice(agent_extra);
+                Agent::start(&node, &url, &token, &dir.join("agents").join(&node), &extra)
+            })
+            .collect();
+        Cluster {
+            server,
+            agents,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The API URL.
+    pub fn url(&self) -> String {
+        self.server.api_url()
+    }
+
+    /// The admin token.
+    pub fn token(&self) -> String {
+        self.server.admin_token()
+    }
+
+    /// Everything the processes logged, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = std::fs::read_to_string(self.server.data_dir.join("server.log")).unwrap_or_default();
+        for a in &self.agents {
+            out.push_str(&format!("\n--- agent {} ---\n{}", a.node, a.log()));
+        }
+        out
     }
 }

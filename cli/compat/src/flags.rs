@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 ///
 /// Values are kept as strings and parsed by [`crate::translate`], so errors
 /// are reported the same way for flags and directives. Fields marked
-/// `#[arg(skip)]` are filled by the CLI (`tenant` from the global
-/// `-t/--tenant`, `script_name`, `submit_dir`, `command`, `sbatch_args`).
+/// `#[arg(skip)]` are filled by the CLI (`tenant` and `vcluster` from the global
+/// `-t/--tenant` and `--vcluster`, `script_name`, `submit_dir`, `command`, `sbatch_args`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, clap::Args)]
 pub struct SubmitFlags {
     /// Node count `N` or range `MIN-MAX`.
@@ -31,8 +31,9 @@ pub struct SubmitFlags {
     /// Extra tools uenv (debuggers, profilers).
     #[arg(long)]
     pub tools_uenv: Option<String>,
-    /// vCluster to schedule in.
-    #[arg(long)]
+    /// vCluster to schedule in. Not a clap flag here: the CLI's global
+    /// `--vcluster` fills it (a second `--vcluster` would collide).
+    #[arg(skip)]
     pub vcluster: Option<String>,
     /// Tenant (namespace) to submit to. Not a clap flag here: the CLI's global
     /// `-t/--tenant` fills it (a second `--tenant` would collide).

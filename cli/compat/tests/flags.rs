@@ -1,5 +1,5 @@
 //! `SubmitFlags` flattens into a clap command next to the CLI's global flags
-//! (`-t/--tenant`, `-o/--output`) without collisions.
+//! (`-t/--tenant`, `-o/--output`, `--vcluster`) without collisions.
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use lattice_compat::SubmitFlags;
@@ -10,6 +10,8 @@ struct Cli {
     tenant: Option<String>,
     #[arg(long, global = true)]
     config: Option<String>,
+    #[arg(long, global = true)]
+    vcluster: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -82,6 +84,7 @@ fn parses_every_flag() {
     let Cmd::Submit(s) = cli.cmd;
     let f = s.flags;
     assert_eq!(cli.tenant.as_deref(), Some("physics"));
+    assert_eq!(cli.vcluster.as_deref(), Some("ml"));
     assert_eq!(f.nodes.as_deref(), Some("4"));
     assert_eq!(f.task_group.as_deref(), Some("0-99%20"));
     assert_eq!(f.data_mount.len(), 2);

@@ -1,16 +1,26 @@
 //! One module per command. Each exposes `run(ctx, args, out, ...) -> Result<exit code>`.
 //!
-//! The product's workload verbs (`submit`, `status`, `cancel`, `logs`, `nodes`, ...) get
-//! their own modules here when they land; they reuse `Ctx`, the client and `output`.
+//! The workload verbs (`submit`, `status`, `cancel`, `logs`, `nodes`, `dag`, ...) share
+//! helpers in [`workload`]; they reuse `Ctx`, the client and `output`.
 
+pub mod admin;
 pub mod api_resources;
 pub mod apply;
+pub mod compat;
+pub mod completion;
 pub mod config_cmd;
+pub mod dag;
 pub mod delete;
 pub mod describe;
 pub mod diff;
 pub mod get;
+pub mod logs;
+pub mod nodes;
+pub mod status;
+pub mod submit;
+pub mod up;
 pub mod version;
+pub mod workload;
 
 use crate::errors::CliError;
 

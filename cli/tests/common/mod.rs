@@ -12,10 +12,8 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use chrono::{DateTime, Utc};
-use clap::Parser;
 use serde_json::{json, Value};
 
-use lattice_cli::cli::Cli;
 use lattice_cli::config::Env;
 use lattice_cli::kinds::{Catalog, Column, KindMeta};
 use lattice_cli::{RunOptions, Shutdown};
@@ -64,6 +62,14 @@ pub struct State {
     pub token: Option<String>,
     /// Answer field selectors on events with 400 (to test the client-side fallback).
     pub reject_event_field_selector: bool,
+    /// Allocation name -> log text served at `.../allocations/NAME/log`.
+    pub logs: HashMap<String, String>,
+    /// Serve no log endpoint (404 like an older server).
+    pub no_log_endpoint: bool,
+    /// `/metrics` body.
+    pub metrics: String,
+    /// Counter for generateName suffixes.
+    pub generated: u64,
 }
 
 pub struct Fake {
@@ -116,7 +122,13 @@ pub fn discovery() -> Value {
             {"name": "events", "singularName": "event", "namespaced": true, "kind": "Event",
              "verbs": ["create","delete","get","list","watch"], "shortNames": ["ev"]},
             {"name": "widgets", "singularName": "widget", "namespaced": true, "kind": "Widget",
-             "verbs": ["create","delete","get","list","patch","watch"], "shortNames": []}
+             "verbs": ["create","delete","get","list","patch","watch"], "shortNames": []},
+            {"name": "dags", "singularName": "dag", "namespaced": true, "kind": "Dag",
+             "verbs": ["create","delete","get","list","patch","update","watch"], "shortNames": []},
+            {"name": "vclusters", "singularName": "vcluster", "namespaced": true, "kind": "VCluster",
+             "verbs": ["create","delete","get","list","patch","update","watch"], "shortNames": ["vc"]},
+            {"name": "tenants", "singularName": "tenant", "namespaced": false, "kind": "Tenant",
+             "verbs": ["create","delete","get","list","patch","update","watch"], "shortNames": []}
         ]
     })
 }
@@ -231,6 +243,12 @@ async fn handle(
     if path == PREFIX {
         return reply(200, &discovery());
     }
+    if path == "/readyz" {
+        return (StatusCode::OK, "ok").into_response();
+    }
+    if path == "/metrics" {
+        return (StatusCode::OK, st.metrics.clone()).into_response();
+    }
     let Some(rest) = path.strip_prefix(&format!("{PREFIX}/")) else {
         return reply(
             404,
@@ -242,6 +260,31 @@ async fn handle(
         );
     };
     let parts: Vec<&str> = rest.split('/').collect();
+    if let ["namespaces", ns, "allocations", name, "log"] = parts.as_slice() {
+        if st.no_log_endpoint {
+            return reply(
+                404,
+                &status(
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                ),
+            );
+        }
+        let key = ("allocations".to_string(), ns.to_string(), name.to_string());
+        if !st.objects.contains_key(&key) {
+            return reply(
+                404,
+                &status(
+                    404,
+                    "NotFound",
+                    &format!("allocations \"{name}\" not found"),
+                ),
+            );
+        }
+        let text = st.logs.get(*name).cloned().unwrap_or_default();
+        return (StatusCode::OK, [("content-type", "text/plain")], text).into_response();
+    }
     let (ns, plural, name) = match parts.as_slice() {
         ["namespaces", ns, plural] => (Some(ns.to_string()), plural.to_string(), None),
         ["namespaces", ns, plural, name] => (
@@ -253,7 +296,15 @@ async fn handle(
         [plural, name] => (None, plural.to_string(), Some(name.to_string())),
         _ => return reply(404, &status(404, "NotFound", "no such path")),
     };
-    let known = ["allocations", "nodes", "events", "widgets"];
+    let known = [
+        "allocations",
+        "nodes",
+        "events",
+        "widgets",
+        "dags",
+        "vclusters",
+        "tenants",
+    ];
     if !known.contains(&plural.as_str()) {
         return reply(
             404,
@@ -270,6 +321,18 @@ async fn handle(
         }
     }
     let dry = query.get("dryRun").map(String::as_str) == Some("All");
+    if method == Method::POST {
+        let body_name = serde_json::from_str::<Value>(&body_text)
+            .ok()
+            .and_then(|v| {
+                v.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            });
+        if let Some((code, body)) = body_name.and_then(|n| st.fail_on.get(&n).cloned()) {
+            return reply(code, &body);
+        }
+    }
     match (method.as_str(), name) {
         ("GET", None) if query.get("watch").map(String::as_str) == Some("true") => {
             let next = st.watch_script.pop_front();
@@ -333,6 +396,79 @@ async fn handle(
                     &status(404, "NotFound", &format!("{plural} \"{n}\" not found")),
                 ),
             }
+        }
+        ("POST", None) => {
+            let Ok(mut obj) = serde_json::from_str::<Value>(&body_text) else {
+                return reply(400, &status(400, "BadRequest", "body is not JSON"));
+            };
+            let md = obj["metadata"].as_object().cloned().unwrap_or_default();
+            let name = match md.get("name").and_then(Value::as_str) {
+                Some(n) => n.to_string(),
+                None => match md.get("generateName").and_then(Value::as_str) {
+                    Some(g) => {
+                        st.generated += 1;
+                        format!("{g}{:05}", st.generated)
+                    }
+                    None => {
+                        return reply(
+                            422,
+                            &status(
+                                422,
+                                "Invalid",
+                                "metadata.name: name or generateName is required",
+                            ),
+                        )
+                    }
+                },
+            };
+            let key = (plural.clone(), ns.clone().unwrap_or_default(), name.clone());
+            if st.objects.contains_key(&key) {
+                return reply(
+                    409,
+                    &status(
+                        409,
+                        "AlreadyExists",
+                        &format!("{plural} \"{name}\" already exists"),
+                    ),
+                );
+            }
+            if !dry {
+                st.rv += 1;
+            }
+            let rv = st.rv.to_string();
+            if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.insert("name".into(), json!(name));
+                m.remove("generateName");
+                m.insert("resourceVersion".into(), json!(rv));
+                m.insert("uid".into(), json!(format!("uid-{name}")));
+                m.insert("creationTimestamp".into(), json!("2026-01-01T12:00:00Z"));
+                if let Some(n) = &ns {
+                    m.insert("namespace".into(), json!(n));
+                }
+            }
+            if !dry {
+                st.objects.insert(key, obj.clone());
+            }
+            reply(201, &obj)
+        }
+        ("PATCH", Some(n)) if h("content-type") == "application/merge-patch+json" => {
+            let Ok(p) = serde_json::from_str::<Value>(&body_text) else {
+                return reply(400, &status(400, "BadRequest", "body is not JSON"));
+            };
+            let key = (plural.clone(), ns.clone().unwrap_or_default(), n.clone());
+            let Some(mut obj) = st.objects.get(&key).cloned() else {
+                return reply(
+                    404,
+                    &status(404, "NotFound", &format!("{plural} \"{n}\" not found")),
+                );
+            };
+            merge(&mut obj, &p);
+            if !dry {
+                st.rv += 1;
+                obj["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+                st.objects.insert(key, obj.clone());
+            }
+            reply(200, &obj)
         }
         ("PATCH", Some(n)) => {
             let Ok(mut obj) = serde_json::from_str::<Value>(&body_text) else {
@@ -413,6 +549,26 @@ async fn handle(
     }
 }
 
+/// RFC 7386 JSON merge patch.
+pub fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let t = target.as_object_mut().expect("object");
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
 /// Starts the fake on a random loopback port.
 pub async fn start() -> Fake {
     let state = Arc::new(Mutex::new(State {
@@ -455,18 +611,68 @@ pub async fn run_at(url: &str, args: &[&str]) -> Run {
 }
 
 pub async fn run_with(url: &str, args: &[&str], stdin: &str, shutdown: Option<Shutdown>) -> Run {
-    let mut argv = vec!["lattice", "--api-url", url];
-    argv.extend_from_slice(args);
-    let cli = Cli::try_parse_from(argv).expect("arguments parse");
+    run_opts(
+        url,
+        args,
+        Opts {
+            stdin: stdin.to_string(),
+            shutdown,
+            env: Vec::new(),
+            cwd: PathBuf::from("/home/alice/project"),
+        },
+    )
+    .await
+}
+
+/// Options of [`run_opts`].
+pub struct Opts {
+    pub stdin: String,
+    pub shutdown: Option<Shutdown>,
+    /// Environment variables the CLI sees (nothing else leaks in).
+    pub env: Vec<(String, String)>,
+    /// Working directory (submit directory, ./lattice-compat.yaml).
+    pub cwd: PathBuf,
+}
+
+impl Opts {
+    /// As user alice in `cwd`.
+    pub fn alice(cwd: &std::path::Path) -> Opts {
+        Opts {
+            stdin: String::new(),
+            shutdown: None,
+            env: vec![("USER".into(), "alice".into())],
+            cwd: cwd.to_path_buf(),
+        }
+    }
+}
+
+/// Runs the CLI with full control over stdin, environment and working directory.
+pub async fn run_opts(url: &str, args: &[&str], o: Opts) -> Run {
+    let mut argv: Vec<String> = Vec::new();
+    argv.push("lattice".into());
+    if args.first() == Some(&"compat") {
+        argv.extend(args.iter().map(|a| a.to_string()));
+    } else {
+        argv.extend(["--api-url".to_string(), url.to_string()]);
+        argv.extend(args.iter().map(|a| a.to_string()));
+    }
+    let cli = lattice_cli::parse_args(argv).expect("arguments parse");
     let opts = RunOptions {
         catalog: Some(test_catalog()),
         now: Some(now()),
-        stdin: Box::new(std::io::Cursor::new(stdin.as_bytes().to_vec())),
-        shutdown,
+        stdin: Box::new(std::io::Cursor::new(o.stdin.into_bytes())),
+        shutdown: o.shutdown,
+        cwd: Some(o.cwd),
+        tty: false,
     };
+    let mut pairs = o.env.clone();
+    if args.first() == Some(&"compat") {
+        pairs.push(("LATTICE_API_URL".into(), url.to_string()));
+    }
+    let env = Env::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     let mut out = Vec::new();
     let mut err = Vec::new();
-    let code = lattice_cli::run(cli, &Env::default(), opts, &mut out, &mut err).await;
+    let code = lattice_cli::run(cli, &env, opts, &mut out, &mut err).await;
     Run {
         code,
         out: String::from_utf8_lossy(&out).to_string(),

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# End-to-end job throughput, Lattice beside real Slurm 22.05 on this machine, with the same
+# number of job slots: 4 full-node agents (Lattice) vs `sbatch --exclusive` on 4 slurmd.
+# Lattice gets BENCH_JOBS (1000) trivial jobs, Slurm BENCH_SLURM_JOBS (300: with
+# --exclusive, Slurm 22.05 runs about 2 jobs/s here, so 1,000 would not fit the 10-minute
+# budget); prints `RESULT` lines: submit rate, first-submit-to-all-done time and jobs/s per
+# system, `e2e_throughput_ratio_vs_slurm` (jobs/s over jobs/s), and the agent's RSS and CPU
+# time per heartbeat.
+# Needs root (network namespace for Slurm) and slurm-wlm (installed if missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hack/install-deps.sh >/dev/null
+command -v slurmctld >/dev/null || { echo "==> installing slurm-wlm"; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm >/dev/null; }
+export PROTOC="${PROTOC:-$(command -v protoc)}"
+JOBS=${BENCH_JOBS:-1000}
+SLURM_JOBS=${BENCH_SLURM_JOBS:-300}
+echo "==> building release binaries"
+cargo build --release -q -p lattice-server -p lattice-agent -p lattice-e2e --bins
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  SLURMDIR="$work/slurm" hack/slurm/down.sh >/dev/null 2>&1 || true
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# ---------------------------------------------------------------- Lattice
+api=127.0.0.1:28580
+echo "==> Lattice: lattice-server --dev + 4 agents (release), $JOBS jobs"
+target/release/lattice-server --dev --data-dir "$work/server" --api-addr "$api" \
+  --tls-addr off --etcd-addr off >"$work/server.log" 2>&1 &
+server=$!; pids+=("$server")
+for _ in $(seq 300); do
+  curl -fsS "http://$api/readyz" >/dev/null 2>&1 && [ -s "$work/server/admin.token" ] && break
+  sleep 0.1
+done
+token=$(cat "$work/server/admin.token")
+agent_pids=()
+for i in 1 2 3 4; do
+  LATTICE_AGENT_TOKEN=$token target/release/lattice-agent --node-id "node-0$i" \
+    --api-url "http://$api" --state-dir "$work/agents/node-0$i" \
+    --topology-group $(( (i - 1) / 2 )) >"$work/agent-$i.log" 2>&1 &
+  agent_pids+=($!); pids+=($!)
+done
+for _ in $(seq 300); do
+  ready=$(curl -fsS -H "Authorization: Bearer $token" "http://$api/apis/lattice.dev/v1alpha1/nodes" \
+    | grep -o '"state":"Ready"' | wc -l || true)
+  [ "$ready" -ge 4 ] && break
+  sleep 0.1
+done
+# Agent cost while idle: RSS and CPU time per heartbeat (default interval 5 s).
+a0=${agent_pids[0]}
+cpu0=$(awk '{print $14+$15}' "/proc/$a0/stat")
+sleep 10
+cpu1=$(awk '{print $14+$15}' "/proc/$a0/stat")
+tck=$(getconf CLK_TCK)
+echo "RESULT agent_rss_mib=$(awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$a0/status")"
+echo "RESULT agent_cpu_ms_per_heartbeat=$(awk -v a="$cpu0" -v b="$cpu1" -v t="$tck" 'BEGIN {printf "%.2f", (b-a)*1000/t/2}')"
+lat=$(target/release/lattice-e2e-bench --url "http://$api" --token-file "$work/server/admin.token" \
+  --jobs "$JOBS" --clients 16 --prefix lattice)
+echo "$lat"
+lattice_rate=$(echo "$lat" | sed -n 's/^RESULT lattice_jobs_per_s=//p')
+for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+wait 2>/dev/null || true
+pids=()
+
+# ---------------------------------------------------------------- Slurm
+echo "==> Slurm 22.05: slurmctld + 4 slurmd, $SLURM_JOBS x sbatch --exclusive --wrap=true"
+export SLURMDIR="$work/slurm" SLURM_NETNS=lattice-bench-slurm
+hack/slurm/up.sh >"$work/slurm-up.log" 2>&1 || { cat "$work/slurm-up.log"; exit 1; }
+export SLURM_CONF=$SLURMDIR/slurm.conf
+NS="nsenter --net=/run/netns/$SLURM_NETNS"
+mkdir -p "$SLURMDIR/out"
+start=$(date +%s.%N)
+for i in $(seq "$SLURM_JOBS"); do
+  $NS sbatch --exclusive --parsable -o /dev/null -e /dev/null --wrap=true >/dev/null
+done
+submitted=$(date +%s.%N)
+while [ "$($NS squeue -h | wc -l)" -gt 0 ]; do sleep 0.1; done
+done_t=$(date +%s.%N)
+slurm_s=$(awk -v a="$start" -v b="$done_t" 'BEGIN {printf "%.2f", b-a}')
+slurm_rate=$(awk -v s="$slurm_s" -v n="$SLURM_JOBS" 'BEGIN {printf "%.2f", n/s}')
+echo "RESULT slurm_jobs=$SLURM_JOBS"
+echo "RESULT slurm_submit_per_s=$(awk -v a="$start" -v b="$submitted" -v n="$SLURM_JOBS" 'BEGIN {printf "%.1f", n/(b-a)}')"
+echo "RESULT slurm_first_submit_to_all_done_s=$slurm_s"
+echo "RESULT slurm_jobs_per_s=$slurm_rate"
+echo "RESULT e2e_throughput_ratio_vs_slurm=$(awk -v l="$lattice_rate" -v s="$slurm_rate" 'BEGIN {printf "%.2f", l/s}')"
+echo "RESULT cores=$(nproc)"
