@@ -27,6 +27,11 @@ use crate::meta::{set_condition, Condition, ConditionStatus, Time};
 pub const CANCEL_ANNOTATION: &str = "lattice.dev/cancel-requested";
 /// Annotation the scheduler sets on a preemption victim (value: the preemptor's name).
 pub const PREEMPT_ANNOTATION: &str = "lattice.dev/preempt-requested";
+/// Finalizer the scheduler puts on every allocation it binds: a deleted allocation stays
+/// (with `deletionTimestamp`, treated as a cancel) until every node it ran on has
+/// confirmed that its processes are gone ([`processes_gone`]), so its nodes cannot be
+/// handed to someone else while it is still in its SIGTERM grace period.
+pub const NODES_FINALIZER: &str = "lattice.dev/nodes";
 
 /// Allocation `status.reason` codes (the seed's wording, snake_case).
 pub mod reason {
@@ -80,12 +85,27 @@ pub mod node_reason {
     pub const LOST: &str = "Lost";
 }
 
-/// True when a user asked to cancel the allocation.
+/// True when a user asked to cancel the allocation, or deleted it.
 pub fn cancel_requested(a: &Allocation) -> bool {
-    a.metadata
-        .annotations
-        .get(CANCEL_ANNOTATION)
-        .is_some_and(|v| v == "true")
+    a.metadata.deletion_timestamp.is_some()
+        || a.metadata
+            .annotations
+            .get(CANCEL_ANNOTATION)
+            .is_some_and(|v| v == "true")
+}
+
+/// True when no node runs anything of the allocation's current attempt any more: it was
+/// never bound, or every assigned node reported a terminal state for this attempt (a
+/// node declared Down counts, `node_failed` records it as `Lost`).
+pub fn processes_gone(a: &Allocation) -> bool {
+    let Some(st) = a.status.as_ref() else {
+        return true;
+    };
+    st.assigned_nodes.iter().all(|n| {
+        st.node_states
+            .get(n)
+            .is_some_and(|s| s.attempt == st.attempt && s.phase.is_terminal())
+    })
 }
 
 /// True when the scheduler asked to preempt the allocation.

@@ -122,10 +122,13 @@ pub fn register(host: &mut lattice_runtime::ControllerHost) {
 }
 
 async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, lattice_runtime::Error> {
-    if a.is_deleting() || a.phase().is_terminal() || !unbound(&a) {
+    let api = ctx.api.for_obj(&a);
+    if a.is_deleting() {
+        return release_finalizer(&api, &a).await;
+    }
+    if a.phase().is_terminal() || !unbound(&a) {
         return Ok(Action::await_change());
     }
-    let api = ctx.api.for_obj(&a);
     if lifecycle::cancel_requested(&a) {
         let why = a
             .metadata
@@ -220,4 +223,40 @@ async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, lattice_
     })
     .await?;
     Ok(Action::await_change())
+}
+
+/// A deleted allocation keeps `lattice.dev/nodes` until no node runs its processes any
+/// more (its agents stop it: deletion counts as a cancel); then the finalizer goes, with a
+/// patch guarded by a `test` of the entry, and the release controller frees the nodes.
+async fn release_finalizer(
+    api: &Api<Allocation>,
+    a: &Allocation,
+) -> Result<Action, lattice_runtime::Error> {
+    let Some(i) = a
+        .metadata
+        .finalizers
+        .iter()
+        .position(|f| f == lifecycle::NODES_FINALIZER)
+    else {
+        return Ok(Action::await_change());
+    };
+    if !lifecycle::processes_gone(a) {
+        return Ok(Action::await_change());
+    }
+    let patch = lattice_runtime::Patch::Json(serde_json::json!([
+        {"op": "test", "path": format!("/metadata/finalizers/{i}"), "value": lifecycle::NODES_FINALIZER},
+        {"op": "remove", "path": format!("/metadata/finalizers/{i}")},
+    ]));
+    match api
+        .patch(
+            a.name_any(),
+            &lattice_runtime::PatchParams::default(),
+            &patch,
+        )
+        .await
+    {
+        Ok(_) => Ok(Action::await_change()),
+        Err(e) if e.is_not_found() || e.is_patch_test_failed() => Ok(Action::await_change()),
+        Err(e) => Err(e),
+    }
 }

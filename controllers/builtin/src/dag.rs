@@ -163,52 +163,91 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
             }
         }
     };
-    let mut run = run.lock().await;
+    let mut guard = run.lock().await;
+    let outcome = drive(&dag, &ctx, &uid, &mut guard).await;
+    let forget = match &outcome {
+        // The engine may have moved on before its side effects landed: rebuild it from
+        // the Dag and its children next time (replay is idempotent).
+        Err(_) => true,
+        Ok(terminal) => *terminal,
+    };
+    drop(guard);
+    if forget {
+        if let Ok(mut g) = ctx.runs.lock() {
+            g.remove(&uid);
+        }
+    }
+    outcome.map(|_| Action::await_change())
+}
+
+/// One pass: feed the children's states to the engine, make the children match the
+/// engine (level-triggered), write the status. Returns whether the DAG is terminal.
+async fn drive(dag: &Dag, ctx: &Ctx, uid: &str, run: &mut DagRun) -> Result<bool, anyhow::Error> {
     let begun = Instant::now();
-    let mut actions = Vec::new();
-    let first = run.seen.is_empty()
-        && !run
-            .engine
-            .states()
-            .values()
-            .any(|s| *s != StepState::Waiting);
-    if first {
-        let released = run.engine.start();
-        // Create every plain step up front (held unless released), so users see the
-        // whole workflow at once.
-        let released_steps: Vec<String> = released
-            .iter()
-            .filter_map(|a| match a {
-                DagAction::Release { step, index: None } => Some(step.clone()),
-                _ => None,
-            })
-            .collect();
+    // Roots (idempotent: only the first call releases anything).
+    let mut actions = run.engine.start();
+    run.started_at.get_or_insert_with(now);
+
+    // Feed each child's transitions to the engine, once each. After a restart the engine
+    // starts from scratch: children are replayed in passes until nothing more applies (a
+    // step's events only apply once its predecessors' have). A step whose child is gone
+    // but whose end the Dag's status recorded is replayed from that record.
+    let children = ctx.allocations.by_owner_uid(uid);
+    let by_name: HashMap<String, Arc<Allocation>> = children
+        .iter()
+        .map(|c| (c.name_any().to_string(), c.clone()))
+        .collect();
+    let recorded = dag
+        .status
+        .as_ref()
+        .map(|s| s.tasks.clone())
+        .unwrap_or_default();
+    loop {
+        let mut progress = false;
+        for child in &children {
+            if let Some(more) = feed(run, child) {
+                progress |= more.0;
+                actions.extend(more.1);
+            }
+        }
         for task in &dag.spec.allocations {
             if task.spec.task_group.is_some() {
                 continue;
             }
-            let hold = !released_steps.contains(&task.name);
-            create_step(&ctx, &dag, &task.name, None, hold).await?;
-        }
-        actions.extend(released);
-        run.started_at.get_or_insert_with(now);
-    }
-
-    // Feed each child's transitions to the engine, once each. After a restart the
-    // engine starts from scratch: children are replayed in passes until nothing more
-    // applies (a step's events only apply once its predecessors' have).
-    let children = ctx.allocations.by_owner_uid(&uid);
-    loop {
-        let mut progress = false;
-        for child in &children {
-            if let Some(more) = feed(&mut run, child) {
-                progress |= more.0;
-                actions.extend(more.1);
+            let name = child_name(dag, &task.name, None);
+            if by_name.contains_key(&name) || run.seen.get(&name) == Some(&Seen::Done) {
+                continue;
+            }
+            let released = matches!(
+                run.engine.state(&task.name),
+                Some(StepState::Pending | StepState::Running)
+            );
+            let outcome = recorded.get(&task.name).and_then(|t| match t.phase {
+                DagTaskPhase::Completed => Some(Outcome::Succeeded),
+                DagTaskPhase::Failed => Some(Outcome::Failed { exit: 1 }),
+                DagTaskPhase::Cancelled | DagTaskPhase::Skipped => Some(Outcome::Cancelled),
+                _ => None,
+            });
+            // A released step whose child we saw and that is gone now was deleted: it
+            // ended (cancelled), it must not run again.
+            let vanished = released && run.seen.contains_key(&name);
+            let outcome = outcome.or(vanished.then_some(Outcome::Cancelled));
+            if let (true, Some(o)) = (released, outcome) {
+                if let Ok(a) = run.engine.on_terminal(&task.name, o, None) {
+                    actions.extend(a);
+                    run.seen.insert(name, Seen::Done);
+                    progress = true;
+                }
             }
         }
         if !progress {
             break;
         }
+    }
+    for c in &children {
+        run.seen
+            .entry(c.name_any().to_string())
+            .or_insert(Seen::Created);
     }
     let dag_cancelled = dag
         .metadata
@@ -216,29 +255,138 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
         .get(CANCEL_ANNOTATION)
         .is_some_and(|v| v == "true");
     if dag_cancelled && !run.cancelled {
-        run.cancelled = true;
         actions.extend(run.engine.cancel_dag());
+        run.cancelled = true;
     }
-    let released = apply(&ctx, &dag, &actions).await?;
+    // Task-group elements the engine released are created (creation is idempotent);
+    // everything else is made to match the engine's state below.
+    let mut released = 0;
+    for a in &actions {
+        if let DagAction::Release {
+            step,
+            index: Some(i),
+        } = a
+        {
+            create_step(ctx, dag, step, Some(*i), false).await?;
+            released += 1;
+        }
+    }
+    released += ensure_children(ctx, dag, run, &by_name).await?;
+    // Steps that were running when the engine cancelled them: stop them (their terminal
+    // event then completes the cancellation). A cancelled DAG stops every child.
+    let api = ctx.api.within(dag.namespace());
+    for a in &actions {
+        if let DagAction::Cancel {
+            step,
+            index,
+            reason,
+        } = a
+        {
+            if let Some(c) = by_name.get(&child_name(dag, step, *index)) {
+                cancel_child(&api, c, &cancel_message(reason)).await?;
+            }
+        }
+    }
+    if run.cancelled {
+        for c in by_name.values() {
+            cancel_child(&api, c, &cancel_message(&CancelReason::DagCancelled)).await?;
+        }
+    }
     if released > 0 {
         ctx.metrics.dag_releases.inc_by(released);
         ctx.metrics
             .dag_release_latency
             .observe(begun.elapsed().as_secs_f64());
     }
-    let status = status_of(&run, &dag, &children);
+    let status = status_of(run, dag, &children);
     let terminal = matches!(
         status.phase,
         DagPhase::Completed | DagPhase::Failed | DagPhase::Cancelled
     );
-    write_status(&ctx, &dag, status).await?;
-    if terminal {
-        drop(run);
-        if let Ok(mut g) = ctx.runs.lock() {
-            g.remove(&uid);
+    write_status(ctx, dag, status).await?;
+    Ok(terminal)
+}
+
+/// Make every child match the engine: a released plain step exists without hold, a
+/// waiting one exists held, a cancelled one (or each element of a cancelled task group)
+/// is cancelled. Returns how many holds were lifted.
+async fn ensure_children(
+    ctx: &Ctx,
+    dag: &Dag,
+    run: &DagRun,
+    children: &HashMap<String, Arc<Allocation>>,
+) -> Result<u64, anyhow::Error> {
+    let api = ctx.api.within(dag.namespace());
+    let mut released = 0;
+    for task in &dag.spec.allocations {
+        let state = run.engine.state(&task.name).cloned();
+        if task.spec.task_group.is_some() {
+            if let Some(StepState::Cancelled { reason }) = state {
+                for c in children.values() {
+                    if c.labels().get(DAG_STEP_LABEL) == Some(&task.name) {
+                        cancel_child(&api, c, &cancel_message(&reason)).await?;
+                    }
+                }
+            }
+            continue;
+        }
+        let name = child_name(dag, &task.name, None);
+        let child = children.get(&name);
+        match state {
+            Some(StepState::Pending | StepState::Running) => match child {
+                None if !run.seen.contains_key(&name) => {
+                    create_step(ctx, dag, &task.name, None, false).await?;
+                    released += 1;
+                }
+                Some(c) if c.metadata.annotations.contains_key(HOLD_ANNOTATION) => {
+                    let patch =
+                        Patch::Merge(json!({"metadata": {"annotations": {HOLD_ANNOTATION: null}}}));
+                    api.patch(&name, &PatchParams::default(), &patch).await?;
+                    let patch = Patch::Merge(
+                        json!({"status": {"reason": null, "message": "dependencies satisfied; queued"}}),
+                    );
+                    api.patch_status(&name, &PatchParams::default(), &patch)
+                        .await?;
+                    released += 1;
+                }
+                _ => {}
+            },
+            Some(StepState::Waiting | StepState::Queued)
+                if child.is_none() && !run.seen.contains_key(&name) =>
+            {
+                create_step(ctx, dag, &task.name, None, true).await?;
+            }
+            Some(StepState::Cancelled { reason }) => {
+                if let Some(c) = child {
+                    cancel_child(&api, c, &cancel_message(&reason)).await?;
+                }
+            }
+            _ => {}
         }
     }
-    Ok(Action::await_change())
+    Ok(released)
+}
+
+async fn cancel_child(
+    api: &Api<Allocation>,
+    c: &Allocation,
+    why: &str,
+) -> Result<(), anyhow::Error> {
+    if c.phase().is_terminal() || lifecycle::cancel_requested(c) {
+        return Ok(());
+    }
+    let patch = Patch::Merge(json!({"metadata": {"annotations": {
+        CANCEL_ANNOTATION: "true",
+        CANCEL_REASON_ANNOTATION: why,
+    }}}));
+    match api
+        .patch(c.name_any(), &PatchParams::default(), &patch)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Feed one child's state to the engine. Returns (whether the engine took something,
@@ -383,7 +531,19 @@ async fn create_step(
     let api = ctx.api.within(dag.namespace());
     match api.create(&PostParams::default(), &a).await {
         Ok(_) => {}
-        Err(e) if e.is_already_exists() => return Ok(()),
+        Err(e) if e.is_already_exists() => {
+            // Ours (created a moment ago, not cached yet) or a leftover of an earlier Dag
+            // with the same name that the garbage collector has not removed yet: then wait.
+            let existing = api.get(&name).await?;
+            let ours = existing
+                .owner_references()
+                .iter()
+                .any(|o| Some(o.uid.as_str()) == dag.uid());
+            if !ours {
+                anyhow::bail!("{name} still belongs to an earlier Dag of the same name; waiting for it to be collected");
+            }
+            return Ok(());
+        }
         Err(e) => return Err(e.into()),
     }
     if hold {
@@ -416,66 +576,6 @@ async fn create_step(
             .await?;
     }
     Ok(())
-}
-
-/// Carry out the engine's actions; returns how many steps were released.
-async fn apply(ctx: &Ctx, dag: &Dag, actions: &[DagAction]) -> Result<u64, anyhow::Error> {
-    let api = ctx.api.within(dag.namespace());
-    let mut released = 0;
-    for a in actions {
-        match a {
-            DagAction::Release { step, index } => {
-                released += 1;
-                let name = child_name(dag, step, *index);
-                match ctx.allocations.get_named(dag.namespace(), &name) {
-                    Some(child) if child.metadata.annotations.contains_key(HOLD_ANNOTATION) => {
-                        let patch = Patch::Merge(
-                            json!({"metadata": {"annotations": {HOLD_ANNOTATION: null}}}),
-                        );
-                        api.patch(&name, &PatchParams::default(), &patch).await?;
-                        let patch = Patch::Merge(
-                            json!({"status": {"reason": null, "message": "dependencies satisfied; queued"}}),
-                        );
-                        api.patch_status(&name, &PatchParams::default(), &patch)
-                            .await
-                            .ok();
-                    }
-                    Some(_) => {}
-                    None => {
-                        // Not in the cache yet: it may exist (just created) — create is
-                        // idempotent; a held copy is released by the patch below.
-                        create_step(ctx, dag, step, *index, false).await?;
-                        let patch = Patch::Merge(
-                            json!({"metadata": {"annotations": {HOLD_ANNOTATION: null}}}),
-                        );
-                        api.patch(&name, &PatchParams::default(), &patch).await.ok();
-                    }
-                }
-            }
-            DagAction::Cancel {
-                step,
-                index,
-                reason,
-            } => {
-                let name = child_name(dag, step, *index);
-                let why = cancel_message(reason);
-                let exists = ctx.allocations.get_named(dag.namespace(), &name);
-                if exists.as_ref().is_some_and(|c| c.phase().is_terminal()) {
-                    continue;
-                }
-                let patch = Patch::Merge(json!({"metadata": {"annotations": {
-                    CANCEL_ANNOTATION: "true",
-                    CANCEL_REASON_ANNOTATION: why,
-                }}}));
-                match api.patch(&name, &PatchParams::default(), &patch).await {
-                    Ok(_) => {}
-                    Err(e) if e.is_not_found() => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-    }
-    Ok(released)
 }
 
 fn cancel_message(r: &CancelReason) -> String {

@@ -84,6 +84,7 @@ pub fn register(
             // Record when each lease changes, as it happens (the controller's queue may
             // lag; the observation time must not).
             let mut rx = leases.subscribe();
+            let lease_store = leases.store();
             let hb = heartbeats.clone();
             let recorder = tokio::spawn(async move {
                 loop {
@@ -101,7 +102,21 @@ pub fn register(
                             }
                         }
                         Ok(InformerEvent::Deleted(_)) => {}
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                            // Missed changes: compare every cached lease with what we saw.
+                            if let Ok(mut g) = hb.lock() {
+                                for l in lease_store.state() {
+                                    let rv = l.resource_version().unwrap_or_default().to_string();
+                                    let e = g
+                                        .seen
+                                        .entry(l.name_any().to_string())
+                                        .or_insert((String::new(), Instant::now()));
+                                    if e.0 != rv {
+                                        *e = (rv, Instant::now());
+                                    }
+                                }
+                            }
+                        }
                         Err(_) => break,
                     }
                 }
@@ -210,9 +225,14 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, lattice_run
     if want != current {
         // Undrain only from Drained (the seed); a drain request on a node that is Down
         // waits for it to come back.
+        // An idle node asked to drain is Drained at once (the seed: "If no active
+        // allocations, node goes directly to Drained").
         let allowed = current.can_transition_to(want)
-            || (current == NodeState::Down && want == NodeState::Drained)
-            || (current == NodeState::Degraded && want == NodeState::Drained);
+            || (want == NodeState::Drained
+                && matches!(
+                    current,
+                    NodeState::Ready | NodeState::Degraded | NodeState::Down
+                ));
         if allowed {
             let msg = match why {
                 "HeartbeatLost" => format!(

@@ -104,6 +104,72 @@ pub async fn read_many<K: Resource + DeserializeOwned>(
     Ok(out)
 }
 
+/// Every object of two kinds, read at one store revision (one read-only transaction):
+/// what an audit that compares them needs.
+pub async fn read_two_kinds<A, B>(
+    backend: &Arc<dyn KvBackend>,
+) -> Result<(Vec<Stored<A>>, Vec<Stored<B>>), TxnError>
+where
+    A: Resource + DeserializeOwned,
+    B: Resource + DeserializeOwned,
+{
+    let prefix = |plural: &str| {
+        TxnOp::Range(RangeRequest {
+            range: KeyRange::prefix(Bytes::from(format!("/registry/lattice.dev/{plural}/"))),
+            ..Default::default()
+        })
+    };
+    let resp = backend
+        .txn(TxnRequest {
+            compare: Vec::new(),
+            success: vec![prefix(A::PLURAL), prefix(B::PLURAL)],
+            failure: Vec::new(),
+        })
+        .await?;
+    let mut it = resp.responses.into_iter();
+    let decode = |r: Option<TxnOpResponse>| -> Result<Vec<(String, Bytes, i64)>, TxnError> {
+        match r {
+            Some(TxnOpResponse::Range(r)) => Ok(r
+                .kvs
+                .into_iter()
+                .map(|kv| {
+                    (
+                        String::from_utf8_lossy(&kv.key).into_owned(),
+                        kv.value,
+                        kv.mod_revision,
+                    )
+                })
+                .collect()),
+            _ => Ok(Vec::new()),
+        }
+    };
+    let a = decode(it.next())?
+        .into_iter()
+        .map(|(key, v, rev)| {
+            serde_json::from_slice::<A>(&v)
+                .map(|obj| Stored {
+                    key: key.clone(),
+                    obj,
+                    rev,
+                })
+                .map_err(|e| TxnError::Decode(format!("{key}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let b = decode(it.next())?
+        .into_iter()
+        .map(|(key, v, rev)| {
+            serde_json::from_slice::<B>(&v)
+                .map(|obj| Stored {
+                    key: key.clone(),
+                    obj,
+                    rev,
+                })
+                .map_err(|e| TxnError::Decode(format!("{key}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((a, b))
+}
+
 /// A write across objects that succeeds only if none of them changed since read.
 #[derive(Default)]
 pub struct GuardedWrite {

@@ -25,14 +25,16 @@ struct Ctx {
     metrics: ControllerMetrics,
 }
 
-/// `(tenant, allocation, attempt)` of a node's owner.
-type OwnerKey = (String, String, u32);
+/// `(tenant, allocation, allocation uid, attempt)` of a node's owner: a re-created
+/// allocation with the same name is a different owner.
+type OwnerKey = (String, String, Option<String>, u32);
 
 fn owner_key(n: &Node) -> Option<OwnerKey> {
     let o = n.status.as_ref()?.owner.as_ref()?;
     Some((
         o.tenant.clone()?,
         o.allocation.clone()?,
+        o.allocation_uid.clone(),
         o.attempt.unwrap_or(0),
     ))
 }
@@ -53,7 +55,7 @@ fn same_owner(n: &Node, a: Option<&Allocation>) -> bool {
 }
 
 fn releasable(n: &Node, a: Option<&Allocation>) -> bool {
-    let Some((_, _, attempt)) = owner_key(n) else {
+    let Some((_, _, _, attempt)) = owner_key(n) else {
         return false;
     };
     let down = n
@@ -79,11 +81,19 @@ pub fn register(
             let allocations = hc.factory.all::<Allocation>().store();
             let by_owner = nodes.clone();
             let ctx = Arc::new(Ctx {
-                backend,
+                backend: backend.clone(),
                 nodes,
                 allocations,
                 metrics,
             });
+            let audit = tokio::spawn(audit_loop(backend));
+            struct Abort(tokio::task::JoinHandle<()>);
+            impl Drop for Abort {
+                fn drop(&mut self) {
+                    self.0.abort();
+                }
+            }
+            let _audit = Abort(audit);
             controller
                 .watches::<Allocation, _>(&InformerParams::default(), move |a| {
                     // The nodes this allocation owns (any attempt).
@@ -185,10 +195,73 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
     }
     if w.commit(&ctx.backend).await? {
         ctx.metrics.nodes_released.inc_by(u64::from(released));
-        tracing::debug!(allocation = %format!("{}/{}", owner.0, owner.1), attempt = owner.2, released, "nodes released");
+        tracing::debug!(allocation = %format!("{}/{}", owner.0, owner.1), attempt = owner.3, released, "nodes released");
         Ok(Action::await_change())
     } else {
         ctx.metrics.release_conflicts.inc();
         Ok(Action::requeue(Duration::from_millis(20)))
     }
+}
+
+/// How often tenant usage counters are checked against node ownership.
+const AUDIT_EVERY: Duration = Duration::from_secs(15);
+
+/// Recompute every tenant's `usage.nodes` / `usage.runningAllocations` from node
+/// ownership and correct drift (a Tenant created after its allocations were bound, a node
+/// deleted while owned). Nodes and tenants are read at one revision and each correction
+/// is guarded by the tenant's revision, so it can never undo a concurrent bind or release
+/// (both write the tenant).
+async fn audit_loop(backend: Arc<dyn KvBackend>) {
+    loop {
+        if let Err(e) = audit_usage(&backend).await {
+            tracing::debug!(error = %e, "tenant usage audit failed");
+        }
+        tokio::time::sleep(AUDIT_EVERY).await;
+    }
+}
+
+/// One audit pass; returns how many tenants were corrected.
+pub async fn audit_usage(backend: &Arc<dyn KvBackend>) -> Result<usize, crate::objects::TxnError> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let (nodes, tenants) = crate::objects::read_two_kinds::<Node, Tenant>(backend).await?;
+    let mut counted: BTreeMap<String, (u32, BTreeSet<OwnerKey>)> = BTreeMap::new();
+    for n in &nodes {
+        if let Some(key) = owner_key(&n.obj) {
+            let e = counted.entry(key.0.clone()).or_default();
+            e.0 += 1;
+            e.1.insert(key);
+        }
+    }
+    let mut fixed = 0;
+    for t in &tenants {
+        let (nodes, allocs) = counted
+            .get(t.obj.name_any())
+            .map(|(n, a)| (*n, a.len() as u32))
+            .unwrap_or((0, 0));
+        let usage = t
+            .obj
+            .status
+            .as_ref()
+            .map(|s| s.usage.clone())
+            .unwrap_or_default();
+        if usage.nodes == nodes && usage.running_allocations == allocs {
+            continue;
+        }
+        let mut obj = t.obj.clone();
+        let u = &mut obj.status.get_or_insert_with(Default::default).usage;
+        tracing::warn!(
+            tenant = %t.obj.name_any(),
+            counted_nodes = usage.nodes, actual_nodes = nodes,
+            counted_allocations = usage.running_allocations, actual_allocations = allocs,
+            "tenant usage drifted from node ownership; correcting"
+        );
+        u.nodes = nodes;
+        u.running_allocations = allocs;
+        let mut w = GuardedWrite::new();
+        w.put(t, &obj)?;
+        if w.commit(backend).await? {
+            fixed += 1;
+        }
+    }
+    Ok(fixed)
 }

@@ -130,7 +130,13 @@ async fn reconcile(
         counts.pending += 1;
         to_create -= 1;
     }
-    counts.pending += (indices.len() - created.len()) as u64;
+    let never_created = (indices.len() - created.len()) as u64;
+    if cancel {
+        // A cancelled array never creates the rest: they count as cancelled.
+        cancelled += never_created;
+    } else {
+        counts.pending += never_created;
+    }
 
     let done = counts.completed + counts.failed + cancelled;
     let all_done = done == counts.total;

@@ -566,3 +566,224 @@ async fn node_down_requeues_on_another_node() {
     let n1 = env.nodes().get("n1").await.unwrap();
     assert_eq!(format!("{:?}", n1.status.unwrap().state), "Down");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_running_allocation_keeps_its_node_until_the_agent_confirms() {
+    let (env, _hb) = cluster(&["n1"]).await;
+    env.submit("t1", "long", 1, json!({})).await;
+    let a = env.wait_phase("t1", "long", AllocationPhase::Staging).await;
+    assert!(a
+        .metadata
+        .finalizers
+        .iter()
+        .any(|f| f == lifecycle::NODES_FINALIZER));
+    env.report("t1", "long", "n1", NodeTaskPhase::Running, None, "")
+        .await;
+    env.allocations("t1")
+        .delete("long", &Default::default())
+        .await
+        .expect("delete");
+    // Deletion is a cancel: the agent is told to stop...
+    let a = env.get("t1", "long").await;
+    assert!(a.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        lifecycle::should_run(&a, "n1", 1),
+        lifecycle::RunDecision::Stop("Cancelled")
+    );
+    // ...and until it confirms, the node stays owned and nothing else lands there.
+    env.submit("t1", "next", 1, json!({})).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(env.owners().await["n1"].as_deref(), Some("long"));
+    assert_eq!(
+        env.get("t1", "next").await.phase(),
+        AllocationPhase::Pending
+    );
+    env.report("t1", "long", "n1", NodeTaskPhase::Failed, None, "Cancelled")
+        .await;
+    let next = env.wait_phase("t1", "next", AllocationPhase::Staging).await;
+    assert_eq!(next.status.unwrap().assigned_nodes, vec!["n1".to_string()]);
+    assert!(
+        env.allocations("t1")
+            .get_opt("long")
+            .await
+            .unwrap()
+            .is_none(),
+        "deleted after confirmation"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_node_drains_at_once_and_a_busy_one_after_its_work() {
+    let (env, _hb) = cluster(&["n1", "n2"]).await;
+    env.submit("t1", "busy", 1, json!({})).await;
+    let a = env.wait_phase("t1", "busy", AllocationPhase::Staging).await;
+    let busy = a.status.unwrap().assigned_nodes[0].clone();
+    let idle = if busy == "n1" { "n2" } else { "n1" };
+    let drain = Patch::Merge(json!({"spec": {"drain": {"reason": "maintenance"}}}));
+    for n in [idle, busy.as_str()] {
+        env.nodes()
+            .patch(n, &PatchParams::default(), &drain)
+            .await
+            .expect("drain");
+    }
+    let state = |n: &str| {
+        let api = env.nodes();
+        let n = n.to_string();
+        async move { format!("{:?}", api.get(&n).await.unwrap().status.unwrap().state) }
+    };
+    for _ in 0..200 {
+        if state(idle).await == "Drained" && state(&busy).await == "Draining" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(state(idle).await, "Drained");
+    assert_eq!(state(&busy).await, "Draining");
+    env.run_to_end("t1", "busy", 0).await;
+    for _ in 0..200 {
+        if state(&busy).await == "Drained" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(state(&busy).await, "Drained");
+    let undrain = Patch::Merge(json!({"spec": {"drain": null}}));
+    env.nodes()
+        .patch(idle, &PatchParams::default(), &undrain)
+        .await
+        .expect("undrain");
+    for _ in 0..200 {
+        if state(idle).await == "Ready" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(state(idle).await, "Ready");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_audit_corrects_drifted_counters() {
+    let (env, _hb) = cluster(&["n1", "n2"]).await;
+    env.submit("t1", "a", 1, json!({})).await;
+    env.wait_phase("t1", "a", AllocationPhase::Staging).await;
+    // Corrupt the counters behind the controllers' back.
+    let tenants: Api<lattice_apis::Tenant> = Api::all(env.client.clone());
+    let patch = Patch::Merge(json!({"status": {"usage": {"nodes": 7, "runningAllocations": 5}}}));
+    tenants
+        .patch_status("t1", &PatchParams::default(), &patch)
+        .await
+        .expect("corrupt");
+    let fixed = lattice_controllers::release::audit_usage(&env.backend)
+        .await
+        .expect("audit");
+    assert_eq!(fixed, 1);
+    assert_eq!(env.tenant_usage("t1").await, (1, 1));
+    assert_eq!(
+        lattice_controllers::release::audit_usage(&env.backend)
+            .await
+            .expect("audit"),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_dag_stops_its_running_steps() {
+    let (env, _hb) = cluster(&["n1", "n2", "n3"]).await;
+    let api: Api<Dag> = Api::namespaced(env.client.clone(), "t1");
+    api.create(&PostParams::default(), &dag_manifest("pipe"))
+        .await
+        .expect("dag");
+    // preprocess runs and never ends on its own.
+    env.wait_phase("t1", "pipe-preprocess", AllocationPhase::Staging)
+        .await;
+    let node = env
+        .get("t1", "pipe-preprocess")
+        .await
+        .status
+        .unwrap()
+        .assigned_nodes[0]
+        .clone();
+    env.report(
+        "t1",
+        "pipe-preprocess",
+        &node,
+        NodeTaskPhase::Running,
+        None,
+        "",
+    )
+    .await;
+    let patch =
+        Patch::Merge(json!({"metadata": {"annotations": {lifecycle::CANCEL_ANNOTATION: "true"}}}));
+    api.patch("pipe", &PatchParams::default(), &patch)
+        .await
+        .expect("cancel");
+    let a = env
+        .wait_alloc("t1", "pipe-preprocess", "cancel requested", |a| {
+            lifecycle::cancel_requested(a)
+        })
+        .await;
+    assert_eq!(
+        lifecycle::should_run(&a, &node, 1),
+        lifecycle::RunDecision::Stop("Cancelled")
+    );
+    env.report(
+        "t1",
+        "pipe-preprocess",
+        &node,
+        NodeTaskPhase::Failed,
+        None,
+        "Cancelled",
+    )
+    .await;
+    let d = wait_dag(&env, "pipe").await;
+    assert_eq!(
+        format!("{:?}", d.status.as_ref().unwrap().phase),
+        "Cancelled"
+    );
+    for step in ["train", "evaluate", "notify-failure"] {
+        let c = env.get("t1", &format!("pipe-{step}")).await;
+        assert_eq!(c.phase(), AllocationPhase::Cancelled, "{step}");
+        assert_eq!(c.status.unwrap().attempt, 0, "{step} never ran");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dag_survives_a_controller_restart_mid_run() {
+    let mut env = env().await;
+    env.tenant("t1", None).await;
+    env.vcluster("t1", "default", "hpc-backfill").await;
+    for n in ["n1", "n2", "n3"] {
+        env.node(n, 0).await;
+    }
+    let _hb = heartbeats(&env, &["n1", "n2", "n3"]);
+    env.start_controllers(fast_config());
+    let api: Api<Dag> = Api::namespaced(env.client.clone(), "t1");
+    api.create(&PostParams::default(), &dag_manifest("pipe"))
+        .await
+        .expect("dag");
+    env.wait_phase("t1", "pipe-preprocess", AllocationPhase::Staging)
+        .await;
+    env.run_to_end("t1", "pipe-preprocess", 0).await;
+    env.wait_phase("t1", "pipe-train", AllocationPhase::Staging)
+        .await;
+    // "Leader change": the controllers restart from the store alone.
+    env.stop_controllers();
+    env.run_to_end("t1", "pipe-train", 0).await; // finishes while nobody watches
+    env.start_controllers(fast_config());
+    let _runner = auto_runner(&env, "t1", |_| 0);
+    let d = wait_dag(&env, "pipe").await;
+    let phases = task_phases(&d);
+    assert_eq!(phases["evaluate"], "Completed");
+    assert_eq!(phases["notify-failure"], "Skipped");
+    for step in ["preprocess", "train", "evaluate"] {
+        assert_eq!(
+            env.get("t1", &format!("pipe-{step}"))
+                .await
+                .status
+                .unwrap()
+                .attempt,
+            1,
+            "{step} ran once"
+        );
+    }
+}

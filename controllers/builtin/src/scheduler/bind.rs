@@ -194,6 +194,18 @@ pub async fn bind_batch(
             .metadata
             .annotations
             .remove(lifecycle::PREEMPT_ANNOTATION);
+        // Deleting a bound allocation waits until its nodes confirmed the processes gone.
+        if !bound
+            .metadata
+            .finalizers
+            .iter()
+            .any(|f| f == lifecycle::NODES_FINALIZER)
+        {
+            bound
+                .metadata
+                .finalizers
+                .push(lifecycle::NODES_FINALIZER.to_string());
+        }
         w.put(alloc, &bound)?;
         included.push(i);
     }

@@ -405,9 +405,12 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
                 "waiting behind {} (strict FIFO)",
                 queued[job.0 as usize].name_any()
             ),
+            // An absolute time: the message stays the same from cycle to cycle.
             PendingReason::Reserved { start } => format!(
-                "reserved: expected to start in {}",
-                lattice_apis::duration::format_hms((*start - now_s).max(0) as u64)
+                "reserved: expected to start at {}",
+                chrono::DateTime::from_timestamp(*start, 0)
+                    .map(|t| t.to_rfc3339())
+                    .unwrap_or_else(|| start.to_string())
             ),
             other => other.to_string(),
         };
@@ -428,7 +431,9 @@ fn reason_code(r: &PendingReason) -> &'static str {
     }
 }
 
-/// Write a pending reason when it changed (a merge patch of two status fields).
+/// Write a pending reason when it changed. Guarded by the resourceVersion the decision
+/// was made on: if the allocation changed meanwhile (bound by another loop, cancelled,
+/// failed a dependency) the stale explanation is dropped, never written over it.
 async fn explain(shared: &Shared, a: &Allocation, code: &str, msg: &str) {
     let st = a.status.as_ref();
     if st.and_then(|s| s.reason.as_deref()) == Some(code)
@@ -436,31 +441,67 @@ async fn explain(shared: &Shared, a: &Allocation, code: &str, msg: &str) {
     {
         return;
     }
-    let patch = Patch::Merge(json!({"status": {"reason": code, "message": msg}}));
+    let Some(rv) = a.resource_version() else {
+        return;
+    };
+    let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv})];
+    if st.is_some() {
+        ops.push(json!({"op": "add", "path": "/status/reason", "value": code}));
+        ops.push(json!({"op": "add", "path": "/status/message", "value": msg}));
+    } else {
+        ops.push(
+            json!({"op": "add", "path": "/status", "value": {"reason": code, "message": msg}}),
+        );
+    }
     if let Err(e) = shared
         .api
         .for_obj(a)
-        .patch_status(a.name_any(), &PatchParams::default(), &patch)
+        .patch_status(
+            a.name_any(),
+            &PatchParams::default(),
+            &Patch::Json(json!(ops)),
+        )
         .await
     {
-        tracing::debug!(allocation = %a.name_any(), error = %e, "could not write the pending reason");
+        tracing::debug!(allocation = %a.name_any(), error = %e, "pending reason not written (changed meanwhile?)");
     }
 }
 
+/// Ask the victim's agents to stop it (checkpoint signal first when it has one). Guarded
+/// by the resourceVersion the decision was made on, so a victim that was requeued and
+/// re-bound meanwhile is not preempted by a stale decision.
 async fn request_preemption(shared: &Shared, victim: &Allocation, by: &str) {
     if lifecycle::preempt_requested(victim) {
         return;
     }
+    let Some(rv) = victim.resource_version() else {
+        return;
+    };
     tracing::info!(victim = %victim.name_any(), preemptor = %by, "requesting preemption");
-    let patch =
-        Patch::Merge(json!({"metadata": {"annotations": {lifecycle::PREEMPT_ANNOTATION: by}}}));
+    let path = format!(
+        "/metadata/annotations{}",
+        if victim.metadata.annotations.is_empty() {
+            ""
+        } else {
+            "/lattice.dev~1preempt-requested"
+        }
+    );
+    let value = if victim.metadata.annotations.is_empty() {
+        json!({lifecycle::PREEMPT_ANNOTATION: by})
+    } else {
+        json!(by)
+    };
+    let patch = Patch::Json(json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        {"op": "add", "path": path, "value": value},
+    ]));
     if let Err(e) = shared
         .api
         .for_obj(victim)
         .patch(victim.name_any(), &PatchParams::default(), &patch)
         .await
     {
-        tracing::warn!(victim = %victim.name_any(), error = %e, "could not request preemption");
+        tracing::debug!(victim = %victim.name_any(), error = %e, "preemption not requested (changed meanwhile?)");
     }
 }
 

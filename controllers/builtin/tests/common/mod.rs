@@ -72,6 +72,13 @@ impl Env {
             .push(tokio::spawn(host.run(std::future::pending())));
     }
 
+    /// Stop every controller host (as on losing leadership).
+    pub fn stop_controllers(&mut self) {
+        for h in self.hosts.drain(..) {
+            h.abort();
+        }
+    }
+
     pub fn allocations(&self, tenant: &str) -> Api<Allocation> {
         Api::namespaced(self.client.clone(), tenant)
     }
