@@ -1,37 +1,21 @@
 #!/usr/bin/env bash
-# Quickstart: build Lattice, start a local single-member dev server, apply the example
-# manifests and show them. Leaves the server running in the foreground; Ctrl-C stops it.
+# Quickstart: build Lattice (release) and run a whole local cluster — one
+# `lattice-server --dev` and 4 node agents — apply the example tenant and vClusters, submit
+# the example workflow (manifests/examples/training-pipeline.yaml) and show its progress
+# live until it completes; then print each step's last log lines and stop everything.
+# Extra arguments go to `lattice up` (e.g. --agents 8, --data-dir DIR, or --detach
+# without --demo to keep the cluster running).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hack/install-deps.sh >/dev/null
 export PROTOC="${PROTOC:-$(command -v protoc)}"
 
-echo "==> building (release)"
-cargo build --release -p lattice-server -p lattice-cli
+echo "==> building (release): lattice-server, lattice-agent, lattice"
+cargo build --release -p lattice-server -p lattice-agent -p lattice-cli
 
-data=${LATTICE_DATA_DIR:-.lattice-dev}
-api=${LATTICE_API_ADDR:-127.0.0.1:8080}
-echo "==> starting lattice-server --dev (data in $data, API on $api)"
-target/release/lattice-server --dev --data-dir "$data" --api-addr "$api" --etcd-addr "${LATTICE_ETCD_ADDR:-127.0.0.1:2379}" &
-server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
-for _ in $(seq 200); do
-  [ -s "$data/admin.token" ] && curl -sf "http://$api/readyz" >/dev/null 2>&1 && break
-  sleep 0.1
-done
-
-export LATTICE_API_URL="http://$api" LATTICE_TOKEN="$(cat "$data/admin.token")"
-lattice=target/release/lattice
-set -x
-$lattice api-resources
-$lattice apply -f manifests/examples/
-$lattice get tenants
-$lattice get vclusters -A
-$lattice get dags -A -o wide
-$lattice get allocations -A
-set +x
-echo
-echo "The dev server keeps running (Ctrl-C to stop). In another shell:"
-echo "  export LATTICE_API_URL=$LATTICE_API_URL LATTICE_TOKEN=\$(cat $data/admin.token)"
-echo "  $lattice get allocations -A -w"
-wait $server
+data=${LATTICE_UP_DIR:-.lattice-up}
+echo "==> lattice up --demo (4 agents, data in $data)"
+if [ "$#" -eq 0 ]; then
+  set -- --demo
+fi
+exec target/release/lattice up --data-dir "$data" "$@"

@@ -120,6 +120,8 @@ pub enum Command {
     Node(NodeCommand),
     /// Finished allocations with start, end and exit status
     History(HistoryArgs),
+    /// Node- and GPU-hours used per tenant and user over the budget period (soft quotas)
+    Usage(UsageArgs),
     /// DAG workflows: submit, status, list, cancel
     #[command(subcommand)]
     Dag(DagCommand),
@@ -301,6 +303,16 @@ pub enum NodeCommand {
     Enable(NodeIdArg),
     /// Show the node's state, hardware, owner and conditions
     Status(NodeIdArg),
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct UsageArgs {
+    /// Every tenant (admins), not only the current one
+    #[arg(short = 'A', long)]
+    pub all_tenants: bool,
+    /// Look back this many days (default: the tenant's budget period)
+    #[arg(long, value_name = "N")]
+    pub days: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Args)]

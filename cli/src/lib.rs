@@ -230,6 +230,7 @@ async fn dispatch(
         Command::Cancel(a) => cmd::status::cancel(&mut ctx, &a, out, err).await,
         Command::Watch(a) => cmd::status::watch(&mut ctx, &a, out, err, shutdown).await,
         Command::History(a) => cmd::status::history(&mut ctx, &a, out, err).await,
+        Command::Usage(a) => cmd::usage::run(&mut ctx, &a, out).await,
         Command::Logs(a) => cmd::logs::run(&mut ctx, &a, out, err, shutdown).await,
         Command::Nodes(a) => cmd::nodes::list(&mut ctx, &a, out, err).await,
         Command::Node(c) => cmd::nodes::node(&mut ctx, &c, out, err).await,

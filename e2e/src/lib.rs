@@ -182,7 +182,13 @@ pub struct Agent {
 
 impl Agent {
     /// Start an agent for `node` against `api_url`, state under `state_dir`.
-    pub fn start(node: &str, api_url: &str, token: &str, state_dir: &Path, extra: &[&str]) -> Agent {
+    pub fn start(
+        node: &str,
+        api_url: &str,
+        token: &str,
+        state_dir: &Path,
+        extra: &[&str],
+    ) -> Agent {
         let mut a = Agent {
             child: None,
             node: node.to_string(),
@@ -259,7 +265,14 @@ impl Cluster {
             .map(|i| {
                 let node = format!("node-{:02}", i + 1);
                 let group = (i * 2 / n.max(1)).to_string();
-                let mut extra = vec!["--topology-group", group.as_str(), "--heartbeat-interval", "500ms", "--grace-period", "2s"];
+                let mut extra = vec![
+                    "--topology-group",
+                    group.as_str(),
+                    "--heartbeat-interval",
+                    "500ms",
+                    "--grace-period",
+                    "2s",
+                ];
                 extra.extend_from_slice(agent_extra);
                 Agent::start(&node, &url, &token, &dir.join("agents").join(&node), &extra)
             })
@@ -283,7 +296,8 @@ impl Cluster {
 
     /// Everything the processes logged, for failure messages.
     pub fn logs(&self) -> String {
-        let mut out = std::fs::read_to_string(self.server.data_dir.join("server.log")).unwrap_or_default();
+        let mut out =
+            std::fs::read_to_string(self.server.data_dir.join("server.log")).unwrap_or_default();
         for a in &self.agents {
             out.push_str(&format!("\n--- agent {} ---\n{}", a.node, a.log()));
         }

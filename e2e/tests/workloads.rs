@@ -23,14 +23,22 @@ async fn wait_nodes_ready(c: &Cluster, n: usize) {
             .map(|l| {
                 l.items
                     .iter()
-                    .filter(|n| n.status.as_ref().is_some_and(|s| s.state == NodeState::Ready))
+                    .filter(|n| {
+                        n.status
+                            .as_ref()
+                            .is_some_and(|s| s.state == NodeState::Ready)
+                    })
                     .count()
             })
             .unwrap_or(0);
         if ready >= n {
             return;
         }
-        assert!(Instant::now() < deadline, "{n} nodes not Ready in time\n{}", c.logs());
+        assert!(
+            Instant::now() < deadline,
+            "{n} nodes not Ready in time\n{}",
+            c.logs()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -47,7 +55,13 @@ async fn submit(c: &Cluster, name: &str, spec: serde_json::Value) -> Allocation 
         .expect("create")
 }
 
-async fn wait_alloc(c: &Cluster, name: &str, what: &str, limit: Duration, pred: impl Fn(&Allocation) -> bool) -> Allocation {
+async fn wait_alloc(
+    c: &Cluster,
+    name: &str,
+    what: &str,
+    limit: Duration,
+    pred: impl Fn(&Allocation) -> bool,
+) -> Allocation {
     let api: Api<Allocation> = Api::namespaced(client(c), "default");
     let deadline = Instant::now() + limit;
     loop {
@@ -56,7 +70,11 @@ async fn wait_alloc(c: &Cluster, name: &str, what: &str, limit: Duration, pred: 
                 return a;
             }
             if Instant::now() > deadline {
-                panic!("{name}: timed out waiting for {what}; status {:?}\n{}", a.status, c.logs());
+                panic!(
+                    "{name}: timed out waiting for {what}; status {:?}\n{}",
+                    a.status,
+                    c.logs()
+                );
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -64,7 +82,10 @@ async fn wait_alloc(c: &Cluster, name: &str, what: &str, limit: Duration, pred: 
 }
 
 async fn wait_terminal(c: &Cluster, name: &str) -> Allocation {
-    wait_alloc(c, name, "a terminal phase", Duration::from_secs(60), |a| a.phase().is_terminal()).await
+    wait_alloc(c, name, "a terminal phase", Duration::from_secs(60), |a| {
+        a.phase().is_terminal()
+    })
+    .await
 }
 
 fn shell(cmd: &str) -> serde_json::Value {
@@ -113,23 +134,45 @@ async fn many_short_jobs_each_run_exactly_once() {
     std::fs::create_dir_all(&marker).unwrap();
     let n = 120;
     for i in 0..n {
-        let cmd = format!("echo $LATTICE_ALLOC_ID >> {}/$LATTICE_ALLOC_ID", marker.display());
+        let cmd = format!(
+            "echo $LATTICE_ALLOC_ID >> {}/$LATTICE_ALLOC_ID",
+            marker.display()
+        );
         submit(&c, &format!("j{i}"), shell(&cmd)).await;
     }
     for i in 0..n {
-        let a = wait_alloc(&c, &format!("j{i}"), "Completed", Duration::from_secs(120), |a| a.phase().is_terminal()).await;
-        assert_eq!(a.phase(), AllocationPhase::Completed, "j{i}: {:?}", a.status);
+        let a = wait_alloc(
+            &c,
+            &format!("j{i}"),
+            "Completed",
+            Duration::from_secs(120),
+            |a| a.phase().is_terminal(),
+        )
+        .await;
+        assert_eq!(
+            a.phase(),
+            AllocationPhase::Completed,
+            "j{i}: {:?}",
+            a.status
+        );
         assert_eq!(a.status.as_ref().unwrap().attempt, 1);
     }
     for i in 0..n {
         let runs = std::fs::read_to_string(marker.join(format!("j{i}"))).unwrap_or_default();
-        assert_eq!(runs.lines().count(), 1, "j{i} ran {} times", runs.lines().count());
+        assert_eq!(
+            runs.lines().count(),
+            1,
+            "j{i} ran {} times",
+            runs.lines().count()
+        );
     }
     // No scratch directory is left behind.
     tokio::time::sleep(Duration::from_millis(500)).await;
     for a in &c.agents {
         let scratch = a.state_dir.join("scratch");
-        let left: Vec<_> = std::fs::read_dir(&scratch).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        let left: Vec<_> = std::fs::read_dir(&scratch)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
         assert!(left.is_empty(), "{}: scratch left behind: {left:?}", a.node);
     }
 }
@@ -137,24 +180,41 @@ async fn many_short_jobs_each_run_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_down_requeues_or_fails_per_policy() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Cluster::start(dir.path(), 2, &["--heartbeat-timeout", "2s", "--node-grace-period", "2s"], &[]);
+    let c = Cluster::start(
+        dir.path(),
+        2,
+        &["--heartbeat-timeout", "2s", "--node-grace-period", "2s"],
+        &[],
+    );
     let mut c = c;
     wait_nodes_ready(&c, 2).await;
     submit(&c, "requeue-me", shell("sleep 30")).await;
     let mut spec = shell("sleep 30");
     spec["requeue"] = json!({"policy": "never"});
     submit(&c, "fail-me", spec).await;
-    let a = wait_alloc(&c, "requeue-me", "Running", Duration::from_secs(30), |a| a.phase() == AllocationPhase::Running).await;
-    let b = wait_alloc(&c, "fail-me", "Running", Duration::from_secs(30), |a| a.phase() == AllocationPhase::Running).await;
+    let a = wait_alloc(&c, "requeue-me", "Running", Duration::from_secs(30), |a| {
+        a.phase() == AllocationPhase::Running
+    })
+    .await;
+    let b = wait_alloc(&c, "fail-me", "Running", Duration::from_secs(30), |a| {
+        a.phase() == AllocationPhase::Running
+    })
+    .await;
     let node_a = a.status.unwrap().assigned_nodes[0].clone();
     let node_b = b.status.unwrap().assigned_nodes[0].clone();
     assert_ne!(node_a, node_b, "full nodes: one allocation per node");
     // Kill node_b's agent: fail-me (policy never) fails; requeue-me is untouched.
     let idx = c.agents.iter().position(|x| x.node == node_b).unwrap();
     c.agents[idx].kill9();
-    let failed = wait_alloc(&c, "fail-me", "Failed", Duration::from_secs(30), |a| a.phase().is_terminal()).await;
+    let failed = wait_alloc(&c, "fail-me", "Failed", Duration::from_secs(30), |a| {
+        a.phase().is_terminal()
+    })
+    .await;
     assert_eq!(failed.phase(), AllocationPhase::Failed);
-    assert_eq!(failed.status.as_ref().unwrap().reason.as_deref(), Some("node_failure"));
+    assert_eq!(
+        failed.status.as_ref().unwrap().reason.as_deref(),
+        Some("node_failure")
+    );
     let nodes: Api<Node> = Api::all(client(&c));
     let down = nodes.get(&node_b).await.unwrap();
     assert_eq!(down.status.unwrap().state, NodeState::Down);
@@ -163,18 +223,33 @@ async fn node_down_requeues_or_fails_per_policy() {
     let back = Instant::now() + Duration::from_secs(30);
     loop {
         let n = nodes.get(&node_b).await.unwrap();
-        if n.status.as_ref().is_some_and(|s| s.state == NodeState::Ready) {
+        if n.status
+            .as_ref()
+            .is_some_and(|s| s.state == NodeState::Ready)
+        {
             break;
         }
-        assert!(Instant::now() < back, "node did not come back\n{}", c.logs());
+        assert!(
+            Instant::now() < back,
+            "node did not come back\n{}",
+            c.logs()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Now kill node_a's agent: requeue-me (on_node_failure) moves to the other node.
     let idx = c.agents.iter().position(|x| x.node == node_a).unwrap();
     c.agents[idx].kill9();
-    let moved = wait_alloc(&c, "requeue-me", "rebound elsewhere", Duration::from_secs(40), |a| {
-        a.status.as_ref().is_some_and(|s| s.requeue_count == 1 && s.assigned_nodes == vec![node_b.clone()])
-    })
+    let moved = wait_alloc(
+        &c,
+        "requeue-me",
+        "rebound elsewhere",
+        Duration::from_secs(40),
+        |a| {
+            a.status
+                .as_ref()
+                .is_some_and(|s| s.requeue_count == 1 && s.assigned_nodes == vec![node_b.clone()])
+        },
+    )
     .await;
     assert_eq!(moved.status.unwrap().attempt, 2);
 }
@@ -185,11 +260,17 @@ async fn drain_waits_for_running_work() {
     let c = Cluster::start(dir.path(), 1, &[], &[]);
     wait_nodes_ready(&c, 1).await;
     submit(&c, "work", shell("sleep 2")).await;
-    let a = wait_alloc(&c, "work", "Running", Duration::from_secs(30), |a| a.phase() == AllocationPhase::Running).await;
+    let a = wait_alloc(&c, "work", "Running", Duration::from_secs(30), |a| {
+        a.phase() == AllocationPhase::Running
+    })
+    .await;
     let node = a.status.unwrap().assigned_nodes[0].clone();
     let nodes: Api<Node> = Api::all(client(&c));
     let patch = Patch::Merge(json!({"spec": {"drain": {"reason": "maintenance"}}}));
-    nodes.patch(&node, &PatchParams::default(), &patch).await.unwrap();
+    nodes
+        .patch(&node, &PatchParams::default(), &patch)
+        .await
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let s = nodes.get(&node).await.unwrap().status.unwrap().state;
@@ -206,17 +287,27 @@ async fn drain_waits_for_running_work() {
         if s == NodeState::Drained {
             break;
         }
-        assert!(Instant::now() < deadline, "not Drained: {s:?}\n{}", c.logs());
+        assert!(
+            Instant::now() < deadline,
+            "not Drained: {s:?}\n{}",
+            c.logs()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Nothing new lands on a drained node.
     submit(&c, "later", shell("true")).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let later: Api<Allocation> = Api::namespaced(client(&c), "default");
-    assert_eq!(later.get("later").await.unwrap().phase(), AllocationPhase::Pending);
+    assert_eq!(
+        later.get("later").await.unwrap().phase(),
+        AllocationPhase::Pending
+    );
     // Undrain: Ready, and the queued work runs.
     let patch = Patch::Merge(json!({"spec": {"drain": null}}));
-    nodes.patch(&node, &PatchParams::default(), &patch).await.unwrap();
+    nodes
+        .patch(&node, &PatchParams::default(), &patch)
+        .await
+        .unwrap();
     let done = wait_terminal(&c, "later").await;
     assert_eq!(done.phase(), AllocationPhase::Completed);
 }
@@ -237,17 +328,30 @@ async fn the_example_workflow_runs_to_completion() {
             .env("HOME", dir.path())
             .output()
             .expect("lattice apply");
-        assert!(out.status.success(), "apply {file}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "apply {file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let dags: Api<Dag> = Api::namespaced(client(&c), "ml-team");
     let deadline = Instant::now() + Duration::from_secs(120);
     let dag = loop {
         let d = dags.get("training-pipeline").await.unwrap();
-        let phase = d.status.as_ref().map(|s| format!("{:?}", s.phase)).unwrap_or_default();
+        let phase = d
+            .status
+            .as_ref()
+            .map(|s| format!("{:?}", s.phase))
+            .unwrap_or_default();
         if ["Completed", "Failed", "Cancelled"].contains(&phase.as_str()) {
             break d;
         }
-        assert!(Instant::now() < deadline, "DAG did not finish: {:?}\n{}", d.status, c.logs());
+        assert!(
+            Instant::now() < deadline,
+            "DAG did not finish: {:?}\n{}",
+            d.status,
+            c.logs()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let st = dag.status.unwrap();
@@ -260,7 +364,7 @@ async fn the_example_workflow_runs_to_completion() {
     // train ran on two nodes of one topology group and saw both in LATTICE_NODELIST.
     let allocs: Api<Allocation> = Api::namespaced(client(&c), "ml-team");
     let train = allocs.get("training-pipeline-train").await.unwrap();
-    let tst = train.status.unwrap();
+    let tst = train.status.clone().unwrap();
     assert_eq!(tst.assigned_nodes.len(), 2);
     assert_eq!(tst.topology_groups.len(), 1);
     assert!(train.labels().contains_key("lattice.dev/dag"));

@@ -10,7 +10,8 @@
 //!
 //! Modules: [`routes`] (paths and dispatch), [`resources`] (verbs over the store),
 //! [`selectors`], [`apply`] (SSA), [`patch`], [`watch_cache`], [`watch`], [`auth`],
-//! [`table`], [`discovery`], [`openapi`], [`errors`], [`metrics`], [`intent`].
+//! [`table`], [`discovery`], [`openapi`], [`errors`], [`metrics`], [`intent`],
+//! [`logs`] (allocation logs proxied from the node agents).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,6 +29,7 @@ pub mod auth;
 pub mod discovery;
 pub mod errors;
 pub mod intent;
+pub mod logs;
 pub mod metrics;
 pub mod objects;
 pub mod openapi;
@@ -166,6 +168,10 @@ impl ApiServer {
             )
             .route(&api_prefix, get(discovery_handler))
             .route(&format!("{api_prefix}/"), get(discovery_handler))
+            .route(
+                &format!("{api_prefix}/namespaces/{{ns}}/allocations/{{name}}/log"),
+                get(logs::allocation_log),
+            )
             .route(
                 &format!("{api_prefix}/{{*rest}}"),
                 any(routes::resource_handler),

@@ -91,7 +91,7 @@ pub use kinds::network_domain::{
 pub use kinds::node::{
     Gpu, Node, NodeAgentInfo, NodeCapacity, NodeDrain, NodeOwner, NodeSpec, NodeState, NodeStatus,
 };
-pub use kinds::tenant::{Tenant, TenantQuota, TenantSpec, TenantStatus, TenantUsage};
+pub use kinds::tenant::{Tenant, TenantQuota, TenantSpec, TenantStatus, TenantUsage, UsageBucket};
 pub use kinds::vcluster::{
     Borrowing, PreemptionMode, PreemptionPolicy, SchedulerType, VCluster, VClusterSpec,
     VClusterStatus, WeightProfile, Weights,

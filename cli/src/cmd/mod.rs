@@ -19,6 +19,7 @@ pub mod nodes;
 pub mod status;
 pub mod submit;
 pub mod up;
+pub mod usage;
 pub mod version;
 pub mod workload;
 

@@ -66,6 +66,27 @@ fn releasable(n: &Node, a: Option<&Allocation>) -> bool {
     lifecycle::node_released(a, n.name_any(), attempt, down)
 }
 
+/// Hours a node was held by the allocation's current attempt: from its start on that node
+/// (or the binding) to its end there (or now).
+fn held_hours(a: Option<&Allocation>, node: &str) -> f64 {
+    let Some(st) = a.and_then(|a| a.status.as_ref()) else {
+        return 0.0;
+    };
+    let report = st.node_states.get(node).filter(|r| r.attempt == st.attempt);
+    let start = report
+        .and_then(|r| r.start_time)
+        .or(st.start_time)
+        .or(st.scheduled_time);
+    let end = report
+        .and_then(|r| r.end_time)
+        .or(st.end_time)
+        .unwrap_or_else(lattice_apis::meta::now);
+    match start {
+        Some(s) if end > s => (end - s).num_milliseconds() as f64 / 3_600_000.0,
+        _ => 0.0,
+    }
+}
+
 /// Register the release controller.
 pub fn register(
     host: &mut lattice_runtime::ControllerHost,
@@ -160,11 +181,23 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
     let mut w = GuardedWrite::new();
     let mut released = 0u32;
     let mut still_owned = 0u32;
+    let (mut node_hours, mut gpu_hours) = (0.0f64, 0.0f64);
     for stored in fresh.iter().flatten() {
         if owner_key(&stored.obj).as_ref() != Some(&owner) {
             continue;
         }
         if releasable(&stored.obj, alloc.as_ref()) {
+            let hours = held_hours(alloc.as_ref(), stored.obj.name_any());
+            node_hours += hours;
+            gpu_hours += hours
+                * f64::from(
+                    stored
+                        .obj
+                        .status
+                        .as_ref()
+                        .map(|s| s.capacity.gpu_count)
+                        .unwrap_or(0),
+                );
             let mut n = stored.obj.clone();
             if let Some(st) = n.status.as_mut() {
                 st.owner = None;
@@ -190,6 +223,25 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
         }
         if still_owned == 0 {
             usage.running_allocations = usage.running_allocations.saturating_sub(1);
+        }
+        // The budget ledger (soft quotas): what the released nodes were held for.
+        if node_hours > 0.0 {
+            let user = alloc
+                .as_ref()
+                .and_then(|a| a.metadata.annotations.get("lattice.dev/user").cloned())
+                .unwrap_or_else(|| "unknown".into());
+            let period = t
+                .obj
+                .spec
+                .budget_period_days
+                .unwrap_or(lattice_apis::kinds::tenant::DEFAULT_BUDGET_PERIOD_DAYS);
+            usage.charge(
+                chrono::Utc::now().date_naive(),
+                &user,
+                node_hours,
+                gpu_hours,
+                period,
+            );
         }
         w.put(t, &obj)?;
     }

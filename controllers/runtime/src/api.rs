@@ -349,7 +349,10 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
             if !mutate(&mut obj) {
                 return Ok(obj);
             }
-            match self.replace_status(name, &PostParams::default(), &obj).await {
+            match self
+                .replace_status(name, &PostParams::default(), &obj)
+                .await
+            {
                 Ok(o) => return Ok(o),
                 Err(e) if e.is_conflict() => {
                     tracing::debug!(kind = K::KIND, name, "status update conflict; re-reading");

@@ -39,8 +39,12 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let token = std::fs::read_to_string(&args.token_file)?.trim().to_string();
-    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
+    let token = std::fs::read_to_string(&args.token_file)?
+        .trim()
+        .to_string();
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()?;
     let base = format!(
         "{}/apis/lattice.dev/v1alpha1/namespaces/{}/allocations",
         args.url.trim_end_matches('/'),
@@ -70,9 +74,18 @@ async fn main() -> anyhow::Result<()> {
                         "spec": {"entrypoint": "/bin/true", "lifecycle": {"walltime": "5m"},
                                  "requeue": {"policy": "never"}},
                     });
-                    let resp = http.post(&base).bearer_auth(&token).json(&body).send().await?;
+                    let resp = http
+                        .post(&base)
+                        .bearer_auth(&token)
+                        .json(&body)
+                        .send()
+                        .await?;
                     if !resp.status().is_success() {
-                        anyhow::bail!("submit {i}: {} {}", resp.status(), resp.text().await.unwrap_or_default());
+                        anyhow::bail!(
+                            "submit {i}: {} {}",
+                            resp.status(),
+                            resp.text().await.unwrap_or_default()
+                        );
                     }
                     n += 1;
                 }
@@ -86,7 +99,11 @@ async fn main() -> anyhow::Result<()> {
         total += s?;
     }
     let submit_s = start.elapsed().as_secs_f64();
-    println!("RESULT {}_submit_per_s={:.1}", args.prefix, total as f64 / submit_s);
+    println!(
+        "RESULT {}_submit_per_s={:.1}",
+        args.prefix,
+        total as f64 / submit_s
+    );
 
     // Poll (cheap list with a label selector) until every job is terminal.
     let deadline = start + Duration::from_secs(args.timeout_s);
@@ -102,7 +119,12 @@ async fn main() -> anyhow::Result<()> {
         let items = resp["items"].as_array().cloned().unwrap_or_default();
         let terminal = items
             .iter()
-            .filter(|a| matches!(a["status"]["phase"].as_str(), Some("Completed" | "Failed" | "Cancelled")))
+            .filter(|a| {
+                matches!(
+                    a["status"]["phase"].as_str(),
+                    Some("Completed" | "Failed" | "Cancelled")
+                )
+            })
             .count();
         let failed = items
             .iter()
@@ -112,14 +134,24 @@ async fn main() -> anyhow::Result<()> {
             break (terminal, failed);
         }
         if Instant::now() > deadline {
-            anyhow::bail!("only {terminal} of {total} jobs finished within {}s", args.timeout_s);
+            anyhow::bail!(
+                "only {terminal} of {total} jobs finished within {}s",
+                args.timeout_s
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let all_done = start.elapsed().as_secs_f64();
     println!("RESULT {}_jobs={done}", args.prefix);
     println!("RESULT {}_jobs_not_completed={failed}", args.prefix);
-    println!("RESULT {}_first_submit_to_all_done_s={all_done:.2}", args.prefix);
-    println!("RESULT {}_jobs_per_s={:.1}", args.prefix, done as f64 / all_done);
+    println!(
+        "RESULT {}_first_submit_to_all_done_s={all_done:.2}",
+        args.prefix
+    );
+    println!(
+        "RESULT {}_jobs_per_s={:.1}",
+        args.prefix,
+        done as f64 / all_done
+    );
     Ok(())
 }

@@ -110,6 +110,64 @@ pub struct TenantUsage {
     /// Network domains held.
     #[serde(default)]
     pub network_domains: u32,
+    /// The internal budget ledger: node- and GPU-hours per day and user, kept for the
+    /// budget period (`gpuHoursUsed` / `nodeHoursUsed` are its sums).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ledger: Vec<UsageBucket>,
+}
+
+/// Node- and GPU-hours one user of a tenant used on one day (UTC).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UsageBucket {
+    /// `YYYY-MM-DD` (UTC).
+    pub day: String,
+    /// The submitting user (`lattice.dev/user`), or `unknown`.
+    pub user: String,
+    /// Node-hours.
+    #[serde(default)]
+    pub node_hours: f64,
+    /// GPU-hours.
+    #[serde(default)]
+    pub gpu_hours: f64,
+}
+
+impl TenantUsage {
+    /// Charge `node_hours`/`gpu_hours` to `user` on `day` and drop buckets older than
+    /// `period_days` before `day`; the totals are recomputed from what is kept.
+    pub fn charge(
+        &mut self,
+        day: chrono::NaiveDate,
+        user: &str,
+        node_hours: f64,
+        gpu_hours: f64,
+        period_days: u32,
+    ) {
+        let key = day.format("%Y-%m-%d").to_string();
+        match self
+            .ledger
+            .iter_mut()
+            .find(|b| b.day == key && b.user == user)
+        {
+            Some(b) => {
+                b.node_hours += node_hours;
+                b.gpu_hours += gpu_hours;
+            }
+            None => self.ledger.push(UsageBucket {
+                day: key,
+                user: user.to_string(),
+                node_hours,
+                gpu_hours,
+            }),
+        }
+        let oldest = day - chrono::Days::new(u64::from(period_days.max(1)) - 1);
+        let oldest = oldest.format("%Y-%m-%d").to_string();
+        self.ledger.retain(|b| b.day >= oldest);
+        self.ledger
+            .sort_by(|a, b| (&a.day, &a.user).cmp(&(&b.day, &b.user)));
+        self.node_hours_used = self.ledger.iter().map(|b| b.node_hours).sum();
+        self.gpu_hours_used = self.ledger.iter().map(|b| b.gpu_hours).sum();
+    }
 }
 
 /// Observed tenant state.
@@ -206,5 +264,26 @@ impl Resource for Tenant {
             }
             check_len(errs, &format!("spec.admins[{i}]"), a, 256);
         }
+    }
+}
+
+#[cfg(test)]
+mod ledger_tests {
+    use super::*;
+
+    #[test]
+    fn the_ledger_rolls_over_the_budget_period() {
+        let mut u = TenantUsage::default();
+        let d = |s: &str| chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap();
+        u.charge(d("2026-01-01"), "alice", 10.0, 40.0, 3);
+        u.charge(d("2026-01-01"), "alice", 1.0, 4.0, 3);
+        u.charge(d("2026-01-02"), "bob", 2.0, 0.0, 3);
+        assert_eq!(u.node_hours_used, 13.0);
+        assert_eq!(u.gpu_hours_used, 44.0);
+        assert_eq!(u.ledger.len(), 2);
+        // Three days later the first day falls out of the 3-day window.
+        u.charge(d("2026-01-04"), "alice", 1.0, 0.0, 3);
+        assert_eq!(u.node_hours_used, 3.0);
+        assert!(u.ledger.iter().all(|b| b.day.as_str() >= "2026-01-02"));
     }
 }

@@ -1,0 +1,299 @@
+//! Command line and the validated agent configuration.
+//!
+//! `lattice-agent --node-id n1 --state-dir /var/lib/lattice` runs the agent;
+//! `lattice-agent shim ...` (hidden) is the per-workload supervisor the agent execs
+//! itself as (see [`crate::shim`]).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+/// `lattice-agent`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "lattice-agent",
+    version,
+    about = "Lattice node agent: registers the node, heartbeats, runs allocations, serves their logs",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    /// Hidden subcommands (the workload shim).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Agent flags.
+    #[command(flatten)]
+    pub agent: AgentArgs,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Supervise one workload (exec'd by the agent; not for people).
+    #[command(hide = true)]
+    Shim(ShimArgs),
+}
+
+/// Flags of the agent proper.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// This node's name (the `Node` object and the heartbeat `Lease`), e.g. `x1000c0s0b0n0`.
+    #[arg(long, required = true)]
+    pub node_id: Option<String>,
+    /// API server base URL.
+    #[arg(long, env = "LATTICE_API_URL", default_value = "http://127.0.0.1:8080")]
+    pub api_url: String,
+    /// File holding the bearer token (the environment variable LATTICE_AGENT_TOKEN wins).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Where the agent keeps its state file, scratch directories and logs.
+    #[arg(long, required = true)]
+    pub state_dir: Option<PathBuf>,
+    /// Address of the agent's own HTTP endpoint (logs, metrics); port 0 picks one. The
+    /// bound address is published in `Node.status.agent.address`.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// Address to publish instead of the bound one (when listening on 0.0.0.0).
+    #[arg(long)]
+    pub advertise_address: Option<String>,
+    /// How often the heartbeat Lease is renewed, e.g. `5s`, `500ms`.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub heartbeat_interval: Duration,
+    /// Seconds a heartbeat Lease stays valid without renewal (default: 3 intervals, at least 1 s).
+    #[arg(long)]
+    pub lease_duration_seconds: Option<i32>,
+    /// Time between SIGTERM and SIGKILL when the agent stops a workload.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub grace_period: Duration,
+    /// CPU cores to report (default: discovered).
+    #[arg(long)]
+    pub cpu_cores: Option<u32>,
+    /// Memory in GB to report (default: discovered).
+    #[arg(long)]
+    pub memory_gb: Option<u64>,
+    /// Report this many (fake) GPUs instead of discovering them.
+    #[arg(long)]
+    pub gpu_count: Option<u32>,
+    /// GPU model reported with --gpu-count, e.g. `GH200`.
+    #[arg(long)]
+    pub gpu_type: Option<String>,
+    /// Node features (spec.features at registration), e.g. `nvme_scratch,gpu`.
+    #[arg(long, value_delimiter = ',')]
+    pub features: Vec<String>,
+    /// Dragonfly group (spec.topologyGroup at registration).
+    #[arg(long)]
+    pub topology_group: Option<u32>,
+    /// Also set the SLURM_* environment variables in workloads.
+    #[arg(long)]
+    pub slurm_env: bool,
+    /// Bytes of live log tail kept in memory per allocation.
+    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    pub log_buffer_bytes: usize,
+    /// cgroup v2 mount under which `lattice/<node>/<uid>-<attempt>` groups are made
+    /// (skipped silently when it is not a writable cgroup v2); `off` disables cgroups.
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: String,
+}
+
+/// Flags of `lattice-agent shim`.
+#[derive(Debug, Clone, Args)]
+pub struct ShimArgs {
+    /// The workload's run directory: pid file, exit file and log spools live here.
+    #[arg(long)]
+    pub run_dir: PathBuf,
+    /// Working directory of the workload.
+    #[arg(long)]
+    pub cwd: PathBuf,
+    /// cgroup directory to join before starting the workload.
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
+    /// Run the workload as this uid (needs root).
+    #[arg(long, requires = "gid")]
+    pub uid: Option<u32>,
+    /// ... and this gid.
+    #[arg(long, requires = "uid")]
+    pub gid: Option<u32>,
+    /// The program and its arguments, passed exactly.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub command: Vec<String>,
+}
+
+/// Parse `500ms`, `5s`, `1m30s` (humantime syntax).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{s:?} is not a duration ({e}); use e.g. \"500ms\", \"5s\" or \"1m\""))
+}
+
+/// The validated configuration of a running agent.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `--node-id`.
+    pub node: String,
+    /// `--api-url`.
+    pub api_url: String,
+    /// Bearer token (`LATTICE_AGENT_TOKEN` or `--token-file`).
+    pub token: Option<String>,
+    /// `--state-dir`.
+    pub state_dir: PathBuf,
+    /// `--listen`.
+    pub listen: SocketAddr,
+    /// `--advertise-address`.
+    pub advertise_address: Option<String>,
+    /// `--heartbeat-interval`.
+    pub heartbeat_interval: Duration,
+    /// `--lease-duration-seconds` (or 3 heartbeat intervals).
+    pub lease_duration_seconds: i32,
+    /// `--grace-period`.
+    pub grace_period: Duration,
+    /// `--cpu-cores`.
+    pub cpu_cores: Option<u32>,
+    /// `--memory-gb`.
+    pub memory_gb: Option<u64>,
+    /// `--gpu-count`.
+    pub gpu_count: Option<u32>,
+    /// `--gpu-type`.
+    pub gpu_type: Option<String>,
+    /// `--features`.
+    pub features: Vec<String>,
+    /// `--topology-group`.
+    pub topology_group: Option<u32>,
+    /// `--slurm-env`.
+    pub slurm_env: bool,
+    /// `--log-buffer-bytes`.
+    pub log_buffer_bytes: usize,
+    /// `--cgroup-root` (`None`: off).
+    pub cgroup_root: Option<PathBuf>,
+}
+
+impl Config {
+    /// Validate the flags and read the token.
+    pub fn from_args(a: AgentArgs) -> anyhow::Result<Self> {
+        let node = a.node_id.context("--node-id is required")?;
+        if let Some(e) = lattice_apis::validate_dns1123_name("--node-id", &node) {
+            anyhow::bail!("{}: {}", e.path, e.message);
+        }
+        let state_dir = a.state_dir.context("--state-dir is required")?;
+        let token = match std::env::var("LATTICE_AGENT_TOKEN") {
+            Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
+            _ => match &a.token_file {
+                Some(f) => Some(
+                    std::fs::read_to_string(f)
+                        .with_context(|| format!("reading --token-file {}", f.display()))?
+                        .trim()
+                        .to_string(),
+                ),
+                None => None,
+            },
+        };
+        if a.heartbeat_interval.is_zero() {
+            anyhow::bail!("--heartbeat-interval must be more than 0");
+        }
+        let lease_duration_seconds = a.lease_duration_seconds.unwrap_or_else(|| {
+            let secs = (a.heartbeat_interval.as_secs_f64() * 3.0).ceil() as i64;
+            secs.clamp(1, 86_400) as i32
+        });
+        if !(1..=86_400).contains(&lease_duration_seconds) {
+            anyhow::bail!("--lease-duration-seconds must be between 1 and 86400");
+        }
+        if a.log_buffer_bytes < 1024 {
+            anyhow::bail!("--log-buffer-bytes must be at least 1024");
+        }
+        let cgroup_root = match a.cgroup_root.as_str() {
+            "off" | "" => None,
+            p => Some(PathBuf::from(p)),
+        };
+        Ok(Self {
+            node,
+            api_url: a.api_url,
+            token,
+            state_dir,
+            listen: a.listen,
+            advertise_address: a.advertise_address,
+            heartbeat_interval: a.heartbeat_interval,
+            lease_duration_seconds,
+            grace_period: a.grace_period,
+            cpu_cores: a.cpu_cores,
+            memory_gb: a.memory_gb,
+            gpu_count: a.gpu_count,
+            gpu_type: a.gpu_type,
+            features: a.features,
+            topology_group: a.topology_group,
+            slurm_env: a.slurm_env,
+            log_buffer_bytes: a.log_buffer_bytes,
+            cgroup_root,
+        })
+    }
+
+    /// `<state-dir>/agent-state.json`.
+    pub fn state_file(&self) -> PathBuf {
+        self.state_dir.join("agent-state.json")
+    }
+    /// `<state-dir>/scratch`.
+    pub fn scratch_root(&self) -> PathBuf {
+        self.state_dir.join("scratch")
+    }
+    /// `<state-dir>/run`.
+    pub fn run_root(&self) -> PathBuf {
+        self.state_dir.join("run")
+    }
+    /// `<state-dir>/logs`.
+    pub fn log_root(&self) -> PathBuf {
+        self.state_dir.join("logs")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn flags_and_shim_subcommand() {
+        let cli = Cli::try_parse_from([
+            "lattice-agent",
+            "--node-id",
+            "n1",
+            "--state-dir",
+            "/tmp/x",
+            "--heartbeat-interval",
+            "500ms",
+            "--features",
+            "a,b",
+        ])
+        .unwrap();
+        assert!(cli.command.is_none());
+        let c = Config::from_args(cli.agent).unwrap();
+        assert_eq!(c.heartbeat_interval, Duration::from_millis(500));
+        assert_eq!(c.lease_duration_seconds, 2);
+        assert_eq!(c.features, vec!["a", "b"]);
+        assert!(Cli::try_parse_from(["lattice-agent", "--state-dir", "/x"]).is_err());
+
+        let cli = Cli::try_parse_from([
+            "lattice-agent",
+            "shim",
+            "--run-dir",
+            "/r",
+            "--cwd",
+            "/",
+            "--",
+            "/bin/echo",
+            "a b",
+            "--c",
+        ])
+        .unwrap();
+        match cli.command {
+            Some(Command::Shim(s)) => assert_eq!(s.command, vec!["/bin/echo", "a b", "--c"]),
+            None => panic!("no shim"),
+        }
+    }
+}

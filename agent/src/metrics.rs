@@ -1,0 +1,121 @@
+//! The agent's Prometheus metrics, served on `GET /metrics` of its HTTP endpoint.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Counters and gauges of one agent.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Heartbeats (Lease renewals) written.
+    pub heartbeats: Counter,
+    /// Heartbeats that failed.
+    pub heartbeat_failures: Counter,
+    /// Node reports the API acknowledged.
+    pub reports_sent: Counter,
+    /// Attempts to send a report that failed (and will be retried).
+    pub report_failures: Counter,
+    /// Reports waiting to be sent.
+    pub reports_pending: Gauge,
+    /// Workloads started.
+    pub workloads_started: Counter,
+    /// Workloads that could not be started.
+    pub workloads_start_failed: Counter,
+    /// Workloads supervised now.
+    pub workloads_running: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Fresh metrics.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("lattice_agent");
+        let m = Self {
+            registry: Registry::default(),
+            heartbeats: Counter::default(),
+            heartbeat_failures: Counter::default(),
+            reports_sent: Counter::default(),
+            report_failures: Counter::default(),
+            reports_pending: Gauge::default(),
+            workloads_started: Counter::default(),
+            workloads_start_failed: Counter::default(),
+            workloads_running: Gauge::default(),
+        };
+        registry.register(
+            "heartbeats",
+            "Heartbeat Lease renewals written",
+            m.heartbeats.clone(),
+        );
+        registry.register(
+            "heartbeat_failures",
+            "Heartbeat Lease renewals that failed",
+            m.heartbeat_failures.clone(),
+        );
+        registry.register(
+            "reports",
+            "Node reports acknowledged by the API",
+            m.reports_sent.clone(),
+        );
+        registry.register(
+            "report_failures",
+            "Node report attempts that failed and are retried",
+            m.report_failures.clone(),
+        );
+        registry.register(
+            "reports_pending",
+            "Node reports waiting to be sent",
+            m.reports_pending.clone(),
+        );
+        registry.register(
+            "workloads_started",
+            "Workloads started",
+            m.workloads_started.clone(),
+        );
+        registry.register(
+            "workloads_start_failed",
+            "Workloads that could not be started",
+            m.workloads_start_failed.clone(),
+        );
+        registry.register(
+            "workloads_running",
+            "Workloads supervised now",
+            m.workloads_running.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "cannot encode metrics");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names() {
+        let m = Metrics::new();
+        m.heartbeats.inc();
+        m.heartbeats.inc();
+        let text = m.encode();
+        assert!(text.contains("lattice_agent_heartbeats_total 2"), "{text}");
+        assert!(
+            text.contains("lattice_agent_heartbeat_failures_total 0"),
+            "{text}"
+        );
+        assert!(text.contains("lattice_agent_workloads_running 0"), "{text}");
+    }
+}

@@ -1,0 +1,328 @@
+//! `lattice-agent shim`: the tiny supervisor between the agent and one workload.
+//!
+//! The agent execs itself as `lattice-agent shim --run-dir D --cwd C -- CMD ARGS`. The
+//! shim
+//!
+//! 1. leaves the agent's session (`setsid`), joins the run's cgroup if any, and becomes
+//!    a child subreaper, so every orphaned descendant of the workload is reparented to
+//!    it and reaped by it;
+//! 2. starts the workload in a new process group (pgid = its pid) with its stdout and
+//!    stderr on pipes, and records `{shimPid, pid, startTime}` in `D/pid.json`;
+//! 3. copies the pipes into the spools `D/stdout.spool` and `D/stderr.spool` as
+//!    timestamped line frames ([`crate::logs::spool`]);
+//! 4. waits for the workload; once it exits, SIGKILLs what is left of its process
+//!    group (and cgroup) and reaps it all, so no process of the workload survives;
+//! 5. writes the real exit status to `D/exit.json` (atomically) and exits.
+//!
+//! It runs in its own process group, so the agent's SIGTERM/SIGKILL to the workload's
+//! group never hits it, and it does not depend on the agent: a workload that ends
+//! while the agent is down still gets its exit status recorded, which the restarted
+//! agent then reports.
+
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+use crate::config::ShimArgs;
+use crate::logs::spool::{LineAssembler, SpoolWriter, PARTIAL_FLUSH};
+use crate::state::write_atomic;
+
+/// `pid.json` in the run directory.
+pub const PID_FILE: &str = "pid.json";
+/// `exit.json` in the run directory.
+pub const EXIT_FILE: &str = "exit.json";
+/// Spool of standard output.
+pub const STDOUT_SPOOL: &str = "stdout.spool";
+/// Spool of standard error.
+pub const STDERR_SPOOL: &str = "stderr.spool";
+/// The shim's own diagnostics.
+pub const SHIM_LOG: &str = "shim.log";
+
+/// How long the shim waits for the pipes to close after the process group is gone (a
+/// process that escaped the group may hold them open).
+const DRAIN: Duration = Duration::from_secs(5);
+/// How long the shim keeps killing a process group that will not go.
+const REAP_LIMIT: Duration = Duration::from_secs(60);
+
+/// Written once the workload started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PidRecord {
+    /// The shim.
+    pub shim_pid: u32,
+    /// The workload (and its process group id).
+    pub pid: u32,
+    /// When it started.
+    pub start_time: DateTime<Utc>,
+}
+
+/// Written once everything is over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExitRecord {
+    /// Exit code, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Terminating signal, when killed by one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// The workload could not be started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_error: Option<String>,
+    /// When the whole process group was gone.
+    pub end_time: DateTime<Utc>,
+}
+
+/// `D/pid.json`, if written.
+pub fn read_pid(run_dir: &Path) -> Option<PidRecord> {
+    serde_json::from_slice(&std::fs::read(run_dir.join(PID_FILE)).ok()?).ok()
+}
+
+/// `D/exit.json`, if written.
+pub fn read_exit(run_dir: &Path) -> Option<ExitRecord> {
+    serde_json::from_slice(&std::fs::read(run_dir.join(EXIT_FILE)).ok()?).ok()
+}
+
+fn write_json<T: Serialize>(path: &Path, v: &T) {
+    match serde_json::to_vec(v) {
+        Ok(b) => {
+            if let Err(e) = write_atomic(path, &b) {
+                eprintln!("lattice shim: cannot write {}: {e}", path.display());
+            }
+        }
+        Err(e) => eprintln!("lattice shim: cannot encode {}: {e}", path.display()),
+    }
+}
+
+/// Run the shim; returns the process exit code.
+pub fn run(args: ShimArgs) -> i32 {
+    // Out of the agent's session and process group: signals to either never reach us.
+    if let Err(e) = nix::unistd::setsid() {
+        eprintln!("lattice shim: setsid: {e}");
+    }
+    if let Some(cg) = &args.cgroup {
+        // Best effort: the workload inherits the cgroup from us.
+        if let Err(e) = std::fs::write(cg.join("cgroup.procs"), "0") {
+            eprintln!("lattice shim: cannot join cgroup {}: {e}", cg.display());
+        }
+    }
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        eprintln!("lattice shim: cannot become a child subreaper: {e}");
+    }
+    let exit_path = args.run_dir.join(EXIT_FILE);
+    let Some((program, rest)) = args.command.split_first() else {
+        write_json(
+            &exit_path,
+            &ExitRecord {
+                exit_code: None,
+                signal: None,
+                start_error: Some("no command given".into()),
+                end_time: Utc::now(),
+            },
+        );
+        return 2;
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(rest)
+        .current_dir(&args.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if let (Some(uid), Some(gid)) = (args.uid, args.gid) {
+        cmd.uid(uid).gid(gid);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let why = if e.kind() == std::io::ErrorKind::NotFound && !args.cwd.exists() {
+                format!("working directory {} does not exist", args.cwd.display())
+            } else {
+                format!("cannot start {program:?}: {e}")
+            };
+            write_json(
+                &exit_path,
+                &ExitRecord {
+                    exit_code: None,
+                    signal: None,
+                    start_error: Some(why),
+                    end_time: Utc::now(),
+                },
+            );
+            return 127;
+        }
+    };
+    let pid = child.id();
+    write_json(
+        &args.run_dir.join(PID_FILE),
+        &PidRecord {
+            shim_pid: std::process::id(),
+            pid,
+            start_time: Utc::now(),
+        },
+    );
+
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut pumps = 0;
+    if let Some(out) = child.stdout.take() {
+        pumps += 1;
+        spawn_pump(out, args.run_dir.join(STDOUT_SPOOL), done_tx.clone());
+    }
+    if let Some(err) = child.stderr.take() {
+        pumps += 1;
+        spawn_pump(err, args.run_dir.join(STDERR_SPOOL), done_tx.clone());
+    }
+    drop(done_tx);
+
+    let (exit_code, signal) = wait_for(pid);
+    kill_the_rest(pid, args.cgroup.as_deref());
+
+    // The group is gone: the pipes close unless a process that left the group holds them.
+    let deadline = Instant::now() + DRAIN;
+    for _ in 0..pumps {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if done_rx.recv_timeout(left).is_err() {
+            eprintln!("lattice shim: output pipes still open after the process group ended");
+            break;
+        }
+    }
+    write_json(
+        &exit_path,
+        &ExitRecord {
+            exit_code,
+            signal,
+            start_error: None,
+            end_time: Utc::now(),
+        },
+    );
+    0
+}
+
+/// Reap children until `pid` itself exits; its exit code or signal.
+fn wait_for(pid: u32) -> (Option<i32>, Option<i32>) {
+    let leader = Pid::from_raw(pid as i32);
+    loop {
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(WaitStatus::Exited(p, code)) if p == leader => return (Some(code), None),
+            Ok(WaitStatus::Signaled(p, sig, _)) if p == leader => return (None, Some(sig as i32)),
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => {
+                eprintln!("lattice shim: waitpid: {e}");
+                return (None, None);
+            }
+        }
+    }
+}
+
+/// SIGKILL whatever is left of the process group (and cgroup) and reap it, until
+/// nothing of it remains.
+fn kill_the_rest(pgid: u32, cgroup: Option<&Path>) {
+    let group = Pid::from_raw(-(pgid as i32));
+    let start = Instant::now();
+    loop {
+        let _ = kill(group, Signal::SIGKILL);
+        if let Some(cg) = cgroup {
+            kill_cgroup_members(cg);
+        }
+        // Reap every child that has exited (orphans come to us: we are a subreaper).
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        // Signal 0 reaches zombies too: ESRCH means every member is gone and reaped.
+        if kill(group, None) == Err(Errno::ESRCH) {
+            return;
+        }
+        if start.elapsed() > REAP_LIMIT {
+            eprintln!("lattice shim: process group {pgid} still exists after {REAP_LIMIT:?}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn kill_cgroup_members(cg: &Path) {
+    let me = std::process::id();
+    if let Ok(procs) = std::fs::read_to_string(cg.join("cgroup.procs")) {
+        for p in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            if p as u32 != me {
+                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+fn spawn_pump<R: Read + AsFd + Send + 'static>(src: R, spool: PathBuf, done: mpsc::Sender<()>) {
+    std::thread::spawn(move || {
+        pump(src, &spool);
+        let _ = done.send(());
+    });
+}
+
+/// Copy one pipe into its spool as line frames until EOF.
+fn pump<R: Read + AsFd>(mut src: R, spool: &Path) {
+    let mut out = match SpoolWriter::open(spool) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            eprintln!("lattice shim: cannot open {}: {e}", spool.display());
+            None
+        }
+    };
+    let mut asm = LineAssembler::default();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut frames = Vec::new();
+    let flush_ms = PARTIAL_FLUSH.as_millis() as u16;
+    loop {
+        let timeout = if asm.has_pending() {
+            PollTimeout::from(flush_ms)
+        } else {
+            PollTimeout::NONE
+        };
+        let ready = {
+            let mut fds = [PollFd::new(src.as_fd(), PollFlags::POLLIN)];
+            nix::poll::poll(&mut fds, timeout)
+        };
+        match ready {
+            Ok(0) => asm.flush(&mut frames),
+            Ok(_) => match src.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => asm.feed(&buf[..n], Utc::now(), &mut frames),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    eprintln!("lattice shim: reading output: {e}");
+                    break;
+                }
+            },
+            Err(Errno::EINTR) => {}
+            Err(e) => {
+                eprintln!("lattice shim: poll: {e}");
+                break;
+            }
+        }
+        if let Some(w) = out.as_mut() {
+            if let Err(e) = w.write(&frames) {
+                eprintln!("lattice shim: writing {}: {e}", spool.display());
+            }
+        }
+        frames.clear();
+    }
+    asm.flush(&mut frames);
+    if let Some(w) = out.as_mut() {
+        let _ = w.write(&frames);
+        let _ = w.sync();
+    }
+}

@@ -1,0 +1,855 @@
+//! One allocation's run on this node, from start to the final report: start it (or
+//! re-attach to it after an agent restart), copy its output into the logs, enforce its
+//! walltime, stop it when `lifecycle::should_run` says so, and report how it ended.
+//!
+//! Every run is its own tokio task, so a slow start or a long grace period never
+//! delays another allocation.
+//!
+//! Stopping is SIGTERM to the workload's process group, `--grace-period`, then SIGKILL
+//! (for a preemption with `checkpoint.strategy: signal`, the checkpoint signal comes
+//! first). The shim kills and reaps whatever is left of the group once the leader has
+//! exited, and only then records the exit; the final report is written after that,
+//! so a terminal report always means no process of the run is left.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lattice_apis::lifecycle::{node_reason, should_run, RunDecision, PREEMPT_ANNOTATION};
+use lattice_apis::{Allocation, CheckpointStrategy, NodeTaskPhase, NodeTaskState, Time};
+use nix::sys::signal::Signal;
+use tokio::sync::watch;
+
+use crate::agent::Ctx;
+use crate::cgroup::Cgroups;
+use crate::env::{self, EnvInputs};
+use crate::logs::spool::{Frame, SpoolReader};
+use crate::logs::{LogHub, LogKey, Stream};
+use crate::runtime::{LaunchSpec, RunAs};
+use crate::shim::{ExitRecord, STDERR_SPOOL, STDOUT_SPOOL};
+use crate::state::{TaskKey, TaskRecord};
+
+/// Annotation naming the local user to run as (honoured when the agent runs as root).
+pub const USER_ANNOTATION: &str = "lattice.dev/user";
+/// File name of an inline script in the scratch directory.
+pub const SCRIPT_FILE: &str = "lattice-script";
+/// How often a run is looked at (exit, output, walltime, escalation).
+const TICK: Duration = Duration::from_millis(100);
+
+/// What the supervisor knows of its allocation (from the dispatcher's watch).
+#[derive(Debug, Clone)]
+pub enum AllocView {
+    /// Not seen yet (a re-attached run before the first list).
+    Unknown,
+    /// The latest version.
+    Present(Arc<Allocation>),
+    /// Deleted, or no longer bound to this node.
+    Gone,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Exit {
+    /// The shim recorded it.
+    Recorded(ExitRecord),
+    /// The shim died without recording it.
+    ShimDied(String),
+    /// Gone while the agent was down, without a record.
+    Lost,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopPhase {
+    Running,
+    /// Checkpoint signal sent; SIGTERM at the instant.
+    Checkpoint(Instant),
+    /// SIGTERM sent; SIGKILL at the instant.
+    Term(Instant),
+    Killed,
+}
+
+/// The final report for a run.
+pub fn final_report(
+    exit: &Exit,
+    stop_reason: Option<&str>,
+    attempt: u32,
+    pid: Option<u32>,
+    start_time: Option<Time>,
+    now: Time,
+) -> NodeTaskState {
+    let mut r = NodeTaskState {
+        phase: NodeTaskPhase::Failed,
+        attempt,
+        pid,
+        start_time: start_time.map(api_time),
+        end_time: Some(api_time(now)),
+        ..Default::default()
+    };
+    match exit {
+        Exit::Recorded(x) => {
+            r.end_time = Some(api_time(x.end_time));
+            if let Some(e) = &x.start_error {
+                r.reason = Some(node_reason::START_FAILED.into());
+                r.message = Some(e.clone());
+                return r;
+            }
+            r.exit_code = x.exit_code;
+            r.signal = x.signal;
+            let how = match (x.exit_code, x.signal) {
+                (Some(c), _) => format!("exited with code {c}"),
+                (None, Some(s)) => format!("killed by signal {}", signal_name(s)),
+                (None, None) => "ended with an unknown status".to_string(),
+            };
+            if let Some(s) = stop_reason {
+                r.reason = Some(s.to_string());
+                r.message = Some(format!("stopped by the agent ({s}); {how}"));
+                return r;
+            }
+            match (x.exit_code, x.signal) {
+                (Some(0), _) => {
+                    r.phase = NodeTaskPhase::Succeeded;
+                    r.reason = Some(node_reason::EXITED.into());
+                }
+                // The allocation's message already says "exited with code N on <node>".
+                (Some(_), _) => r.reason = Some(node_reason::NON_ZERO_EXIT.into()),
+                (None, Some(_)) => r.reason = Some(node_reason::SIGNALED.into()),
+                (None, None) => {
+                    r.reason = Some(node_reason::LOST.into());
+                    r.message = Some(how);
+                }
+            }
+        }
+        Exit::ShimDied(why) => {
+            r.reason = Some(stop_reason.unwrap_or(node_reason::LOST).to_string());
+            r.message = Some(format!(
+                "the workload's supervisor died ({why}); exit status unknown"
+            ));
+        }
+        Exit::Lost => {
+            r.reason = Some(stop_reason.unwrap_or(node_reason::LOST).to_string());
+            r.message = Some("process exited while the agent was down; exit status unknown".into());
+        }
+    }
+    r
+}
+
+/// Whole seconds, the precision the API stores (a sub-second start would otherwise
+/// come after an end time the API truncated).
+pub fn api_time(t: Time) -> Time {
+    use chrono::SubsecRound;
+    t.trunc_subsecs(0)
+}
+
+fn signal_name(n: i32) -> String {
+    Signal::try_from(n)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| n.to_string())
+}
+
+/// The program and arguments for `alloc`: the script (written to the scratch dir), the
+/// entrypoint with its args (exactly, no shell), or a lone entrypoint as a `/bin/sh -c`
+/// command line.
+pub fn command_line(
+    alloc: &Allocation,
+    scratch: &Path,
+    run_as: Option<&RunAs>,
+) -> Result<(String, Vec<String>), String> {
+    let spec = &alloc.spec;
+    if let Some(script) = &spec.script {
+        let path = scratch.join(SCRIPT_FILE);
+        write_script(&path, script, run_as)
+            .map_err(|e| format!("cannot write the script to {}: {e}", path.display()))?;
+        let p = path.display().to_string();
+        return Ok(if script.starts_with("#!") {
+            (p, Vec::new())
+        } else {
+            ("/bin/sh".into(), vec![p])
+        });
+    }
+    match &spec.entrypoint {
+        Some(e) if !spec.args.is_empty() => Ok((e.clone(), spec.args.clone())),
+        Some(e) => Ok(("/bin/sh".into(), vec!["-c".into(), e.clone()])),
+        None => Err("the allocation has neither spec.entrypoint nor spec.script".into()),
+    }
+}
+
+fn write_script(path: &Path, text: &str, run_as: Option<&RunAs>) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o755)
+        .open(path)?;
+    std::io::Write::write_all(&mut f, text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    if let Some(u) = run_as {
+        std::os::unix::fs::chown(path, Some(u.uid), Some(u.gid))?;
+    }
+    Ok(())
+}
+
+/// The local user named by [`USER_ANNOTATION`], when the agent may switch to it.
+pub fn run_as(alloc: &Allocation) -> Option<RunAs> {
+    let name = alloc.metadata.annotations.get(USER_ANNOTATION)?;
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    match nix::unistd::User::from_name(name) {
+        Ok(Some(u)) => Some(RunAs {
+            name: u.name,
+            uid: u.uid.as_raw(),
+            gid: u.gid.as_raw(),
+            home: u.dir,
+        }),
+        _ => {
+            tracing::warn!(user = %name, "no such local user; running as the agent's user");
+            None
+        }
+    }
+}
+
+/// Start a new run of `alloc` and supervise it to the end.
+pub async fn run_new(ctx: Arc<Ctx>, alloc: Arc<Allocation>, rx: watch::Receiver<AllocView>) {
+    let Some(st) = alloc.status.as_ref() else {
+        return;
+    };
+    let uid = alloc.metadata.uid.clone().unwrap_or_default();
+    let key = TaskKey::new(&uid, st.attempt);
+    let log_key = LogKey {
+        namespace: alloc.metadata.namespace_str().to_string(),
+        name: alloc.metadata.name_str().to_string(),
+        attempt: st.attempt,
+    };
+    let rec = TaskRecord {
+        uid,
+        name: log_key.name.clone(),
+        namespace: log_key.namespace.clone(),
+        attempt: st.attempt,
+        scratch_dir: ctx.cfg.scratch_root().join(key.to_string()),
+        run_dir: ctx.cfg.run_root().join(key.to_string()),
+        log_dir: ctx.logs.dir(&log_key),
+        ..Default::default()
+    };
+    // Remember the run before anything exists on disk, so a crash at any point leaves
+    // something a restarted agent can find and clean up.
+    if let Err(e) = ctx
+        .state
+        .update(|s| s.tasks.insert(key.to_string(), rec.clone()))
+    {
+        tracing::error!(error = %e, "cannot persist a new run; starting it anyway");
+    }
+    let mut sup = Supervisor::new(ctx.clone(), key, rec, log_key, rx);
+    sup.latest = Some(alloc.clone());
+    match sup.launch(&alloc).await {
+        Ok(()) => {
+            ctx.metrics.workloads_started.inc();
+            sup.supervise().await;
+        }
+        Err(why) => {
+            ctx.metrics.workloads_start_failed.inc();
+            tracing::warn!(allocation = %sup.rec.name, error = %why, "cannot start workload");
+            let exit = Exit::Recorded(ExitRecord {
+                exit_code: None,
+                signal: None,
+                start_error: Some(why),
+                end_time: lattice_apis::meta::now(),
+            });
+            sup.finish(exit).await;
+        }
+    }
+}
+
+/// Re-attach to a run recorded in the state file and supervise it to the end.
+pub async fn run_reattached(ctx: Arc<Ctx>, mut rec: TaskRecord, rx: watch::Receiver<AllocView>) {
+    let key = TaskKey::new(&rec.uid, rec.attempt);
+    if rec.pid.is_none() {
+        // The agent died while starting it: the shim may have got further.
+        if let Some(p) = ctx.runtime.pid_record(&rec.run_dir) {
+            rec.shim_pid = Some(p.shim_pid);
+            rec.pid = Some(p.pid);
+            rec.start_time = Some(p.start_time);
+            let r = rec.clone();
+            if let Err(e) = ctx.state.update(|s| s.tasks.insert(key.to_string(), r)) {
+                tracing::warn!(error = %e, "cannot persist a re-attached run");
+            }
+        }
+    }
+    let log_key = LogKey {
+        namespace: rec.namespace.clone(),
+        name: rec.name.clone(),
+        attempt: rec.attempt,
+    };
+    let mut sup = Supervisor::new(ctx.clone(), key, rec, log_key, rx);
+    sup.open_logs();
+    if sup.rec.pid.is_none() && ctx.runtime.exit_record(&sup.rec.run_dir).is_none() {
+        tracing::warn!(allocation = %sup.rec.name, "the agent stopped while starting this run; reporting it lost");
+        sup.finish(Exit::Lost).await;
+        return;
+    }
+    if let Some(reason) = sup.rec.stop_reason.clone() {
+        // It was being stopped when the agent went down: carry on from SIGTERM.
+        sup.signal(Signal::SIGTERM);
+        sup.stop = StopPhase::Term(Instant::now() + ctx.cfg.grace_period);
+        tracing::info!(allocation = %sup.rec.name, reason, "resuming the stop of a re-attached run");
+    }
+    tracing::info!(allocation = %format!("{}/{}", sup.rec.namespace, sup.rec.name), attempt = sup.rec.attempt, pid = sup.rec.pid, "re-attached");
+    sup.supervise().await;
+}
+
+struct Supervisor {
+    ctx: Arc<Ctx>,
+    key: TaskKey,
+    rec: TaskRecord,
+    log_key: LogKey,
+    rx: watch::Receiver<AllocView>,
+    child: Option<tokio::process::Child>,
+    hub: Option<Arc<LogHub>>,
+    spools: Vec<(Stream, SpoolReader)>,
+    stop: StopPhase,
+    latest: Option<Arc<Allocation>>,
+}
+
+impl Supervisor {
+    fn new(
+        ctx: Arc<Ctx>,
+        key: TaskKey,
+        rec: TaskRecord,
+        log_key: LogKey,
+        rx: watch::Receiver<AllocView>,
+    ) -> Self {
+        Self {
+            ctx,
+            key,
+            rec,
+            log_key,
+            rx,
+            child: None,
+            hub: None,
+            spools: Vec::new(),
+            stop: StopPhase::Running,
+            latest: None,
+        }
+    }
+
+    fn name(&self) -> String {
+        format!("{}/{}", self.rec.namespace, self.rec.name)
+    }
+
+    /// Open (or resume) the run's logs and spool readers.
+    fn open_logs(&mut self) {
+        match self.ctx.logs.open_hub(&self.log_key) {
+            Ok(hub) => {
+                let (out, err) = hub.spool_offsets();
+                self.spools = vec![
+                    (
+                        Stream::Stdout,
+                        SpoolReader::new(self.rec.run_dir.join(STDOUT_SPOOL), out),
+                    ),
+                    (
+                        Stream::Stderr,
+                        SpoolReader::new(self.rec.run_dir.join(STDERR_SPOOL), err),
+                    ),
+                ];
+                self.hub = Some(hub);
+            }
+            Err(e) => {
+                tracing::warn!(allocation = %self.name(), error = %e, "cannot open the log store; output is not captured")
+            }
+        }
+    }
+
+    fn persist(&self) {
+        let r = self.rec.clone();
+        let k = self.key.to_string();
+        if let Err(e) = self.ctx.state.update(|s| {
+            s.tasks.insert(k, r);
+        }) {
+            tracing::warn!(allocation = %self.name(), error = %e, "cannot persist run state");
+        }
+    }
+
+    /// Prepare the scratch dir, logs and command, and start the workload.
+    async fn launch(&mut self, alloc: &Allocation) -> Result<(), String> {
+        let ctx = self.ctx.clone();
+        let user = run_as(alloc);
+        std::fs::create_dir_all(&self.rec.scratch_dir).map_err(|e| {
+            format!(
+                "cannot create the scratch directory {}: {e}",
+                self.rec.scratch_dir.display()
+            )
+        })?;
+        if let Some(u) = &user {
+            std::os::unix::fs::chown(&self.rec.scratch_dir, Some(u.uid), Some(u.gid))
+                .map_err(|e| format!("cannot give the scratch directory to {}: {e}", u.name))?;
+        }
+        self.rec.cgroup = ctx.cgroups.create(&self.key);
+        self.open_logs();
+        self.persist();
+        let (program, args) = command_line(alloc, &self.rec.scratch_dir, user.as_ref())?;
+        let mut base = env::base_from_agent();
+        if let Some(u) = &user {
+            base.insert("HOME".into(), u.home.display().to_string());
+            base.insert("USER".into(), u.name.clone());
+        }
+        let vars = env::build(&EnvInputs {
+            alloc,
+            node: &ctx.cfg.node,
+            attempt: self.rec.attempt,
+            scratch: &self.rec.scratch_dir,
+            slurm: ctx.cfg.slurm_env,
+            base,
+        });
+        let cwd = alloc
+            .spec
+            .working_dir
+            .as_ref()
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| self.rec.scratch_dir.clone());
+        let spec = LaunchSpec {
+            program,
+            args,
+            env: vars,
+            cwd,
+            run_as: user,
+            run_dir: self.rec.run_dir.clone(),
+            cgroup: self.rec.cgroup.clone(),
+        };
+        let launched = ctx.runtime.launch(&spec).await?;
+        self.child = launched.child;
+        self.rec.shim_pid = Some(launched.shim_pid);
+        self.rec.pid = Some(launched.pid);
+        self.rec.start_time = Some(launched.start_time);
+        self.rec.walltime_deadline = walltime_deadline(alloc, launched.start_time);
+        let running = NodeTaskState {
+            phase: NodeTaskPhase::Running,
+            attempt: self.rec.attempt,
+            pid: Some(launched.pid),
+            start_time: Some(api_time(launched.start_time)),
+            ..Default::default()
+        };
+        let (k, r) = (self.key.to_string(), self.rec.clone());
+        let persisted = ctx.state.update(|s| {
+            s.tasks.insert(k, r.clone());
+            s.push_report(&r.namespace, &r.name, &r.uid, running);
+        });
+        if let Err(e) = persisted {
+            tracing::error!(allocation = %self.name(), error = %e, "cannot persist the started run");
+        }
+        ctx.reporter.wake();
+        tracing::info!(allocation = %self.name(), attempt = self.rec.attempt, pid = launched.pid, "started");
+        Ok(())
+    }
+
+    /// Watch the run until it ends (or the agent stops).
+    async fn supervise(mut self) {
+        self.ctx.metrics.workloads_running.inc();
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let exit = loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                changed = self.rx.changed() => {
+                    if changed.is_err() {
+                        self.detach();
+                        self.ctx.metrics.workloads_running.dec();
+                        return;
+                    }
+                }
+                _ = self.ctx.shutdown.cancelled() => {
+                    self.detach();
+                    self.ctx.metrics.workloads_running.dec();
+                    return;
+                }
+            }
+            self.pump_logs();
+            self.decide();
+            self.escalate();
+            if let Some(exit) = self.check_exit() {
+                break exit;
+            }
+        };
+        self.ctx.metrics.workloads_running.dec();
+        self.finish(exit).await;
+    }
+
+    /// The agent is stopping: leave the workload running, store what was read.
+    fn detach(&mut self) {
+        self.pump_logs();
+        if let Some(h) = &self.hub {
+            h.flush();
+        }
+    }
+
+    /// Copy new spool frames into the logs; returns how many.
+    fn pump_logs(&mut self) -> usize {
+        let Some(hub) = &self.hub else { return 0 };
+        let mut per_stream: Vec<Vec<(Stream, Frame, u64)>> = Vec::new();
+        for (stream, reader) in &mut self.spools {
+            match reader.read() {
+                Ok(frames) => per_stream.push(
+                    frames
+                        .into_iter()
+                        .map(|(f, off)| (*stream, f, off))
+                        .collect(),
+                ),
+                Err(e) => {
+                    tracing::warn!(allocation = %self.rec.name, error = %e, "cannot read a log spool")
+                }
+            }
+        }
+        let merged = merge_by_time(per_stream);
+        let n = merged.len();
+        hub.push(merged);
+        hub.tick();
+        n
+    }
+
+    /// Level-triggered: stop when the allocation says so or the walltime is over.
+    fn decide(&mut self) {
+        let view = self.rx.borrow_and_update().clone();
+        match view {
+            AllocView::Unknown => {}
+            AllocView::Gone => self.begin_stop(node_reason::STOPPED),
+            AllocView::Present(a) => {
+                if let Some(start) = self.rec.start_time {
+                    let d = walltime_deadline(&a, start);
+                    if d != self.rec.walltime_deadline {
+                        self.rec.walltime_deadline = d;
+                        self.persist();
+                    }
+                }
+                self.latest = Some(a.clone());
+                if let RunDecision::Stop(reason) =
+                    should_run(&a, &self.ctx.cfg.node, self.rec.attempt)
+                {
+                    self.begin_stop(reason);
+                }
+            }
+        }
+        if self
+            .rec
+            .walltime_deadline
+            .is_some_and(|d| lattice_apis::meta::now() >= d)
+        {
+            self.begin_stop(node_reason::WALLTIME_EXCEEDED);
+        }
+    }
+
+    fn signal(&self, sig: Signal) {
+        let Some(pgid) = self.rec.pid else { return };
+        if let Err(e) = self.ctx.runtime.signal_group(pgid, sig) {
+            tracing::warn!(allocation = %self.name(), pgid, signal = %sig, error = %e, "cannot signal the process group");
+        }
+    }
+
+    fn begin_stop(&mut self, reason: &'static str) {
+        if self.stop != StopPhase::Running || self.rec.stop_reason.is_some() {
+            return;
+        }
+        self.rec.stop_reason = Some(reason.to_string());
+        self.persist();
+        let grace = self.ctx.cfg.grace_period;
+        let checkpoint = self
+            .latest
+            .as_ref()
+            .filter(|a| {
+                reason == node_reason::PREEMPTED
+                    && a.metadata.annotations.contains_key(PREEMPT_ANNOTATION)
+            })
+            .and_then(|a| a.spec.checkpoint.as_ref())
+            .filter(|c| c.strategy == CheckpointStrategy::Signal);
+        if let Some(c) = checkpoint {
+            let sig = c
+                .signal
+                .as_deref()
+                .and_then(crate::runtime::parse_signal)
+                .unwrap_or(Signal::SIGUSR1);
+            let wait = c
+                .timeout
+                .as_deref()
+                .and_then(|t| lattice_apis::duration::parse_duration(t).ok())
+                .map(Duration::from_secs)
+                .unwrap_or(grace);
+            tracing::info!(allocation = %self.name(), reason, signal = %sig, "checkpoint signal before stopping");
+            self.signal(sig);
+            self.stop = StopPhase::Checkpoint(Instant::now() + wait);
+        } else {
+            tracing::info!(allocation = %self.name(), reason, grace_ms = grace.as_millis() as u64, "stopping: SIGTERM");
+            self.signal(Signal::SIGTERM);
+            self.stop = StopPhase::Term(Instant::now() + grace);
+        }
+    }
+
+    fn escalate(&mut self) {
+        let now = Instant::now();
+        match self.stop {
+            StopPhase::Checkpoint(t) if now >= t => {
+                self.signal(Signal::SIGTERM);
+                self.stop = StopPhase::Term(now + self.ctx.cfg.grace_period);
+            }
+            StopPhase::Term(t) if now >= t => {
+                tracing::info!(allocation = %self.name(), "grace period over: SIGKILL");
+                self.signal(Signal::SIGKILL);
+                self.stop = StopPhase::Killed;
+            }
+            _ => {}
+        }
+    }
+
+    fn check_exit(&mut self) -> Option<Exit> {
+        let rt = &self.ctx.runtime;
+        if let Some(x) = rt.exit_record(&self.rec.run_dir) {
+            if let Some(c) = &mut self.child {
+                // Reap the shim (it exits right after writing the record).
+                let _ = c.try_wait();
+            }
+            return Some(Exit::Recorded(x));
+        }
+        if let Some(child) = &mut self.child {
+            return match child.try_wait() {
+                Ok(Some(status)) => Some(
+                    rt.exit_record(&self.rec.run_dir)
+                        .map(Exit::Recorded)
+                        .unwrap_or_else(|| Exit::ShimDied(status.to_string())),
+                ),
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::warn!(allocation = %self.name(), error = %e, "cannot poll the shim");
+                    None
+                }
+            };
+        }
+        match self.rec.shim_pid {
+            Some(p) if rt.shim_alive(p, &self.rec.run_dir) => None,
+            _ => Some(
+                rt.exit_record(&self.rec.run_dir)
+                    .map(Exit::Recorded)
+                    .unwrap_or(Exit::Lost),
+            ),
+        }
+    }
+
+    /// The run is over: make sure nothing is left, store its output, report, clean up.
+    async fn finish(mut self, exit: Exit) {
+        if !matches!(exit, Exit::Recorded(_)) {
+            // Without the shim nobody guaranteed the group is gone.
+            self.signal(Signal::SIGKILL);
+        }
+        while self.pump_logs() > 0 {}
+        if let Some(h) = &self.hub {
+            h.finish();
+        }
+        self.ctx.logs.close_hub(&self.log_key);
+        let report = final_report(
+            &exit,
+            self.rec.stop_reason.as_deref(),
+            self.rec.attempt,
+            self.rec.pid,
+            self.rec.start_time,
+            lattice_apis::meta::now(),
+        );
+        tracing::info!(
+            allocation = %self.name(),
+            attempt = self.rec.attempt,
+            phase = ?report.phase,
+            reason = report.reason.as_deref().unwrap_or(""),
+            exit_code = report.exit_code,
+            signal = report.signal,
+            "run ended"
+        );
+        // The scratch dir and cgroup go before the report (so a finished allocation has
+        // none left); the run dir, with the exit record, only once the report is queued
+        // (a crash in between still reports the real exit status after a restart).
+        let rec = self.rec.clone();
+        let cleaned = tokio::task::spawn_blocking(move || cleanup_workspace(&rec)).await;
+        if let Err(e) = cleaned {
+            tracing::warn!(error = %e, "cleanup task failed");
+        }
+        let (k, r) = (self.key.to_string(), self.rec.clone());
+        if let Err(e) = self.ctx.state.update(|s| {
+            s.tasks.remove(&k);
+            s.push_report(&r.namespace, &r.name, &r.uid, report);
+        }) {
+            tracing::error!(allocation = %self.name(), error = %e, "cannot persist the final report");
+        }
+        self.ctx.reporter.wake();
+        let run_dir = self.rec.run_dir.clone();
+        let removed =
+            tokio::task::spawn_blocking(move || crate::logs::store::remove_dir(&run_dir)).await;
+        if let Err(e) = removed {
+            tracing::warn!(error = %e, "cleanup task failed");
+        }
+    }
+}
+
+/// Remove a finished run's cgroup and scratch directory.
+pub fn cleanup_workspace(rec: &TaskRecord) {
+    if let Some(cg) = &rec.cgroup {
+        Cgroups::remove(cg);
+    }
+    crate::logs::store::remove_dir(&rec.scratch_dir);
+}
+
+/// `start + status.walltimeSeconds`, if the allocation has a walltime.
+fn walltime_deadline(a: &Allocation, start: Time) -> Option<Time> {
+    let secs = a.status.as_ref()?.walltime_seconds?;
+    let secs = i64::try_from(secs).ok()?;
+    Some(start + chrono::Duration::seconds(secs))
+}
+
+/// Merge per-stream frame lists (each in order) by time, keeping each stream's order.
+fn merge_by_time(mut lists: Vec<Vec<(Stream, Frame, u64)>>) -> Vec<(Stream, Frame, u64)> {
+    lists.retain(|l| !l.is_empty());
+    match lists.len() {
+        0 => Vec::new(),
+        1 => lists.pop().unwrap_or_default(),
+        _ => {
+            let mut out = Vec::with_capacity(lists.iter().map(Vec::len).sum());
+            let mut iters: Vec<std::iter::Peekable<std::vec::IntoIter<(Stream, Frame, u64)>>> =
+                lists
+                    .into_iter()
+                    .map(|l| l.into_iter().peekable())
+                    .collect();
+            loop {
+                let next = iters
+                    .iter_mut()
+                    .enumerate()
+                    .filter_map(|(i, it)| it.peek().map(|(_, f, _)| (i, f.time)))
+                    .min_by_key(|&(i, t)| (t, i))
+                    .map(|(i, _)| i);
+                match next.and_then(|i| iters[i].next()) {
+                    Some(item) => out.push(item),
+                    None => return out,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::DateTime;
+
+    fn rec(code: Option<i32>, sig: Option<i32>) -> Exit {
+        Exit::Recorded(ExitRecord {
+            exit_code: code,
+            signal: sig,
+            start_error: None,
+            end_time: DateTime::from_timestamp(100, 0).unwrap(),
+        })
+    }
+
+    #[test]
+    fn reports_for_each_ending() {
+        let now = DateTime::from_timestamp(200, 0).unwrap();
+        let r = final_report(&rec(Some(0), None), None, 1, Some(9), None, now);
+        assert_eq!(r.phase, NodeTaskPhase::Succeeded);
+        assert_eq!(r.reason.as_deref(), Some("Exited"));
+        assert_eq!(r.exit_code, Some(0));
+        assert_eq!(r.end_time, DateTime::from_timestamp(100, 0));
+        let precise = DateTime::from_timestamp_millis(100_700).unwrap();
+        let r = final_report(&rec(Some(0), None), None, 1, None, Some(precise), now);
+        assert_eq!(
+            r.start_time,
+            DateTime::from_timestamp(100, 0),
+            "whole seconds"
+        );
+        let r = final_report(&rec(Some(3), None), None, 1, None, None, now);
+        assert_eq!(r.phase, NodeTaskPhase::Failed);
+        assert_eq!(r.reason.as_deref(), Some("NonZeroExit"));
+        assert_eq!(r.exit_code, Some(3));
+        let r = final_report(&rec(None, Some(11)), None, 1, None, None, now);
+        assert_eq!(r.reason.as_deref(), Some("Signaled"));
+        assert_eq!(r.signal, Some(11));
+        let r = final_report(&rec(None, Some(11)), Some("Cancelled"), 1, None, None, now);
+        assert!(r.message.unwrap().contains("SIGSEGV"));
+        // The agent's own stop wins, whatever the process did.
+        let r = final_report(
+            &rec(None, Some(9)),
+            Some(node_reason::WALLTIME_EXCEEDED),
+            1,
+            None,
+            None,
+            now,
+        );
+        assert_eq!(r.phase, NodeTaskPhase::Failed);
+        assert_eq!(r.reason.as_deref(), Some("WalltimeExceeded"));
+        assert_eq!(r.signal, Some(9));
+        let r = final_report(&rec(Some(0), None), Some("Cancelled"), 1, None, None, now);
+        assert_eq!(r.phase, NodeTaskPhase::Failed);
+        assert_eq!(r.reason.as_deref(), Some("Cancelled"));
+        let r = final_report(&Exit::Lost, None, 2, None, None, now);
+        assert_eq!(r.reason.as_deref(), Some("Lost"));
+        assert_eq!(r.attempt, 2);
+        assert_eq!(r.end_time, Some(now));
+        let start_failed = Exit::Recorded(ExitRecord {
+            exit_code: None,
+            signal: None,
+            start_error: Some("no such file".into()),
+            end_time: now,
+        });
+        let r = final_report(&start_failed, None, 1, None, None, now);
+        assert_eq!(r.reason.as_deref(), Some("StartFailed"));
+        assert_eq!(r.message.as_deref(), Some("no such file"));
+    }
+
+    #[test]
+    fn command_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Allocation::default();
+        a.spec.entrypoint = Some("/bin/echo".into());
+        a.spec.args = vec!["a b".into(), "\"q\"".into()];
+        assert_eq!(
+            command_line(&a, dir.path(), None).unwrap(),
+            (
+                "/bin/echo".to_string(),
+                vec!["a b".to_string(), "\"q\"".to_string()]
+            )
+        );
+        a.spec.args.clear();
+        a.spec.entrypoint = Some("echo hi | tr a-z A-Z".into());
+        assert_eq!(
+            command_line(&a, dir.path(), None).unwrap().1,
+            vec!["-c", "echo hi | tr a-z A-Z"]
+        );
+        a.spec.entrypoint = None;
+        a.spec.script = Some("#!/bin/bash\necho hi\n".into());
+        let (p, args) = command_line(&a, dir.path(), None).unwrap();
+        assert!(p.ends_with(SCRIPT_FILE));
+        assert!(args.is_empty());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o755);
+        a.spec.script = Some("echo no shebang\n".into());
+        let (p, args) = command_line(&a, dir.path(), None).unwrap();
+        assert_eq!(p, "/bin/sh");
+        assert!(args[0].ends_with(SCRIPT_FILE));
+    }
+
+    #[test]
+    fn merge_keeps_stream_order() {
+        let f = |ms: i64| Frame {
+            time: DateTime::from_timestamp_millis(ms).unwrap(),
+            newline: true,
+            data: Vec::new(),
+        };
+        let out = merge_by_time(vec![
+            vec![(Stream::Stdout, f(1), 1), (Stream::Stdout, f(5), 2)],
+            vec![(Stream::Stderr, f(3), 1), (Stream::Stderr, f(2), 2)],
+        ]);
+        let order: Vec<(Stream, u64)> = out.iter().map(|(s, _, o)| (*s, *o)).collect();
+        // stderr's own order is kept even though its clock went back.
+        assert_eq!(
+            order,
+            vec![
+                (Stream::Stdout, 1),
+                (Stream::Stderr, 1),
+                (Stream::Stderr, 2),
+                (Stream::Stdout, 2)
+            ]
+        );
+    }
+}

@@ -1,0 +1,423 @@
+//! Test helpers: a real `lattice-server --dev` and real `lattice-agent` processes on
+//! loopback, and polling helpers (no fixed sleeps: conditions are awaited with generous
+//! limits, the shared machine is slow).
+//!
+//! `lattice-server` must be built first (`cargo build -p lattice-server`); it is found
+//! next to the test executable's `deps` directory.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lattice_apis::{Allocation, AllocationPhase, Lease, Node};
+use lattice_runtime::{Api, Client, Patch, PatchParams, PostParams};
+use serde_json::{json, Value};
+
+/// Most conditions are met in well under a second; the limit is for a loaded machine.
+pub const LIMIT: Duration = Duration::from_secs(90);
+
+/// `target/<profile>/NAME`, from the test executable's location.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build -p lattice-server` first",
+        p.display()
+    );
+    p
+}
+
+/// A `lattice-server --dev` on a random port, in its own temp dir.
+pub struct Server {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub url: String,
+    pub token: String,
+}
+
+impl Server {
+    pub fn start() -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (child, url) = Self::spawn(dir.path(), "127.0.0.1:0");
+        let token = std::fs::read_to_string(dir.path().join("data/admin.token"))
+            .expect("admin token")
+            .trim()
+            .to_string();
+        Server {
+            child: Some(child),
+            dir,
+            url,
+            token,
+        }
+    }
+
+    /// SIGKILL the server (the API becomes unreachable).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start it again on the same address and data directory.
+    pub fn restart(&mut self) {
+        self.kill9();
+        let addr = self.url.trim_start_matches("http://").to_string();
+        let (child, url) = Self::spawn(self.dir.path(), &addr);
+        assert_eq!(url, self.url);
+        self.child = Some(child);
+    }
+
+    fn spawn(dir: &Path, addr: &str) -> (Child, String) {
+        let log = dir.join("server.log");
+        let child = Command::new(workspace_bin("lattice-server"))
+            .arg("--dev")
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(["--api-addr", addr])
+            .args(["--etcd-addr", "off", "--tls-addr", "off"])
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn lattice-server");
+        let start = Instant::now();
+        let url = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("dev server ready") {
+                if let Some(u) = text
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix("API:"))
+                    .map(|u| u.trim().to_string())
+                {
+                    break u;
+                }
+            }
+            assert!(
+                start.elapsed() < LIMIT,
+                "lattice-server did not start; log:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        (child, url)
+    }
+
+    pub fn client(&self) -> Client {
+        Client::http(&self.url, Some(self.token.clone())).expect("client")
+    }
+
+    pub fn allocations(&self) -> Api<Allocation> {
+        Api::namespaced(self.client(), "default")
+    }
+
+    pub fn nodes(&self) -> Api<Node> {
+        Api::all(self.client())
+    }
+
+    pub fn leases(&self) -> Api<Lease> {
+        Api::namespaced(self.client(), "lattice-node-lease")
+    }
+
+    /// GET the API server's log route; (status, body).
+    pub async fn logs(&self, name: &str, query: &str) -> (u16, String) {
+        let url = format!(
+            "{}/apis/lattice.dev/v1alpha1/namespaces/default/allocations/{name}/log?{query}",
+            self.url
+        );
+        let r = reqwest::Client::new()
+            .get(url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("log request");
+        let code = r.status().as_u16();
+        (code, r.text().await.unwrap_or_default())
+    }
+
+    /// Start a streaming log request.
+    pub async fn logs_stream(&self, name: &str, query: &str) -> reqwest::Response {
+        let url = format!(
+            "{}/apis/lattice.dev/v1alpha1/namespaces/default/allocations/{name}/log?{query}",
+            self.url
+        );
+        reqwest::Client::new()
+            .get(url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("log request")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A `lattice-agent` process for one node.
+pub struct Agent {
+    child: Option<Child>,
+    pub node: String,
+    pub state_dir: PathBuf,
+    url: String,
+    token: String,
+    extra: Vec<String>,
+    starts: u32,
+}
+
+impl Agent {
+    /// Start an agent for `node` with its state under `root/<node>`.
+    pub fn start(server: &Server, node: &str, root: &Path, extra: &[&str]) -> Agent {
+        let mut a = Agent {
+            child: None,
+            node: node.to_string(),
+            state_dir: root.join(node),
+            url: server.url.clone(),
+            token: server.token.clone(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            starts: 0,
+        };
+        a.spawn();
+        a
+    }
+
+    fn spawn(&mut self) {
+        std::fs::create_dir_all(&self.state_dir).expect("state dir");
+        self.starts += 1;
+        let log = self.state_dir.join(format!("agent-{}.log", self.starts));
+        let child = Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
+            .args(["--node-id", &self.node, "--api-url", &self.url])
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .args(["--heartbeat-interval", "500ms", "--grace-period", "1s"])
+            .args(&self.extra)
+            .env("LATTICE_AGENT_TOKEN", &self.token)
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("agent log"))
+            .spawn()
+            .expect("spawn lattice-agent");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL the agent (not its workloads).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running agent");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("SIGTERM");
+        c.wait().expect("wait")
+    }
+
+    /// Start it again on the same state dir.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// Everything the agent logged (all starts).
+    pub fn log(&self) -> String {
+        (1..=self.starts)
+            .map(|i| {
+                std::fs::read_to_string(self.state_dir.join(format!("agent-{i}.log")))
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("\n--- restart ---\n")
+    }
+
+    /// The state file as JSON.
+    pub fn state(&self) -> Value {
+        let text =
+            std::fs::read_to_string(self.state_dir.join("agent-state.json")).unwrap_or_default();
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    /// Workload process groups recorded in the state file.
+    pub fn recorded_pgids(&self) -> Vec<i32> {
+        let text =
+            std::fs::read_to_string(self.state_dir.join("agent-state.json")).unwrap_or_default();
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        v["tasks"]
+            .as_object()
+            .map(|m| {
+                m.values()
+                    .filter_map(|t| t["pid"].as_i64())
+                    .map(|p| p as i32)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // Leave nothing behind: the agent, then whatever workloads it still records.
+        let pgids = self.recorded_pgids();
+        self.kill9();
+        for p in pgids {
+            if p > 1 {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(-p),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+/// Poll `f` every 100 ms until it returns `Some`, or panic after `limit`.
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Create an allocation in tenant `default` from a spec (JSON).
+pub async fn create(server: &Server, name: &str, spec: Value) -> Allocation {
+    create_with(server, name, spec, json!({})).await
+}
+
+/// Create with extra metadata (labels, annotations). Every test allocation is held
+/// (`lattice.dev/hold`) so that the server's scheduler leaves it alone: the tests bind
+/// allocations themselves, exactly as the scheduler would.
+pub async fn create_with(server: &Server, name: &str, spec: Value, meta: Value) -> Allocation {
+    let mut metadata = json!({
+        "name": name,
+        "namespace": "default",
+        "annotations": {"lattice.dev/hold": "true"},
+    });
+    if let (Some(m), Some(extra)) = (metadata.as_object_mut(), meta.as_object()) {
+        for (k, v) in extra {
+            if k == "annotations" {
+                if let (Some(a), Some(more)) = (m["annotations"].as_object_mut(), v.as_object()) {
+                    a.extend(more.clone());
+                }
+            } else {
+                m.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let a: Allocation = serde_json::from_value(json!({
+        "apiVersion": "lattice.dev/v1alpha1",
+        "kind": "Allocation",
+        "metadata": metadata,
+        "spec": spec,
+    }))
+    .expect("allocation");
+    server
+        .allocations()
+        .create(&PostParams::default(), &a)
+        .await
+        .expect("create allocation")
+}
+
+/// Bind as the scheduler does: Staging, nodes, attempt 1, walltime.
+pub async fn bind(server: &Server, name: &str, nodes: &[&str], walltime: Option<u64>) {
+    let mut status = json!({"phase": "Staging", "assignedNodes": nodes, "attempt": 1});
+    if let Some(w) = walltime {
+        status["walltimeSeconds"] = json!(w);
+    }
+    server
+        .allocations()
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .expect("bind");
+}
+
+/// Create and bind to one node with a generous walltime.
+pub async fn submit(server: &Server, name: &str, node: &str, spec: Value) -> Allocation {
+    create(server, name, spec).await;
+    bind(server, name, &[node], Some(600)).await;
+    server.allocations().get(name).await.expect("get")
+}
+
+/// Wait until `name` reaches `phase`.
+pub async fn wait_phase(server: &Server, name: &str, phase: AllocationPhase) -> Allocation {
+    let api = server.allocations();
+    let mut last = None;
+    let start = Instant::now();
+    loop {
+        if let Ok(a) = api.get(name).await {
+            if a.phase() == phase {
+                return a;
+            }
+            last = Some(a);
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "{name} did not reach {phase:?}; last: {:#?}",
+            last.as_ref().and_then(|a| a.status.as_ref())
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Wait until `name` reaches a terminal phase.
+pub async fn wait_terminal(server: &Server, name: &str) -> Allocation {
+    let api = server.allocations();
+    wait_for(&format!("{name} to end"), LIMIT, || async {
+        api.get(name).await.ok().filter(|a| a.phase().is_terminal())
+    })
+    .await
+}
+
+/// The node entry of `node` in `a`.
+pub fn node_state<'a>(a: &'a Allocation, node: &str) -> &'a lattice_apis::NodeTaskState {
+    a.status
+        .as_ref()
+        .and_then(|s| s.node_states.get(node))
+        .unwrap_or_else(|| panic!("no report from {node}: {:#?}", a.status))
+}
+
+/// Whether any process of group `pgid` exists.
+pub fn group_alive(pgid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(-pgid), None) != Err(nix::errno::Errno::ESRCH)
+}
+
+/// Whether `pid` exists (and is not a zombie).
+pub fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rfind(')')
+            .and_then(|i| s[i + 1..].split_whitespace().next())
+            .is_some_and(|st| st != "Z" && st != "X"),
+        Err(_) => false,
+    }
+}

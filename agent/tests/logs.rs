@@ -1,0 +1,145 @@
+//! Logs through the API server's log route: both streams, filters, timestamps, follow
+//! streaming live output until the process ends, several nodes, errors.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use lattice_apis::AllocationPhase;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_filters_follow_and_several_nodes() {
+    let server = Server::start();
+    let root = tempfile::tempdir().unwrap();
+    let marks = tempfile::tempdir().unwrap();
+    let _a = Agent::start(&server, "node-a", root.path(), &[]);
+    let mut b = Agent::start(&server, "node-b", root.path(), &[]);
+    let mark = marks.path().join("go");
+
+    submit(
+        &server,
+        "talker",
+        "node-a",
+        json!({"script": format!(
+            "echo line 1\necho line 2\nsleep 0.3\necho oops >&2\nsleep 0.3\necho line 3\nwhile [ ! -e {} ]; do sleep 0.1; done\necho after\nprintf 'no newline'\n",
+            mark.display()
+        )}),
+    )
+    .await;
+    wait_phase(&server, "talker", AllocationPhase::Running).await;
+    let api_out = wait_for("the first lines", LIMIT, || async {
+        let (c, o) = server.logs("talker", "").await;
+        (c == 200 && o.contains("line 3")).then_some(o)
+    })
+    .await;
+    // Interleaving across the two streams follows read times; within a stream the order
+    // is exact.
+    let mut all: Vec<&str> = api_out.lines().collect();
+    all.sort();
+    assert_eq!(
+        all,
+        vec!["line 1", "line 2", "line 3", "oops"],
+        "{api_out:?}"
+    );
+    assert_eq!(server.logs("talker", "stream=stderr").await.1, "oops\n");
+    assert_eq!(
+        server.logs("talker", "stream=stdout").await.1,
+        "line 1\nline 2\nline 3\n"
+    );
+    assert_eq!(
+        server.logs("talker", "stream=stdout&tailLines=1").await.1,
+        "line 3\n"
+    );
+    assert_eq!(
+        server.logs("talker", "stream=stdout&tailLines=2").await.1,
+        "line 2\nline 3\n"
+    );
+    let (_, ts) = server.logs("talker", "timestamps=true&tailLines=1").await;
+    let (t, rest) = ts.split_once(' ').unwrap();
+    assert!(chrono::DateTime::parse_from_rfc3339(t).is_ok(), "{ts}");
+    assert_eq!(rest, "line 3\n");
+    let far_future = "2999-01-01T00:00:00Z";
+    assert_eq!(
+        server
+            .logs("talker", &format!("sinceTime={far_future}"))
+            .await
+            .1,
+        ""
+    );
+
+    // Follow: the history, then live lines, then the end of the stream once the
+    // process is gone and its output stored.
+    let resp = server.logs_stream("talker", "follow=true").await;
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut body = resp.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("line 3") {
+        let chunk = tokio::time::timeout(LIMIT, body.next())
+            .await
+            .expect("history in time")
+            .expect("stream open")
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    std::fs::write(&mark, "").unwrap();
+    let rest = tokio::time::timeout(LIMIT, async {
+        let mut s = String::new();
+        while let Some(c) = body.next().await {
+            s.push_str(&String::from_utf8_lossy(&c.unwrap()));
+        }
+        s
+    })
+    .await
+    .expect("the follow stream ends when the process does");
+    seen.push_str(&rest);
+    assert!(
+        seen.ends_with("line 3\nafter\nno newline") || seen.ends_with("oops\nafter\nno newline"),
+        "{seen:?}"
+    );
+    assert_eq!(seen.matches('\n').count(), 5, "{seen:?}");
+    wait_phase(&server, "talker", AllocationPhase::Completed).await;
+    // Logs outlive the process.
+    assert_eq!(
+        server.logs("talker", "stream=stdout&tailLines=2").await.1,
+        "after\nno newline"
+    );
+
+    // Several nodes: each line prefixed with its node.
+    create(
+        &server,
+        "pair",
+        json!({"entrypoint": "echo rank $LATTICE_NODE_RANK of $LATTICE_NNODES; echo warn $LATTICE_NODEID >&2"}),
+    )
+    .await;
+    bind(&server, "pair", &["node-a", "node-b"], Some(600)).await;
+    wait_phase(&server, "pair", AllocationPhase::Completed).await;
+    let (code, out) = server.logs("pair", "").await;
+    assert_eq!(code, 200, "{out}");
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        vec![
+            "node-a| rank 0 of 2",
+            "node-a| warn node-a",
+            "node-b| rank 1 of 2",
+            "node-b| warn node-b"
+        ]
+    );
+    assert_eq!(
+        server.logs("pair", "node=node-b&stream=stdout").await.1,
+        "rank 1 of 2\n"
+    );
+
+    // Errors are Status objects.
+    let (code, out) = server.logs("nope", "").await;
+    assert_eq!(code, 404, "{out}");
+    assert!(out.contains("\"kind\":\"Status\""), "{out}");
+    assert_eq!(server.logs("pair", "tailLines=lots").await.0, 400);
+    assert_eq!(server.logs("pair", "node=node-z").await.0, 400);
+    b.kill9();
+    let (code, out) = server.logs("pair", "node=node-b").await;
+    assert_eq!(code, 503, "{out}");
+    assert!(out.contains("unreachable"), "{out}");
+}

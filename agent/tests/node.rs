@@ -1,0 +1,168 @@
+//! Registration and heartbeat: the Node is created Ready with capacity, fingerprint and
+//! agent endpoint; the status owner written by the scheduler survives re-registration;
+//! the Lease is renewed with an increasing sequence; metrics count heartbeats.
+
+mod common;
+
+use common::*;
+use lattice_apis::{AllocationPhase, NodeState};
+use lattice_runtime::{Patch, PatchParams};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_is_registered_ready_and_heartbeats() {
+    let server = Server::start();
+    let root = tempfile::tempdir().unwrap();
+    let mut agent = Agent::start(
+        &server,
+        "gpu-node",
+        root.path(),
+        &[
+            "--cpu-cores",
+            "72",
+            "--memory-gb",
+            "480",
+            "--gpu-count",
+            "4",
+            "--gpu-type",
+            "GH200",
+            "--features",
+            "nvme_scratch,gpu",
+            "--topology-group",
+            "3",
+        ],
+    );
+    let nodes = server.nodes();
+    let node = wait_for("registration", LIMIT, || async {
+        nodes
+            .get("gpu-node")
+            .await
+            .ok()
+            .filter(|n| n.status.as_ref().is_some_and(|s| s.agent.is_some()))
+    })
+    .await;
+    let st = node.status.as_ref().unwrap();
+    assert_eq!(st.state, NodeState::Ready);
+    assert_eq!(st.capacity.cpu_cores, 72);
+    assert_eq!(st.capacity.memory_gb, 480);
+    assert_eq!(st.capacity.gpu_count, 4);
+    assert_eq!(st.capacity.gpu_type.as_deref(), Some("GH200"));
+    assert_eq!(st.capacity.gpus.len(), 4);
+    let fp = st.conformance_fingerprint.clone().unwrap();
+    assert_eq!(fp.len(), 64);
+    assert!(fp.bytes().all(|b| b.is_ascii_hexdigit()));
+    let agent_info = st.agent.clone().unwrap();
+    assert!(agent_info.kernel_version.is_some_and(|k| !k.is_empty()));
+    assert_eq!(
+        agent_info.architecture.as_deref(),
+        Some(std::env::consts::ARCH)
+    );
+    assert_eq!(node.spec.features, vec!["nvme_scratch", "gpu"]);
+    assert_eq!(node.spec.topology_group, Some(3));
+
+    // The agent's own endpoint answers at the published address.
+    let address = agent_info.address.unwrap();
+    let http = reqwest::Client::new();
+    let health = http
+        .get(format!("http://{address}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+
+    // Heartbeats: renewTime and the sequence move forward.
+    let leases = server.leases();
+    let first = wait_for("the Lease", LIMIT, || async {
+        leases.get("gpu-node").await.ok()
+    })
+    .await;
+    assert_eq!(first.spec.holder_identity.as_deref(), Some("gpu-node"));
+    let seq = |l: &lattice_apis::Lease| -> u64 {
+        l.metadata.annotations["lattice.dev/heartbeat-sequence"]
+            .parse()
+            .unwrap()
+    };
+    let s0 = seq(&first);
+    let later = wait_for("renewals", LIMIT, || async {
+        leases
+            .get("gpu-node")
+            .await
+            .ok()
+            .filter(|l| seq(l) >= s0 + 2)
+    })
+    .await;
+    assert!(later.spec.renew_time > first.spec.renew_time);
+    let metrics = http
+        .get(format!("http://{address}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("lattice_agent_heartbeats_total"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("lattice_agent_heartbeats_total 0\n"),
+        "{metrics}"
+    );
+
+    // The scheduler's status.owner survives a re-registration; a spec changed by the
+    // operator is left alone. (The owner is a real running allocation, or the release
+    // controller would rightly clear it.)
+    let job = submit(
+        &server,
+        "big-job",
+        "gpu-node",
+        json!({"entrypoint": "sleep 600"}),
+    )
+    .await;
+    wait_phase(&server, "big-job", AllocationPhase::Running).await;
+    nodes
+        .patch_status(
+            "gpu-node",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"owner": {
+                "tenant": "default",
+                "allocation": "big-job",
+                "allocationUid": job.metadata.uid,
+                "attempt": 1,
+            }}})),
+        )
+        .await
+        .unwrap();
+    nodes
+        .patch(
+            "gpu-node",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"features": ["nvme_scratch"]}})),
+        )
+        .await
+        .unwrap();
+    let s_before = seq(&leases.get("gpu-node").await.unwrap());
+    agent.restart();
+    let node = wait_for("re-registration", LIMIT, || async {
+        nodes.get("gpu-node").await.ok().filter(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.agent.as_ref())
+                .and_then(|a| a.address.as_ref())
+                .is_some_and(|a| *a != address)
+        })
+    })
+    .await;
+    let owner = node.status.as_ref().unwrap().owner.clone().unwrap();
+    assert_eq!(owner.allocation.as_deref(), Some("big-job"));
+    assert_eq!(node.spec.features, vec!["nvme_scratch"]);
+    assert_eq!(node.status.as_ref().unwrap().state, NodeState::Ready);
+    wait_for("a higher sequence after restart", LIMIT, || async {
+        leases
+            .get("gpu-node")
+            .await
+            .ok()
+            .filter(|l| seq(l) > s_before)
+    })
+    .await;
+}

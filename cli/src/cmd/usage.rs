@@ -1,0 +1,133 @@
+//! `lattice usage [--tenant T | --all-tenants] [--days N]`: the soft-quota ledger —
+//! node- and GPU-hours per tenant and user over the budget period, against the budgets.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use serde_json::{json, Value};
+
+use crate::cli::UsageArgs;
+use crate::cmd::workload;
+use crate::errors::CliError;
+use crate::output::{OutputFormat, Table};
+use crate::Ctx;
+
+/// Run `lattice usage`.
+pub async fn run(ctx: &mut Ctx, args: &UsageArgs, out: &mut dyn Write) -> Result<i32, CliError> {
+    let tenants: Vec<Value> = if args.all_tenants {
+        workload::list_items(ctx, "tenants", None).await?
+    } else {
+        let path = workload::object("tenants", None, &ctx.tenant);
+        vec![ctx
+            .client
+            .get(&path)
+            .await
+            .map_err(|e| CliError::from_client(format!("get tenant {:?}", ctx.tenant), e))?]
+    };
+    let today = ctx.now().date_naive();
+    let mut rows = Vec::new();
+    for t in &tenants {
+        let name = t
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let period = t
+            .pointer("/spec/budgetPeriodDays")
+            .and_then(Value::as_u64)
+            .unwrap_or(90);
+        let days = args.days.unwrap_or(period).max(1);
+        let oldest = (today - chrono::Days::new(days - 1))
+            .format("%Y-%m-%d")
+            .to_string();
+        let mut by_user: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        for b in t
+            .pointer("/status/usage/ledger")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let day = b["day"].as_str().unwrap_or("");
+            if day < oldest.as_str() {
+                continue;
+            }
+            let e = by_user
+                .entry(b["user"].as_str().unwrap_or("unknown").to_string())
+                .or_default();
+            e.0 += b["nodeHours"].as_f64().unwrap_or(0.0);
+            e.1 += b["gpuHours"].as_f64().unwrap_or(0.0);
+        }
+        let node_budget = t
+            .pointer("/spec/quota/nodeHoursBudget")
+            .and_then(Value::as_f64);
+        let gpu_budget = t
+            .pointer("/spec/quota/gpuHoursBudget")
+            .and_then(Value::as_f64);
+        let (tn, tg) = by_user
+            .values()
+            .fold((0.0, 0.0), |acc, v| (acc.0 + v.0, acc.1 + v.1));
+        rows.push(json!({
+            "tenant": name,
+            "days": days,
+            "nodeHours": tn,
+            "gpuHours": tg,
+            "nodeHoursBudget": node_budget,
+            "gpuHoursBudget": gpu_budget,
+            "users": by_user.iter().map(|(u, (n, g))| json!({"user": u, "nodeHours": n, "gpuHours": g})).collect::<Vec<_>>(),
+        }));
+    }
+    match ctx.output_or(OutputFormat::Table) {
+        OutputFormat::Json => writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&rows).unwrap_or_default()
+        )?,
+        OutputFormat::Yaml => write!(out, "{}", serde_yaml::to_string(&rows).unwrap_or_default())?,
+        _ => {
+            let mut table = Table::new(
+                [
+                    "TENANT",
+                    "USER",
+                    "DAYS",
+                    "NODE-HOURS",
+                    "GPU-HOURS",
+                    "BUDGET USED",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            );
+            for r in &rows {
+                let used = |v: f64, b: Option<f64>| match b {
+                    Some(b) if b > 0.0 => format!("{:.1}%", 100.0 * v / b),
+                    _ => "-".to_string(),
+                };
+                let tn = r["nodeHours"].as_f64().unwrap_or(0.0);
+                let tg = r["gpuHours"].as_f64().unwrap_or(0.0);
+                let budget = match (r["gpuHoursBudget"].as_f64(), r["nodeHoursBudget"].as_f64()) {
+                    (Some(g), _) => used(tg, Some(g)),
+                    (None, n) => used(tn, n),
+                };
+                table.rows.push(vec![
+                    r["tenant"].as_str().unwrap_or("").to_string(),
+                    "(all)".into(),
+                    r["days"].to_string(),
+                    format!("{tn:.2}"),
+                    format!("{tg:.2}"),
+                    budget,
+                ]);
+                for u in r["users"].as_array().into_iter().flatten() {
+                    table.rows.push(vec![
+                        String::new(),
+                        u["user"].as_str().unwrap_or("").to_string(),
+                        String::new(),
+                        format!("{:.2}", u["nodeHours"].as_f64().unwrap_or(0.0)),
+                        format!("{:.2}", u["gpuHours"].as_f64().unwrap_or(0.0)),
+                        String::new(),
+                    ]);
+                }
+            }
+            out.write_all(table.render(false).as_bytes())?;
+        }
+    }
+    Ok(0)
+}
