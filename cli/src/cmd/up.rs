@@ -866,7 +866,14 @@ async fn demo(
     let allocs = dag::allocs_by_name(ctx, &ns).await;
     for (step, _, _) in dag::steps(&final_dag) {
         let an = dag::task_allocation(&final_dag, &step);
-        let Some(a) = allocs.get(&an) else {
+        // Steps that were never placed on a node (skipped, cancelled before they ran).
+        let ran = allocs.get(&an).filter(|a| {
+            a.pointer("/status/attempt")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+                > 0
+        });
+        let Some(a) = ran else {
             writeln!(
                 out,
                 "\n== {step}: {} (never ran)",
