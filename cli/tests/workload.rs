@@ -940,7 +940,7 @@ async fn admin_config_and_raft() {
     );
 
     let f = start().await;
-    f.state.lock().expect("lock").metrics = "# HELP lattice_store_applied_revision Newest durable revision\nlattice_store_applied_revision 42\nlattice_store_write_revisions_total 40\nlattice_raft_current_leader 1\nlattice_raft_current_term 3\nlattice_raft_commit_index 57\nlattice_raft_last_applied_index 57\n".into();
+    f.state.lock().expect("lock").metrics = "# HELP lattice_store_applied_revision Newest durable revision\nlattice_store_applied_revision 42\nlattice_store_write_revisions_total 40\nlattice_raft_current_leader 1\nlattice_raft_current_term 3\nlattice_raft_last_log_index 57\nlattice_raft_is_leader 1\nlattice_raft_last_applied_index 57\n".into();
     let r = run_alice(&f.url, &["admin", "raft", "status"]).await;
     assert_eq!(r.code, 0, "{}", r.err);
     golden("admin_raft_status.txt", &r.out.replace(&f.url, "URL"));

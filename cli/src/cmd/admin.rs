@@ -827,10 +827,10 @@ async fn raft_status(ctx: &Ctx, out: &mut dyn Write) -> Result<i32, CliError> {
             .map(|(_, v)| v.clone())
     };
     let mut rows = vec![("API".to_string(), url), ("Ready".to_string(), ready)];
-    let leader = pick(&["leader"]);
+    let leader = pick(&["current_leader"]).or_else(|| pick(&["leader"]));
     let term = pick(&["term"]);
-    let commit = pick(&["commit", "index"]).or_else(|| pick(&["commit"]));
-    let applied = pick(&["appl"]).or_else(|| {
+    let commit = pick(&["last_log_index"]).or_else(|| pick(&["commit"]));
+    let applied = pick(&["applied_index"]).or_else(|| {
         find(&|n: &str| n == "lattice_store_applied_revision")
             .first()
             .map(|(_, v)| v.clone())
@@ -843,7 +843,10 @@ async fn raft_status(ctx: &Ctx, out: &mut dyn Write) -> Result<i32, CliError> {
     } else {
         rows.push(("Leader".into(), leader.unwrap_or_else(|| DASH.into())));
         rows.push(("Term".into(), term.unwrap_or_else(|| DASH.into())));
-        rows.push(("Commit index".into(), commit.unwrap_or_else(|| DASH.into())));
+        rows.push((
+            "Last log index".into(),
+            commit.unwrap_or_else(|| DASH.into()),
+        ));
     }
     rows.push((
         "Applied revision".into(),

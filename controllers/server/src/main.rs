@@ -262,6 +262,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Backend::Embedded if args.raft_addr.is_some() => {
             let store = start_raft(&args, &data_dir, limits.clone()).await?;
             store.metrics().register(&mut registry);
+            register_raft_gauges(&store, &mut registry);
             info.member_id = args.node_id;
             info.membership = Some(Arc::new(RaftMembership(store.clone())));
             raft_store = Some(store.clone());
@@ -471,6 +472,55 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         raft.shutdown().await;
     }
     Ok(())
+}
+
+/// `lattice_raft_{current_leader,current_term,last_log_index,last_applied_index,is_leader}`
+/// gauges, updated as openraft's metrics change (what `lattice admin raft status` and
+/// alerting read).
+fn register_raft_gauges(
+    raft: &lattice_store::raft::RaftStore,
+    registry: &mut prometheus_client::registry::Registry,
+) {
+    use prometheus_client::metrics::gauge::Gauge;
+    let r = registry.sub_registry_with_prefix("lattice_raft");
+    let leader: Gauge = Gauge::default();
+    let term: Gauge = Gauge::default();
+    let last_log: Gauge = Gauge::default();
+    let applied: Gauge = Gauge::default();
+    let is_leader: Gauge = Gauge::default();
+    r.register(
+        "current_leader",
+        "Member id of the current leader (0: none known)",
+        leader.clone(),
+    );
+    r.register("current_term", "Current Raft term", term.clone());
+    r.register(
+        "last_log_index",
+        "Index of the last log entry",
+        last_log.clone(),
+    );
+    r.register(
+        "last_applied_index",
+        "Index of the last applied entry",
+        applied.clone(),
+    );
+    r.register("is_leader", "1 when this member leads", is_leader.clone());
+    let store = raft.clone();
+    let mut changes = raft.raft().metrics();
+    tokio::spawn(async move {
+        loop {
+            let st = store.raft_status();
+            let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            leader.set(i(st.leader.unwrap_or(0)));
+            term.set(i(st.term));
+            last_log.set(i(st.last_log_index));
+            applied.set(i(st.last_applied_index));
+            is_leader.set(i64::from(st.is_leader));
+            if changes.changed().await.is_err() {
+                break;
+            }
+        }
+    });
 }
 
 /// "Am I the Raft leader", pushed as it changes (the controller host's gate).
