@@ -597,7 +597,7 @@ async fn srun(
         follow: true,
         ..Default::default()
     };
-    if let Err(e) = crate::cmd::logs::stream(ctx, &ns, &la, out, shutdown).await {
+    if let Err(e) = crate::cmd::logs::stream(ctx, &ns, &la, out, err, shutdown).await {
         if !quiet {
             writeln!(err, "srun: warning: no output: {e}")?;
         }

@@ -318,7 +318,10 @@ fn summary(ctx: &Ctx, dag: &Value) -> String {
     out.push_str(&format!("DAG:       {}\n", name(dag)));
     let mut st = dag_phase(dag).to_string();
     if let Some(r) = s(dag, "/status/message").or(s(dag, "/status/reason")) {
-        st.push_str(&format!(" ({r})"));
+        // A reason that only repeats the phase ("Cancelled (Cancelled)") says nothing.
+        if r != st {
+            st.push_str(&format!(" ({r})"));
+        }
     }
     out.push_str(&format!("State:     {st}\n"));
     out.push_str(&format!("Progress:  {} completed\n", progress(dag)));

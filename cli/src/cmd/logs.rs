@@ -1,11 +1,13 @@
 //! `lattice logs ID`: `GET .../allocations/{id}/log` (text/plain, streamed as it arrives).
 
 use std::io::Write;
+use std::time::Duration;
 
 use serde_json::json;
 
 use crate::cli::LogsArgs;
-use crate::cmd::workload::{self, object, parse_when, rfc3339};
+use crate::client::ClientError;
+use crate::cmd::workload::{self, is_terminal, object, parse_when, phase, rfc3339};
 use crate::errors::{exit, CliError};
 use crate::output::OutputFormat;
 use crate::{Ctx, Shutdown};
@@ -43,51 +45,116 @@ pub fn query(ctx: &Ctx, args: &LogsArgs) -> Result<Vec<(String, String)>, CliErr
     Ok(q)
 }
 
+/// True for the 404 a server without the log endpoint answers (a route it does not know),
+/// as opposed to the log endpoint's own "no logs (yet)" answers, which say why.
+fn is_missing_endpoint(e: &ClientError) -> bool {
+    match e {
+        ClientError::Status { status, .. } if status.code == 404 => {
+            let m = status.message.trim();
+            m.is_empty() || m.contains("could not find the requested resource")
+        }
+        _ => false,
+    }
+}
+
+/// How often `--follow` looks again at an allocation that has not started yet.
+const START_POLL: Duration = Duration::from_millis(250);
+
 /// Streams an allocation's log to `out`. Returns when the server ends the body (or on
-/// Ctrl-C); `Ok(false)` when interrupted.
+/// Ctrl-C); `Ok(false)` when interrupted. With `--follow`, an allocation that has not
+/// started yet (no node, or its agent has no output yet) is waited for, with a note on
+/// `err`; without it, that is an error saying so.
 pub async fn stream(
     ctx: &Ctx,
     tenant: &str,
     args: &LogsArgs,
     out: &mut dyn Write,
+    err: &mut dyn Write,
     shutdown: &mut Shutdown,
 ) -> Result<bool, CliError> {
     let q = query(ctx, args)?;
-    let path = format!("{}/log", object("allocations", Some(tenant), &args.id));
-    let mut body = match ctx.client.get_stream(&path, &q).await {
-        Ok(b) => b,
-        Err(e0) if e0.is_not_found() => {
-            // No such allocation, or a server without the log endpoint?
-            return Err(
-                match ctx
-                    .client
-                    .get(&object("allocations", Some(tenant), &args.id))
-                    .await
-                {
-                    Err(e2) if e2.is_not_found() => workload::not_found(
-                        "allocation",
-                        &args.id,
-                        Some(tenant),
-                        "lattice status --all",
-                    ),
-                    _ => CliError::new(
-                        format!("get logs of allocation {:?}", args.id),
-                        format!(
-                            "the server has no log endpoint (404 for {})",
-                            path.rsplit_once("/allocations/")
-                                .map(|x| x.1)
-                                .unwrap_or(&path)
-                        ),
-                    )
-                    .hint("upgrade lattice-server; logs are served at .../allocations/NAME/log"),
-                },
-            );
+    let obj = object("allocations", Some(tenant), &args.id);
+    let path = format!("{obj}/log");
+    let what = format!("get logs of allocation {:?}", args.id);
+    let mut announced = false;
+    let mut body = loop {
+        let e0 = match ctx.client.get_stream(&path, &q).await {
+            Ok(b) => break b,
+            Err(e) => e,
+        };
+        if !matches!(e0.code(), Some(400 | 404)) {
+            return Err(CliError::from_client(what, e0));
         }
-        Err(e) => {
-            return Err(CliError::from_client(
-                format!("get logs of allocation {:?}", args.id),
-                e,
-            ))
+        // No such allocation, one that has not started, or a server without the endpoint?
+        let a = match ctx.client.get(&obj).await {
+            Ok(a) => a,
+            Err(e2) if e2.is_not_found() => {
+                return Err(workload::not_found(
+                    "allocation",
+                    &args.id,
+                    Some(tenant),
+                    "lattice status --all",
+                ))
+            }
+            Err(_) => return Err(CliError::from_client(what, e0)),
+        };
+        if is_missing_endpoint(&e0) {
+            return Err(CliError::new(
+                what,
+                format!(
+                    "the server has no log endpoint (404 for {})",
+                    path.rsplit_once("/allocations/")
+                        .map(|x| x.1)
+                        .unwrap_or(&path)
+                ),
+            )
+            .hint("upgrade lattice-server; logs are served at .../allocations/NAME/log"));
+        }
+        let p = phase(&a).to_string();
+        let why = match &e0 {
+            ClientError::Status { status, .. } => status.message_or_reason(),
+            other => other.to_string(),
+        };
+        if is_terminal(&p) {
+            // It ended without output that can still be served (never ran, node gone...).
+            return Err(CliError::new(what, why).detail(format!("State: {p}")));
+        }
+        if let Some(n) = &args.node {
+            let assigned: Vec<&str> = a
+                .pointer("/status/assignedNodes")
+                .and_then(serde_json::Value::as_array)
+                .map(|v| v.iter().filter_map(serde_json::Value::as_str).collect())
+                .unwrap_or_default();
+            if !assigned.is_empty() && !assigned.contains(&n.as_str()) {
+                // --node names a node the allocation is not on: waiting would not help.
+                return Err(CliError::new(what, why)
+                    .hint(format!(
+                        "its nodes are {}; `lattice status {} -o wide` shows them",
+                        assigned.join(", "),
+                        args.id
+                    ))
+                    .exit_code(exit::USAGE));
+            }
+        }
+        if !args.follow {
+            return Err(CliError::new(
+                what,
+                format!("allocation {} has not started yet ({p})", args.id),
+            )
+            .detail(format!("Server: {why}"))
+            .hint(format!(
+                "`lattice logs {} --follow` waits for it to start and streams its output",
+                args.id
+            )));
+        }
+        if !announced && !ctx.quiet {
+            writeln!(err, "Waiting for allocation {} to start ({p}) ...", args.id)?;
+            err.flush()?;
+            announced = true;
+        }
+        tokio::select! {
+            _ = &mut *shutdown => return Ok(false),
+            _ = tokio::time::sleep(START_POLL) => {}
         }
     };
     let json_lines = ctx.output == Some(OutputFormat::Json);
@@ -133,7 +200,7 @@ pub async fn run(
     ctx: &mut Ctx,
     args: &LogsArgs,
     out: &mut dyn Write,
-    _err: &mut dyn Write,
+    err: &mut dyn Write,
     mut shutdown: Shutdown,
 ) -> Result<i32, CliError> {
     if args.id.is_empty() {
@@ -142,6 +209,7 @@ pub async fn run(
             .exit_code(exit::USAGE));
     }
     let tenant = ctx.tenant.clone();
-    stream(ctx, &tenant, args, out, &mut shutdown).await?;
+    // Ctrl-C while following ends it normally, like `watch`.
+    stream(ctx, &tenant, args, out, err, &mut shutdown).await?;
     Ok(0)
 }

@@ -1,0 +1,184 @@
+//! DAG benchmarks beyond the pure engine (`lattice-dag-bench`):
+//!
+//! * `in-process`: the real DAG controller (and the other built-in controllers) on an
+//!   embedded store, in this process. A chain of `--steps` steps; each predecessor's
+//!   terminal status is written through the API and the time until its successor is
+//!   released (its hold lifted, i.e. schedulable) is measured. Prints
+//!   `RESULT release_controller_p50_ms` / `_p99_ms`.
+//! * `cluster`: against a running cluster (`--url`, `--token-file`) with real agents: a
+//!   `--steps`-step chain and a `--steps`-wide fan-out/fan-in of `/bin/true` steps, each
+//!   run to completion. Prints the wall time and the overhead per step.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+struct Args {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// Controller release latency on an in-process store.
+    InProcess {
+        #[arg(long, default_value_t = 1000)]
+        steps: usize,
+    },
+    /// Chain and fan-out end to end on a running cluster.
+    Cluster {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        token_file: std::path::PathBuf,
+        #[arg(long, default_value_t = 1000)]
+        steps: usize,
+        #[arg(long, default_value = "default")]
+        tenant: String,
+    },
+}
+
+fn step(name: String, deps: Vec<String>) -> Value {
+    json!({
+        "name": name,
+        "dependsOn": deps.into_iter().map(|d| json!({"ref": d, "condition": "success"})).collect::<Vec<_>>(),
+        "spec": {"entrypoint": "/bin/true", "lifecycle": {"walltime": "10m"}, "requeue": {"policy": "never"}},
+    })
+}
+
+fn chain(name: &str, tenant: &str, n: usize) -> Value {
+    let steps: Vec<Value> = (0..n)
+        .map(|i| step(format!("s{i}"), if i == 0 { vec![] } else { vec![format!("s{}", i - 1)] }))
+        .collect();
+    json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Dag",
+           "metadata": {"name": name, "namespace": tenant}, "spec": {"allocations": steps}})
+}
+
+fn fan(name: &str, tenant: &str, n: usize) -> Value {
+    let mut steps = vec![step("root".into(), vec![])];
+    for i in 0..n.saturating_sub(2) {
+        steps.push(step(format!("w{i}"), vec!["root".into()]));
+    }
+    steps.push(step(
+        "join".into(),
+        (0..n.saturating_sub(2)).map(|i| format!("w{i}")).collect(),
+    ));
+    json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Dag",
+           "metadata": {"name": name, "namespace": tenant}, "spec": {"allocations": steps}})
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Args::parse().mode {
+        Mode::InProcess { steps } => in_process(steps).await,
+        Mode::Cluster {
+            url,
+            token_file,
+            steps,
+            tenant,
+        } => cluster(&url, &std::fs::read_to_string(token_file)?, steps, &tenant).await,
+    }
+}
+
+async fn in_process(n: usize) -> anyhow::Result<()> {
+    use lattice_apis::{Allocation, Dag};
+    use lattice_runtime::{AlwaysLeader, Api, Client, ControllerHost, PostParams};
+    let dir = tempfile::tempdir()?;
+    let store = lattice_store::EmbeddedStore::open(dir.path(), Default::default()).await?;
+    let backend: Arc<dyn lattice_store::KvBackend> = Arc::new(store);
+    let client = Client::in_process(backend.clone());
+    let mut host = ControllerHost::new(client.clone(), Arc::new(AlwaysLeader::new()));
+    let _m = lattice_controllers::register_all(&mut host, backend, Default::default());
+    tokio::spawn(host.run(std::future::pending()));
+    let dags: Api<Dag> = Api::namespaced(client.clone(), "bench");
+    let allocs: Api<Allocation> = Api::namespaced(client.clone(), "bench");
+    let dag: Dag = serde_json::from_value(chain("chain", "bench", n))?;
+    dags.create(&PostParams::default(), &dag).await?;
+    let held = |a: &Allocation| a.metadata.annotations.contains_key("lattice.dev/hold");
+    let mut lat = Vec::with_capacity(n);
+    let started = Instant::now();
+    for i in 0..n {
+        let name = format!("chain-s{i}");
+        // Wait until step i is released (exists without a hold).
+        let t0 = Instant::now();
+        loop {
+            if let Ok(Some(a)) = allocs.get_opt(&name).await {
+                if !held(&a) {
+                    break;
+                }
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                anyhow::bail!("step {i} was not released within 30 s");
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        if i > 0 {
+            lat.push(t0.elapsed().as_secs_f64() * 1000.0);
+        }
+        // It "completes": the terminal status write that releases the next step.
+        allocs
+            .update_status_with_retry(&name, 20, |a| {
+                let st = a.status.get_or_insert_with(Default::default);
+                st.phase = lattice_apis::AllocationPhase::Completed;
+                st.exit_code = Some(0);
+                true
+            })
+            .await?;
+    }
+    println!("RESULT release_controller_steps={n}");
+    println!("RESULT release_controller_p50_ms={:.2}", pct(&mut lat, 0.50));
+    println!("RESULT release_controller_p99_ms={:.2}", pct(&mut lat, 0.99));
+    println!("RESULT release_controller_total_s={:.2}", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+async fn cluster(url: &str, token: &str, n: usize, tenant: &str) -> anyhow::Result<()> {
+    let token = token.trim();
+    let http = reqwest::Client::new();
+    let base = format!("{}/apis/lattice.dev/v1alpha1/namespaces/{tenant}/dags", url.trim_end_matches('/'));
+    let run = format!("b{}", std::process::id());
+    for (kind, dag) in [
+        ("chain", chain(&format!("{run}-chain"), tenant, n)),
+        ("fanout", fan(&format!("{run}-fan"), tenant, n)),
+    ] {
+        let name = dag["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let start = Instant::now();
+        let resp = http.post(&base).bearer_auth(token).json(&dag).send().await?;
+        if !resp.status().is_success() {
+            anyhow::bail!("submit {kind}: {} {}", resp.status(), resp.text().await?);
+        }
+        let phase = loop {
+            let d: Value = http
+                .get(format!("{base}/{name}"))
+                .bearer_auth(token)
+                .send()
+                .await?
+                .json()
+                .await?;
+            let p = d["status"]["phase"].as_str().unwrap_or("").to_string();
+            if ["Completed", "Failed", "Cancelled"].contains(&p.as_str()) {
+                break p;
+            }
+            if start.elapsed() > Duration::from_secs(600) {
+                anyhow::bail!("{kind} DAG did not finish in 600 s: {}", d["status"]["counts"]);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let s = start.elapsed().as_secs_f64();
+        println!("RESULT dag_{kind}_{n}_phase={phase}");
+        println!("RESULT dag_{kind}_{n}_s={s:.2}");
+        println!("RESULT dag_{kind}_{n}_overhead_ms_per_step={:.1}", s * 1000.0 / n as f64);
+    }
+    Ok(())
+}
