@@ -73,11 +73,11 @@ pub mod validation;
 
 pub use kinds::allocation::{
     Allocation, AllocationPhase, AllocationSpec, AllocationStatus, Checkpoint, CheckpointStrategy,
-    Connectivity, Constraints, DataMount, Dependency, DependencyCondition, Environment,
-    ExposedPort, Lifecycle, LifecycleType, LivenessProbe, MountAccess, NodeCount, NodeTaskPhase,
-    NodeTaskState, PortProtocol, ProbeType, Requeue, RequeuePolicy, Resources, ScalePolicy,
-    ScaleTarget, TaskGroup, TaskGroupStatus, TaskRange, Telemetry, TelemetryMode, TierHint,
-    Topology,
+    Connectivity, Constraints, DataMount, Dependency, DependencyCondition, DependencyKind,
+    DependencyStatus, Environment, ExposedPort, Lifecycle, LifecycleType, LivenessProbe,
+    MountAccess, NodeCount, NodeTaskPhase, NodeTaskState, PortProtocol, ProbeType, Requeue,
+    RequeuePolicy, Resources, ScalePolicy, ScaleTarget, SymbolScope, SymbolType, TaskGroup,
+    TaskGroupStatus, TaskRange, Telemetry, TelemetryMode, TierHint, Topology,
 };
 pub use kinds::dag::{
     Dag, DagCounts, DagDefaults, DagFailurePolicy, DagPhase, DagSpec, DagStatus, DagTask,

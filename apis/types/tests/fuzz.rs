@@ -177,3 +177,60 @@ fn huge_inputs_are_rejected_cleanly() {
     // messages stay short even though the input is huge
     assert!(e.to_string().len() < 2_000, "{}", e.to_string().len());
 }
+
+fn arb_dependency() -> impl Strategy<Value = Value> {
+    let name = "[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?";
+    prop_oneof![
+        (
+            name,
+            prop::sample::select(vec!["success", "failure", "any", "started"])
+        )
+            .prop_map(|(r, c)| json!({"ref": r, "condition": c})),
+        (
+            name,
+            prop::sample::select(vec!["success", "failure", "any", "started"])
+        )
+            .prop_map(|(r, c)| json!({ r: c })),
+        (
+            name,
+            prop::sample::select(vec!["", ":success", ":any", ":started"])
+        )
+            .prop_map(|(r, c)| json!(format!("{r}{c}"))),
+        (0u64..4_000_000_000u64, 0u32..1000)
+            .prop_map(|(s, ms)| json!({"beginTime": s as f64 + ms as f64 / 1000.0})),
+        (
+            "[a-zA-Z0-9_.:/-]{1,20}",
+            prop::sample::select(vec!["in", "out", "inout"]),
+            prop::option::of(prop::sample::select(vec!["user", "global"]))
+        )
+            .prop_map(|(s, t, sc)| match sc {
+                Some(sc) => json!({"symbol": s, "type": t, "scope": sc}),
+                None => json!({"symbol": s, "type": t}),
+            }),
+        Just(json!({"singleton": true})),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
+
+    /// Every dependency form is admitted alone, normalized to one long form, and the
+    /// normalized form is a fixed point with the same RFC 26 description.
+    #[test]
+    fn dependency_forms_normalize_to_a_fixed_point(dep in arb_dependency()) {
+        let doc = json!({
+            "apiVersion": "lattice.dev/v1alpha1", "kind": "Allocation",
+            "metadata": {"name": "job-x", "namespace": "t"},
+            "spec": {"entrypoint": "x", "dependsOn": [dep.clone()]},
+        });
+        let admit = lattice_apis::find_kind("Allocation").expect("kind").admit;
+        let once = admit(doc).map_err(|e| TestCaseError::fail(format!("{dep}: {e}")))?;
+        let twice = admit(once.clone()).map_err(|e| TestCaseError::fail(format!("{dep}: {e}")))?;
+        prop_assert_eq!(&once, &twice);
+        let a: lattice_apis::Allocation = serde_json::from_value(once).unwrap();
+        let d = &a.spec.depends_on[0];
+        prop_assert!(d.kind().is_some());
+        let back: lattice_apis::Dependency = serde_json::from_value(serde_json::to_value(d).unwrap()).unwrap();
+        prop_assert_eq!(back.description(), d.description());
+    }
+}

@@ -650,10 +650,8 @@ fn typed_round_trip() {
     };
     spec.resources.nodes = NodeCount::Range { min: 2, max: 4 };
     spec.lifecycle.walltime = Some("1h".into());
-    spec.depends_on.push(Dependency {
-        ref_: "prep".into(),
-        condition: DependencyCondition::Any,
-    });
+    spec.depends_on
+        .push(Dependency::on("prep", DependencyCondition::Any));
     let a = Allocation::new("rt", "ml-team", spec);
     let v = serde_json::to_value(&a).expect("serialize");
     let back: Allocation = admit_typed(v.clone()).expect("valid");
@@ -682,4 +680,212 @@ fn status_object_from_validation_errors() {
     assert_eq!(v["code"], 422);
     assert_eq!(v["reason"], "Invalid");
     assert_eq!(v["details"]["causes"][0]["field"], "spec.preemptionClass");
+}
+
+#[test]
+fn dependency_schemes_round_trip_and_normalize() {
+    let v = admit(
+        "Allocation",
+        alloc(
+            json!({"entrypoint": "x", "tags": {"name": "train"}, "dependsOn": [
+                {"ref": "prep", "condition": "started"},
+                "other:started",
+                {"ref": "0b7c2a64-3f59-4a5e-9b1e-2f2d8c1a9e77", "condition": "any"},
+                {"beginTime": 1767225600.5},
+                {"symbol": "ckpt", "type": "inout"},
+                {"symbol": "data", "type": "in", "scope": "global"},
+                {"singleton": true}
+            ]}),
+        ),
+    )
+    .expect("valid");
+    assert_eq!(
+        v["spec"]["dependsOn"],
+        json!([
+            {"ref": "prep", "condition": "started"},
+            {"ref": "other", "condition": "started"},
+            {"ref": "0b7c2a64-3f59-4a5e-9b1e-2f2d8c1a9e77", "condition": "any"},
+            {"beginTime": 1767225600.5},
+            {"symbol": "ckpt", "type": "inout", "scope": "user"},
+            {"symbol": "data", "type": "in", "scope": "global"},
+            {"singleton": true}
+        ])
+    );
+    let a: Allocation = serde_json::from_value(v).expect("typed");
+    let kinds: Vec<DependencyKind> = a.spec.depends_on.iter().filter_map(|d| d.kind()).collect();
+    assert_eq!(kinds.len(), 7);
+    assert_eq!(kinds[3], DependencyKind::BeginTime(1767225600.5));
+    assert_eq!(
+        kinds[4],
+        DependencyKind::Symbol {
+            name: "ckpt",
+            type_: SymbolType::Inout,
+            scope: SymbolScope::User
+        }
+    );
+    assert_eq!(kinds[6], DependencyKind::Singleton);
+    let descs: Vec<String> = a.spec.depends_on.iter().map(|d| d.description()).collect();
+    assert_eq!(
+        descs,
+        [
+            "after:prep",
+            "after:other",
+            "afterany:0b7c2a64-3f59-4a5e-9b1e-2f2d8c1a9e77",
+            "begin-time:1767225600.5",
+            "string:ckpt?scope=user&type=inout",
+            "string:data?scope=global&type=in",
+            "singleton"
+        ]
+    );
+    // YAML and JSON round trips keep the normalized form.
+    let yaml = serde_yaml::to_string(&a).expect("yaml");
+    let back: Allocation = serde_yaml::from_str(&yaml).expect("parse");
+    assert_eq!(back, a);
+}
+
+#[test]
+fn dependency_scheme_errors_name_the_field_and_the_fix() {
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (json!({}), "spec.dependsOn[0]", "names nothing"),
+        (
+            json!({"ref": "a", "beginTime": 5}),
+            "spec.dependsOn[0].beginTime",
+            "only one of",
+        ),
+        (
+            json!({"symbol": "s", "singleton": true}),
+            "spec.dependsOn[0].singleton",
+            "split it",
+        ),
+        (json!({"symbol": "s"}), "spec.dependsOn[0].type", "in (wait"),
+        (
+            json!({"symbol": "has space", "type": "in"}),
+            "spec.dependsOn[0].symbol",
+            "without spaces",
+        ),
+        (
+            json!({"beginTime": -1}),
+            "spec.dependsOn[0].beginTime",
+            "epoch",
+        ),
+        (
+            json!({"singleton": false}),
+            "spec.dependsOn[0]",
+            "names nothing",
+        ),
+        (json!({"ref": "Bad_Name"}), "spec.dependsOn[0].ref", ""),
+    ];
+    for (dep, path, needle) in cases {
+        let r = admit(
+            "Allocation",
+            alloc(json!({"entrypoint": "x", "dependsOn": [dep.clone()]})),
+        );
+        assert!(has_error(&r, path, needle), "{dep}: {r:?}");
+    }
+    // Deserialization errors carry the path and say what to write.
+    let deser: Vec<(Value, &str, &str)> = vec![
+        (
+            json!({"symbol": "s", "type": "both"}),
+            "spec.dependsOn[0].type",
+            "inout",
+        ),
+        (
+            json!({"symbol": "s", "type": "in", "scope": "site"}),
+            "spec.dependsOn[0].scope",
+            "global",
+        ),
+        (json!({"type": "in"}), "spec.dependsOn[0]", "needs `symbol`"),
+        (
+            json!({"scope": "user", "ref": "a"}),
+            "spec.dependsOn[0]",
+            "needs `symbol`",
+        ),
+        (
+            json!({"condition": "any"}),
+            "spec.dependsOn[0]",
+            "needs `ref`",
+        ),
+        (
+            json!({"ref": "a", "conditon": "any"}),
+            "spec.dependsOn[0].conditon",
+            "allowed fields here: `ref`, `condition`",
+        ),
+        (
+            json!({"singleton": "yes"}),
+            "spec.dependsOn[0].singleton",
+            "",
+        ),
+        (
+            json!({"beginTime": "tomorrow"}),
+            "spec.dependsOn[0].beginTime",
+            "",
+        ),
+    ];
+    for (dep, path, needle) in deser {
+        let (p, m) = one_error(admit(
+            "Allocation",
+            alloc(json!({"entrypoint": "x", "dependsOn": [dep.clone()]})),
+        ));
+        assert_eq!(p, path, "{dep}: {m}");
+        assert!(m.contains(needle), "{dep}: {m}");
+    }
+    // Duplicates.
+    let r = admit(
+        "Allocation",
+        alloc(json!({"entrypoint": "x", "dependsOn": [
+            {"symbol": "s", "type": "in"}, {"symbol": "s", "type": "out"},
+            {"beginTime": 1}, {"beginTime": 2},
+            {"singleton": true}, {"singleton": true}
+        ]})),
+    );
+    assert!(
+        has_error(&r, "spec.dependsOn[1].symbol", "listed twice"),
+        "{r:?}"
+    );
+    assert!(
+        has_error(&r, "spec.dependsOn[3].beginTime", "twice"),
+        "{r:?}"
+    );
+    assert!(
+        has_error(&r, "spec.dependsOn[5].singleton", "twice"),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn dag_edges_reject_standalone_dependency_schemes() {
+    let dag = |dep: Value| {
+        json!({
+            "apiVersion": API_VERSION, "kind": "Dag",
+            "metadata": {"name": "wf", "namespace": "ml-team"},
+            "spec": {"allocations": [
+                {"name": "a", "spec": {"entrypoint": "x"}},
+                {"name": "b", "dependsOn": [dep], "spec": {"entrypoint": "x"}}
+            ]}
+        })
+    };
+    let r = admit("Dag", dag(json!({"ref": "a", "condition": "started"})));
+    assert!(
+        has_error(
+            &r,
+            "spec.allocations[1].dependsOn[0].condition",
+            "standalone"
+        ),
+        "{r:?}"
+    );
+    let r = admit("Dag", dag(json!({"symbol": "s", "type": "in"})));
+    assert!(
+        has_error(&r, "spec.allocations[1].dependsOn[0].symbol", "standalone"),
+        "{r:?}"
+    );
+    let r = admit("Dag", dag(json!({"beginTime": 5})));
+    assert!(
+        has_error(
+            &r,
+            "spec.allocations[1].dependsOn[0].beginTime",
+            "standalone"
+        ),
+        "{r:?}"
+    );
+    admit("Dag", dag(json!({"a": "any"}))).expect("short form still valid");
 }

@@ -183,6 +183,7 @@ pub const LATTICE_OPTIONS: &[OptDef] = &[
     o("name", None, R),
     o("task-group", None, R),
     o("depends-on", None, R),
+    o("dependency", None, R),
     o("data-mount", None, R),
     o("service", None, N),
     o("expose", None, R),

@@ -51,6 +51,11 @@ pub struct SubmitFlags {
     /// Dependencies: ID[:success|failure|any|corresponding],...
     #[arg(long)]
     pub depends_on: Option<String>,
+    /// Slurm / Flux RFC 26 dependencies (repeatable): afterok:ID[:ID...], afternotok:ID,
+    /// afterany:ID, after:ID (started), aftercorr:ID, singleton, begin-time:EPOCH,
+    /// string:NAME?type=in|out|inout[&scope=user|global]; ',' joins several.
+    #[arg(long)]
+    pub dependency: Vec<String>,
     /// Data mounts SOURCE:/TARGET[:ro|:rw] (repeatable).
     #[arg(long)]
     pub data_mount: Vec<String>,
@@ -112,6 +117,10 @@ pub struct SubmitFlags {
     /// Command after `--` when no script is given. Set by the CLI.
     #[arg(skip)]
     pub command: Vec<String>,
+    /// The submission time in seconds since the UNIX epoch, for relative times such as
+    /// `--begin=now+1hour` (the current time when unset). Set by tests.
+    #[arg(skip)]
+    pub now: Option<i64>,
     /// sbatch options given on the `sbatch` command line (the Slurm front-end
     /// passes them here; they override the script's directives, and these flags override them).
     #[arg(skip)]
@@ -149,6 +158,9 @@ impl SubmitFlags {
         one("network-domain", &self.network_domain);
         one("output", &self.output);
         one("error", &self.error);
+        if !self.dependency.is_empty() {
+            v.push(("dependency", Some(self.dependency.join(","))));
+        }
         for m in &self.data_mount {
             v.push(("data-mount", Some(m.clone())));
         }

@@ -132,16 +132,8 @@ pub fn sbatch_to_lattice(args: &[String]) -> Result<SbatchInvocation, SubmitErro
             "job-name" => argv.push(format!("--name={v}")),
             "array" => argv.push(format!("--task-group={v}")),
             "dependency" => match parse_slurm_dependency(&v) {
-                Ok(d) => {
-                    let s: Vec<String> = d
-                        .edges
-                        .iter()
-                        .map(|e| format!("{}:{}", e.target, e.condition.as_str()))
-                        .collect();
-                    if !s.is_empty() {
-                        argv.push(format!("--depends-on={}", s.join(",")));
-                    }
-                }
+                // `lattice submit --dependency` takes the Slurm (and Flux) forms as written.
+                Ok(_) => argv.push(format!("--dependency={}", v.trim())),
                 Err(e) => {
                     return Err(SubmitError::invalid(
                         "--dependency",

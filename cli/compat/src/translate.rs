@@ -101,6 +101,10 @@ struct State {
     class: Option<Class>,
     array: Option<ArraySpec>,
     deps: Option<(DependencySpec, Source)>,
+    /// `st.deps` came from `lattice submit` flags (which add up).
+    deps_from_flags: bool,
+    /// Slurm `--begin` as written (parsed in `finish`, against the submission time).
+    begin: Option<(String, Source)>,
     uenv: Option<String>,
     view: Option<String>,
     view_source: Option<(Source, String)>,
@@ -153,7 +157,7 @@ pub fn unsupported_reason(slurm_option: &str) -> Option<&'static str> {
         "bb" | "bbf" => {
             "burst buffers are not supported; use --data-mount to pre-stage data to the hot tier"
         }
-        "begin" | "deadline" | "time-min" | "priority" | "nice" | "hold" => {
+        "deadline" | "time-min" | "priority" | "nice" | "hold" => {
             "not supported by the Lattice scheduler"
         }
         "signal" => "use --checkpoint=signal to receive SIGUSR1 before preemption",
@@ -298,11 +302,21 @@ fn apply(st: &mut State, opt: &ParsedOption, warns: &mut Vec<Warning>) -> Result
                 opt.source.clone(),
             ))
         }
-        (Dialect::Lattice, "depends-on") => {
-            st.deps = Some((
-                parse_depends_on(v).map_err(|e| bad(opt, e))?,
-                opt.source.clone(),
-            ))
+        (Dialect::Slurm, "begin") => st.begin = Some((text(v)?, opt.source.clone())),
+        (Dialect::Lattice, "depends-on" | "dependency") => {
+            let d = if opt.name == "dependency" {
+                parse_slurm_dependency(v)
+            } else {
+                parse_depends_on(v)
+            }
+            .map_err(|e| bad(opt, e))?;
+            // `lattice submit --depends-on ... --dependency ...` (or several --dependency
+            // flags): the command line's dependencies add up; they replace the script's.
+            match &mut st.deps {
+                Some((prev, src)) if *src == opt.source && st.deps_from_flags => prev.merge(d),
+                _ => st.deps = Some((d, opt.source.clone())),
+            }
+            st.deps_from_flags = true;
         }
         (Dialect::Slurm, "exclusive") => {
             // Lattice always allocates whole nodes (the default); nothing to do.
@@ -1147,6 +1161,23 @@ fn finish(
         }
         spec.insert("taskGroup".into(), Value::Object(tg));
     }
+    let mut begin_entry = None;
+    if let Some((b, src)) = &st.begin {
+        use chrono::TimeZone;
+        let now = flags
+            .now
+            .and_then(|t| chrono::Local.timestamp_opt(t, 0).single())
+            .unwrap_or_else(chrono::Local::now);
+        let t = parse_begin(b, now).map_err(|e| SubmitError::invalid("--begin", b, src, e))?;
+        match &mut st.deps {
+            // One beginTime per allocation: the later of --begin and begin-time.
+            Some((d, _)) => d.begin_time = Some(d.begin_time.map_or(t as f64, |x| x.max(t as f64))),
+            None => begin_entry = Some(json!({ "beginTime": t as f64 })),
+        }
+    }
+    if let Some(e) = begin_entry {
+        spec.insert("dependsOn".into(), json!([e]));
+    }
     if let Some((d, src)) = &st.deps {
         ann.insert(annotations::DEPENDENCY.into(), d.raw.clone());
         let opt = format!("--dependency={}", d.raw);
@@ -1160,24 +1191,19 @@ fn finish(
                 "'?' (any-of) dependencies are not supported; waiting for all of them",
             ));
         }
-        if d.singleton {
-            warns.push(Warning::ignored(
+        if d.singleton && display_name.is_none() {
+            warns.push(Warning::note(
                 src,
-                "--dependency=singleton",
-                "Lattice has no singleton dependency",
+                &opt,
+                "singleton serializes jobs by name and user, but this job has no name; set --job-name (or --name)",
             ));
         }
-        let mut edges = Vec::new();
-        for e in &d.edges {
-            if e.condition == DepCondition::Corresponding && st.array.is_none() {
-                warns.push(Warning::note(src, &opt, format!("aftercorr:{} needs an array (--array); waiting for the whole job to succeed", e.target)));
-                edges.push(json!({"ref": e.target, "condition": "success"}));
-            } else {
-                edges.push(json!({"ref": e.target, "condition": e.condition.as_str()}));
-            }
+        let (entries, notes) = d.depends_on(st.array.is_some());
+        for n in notes {
+            warns.push(Warning::note(src, &opt, n));
         }
-        if !edges.is_empty() {
-            spec.insert("dependsOn".into(), json!(edges));
+        if !entries.is_empty() {
+            spec.insert("dependsOn".into(), json!(entries));
         }
     }
 

@@ -744,6 +744,8 @@ pub enum DepCondition {
     Any,
     /// `aftercorr` / `:corresponding`.
     Corresponding,
+    /// `after`: the job has started (or ended after starting).
+    Started,
 }
 
 impl DepCondition {
@@ -754,21 +756,57 @@ impl DepCondition {
             DepCondition::Failure => "failure",
             DepCondition::Any => "any",
             DepCondition::Corresponding => "corresponding",
+            DepCondition::Started => "started",
         }
+    }
+
+    /// The Slurm / Flux spelling.
+    pub fn slurm_name(self) -> &'static str {
+        match self {
+            DepCondition::Success => "afterok",
+            DepCondition::Failure => "afternotok",
+            DepCondition::Any => "afterany",
+            DepCondition::Corresponding => "aftercorr",
+            DepCondition::Started => "after",
+        }
+    }
+
+    fn from_dag(c: lattice_dag::deps::Condition) -> Option<Self> {
+        use lattice_dag::deps::Condition as C;
+        Some(match c {
+            C::Success => DepCondition::Success,
+            C::Failure => DepCondition::Failure,
+            C::Any => DepCondition::Any,
+            C::Corresponding => DepCondition::Corresponding,
+            C::Started => DepCondition::Started,
+            C::Mutex => return None,
+        })
     }
 }
 
 /// One dependency edge.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DepEdge {
-    /// Allocation (job) id depended on.
+    /// Allocation (job) id depended on: a name or a uid.
     pub target: String,
     /// Condition.
     pub condition: DepCondition,
 }
 
-/// A parsed dependency option; `raw` is kept verbatim.
+/// A Flux RFC 26 `string` (symbolic) dependency.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SymbolDep {
+    /// The symbol.
+    pub name: String,
+    /// `in`, `out` or `inout`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `user` or `global`.
+    pub scope: String,
+}
+
+/// A parsed dependency option; `raw` is kept verbatim.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DependencySpec {
     /// As written.
     pub raw: String,
@@ -778,13 +816,111 @@ pub struct DependencySpec {
     pub any_of: bool,
     /// Slurm `singleton` was requested.
     pub singleton: bool,
-    /// Notes about approximations (e.g. `after:` mapped to `any`).
+    /// Flux `begin-time`: not before this time (seconds since the UNIX epoch).
+    pub begin_time: Option<f64>,
+    /// Flux `string` dependencies, in order, one per symbol.
+    pub symbols: Vec<SymbolDep>,
+    /// Notes about approximations (e.g. an ignored `after:ID+MINUTES` delay).
     pub notes: Vec<String>,
 }
 
-const DEP_HINT: &str = "use TYPE:JOBID[:JOBID...] with TYPE one of after, afterok, afternotok, afterany, aftercorr, or singleton; join with ',' (all) or '?' (any), e.g. \"afterok:123:124\"";
+impl DependencySpec {
+    fn new(raw: &str) -> Self {
+        DependencySpec {
+            raw: raw.to_string(),
+            edges: vec![],
+            any_of: false,
+            singleton: false,
+            begin_time: None,
+            symbols: vec![],
+            notes: vec![],
+        }
+    }
 
-/// A job / allocation id usable as a dependency `ref` (a DNS-1123 name).
+    /// Add `other`'s dependencies (e.g. `--depends-on` and `--dependency` both given).
+    pub fn merge(&mut self, other: DependencySpec) {
+        self.raw = format!("{},{}", self.raw, other.raw);
+        for e in other.edges {
+            self.push_edge(e);
+        }
+        self.any_of |= other.any_of;
+        self.singleton |= other.singleton;
+        if let Some(t) = other.begin_time {
+            self.set_begin_time(t);
+        }
+        for s in other.symbols {
+            self.push_symbol(s);
+        }
+        self.notes.extend(other.notes);
+    }
+
+    fn push_edge(&mut self, e: DepEdge) {
+        if self.edges.iter().any(|x| x.target == e.target) {
+            self.notes.push(format!(
+                "{} is listed more than once; keeping the first condition",
+                e.target
+            ));
+        } else {
+            self.edges.push(e);
+        }
+    }
+
+    fn push_symbol(&mut self, s: SymbolDep) {
+        if self.symbols.iter().any(|x| x.name == s.name) {
+            self.notes.push(format!(
+                "string:{} is listed more than once; keeping the first (type=inout both reads and writes)",
+                s.name
+            ));
+        } else {
+            self.symbols.push(s);
+        }
+    }
+
+    fn set_begin_time(&mut self, t: f64) {
+        if let Some(prev) = self.begin_time {
+            self.notes.push(format!(
+                "begin-time given more than once; keeping the latest ({})",
+                prev.max(t)
+            ));
+            self.begin_time = Some(prev.max(t));
+        } else {
+            self.begin_time = Some(t);
+        }
+    }
+
+    /// The `spec.dependsOn` entries (manifest JSON), and notes for approximations:
+    /// `aftercorr` without a task group (`has_array`) waits for the whole job to succeed.
+    pub fn depends_on(&self, has_array: bool) -> (Vec<serde_json::Value>, Vec<String>) {
+        use serde_json::json;
+        let mut out = Vec::new();
+        let mut notes = Vec::new();
+        for e in &self.edges {
+            if e.condition == DepCondition::Corresponding && !has_array {
+                notes.push(format!(
+                    "aftercorr:{} needs an array (--array); waiting for the whole job to succeed",
+                    e.target
+                ));
+                out.push(json!({"ref": e.target, "condition": "success"}));
+            } else {
+                out.push(json!({"ref": e.target, "condition": e.condition.as_str()}));
+            }
+        }
+        if let Some(t) = self.begin_time {
+            out.push(json!({ "beginTime": t }));
+        }
+        for s in &self.symbols {
+            out.push(json!({"symbol": s.name, "type": s.type_, "scope": s.scope}));
+        }
+        if self.singleton {
+            out.push(json!({"singleton": true}));
+        }
+        (out, notes)
+    }
+}
+
+const DEP_HINT: &str = "use TYPE:JOBID[:JOBID...] with TYPE one of after, afterok, afternotok, afterany, aftercorr, or singleton, or a Flux form begin-time:EPOCH_SECONDS / string:NAME?type=in|out|inout[&scope=user|global]; join with ',' (all) or '?' (any), e.g. \"afterok:123:124,afterany:125\"";
+
+/// A job / allocation id usable as a dependency `ref` (a DNS-1123 name; uids are too).
 fn valid_job_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 253
@@ -798,118 +934,180 @@ fn valid_job_id(id: &str) -> bool {
         })
 }
 
-/// Parse Slurm's `--dependency`.
+/// A `lattice_dag` parse error as a [`ValueError`], its column shifted by `offset`
+/// characters (the parser saw only one entry of the list).
+fn from_parse_error(e: lattice_dag::deps::ParseError, offset: usize) -> ValueError {
+    ValueError::new(
+        format!("{} (at column {})", e.message, e.column() + offset),
+        e.hint,
+    )
+}
+
+/// Flux RFC 26 schemes that only exist in the URI-like form (the others, `after`,
+/// `afterany`, `afterok` and `afternotok`, are Slurm types too).
+const FLUX_ONLY_SCHEMES: [&str; 3] = ["string", "begin-time", "fluid"];
+
+fn is_flux_only(item: &str) -> bool {
+    let scheme = item.split(':').next().unwrap_or("").trim();
+    FLUX_ONLY_SCHEMES.contains(&scheme)
+}
+
+/// `s` split on `sep`, with each piece's character offset in `s`.
+fn split_offsets(s: &str, sep: char) -> Vec<(usize, &str)> {
+    let mut out = Vec::new();
+    let mut start = 0usize;
+    for piece in s.split(sep) {
+        out.push((s[..start].chars().count(), piece));
+        start += piece.len() + sep.len_utf8();
+    }
+    out
+}
+
+/// Parse a `--dependency` value: Slurm's list (`afterok:1:2,afterany:3`, `after:4+10`,
+/// `singleton`, `?` for any-of) and Flux RFC 26's command-line forms (`afterok:ID`,
+/// `after:ID`, `begin-time:1767225600.5`, `string:NAME?type=in|out|inout&scope=user|global`),
+/// mixed freely with ','. Entries are parsed by `lattice_dag::deps`.
 pub fn parse_slurm_dependency(s: &str) -> Result<DependencySpec, ValueError> {
-    let raw = s.trim().to_string();
+    let raw = s.trim();
     if raw.is_empty() {
         return Err(ValueError::new("the dependency list is empty", DEP_HINT));
     }
-    let has_q = raw.contains('?');
-    if has_q && raw.contains(',') {
+    let lead = s.chars().count() - s.trim_start().chars().count();
+    let items = split_offsets(raw, ',');
+    let any_of = items
+        .iter()
+        .any(|(_, i)| !is_flux_only(i) && i.contains('?'));
+    if any_of && items.len() > 1 {
         return Err(ValueError::new(
             "',' and '?' cannot be mixed in one dependency list",
             DEP_HINT,
         ));
     }
-    let mut spec = DependencySpec {
-        raw: raw.clone(),
-        edges: vec![],
-        any_of: has_q,
-        singleton: false,
-        notes: vec![],
-    };
-    for part in raw.split([',', '?']) {
-        let part = part.trim();
-        if part.eq_ignore_ascii_case("singleton") {
-            spec.singleton = true;
-            continue;
-        }
-        let mut it = part.split(':');
-        let kind = it.next().unwrap_or("").to_ascii_lowercase();
-        let cond = match kind.as_str() {
-            "afterok" => DepCondition::Success,
-            "afternotok" => DepCondition::Failure,
-            "afterany" => DepCondition::Any,
-            "aftercorr" => DepCondition::Corresponding,
-            "after" => {
-                spec.notes.push(format!("{part:?}: Lattice has no start-time dependency; waiting for the job to finish (any)"));
-                DepCondition::Any
-            }
-            "afterburstbuffer" => {
-                spec.notes.push(format!("{part:?}: burst buffers are not supported; waiting for the job to finish (any)"));
-                DepCondition::Any
-            }
-            "" => {
-                return Err(ValueError::new(
-                    "empty entry in the dependency list",
-                    DEP_HINT,
-                ))
-            }
-            other => {
-                // A bare job id: Slurm treats "123" as afterany:123? It rejects it; we do too.
-                return Err(ValueError::new(
-                    format!("unknown dependency type {other:?}"),
-                    DEP_HINT,
-                ));
-            }
-        };
-        let ids: Vec<&str> = it.collect();
-        if ids.is_empty() {
+    let mut spec = DependencySpec::new(raw);
+    spec.any_of = any_of;
+    for (off, item) in items {
+        let off = off + lead;
+        if item.trim().is_empty() {
             return Err(ValueError::new(
-                format!("{part:?} names no job id"),
+                "empty entry in the dependency list",
                 DEP_HINT,
             ));
         }
-        for id in ids {
-            // "after:123+10": a delay in minutes.
-            let (id, delay) = match id.split_once('+') {
-                Some((i, d)) => (i, Some(d)),
-                None => (id, None),
-            };
-            if let Some(d) = delay {
-                if digits(d).is_none() {
-                    return Err(ValueError::new(
-                        format!("delay {d:?} after '+' is not a number of minutes"),
-                        DEP_HINT,
-                    ));
-                }
-                spec.notes.push(format!(
-                    "{id}+{d}: start delays are not supported; the delay is ignored"
-                ));
-            }
-            // Array tasks "123_4" depend on the whole group.
-            let id = match id.split_once('_') {
-                Some((p, t)) => {
-                    spec.notes.push(format!("{id}: dependencies on single array tasks are not supported; waiting for the whole task group {p} ({t} ignored)"));
-                    p
-                }
-                None => id,
-            };
-            let id = id.trim();
-            if !valid_job_id(id) {
-                return Err(ValueError::new(format!("{id:?} is not a job id"), DEP_HINT));
-            }
-            if spec.edges.iter().any(|e| e.target == id) {
-                spec.notes.push(format!(
-                    "{id} is listed more than once; keeping the first condition"
-                ));
-                continue;
-            }
-            spec.edges.push(DepEdge {
-                target: id.to_string(),
-                condition: cond,
-            });
+        if is_flux_only(item) {
+            parse_flux_item(item.trim(), off, &mut spec)?;
+            continue;
+        }
+        for (o, part) in split_offsets(item, '?') {
+            parse_slurm_item(part, off + o, &mut spec)?;
         }
     }
     Ok(spec)
 }
 
-const DEPENDS_HINT: &str = "use ID[:CONDITION][,ID[:CONDITION]...] with CONDITION one of success (default), failure, any, corresponding, e.g. \"a1b2c3d4:success\"";
+fn parse_flux_item(item: &str, offset: usize, spec: &mut DependencySpec) -> Result<(), ValueError> {
+    use lattice_dag::deps::Dependency as D;
+    match lattice_dag::deps::parse_flux_dependency(item).map_err(|e| from_parse_error(e, offset))? {
+        D::BeginTime { epoch_seconds } => spec.set_begin_time(epoch_seconds),
+        D::Symbol {
+            name,
+            access,
+            scope,
+        } => spec.push_symbol(SymbolDep {
+            name,
+            type_: access.as_str().to_string(),
+            scope: scope.as_str().to_string(),
+        }),
+        D::Allocation { .. } => {
+            return Err(ValueError::new(
+                format!("{item:?} is not a Flux begin-time or string dependency"),
+                DEP_HINT,
+            ))
+        }
+    }
+    Ok(())
+}
 
-/// Parse Lattice's `--depends-on=ID[:COND],...`. Slurm syntax (`afterok:ID`)
-/// is accepted too.
+fn parse_slurm_item(
+    part: &str,
+    offset: usize,
+    spec: &mut DependencySpec,
+) -> Result<(), ValueError> {
+    let t = part.trim();
+    if t.is_empty() {
+        return Err(ValueError::new(
+            "empty entry in the dependency list",
+            DEP_HINT,
+        ));
+    }
+    if t.eq_ignore_ascii_case("singleton") {
+        spec.singleton = true;
+        return Ok(());
+    }
+    let lower;
+    let mut t = match t.split_once(':') {
+        Some((k, rest)) if k.chars().any(|c| c.is_ascii_uppercase()) => {
+            lower = format!("{}:{rest}", k.to_ascii_lowercase());
+            lower.as_str()
+        }
+        _ => t,
+    };
+    let burst;
+    if let Some(rest) = t.strip_prefix("afterburstbuffer:") {
+        spec.notes.push(format!(
+            "{t:?}: burst buffers are not supported; waiting for the job to finish (any)"
+        ));
+        burst = format!("afterany:{rest}");
+        t = &burst;
+    }
+    let offset = offset + (part.chars().count() - part.trim_start().chars().count());
+    // The job name only matters for `singleton`, handled above.
+    let deps = lattice_dag::deps::parse_slurm_dependency(t, Some("-"))
+        .map_err(|e| from_parse_error(e, offset))?;
+    for d in deps {
+        let lattice_dag::deps::Dependency::Allocation {
+            target,
+            condition,
+            delay_seconds,
+        } = d
+        else {
+            continue;
+        };
+        let Some(condition) = DepCondition::from_dag(condition) else {
+            spec.singleton = true;
+            continue;
+        };
+        if let Some(secs) = delay_seconds {
+            spec.notes.push(format!(
+                "{target}+{}: start delays are not supported; the delay is ignored",
+                secs / 60
+            ));
+        }
+        // Array tasks "123_4" depend on the whole group.
+        let id = match target.split_once('_') {
+            Some((p, t)) => {
+                spec.notes.push(format!("{target}: dependencies on single array tasks are not supported; waiting for the whole task group {p} ({t} ignored)"));
+                p.to_string()
+            }
+            None => target,
+        };
+        if !valid_job_id(&id) {
+            return Err(ValueError::new(format!("{id:?} is not a job id"), DEP_HINT));
+        }
+        spec.push_edge(DepEdge {
+            target: id,
+            condition,
+        });
+    }
+    Ok(())
+}
+
+const DEPENDS_HINT: &str = "use ID[:CONDITION][,ID[:CONDITION]...] with CONDITION one of success (default), failure, any, corresponding, e.g. \"a1b2c3d4:success\" (for `after` write --dependency=after:ID)";
+
+/// Parse Lattice's `--depends-on=ID[:COND],...` (parsed by `lattice_dag::deps`;
+/// `ok`/`notok` are accepted for success/failure). Slurm and Flux syntax (`afterok:ID`,
+/// `string:NAME?type=in`) are accepted too.
 pub fn parse_depends_on(s: &str) -> Result<DependencySpec, ValueError> {
-    let raw = s.trim().to_string();
+    let raw = s.trim();
     if raw.is_empty() {
         return Err(ValueError::new(
             "the dependency list is empty",
@@ -921,52 +1119,52 @@ pub fn parse_depends_on(s: &str) -> Result<DependencySpec, ValueError> {
         .next()
         .unwrap_or("")
         .to_ascii_lowercase();
-    if first.starts_with("after") || first == "singleton" {
-        return parse_slurm_dependency(&raw);
+    if first.starts_with("after") || first == "singleton" || is_flux_only(raw) {
+        return parse_slurm_dependency(raw);
     }
-    let mut spec = DependencySpec {
-        raw: raw.clone(),
-        edges: vec![],
-        any_of: false,
-        singleton: false,
-        notes: vec![],
-    };
-    for part in raw.split(',') {
-        let part = part.trim();
-        let (id, cond) = match part.rsplit_once(':') {
-            Some((id, c)) => (
-                id.trim(),
-                match c.trim() {
-                    "success" | "ok" => DepCondition::Success,
-                    "failure" | "notok" => DepCondition::Failure,
-                    "any" => DepCondition::Any,
-                    "corresponding" => DepCondition::Corresponding,
-                    other => {
-                        return Err(ValueError::new(
-                            format!("unknown condition {other:?} in {part:?}"),
-                            DEPENDS_HINT,
-                        ))
-                    }
-                },
-            ),
-            None => (part, DepCondition::Success),
+    let normalized: String = split_offsets(raw, ',')
+        .into_iter()
+        .map(|(_, item)| match item.trim().rsplit_once(':') {
+            Some((id, "ok")) => format!("{id}:success"),
+            Some((id, "notok")) => format!("{id}:failure"),
+            _ => item.trim().to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    let deps = lattice_dag::deps::parse_depends_on(&normalized).map_err(|e| {
+        let hint = if e.message.contains("\"started\"") {
+            "`started` is Slurm/Flux `after`: write --dependency=after:ID".to_string()
+        } else if e.message.contains("\"mutex\"") || e.hint.contains("mutex") {
+            DEPENDS_HINT.to_string()
+        } else {
+            e.hint.clone()
         };
-        if !valid_job_id(id) {
+        ValueError::new(
+            format!("{} (in {normalized:?} at column {})", e.message, e.column()),
+            hint,
+        )
+    })?;
+    let mut spec = DependencySpec::new(raw);
+    for d in deps {
+        let lattice_dag::deps::Dependency::Allocation {
+            target, condition, ..
+        } = d
+        else {
+            continue;
+        };
+        let Some(condition) = DepCondition::from_dag(condition) else {
             return Err(ValueError::new(
-                format!("{id:?} is not an allocation id"),
+                format!("{target}:mutex is a DAG lock"),
+                "for a standalone allocation write --dependency=singleton (one job of this name and user at a time)",
+            ));
+        };
+        if !valid_job_id(&target) {
+            return Err(ValueError::new(
+                format!("{target:?} is not an allocation id"),
                 DEPENDS_HINT,
             ));
         }
-        if spec.edges.iter().any(|e| e.target == id) {
-            spec.notes.push(format!(
-                "{id} is listed more than once; keeping the first condition"
-            ));
-            continue;
-        }
-        spec.edges.push(DepEdge {
-            target: id.to_string(),
-            condition: cond,
-        });
+        spec.push_edge(DepEdge { target, condition });
     }
     Ok(spec)
 }
@@ -1132,4 +1330,111 @@ pub fn parse_scale_target(s: &str) -> Result<serde_json::Value, ValueError> {
         )),
         Err(_) => Ok(serde_json::Value::String(t.to_string())),
     }
+}
+
+const BEGIN_HINT: &str = "use now+N[seconds|minutes|hours|days|weeks] (e.g. now+1hour), HH:MM[:SS], YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY][-HH:MM[:SS]], midnight, noon, teatime, today or tomorrow (local time)";
+
+/// Parse Slurm's `--begin` (`now+1hour`, `16:00`, `2026-01-20T12:34`, `12/24-08:00`,
+/// `tomorrow`, ...) into seconds since the UNIX epoch, in the local time zone as sbatch
+/// does; `now` is the submission time. A time of day that has passed means tomorrow.
+pub fn parse_begin(s: &str, now: chrono::DateTime<chrono::Local>) -> Result<i64, ValueError> {
+    use chrono::{Datelike, Duration, Local, NaiveDate, NaiveDateTime, NaiveTime, TimeZone};
+    let t = s.trim().to_ascii_lowercase();
+    let bad = || ValueError::new(format!("{:?} is not a begin time", s.trim()), BEGIN_HINT);
+    let local = |dt: NaiveDateTime| -> Result<i64, ValueError> {
+        Local
+            .from_local_datetime(&dt)
+            .earliest()
+            .map(|d| d.timestamp())
+            .ok_or_else(bad)
+    };
+    let time_of_day = |x: &str| -> Option<NaiveTime> {
+        let parts: Vec<&str> = x.split(':').collect();
+        let num = |p: &str| (!p.is_empty() && p.len() <= 2).then(|| digits(p)).flatten();
+        let (h, m, sec) = match parts.as_slice() {
+            [h, m] => (num(h)?, num(m)?, 0),
+            [h, m, s] => (num(h)?, num(m)?, num(s)?),
+            _ => return None,
+        };
+        NaiveTime::from_hms_opt(h as u32, m as u32, sec as u32)
+    };
+    let today = now.date_naive();
+    // A time of day today, or tomorrow once it has passed.
+    let next = |tod: NaiveTime| -> Result<i64, ValueError> {
+        let at = local(today.and_time(tod))?;
+        if at < now.timestamp() {
+            local((today + Duration::days(1)).and_time(tod))
+        } else {
+            Ok(at)
+        }
+    };
+    if let Some(rest) = t.strip_prefix("now") {
+        if rest.is_empty() {
+            return Ok(now.timestamp());
+        }
+        let rest = rest.strip_prefix('+').ok_or_else(bad)?;
+        let n_len = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let n = digits(&rest[..n_len]).ok_or_else(bad)?;
+        let unit: i64 = match &rest[n_len..] {
+            "" | "s" | "sec" | "secs" | "second" | "seconds" => 1,
+            "min" | "mins" | "minute" | "minutes" => 60,
+            "h" | "hour" | "hours" => 3600,
+            "d" | "day" | "days" => 86_400,
+            "w" | "week" | "weeks" => 604_800,
+            _ => return Err(bad()),
+        };
+        let n = i64::try_from(n)
+            .ok()
+            .filter(|n| *n <= 10 * 366 * 86_400)
+            .ok_or_else(bad)?;
+        return Ok(now.timestamp() + n * unit);
+    }
+    let named = |h: u32| NaiveTime::from_hms_opt(h, 0, 0).ok_or_else(bad);
+    match t.as_str() {
+        "midnight" => return local((today + Duration::days(1)).and_time(named(0)?)),
+        "noon" => return next(named(12)?),
+        "elevenses" => return next(named(11)?),
+        "fika" => return next(named(15)?),
+        "teatime" => return next(named(16)?),
+        "today" => return local(today.and_time(named(0)?)),
+        "tomorrow" => return local((today + Duration::days(1)).and_time(named(0)?)),
+        _ => {}
+    }
+    // YYYY-MM-DD[THH:MM[:SS]]
+    if t.len() >= 10 && t.as_bytes().get(4) == Some(&b'-') {
+        let (d, tod) = match t.split_once('t') {
+            Some((d, x)) => (d, Some(time_of_day(x).ok_or_else(bad)?)),
+            None => (t.as_str(), None),
+        };
+        let date = NaiveDate::parse_from_str(d, "%Y-%m-%d").map_err(|_| bad())?;
+        return local(date.and_time(tod.unwrap_or_default()));
+    }
+    // MM/DD[/YY][-HH:MM[:SS]] (also MM.DD)
+    if t.contains('/') || (t.contains('.') && !t.contains(':')) {
+        let (d, tod) = match t.split_once('-') {
+            Some((d, x)) => (d, Some(time_of_day(x).ok_or_else(bad)?)),
+            None => (t.as_str(), None),
+        };
+        let p: Vec<u64> = d
+            .split(['/', '.'])
+            .map(|x| digits(x).ok_or_else(bad))
+            .collect::<Result<_, _>>()?;
+        let (m, day, y) = match p.as_slice() {
+            [m, d] => (*m, *d, None),
+            [m, d, y] => (*m, *d, Some(if *y < 100 { 2000 + *y } else { *y })),
+            _ => return Err(bad()),
+        };
+        let year = y.map_or(today.year(), |y| y as i32);
+        let date = NaiveDate::from_ymd_opt(year, m as u32, day as u32).ok_or_else(bad)?;
+        let mut at = local(date.and_time(tod.unwrap_or_default()))?;
+        if y.is_none() && at < now.timestamp() {
+            let date = NaiveDate::from_ymd_opt(year + 1, m as u32, day as u32).ok_or_else(bad)?;
+            at = local(date.and_time(tod.unwrap_or_default()))?;
+        }
+        return Ok(at);
+    }
+    if let Some(tod) = time_of_day(&t) {
+        return next(tod);
+    }
+    Err(bad())
 }

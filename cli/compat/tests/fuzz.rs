@@ -166,6 +166,7 @@ proptest! {
         let _ = parse_nodes(&s);
         let _ = parse_slurm_dependency(&s);
         let _ = parse_depends_on(&s);
+        let _ = parse_begin(&s, chrono::Local::now());
         let _ = parse_data_mount(&s);
         let _ = parse_expose(&s);
         let _ = parse_env_pair(&s);
@@ -201,5 +202,103 @@ proptest! {
         let hosts: Vec<String> = nums.iter().map(|n| format!("nid{n:03}")).collect();
         let c = lattice_compat::hostlist::compress(&hosts);
         prop_assert_eq!(lattice_compat::hostlist::expand(&c, 10_000), Some(hosts));
+    }
+}
+
+/// One `--dependency` entry and what it should become.
+#[derive(Debug, Clone)]
+enum DepItem {
+    Slurm(&'static str, Vec<String>),
+    Singleton,
+    Begin(u32),
+    Symbol(String, &'static str, Option<&'static str>),
+}
+
+impl DepItem {
+    fn render(&self) -> String {
+        match self {
+            DepItem::Slurm(t, ids) => format!("{t}:{}", ids.join(":")),
+            DepItem::Singleton => "singleton".into(),
+            DepItem::Begin(t) => format!("begin-time:{t}"),
+            DepItem::Symbol(n, ty, None) => format!("string:{n}?type={ty}"),
+            DepItem::Symbol(n, ty, Some(sc)) => format!("string:{n}?type={ty}&scope={sc}"),
+        }
+    }
+}
+
+fn dep_item() -> impl Strategy<Value = DepItem> {
+    let id = "[a-z0-9][a-z0-9-]{0,6}[a-z0-9]";
+    prop_oneof![
+        (
+            prop::sample::select(vec!["afterok", "afternotok", "afterany", "after"]),
+            prop::collection::vec(id, 1..3)
+        )
+            .prop_map(|(t, ids)| DepItem::Slurm(t, ids)),
+        Just(DepItem::Singleton),
+        (0u32..2_000_000_000).prop_map(DepItem::Begin),
+        (
+            "[a-z][a-z0-9_.-]{0,8}",
+            prop::sample::select(vec!["in", "out", "inout"]),
+            prop::option::of(prop::sample::select(vec!["user", "global"]))
+        )
+            .prop_map(|(n, t, s)| DepItem::Symbol(n, t, s)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
+
+    /// Slurm and Flux forms mixed in one `--dependency` list parse to exactly what was
+    /// written (first condition per job, latest begin time, first type per symbol), and
+    /// the manifest entries pass API admission.
+    #[test]
+    fn dependency_lists_parse_to_what_was_written(items in prop::collection::vec(dep_item(), 1..6)) {
+        let text = items.iter().map(DepItem::render).collect::<Vec<_>>().join(",");
+        let d = parse_slurm_dependency(&text).map_err(|e| TestCaseError::fail(format!("{text}: {e}")))?;
+        let mut edges: Vec<(String, &str)> = Vec::new();
+        let mut symbols: Vec<(String, &str, &str)> = Vec::new();
+        let mut begin: Option<f64> = None;
+        let mut singleton = false;
+        for it in &items {
+            match it {
+                DepItem::Slurm(t, ids) => {
+                    let c = match *t {
+                        "afterok" => "success",
+                        "afternotok" => "failure",
+                        "afterany" => "any",
+                        _ => "started",
+                    };
+                    for id in ids {
+                        if !edges.iter().any(|(e, _)| e == id) {
+                            edges.push((id.clone(), c));
+                        }
+                    }
+                }
+                DepItem::Singleton => singleton = true,
+                DepItem::Begin(t) => begin = Some(begin.map_or(*t as f64, |b: f64| b.max(*t as f64))),
+                DepItem::Symbol(n, ty, sc) => {
+                    if !symbols.iter().any(|(s, _, _)| s == n) {
+                        symbols.push((n.clone(), ty, sc.unwrap_or("user")));
+                    }
+                }
+            }
+        }
+        let got: Vec<(String, &str)> = d.edges.iter().map(|e| (e.target.clone(), e.condition.as_str())).collect();
+        prop_assert_eq!(got, edges.clone());
+        let got: Vec<(String, &str, &str)> = d.symbols.iter().map(|s| (s.name.clone(), s.type_.as_str(), s.scope.as_str())).collect();
+        prop_assert_eq!(got, symbols);
+        prop_assert_eq!(d.begin_time, begin);
+        prop_assert_eq!(d.singleton, singleton);
+        let (entries, _) = d.depends_on(false);
+        let v = serde_json::json!({
+            "apiVersion": "lattice.dev/v1alpha1", "kind": "Allocation",
+            "metadata": {"name": "fuzz", "namespace": "t"},
+            "spec": {"entrypoint": "x", "dependsOn": entries},
+        });
+        let kind = lattice_apis::find_kind("Allocation").expect("kind");
+        if let Err(e) = (kind.admit)(v) {
+            // A job named like the allocation itself is the only admission refusal.
+            prop_assert!(edges.iter().any(|(e, _)| e == "fuzz"), "{}: {}", text, e);
+        }
     }
 }

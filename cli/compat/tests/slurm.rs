@@ -200,7 +200,7 @@ fn sbatch_translation() {
         a(&[
             "submit",
             "--task-group=0-99%20",
-            "--depends-on=123:success",
+            "--dependency=afterok:123",
             "job.sh"
         ])
     );

@@ -316,12 +316,192 @@ fn dependency_maps_to_depends_on() {
 }
 
 #[test]
-fn dependency_any_of_and_singleton_warn() {
+fn dependency_any_of_warns_and_singleton_is_translated() {
     let t = tr(&script("#SBATCH --dependency=afterok:1?afterok:2"));
     assert_eq!(t.warnings.len(), 1);
-    let t = tr(&script("#SBATCH --dependency=singleton"));
-    assert_eq!(t.warnings.len(), 1);
-    assert!(spec(&t).get("dependsOn").is_none());
+    let t = tr(&script(
+        "#SBATCH --job-name=nightly\n#SBATCH --dependency=singleton",
+    ));
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
+    assert_eq!(spec(&t)["dependsOn"], json!([{"singleton": true}]));
+    assert_eq!(spec(&t)["tags"]["name"], "nightly");
+    admit(&t);
+    // Without any job name singleton has nothing to serialize on.
+    let f = SubmitFlags {
+        dependency: vec!["singleton".into()],
+        command: vec!["/bin/true".into()],
+        script_name: None,
+        ..flags()
+    };
+    let t = tr_flags("", &f);
+    assert!(
+        warnings(&t).iter().any(|w| w.contains("no name")),
+        "{:?}",
+        warnings(&t)
+    );
+}
+
+/// `lattice submit --dependency` (repeatable) and `--depends-on`: Slurm and Flux RFC 26
+/// forms map onto spec.dependsOn.
+#[test]
+fn slurm_and_flux_dependency_forms_translate() {
+    let rows: Vec<(Vec<&str>, Option<&str>, serde_json::Value)> = vec![
+        (
+            vec!["afterok:a1:a2,afterany:a3"],
+            None,
+            json!([{"ref": "a1", "condition": "success"}, {"ref": "a2", "condition": "success"}, {"ref": "a3", "condition": "any"}]),
+        ),
+        (
+            vec!["after:a1"],
+            None,
+            json!([{"ref": "a1", "condition": "started"}]),
+        ),
+        (
+            vec!["afternotok:a1"],
+            None,
+            json!([{"ref": "a1", "condition": "failure"}]),
+        ),
+        (vec!["singleton"], None, json!([{"singleton": true}])),
+        (
+            vec!["begin-time:1767225600.5"],
+            None,
+            json!([{"beginTime": 1767225600.5}]),
+        ),
+        (
+            vec!["string:ckpt?type=inout"],
+            None,
+            json!([{"symbol": "ckpt", "type": "inout", "scope": "user"}]),
+        ),
+        (
+            vec!["string:data?type=in&scope=global"],
+            None,
+            json!([{"symbol": "data", "type": "in", "scope": "global"}]),
+        ),
+        (
+            vec!["afterok:a1", "string:ckpt?type=out", "singleton"],
+            None,
+            json!([{"ref": "a1", "condition": "success"}, {"symbol": "ckpt", "type": "out", "scope": "user"}, {"singleton": true}]),
+        ),
+        (
+            vec!["afterok:a1,begin-time:100,string:s?type=in;scope=user,after:a2"],
+            None,
+            json!([{"ref": "a1", "condition": "success"}, {"ref": "a2", "condition": "started"}, {"beginTime": 100.0}, {"symbol": "s", "type": "in", "scope": "user"}]),
+        ),
+        (
+            vec!["after:a3"],
+            Some("a1:success,a2:any"),
+            json!([{"ref": "a1", "condition": "success"}, {"ref": "a2", "condition": "any"}, {"ref": "a3", "condition": "started"}]),
+        ),
+        (
+            vec![],
+            Some("a1:ok,a2:notok"),
+            json!([{"ref": "a1", "condition": "success"}, {"ref": "a2", "condition": "failure"}]),
+        ),
+        (
+            vec![],
+            Some("0b7c2a64-3f59-4a5e-9b1e-2f2d8c1a9e77"),
+            json!([{"ref": "0b7c2a64-3f59-4a5e-9b1e-2f2d8c1a9e77", "condition": "success"}]),
+        ),
+    ];
+    for (i, (dependency, depends_on, expected)) in rows.into_iter().enumerate() {
+        let f = SubmitFlags {
+            name: Some("nightly".into()),
+            dependency: dependency.iter().map(|s| s.to_string()).collect(),
+            depends_on: depends_on.map(String::from),
+            command: vec!["/bin/true".into()],
+            script_name: None,
+            ..flags()
+        };
+        let t = translate("", &f, &site())
+            .unwrap_or_else(|e| panic!("row {i} {dependency:?} {depends_on:?}: {e}"));
+        assert_eq!(
+            spec(&t)["dependsOn"],
+            expected,
+            "row {i} {dependency:?} {depends_on:?}"
+        );
+        admit(&t);
+    }
+    // #SBATCH and #LATTICE directives take the same forms.
+    let t = tr(&script(
+        "#SBATCH --dependency=after:5+10\n#LATTICE --dependency=string:x?type=out",
+    ));
+    assert_eq!(
+        spec(&t)["dependsOn"],
+        json!([{"symbol": "x", "type": "out", "scope": "user"}])
+    );
+    let t = tr(&script("#SBATCH --dependency=after:5+10"));
+    assert_eq!(
+        spec(&t)["dependsOn"],
+        json!([{"ref": "5", "condition": "started"}])
+    );
+    assert!(
+        warnings(&t).iter().any(|w| w.contains("delay is ignored")),
+        "{:?}",
+        warnings(&t)
+    );
+    admit(&t);
+}
+
+#[test]
+fn slurm_begin_becomes_begin_time() {
+    // flags() pins the submission time to 2025-06-01T12:00:00Z.
+    let t = tr(&script("#SBATCH --begin=now+1hour"));
+    assert_eq!(
+        spec(&t)["dependsOn"],
+        json!([{"beginTime": 1_748_782_800.0}])
+    );
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
+    admit(&t);
+    // With other dependencies: one beginTime, the later of --begin and begin-time.
+    let t = tr(&script(
+        "#SBATCH --begin=now+1hour\n#SBATCH --dependency=afterok:7,begin-time:1748790000",
+    ));
+    assert_eq!(
+        spec(&t)["dependsOn"],
+        json!([{"ref": "7", "condition": "success"}, {"beginTime": 1_748_790_000.0}])
+    );
+    admit(&t);
+    let e = translate(&script("#SBATCH --begin=someday"), &flags(), &site()).expect_err("bad");
+    assert!(e.to_string().contains("now+N"), "{e}");
+}
+
+#[test]
+fn dependency_errors_say_what_to_write() {
+    let bad: Vec<(Option<&str>, Option<&str>, &str)> = vec![
+        (Some("string:foo"), None, "type=in|out|inout"),
+        (Some("string:foo?type=sideways"), None, "in, out, inout"),
+        (Some("begin-time:soon"), None, "begin-time"),
+        (Some("fluid:hungry-hippo"), None, "reserved"),
+        (Some("afterok:A1"), None, "is not a job id"),
+        (
+            Some("afterok:1?afterok:2,afterok:3"),
+            None,
+            "cannot be mixed",
+        ),
+        (Some("before:1"), None, "unknown dependency type"),
+        (None, Some("a:started"), "--dependency=after:ID"),
+        (None, Some("a:mutex"), "singleton"),
+        (
+            None,
+            Some("a1:success,string:x?type=in"),
+            "unknown condition",
+        ),
+    ];
+    for (dependency, depends_on, needle) in bad {
+        let f = SubmitFlags {
+            dependency: dependency.map(|d| vec![d.to_string()]).unwrap_or_default(),
+            depends_on: depends_on.map(String::from),
+            command: vec!["/bin/true".into()],
+            script_name: None,
+            ..flags()
+        };
+        let e = translate("", &f, &site()).expect_err("rejected");
+        let text = e.to_string();
+        assert!(
+            text.contains(needle),
+            "{dependency:?} {depends_on:?}: {text}"
+        );
+    }
 }
 
 #[test]

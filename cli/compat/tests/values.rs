@@ -275,8 +275,8 @@ fn dependency_forms() {
         ]
     );
     let d = parse_slurm_dependency("after:7+10").unwrap();
-    assert_eq!(d.edges[0].condition, DepCondition::Any);
-    assert_eq!(d.notes.len(), 2);
+    assert_eq!(d.edges[0].condition, DepCondition::Started);
+    assert_eq!(d.notes.len(), 1, "{:?}", d.notes);
     let d = parse_slurm_dependency("afterok:8_3").unwrap();
     assert_eq!(d.edges[0].target, "8");
     let d = parse_slurm_dependency("afterok:1?afterok:2").unwrap();
@@ -333,4 +333,65 @@ fn other_values() {
         parse_scale_target("100ms").unwrap(),
         serde_json::json!("100ms")
     );
+}
+
+#[test]
+fn begin_forms() {
+    use chrono::{Local, TimeZone};
+    // 2025-06-01 12:00:00 local time.
+    let now = Local
+        .with_ymd_and_hms(2025, 6, 1, 12, 0, 0)
+        .single()
+        .expect("local time");
+    let at = |y, mo, d, h, mi, s| {
+        Local
+            .with_ymd_and_hms(y, mo, d, h, mi, s)
+            .single()
+            .expect("local time")
+            .timestamp()
+    };
+    let n = now.timestamp();
+    let cases: Vec<(&str, i64)> = vec![
+        ("now", n),
+        ("now+60", n + 60),
+        ("now+90seconds", n + 90),
+        ("now+10minutes", n + 600),
+        ("now+1hour", n + 3600),
+        ("NOW+2days", n + 2 * 86_400),
+        ("now+1week", n + 604_800),
+        ("16:00", at(2025, 6, 1, 16, 0, 0)),
+        ("11:30:15", at(2025, 6, 2, 11, 30, 15)), // passed today: tomorrow
+        ("2026-01-20", at(2026, 1, 20, 0, 0, 0)),
+        ("2026-01-20T12:34", at(2026, 1, 20, 12, 34, 0)),
+        ("2026-01-20T12:34:56", at(2026, 1, 20, 12, 34, 56)),
+        ("12/24", at(2025, 12, 24, 0, 0, 0)),
+        ("12/24/26-08:00", at(2026, 12, 24, 8, 0, 0)),
+        ("01/02", at(2026, 1, 2, 0, 0, 0)), // passed this year: next year
+        ("midnight", at(2025, 6, 2, 0, 0, 0)),
+        ("noon", at(2025, 6, 1, 12, 0, 0)), // not passed yet: now
+        ("teatime", at(2025, 6, 1, 16, 0, 0)),
+        ("today", at(2025, 6, 1, 0, 0, 0)),
+        ("tomorrow", at(2025, 6, 2, 0, 0, 0)),
+    ];
+    for (s, want) in cases {
+        assert_eq!(
+            parse_begin(s, now).map_err(|e| e.to_string()),
+            Ok(want),
+            "{s}"
+        );
+    }
+    for bad in [
+        "",
+        "soon",
+        "now+",
+        "now-1hour",
+        "now+1fortnight",
+        "25:00",
+        "2026-13-01",
+        "13/45",
+        "12:3x",
+    ] {
+        let e = parse_begin(bad, now).expect_err(bad);
+        assert!(e.hint.contains("now+N"), "{bad}: {e}");
+    }
 }

@@ -2,28 +2,87 @@
 //!
 //! * a cancel request on an unbound allocation cancels it at once (a bound one is
 //!   stopped by its agents, see `lattice_apis::lifecycle`);
-//! * `spec.dependsOn` on other allocations (by name, in the same tenant): the allocation
-//!   stays out of the queue (reason `waiting_for_dependencies`) until every dependency
-//!   holds — then the condition `DependenciesMet` is set and the scheduler sees it — or is
-//!   cancelled with reason `dependency_never_satisfied` when one never can.
+//! * `spec.dependsOn`: the allocation stays out of the queue (reason
+//!   `waiting_for_dependencies`) until every dependency holds — then the condition
+//!   `DependenciesMet` is set and the scheduler sees it — or is cancelled with reason
+//!   `dependency_never_satisfied` when one never can.
 //!
-//! Level-triggered: every decision is recomputed from the cached objects; dependents are
-//! woken when an allocation they depend on changes.
+//! # Dependency schemes
+//!
+//! | entry | Slurm / Flux RFC 26 | holds when | can never hold when |
+//! |---|---|---|---|
+//! | `{ref: A, condition: success}` | `afterok:A` | A Completed | A Failed or Cancelled |
+//! | `{ref: A, condition: failure}` | `afternotok:A` | A Failed | A Completed or Cancelled |
+//! | `{ref: A, condition: any}` | `afterany:A` | A ended, however | — |
+//! | `{ref: A, condition: corresponding}` | `aftercorr:A` | as `success` (task groups) | as `success` |
+//! | `{ref: A, condition: started}` | `after:A` | A Running, or ended after starting | A ended without ever starting |
+//! | `{beginTime: T}` | `begin-time:T`, `--begin` | wall time ≥ T (epoch seconds) | — |
+//! | `{symbol: S, type: in}` | `string:S?type=in` | every current writer of S Completed | a current writer Failed or was Cancelled |
+//! | `{symbol: S, type: out}` | `string:S?type=out` | at once (declares a writer) | — |
+//! | `{symbol: S, type: inout}` | `string:S?type=inout` | as `in`; then it is the writer (chains) | as `in` |
+//! | `{singleton: true}` | `singleton` | no earlier non-terminal allocation with the same job name and user | — |
+//!
+//! `ref` names an allocation of the same tenant by name, or else by uid.
+//!
+//! **Order.** "Earlier" is the order in which the store created the objects (the key's
+//! `create_revision`), which is the submission order and never changes; it is read from
+//! the store once per allocation and cached by uid.
+//!
+//! **Symbols** (Flux RFC 26 `string` scheme). Scope `user` covers the allocations of the
+//! tenant with the same `lattice.dev/user` annotation and the same scope; `global` the
+//! whole tenant. The writers of a symbol for an allocation X are the earlier allocations
+//! declaring it `out` or `inout` in the same scope, from the last `inout` writer on (an
+//! `inout` replaces the writers before it, which is what chains jobs), leaving out writers
+//! that had already ended unsuccessfully before X was submitted (they are no longer
+//! current). X holds when all of them Completed; when one of them fails or is cancelled,
+//! X is cancelled (RFC 26's fatal exception) with a message naming that writer.
+//!
+//! **Singleton** (Slurm): the job name is `spec.tags.name`, else the allocation name;
+//! the user is the `lattice.dev/user` annotation.
+//!
+//! **Bookkeeping** (RFC 26 `dependency-add` / `dependency-remove`). Each entry has a
+//! description (`afterok:prep`, `after:prep`, `begin-time:1767225600`,
+//! `string:ckpt?scope=user&type=inout`, `singleton`) and a record in
+//! `status.dependencies`. A satisfied dependency stays satisfied, through the RFC's
+//! duplicate rules (`lattice_dag::flux::DependencyTracker`): re-evaluating it (a
+//! restarted controller, a duplicate event) never posts it again, and a dependency that
+//! started and was then requeued, or was deleted after completing, does not block again.
+//! `DependenciesMet` is set once, so a release happens at most once.
+//!
+//! Level-triggered: every decision is recomputed from the cached objects and the
+//! allocation's own status. Dependents are woken through an index keyed by what they wait
+//! on (allocation name and uid, symbol, job name) when one of those objects changes phase;
+//! `beginTime` requeues the allocation at that time.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use lattice_apis::lifecycle::{self, reason};
 use lattice_apis::meta::{now, set_condition, Condition, ConditionStatus};
-use lattice_apis::{Allocation, AllocationPhase, DependencyCondition};
-use lattice_runtime::informer::InformerParams;
+use lattice_apis::{
+    Allocation, AllocationPhase, DependencyCondition, DependencyKind, DependencyStatus,
+    SymbolScope, SymbolType,
+};
+use lattice_dag::flux::{DependencyTracker, EventError};
+use lattice_runtime::informer::{InformerEvent, InformerParams};
 use lattice_runtime::reflector::Store;
 use lattice_runtime::{Action, Api, HostContext, ObjectRef, ResourceExt};
+use lattice_store::{KeyRange, KvBackend, RangeRequest, TxnOp, TxnOpResponse, TxnRequest};
 
 /// Annotation with the reason of a cancellation made by a controller (e.g. a DAG's
 /// failure propagation); users' cancels have none.
 pub const CANCEL_REASON_ANNOTATION: &str = "lattice.dev/cancel-reason";
 /// Condition set when every dependency holds.
 pub const DEPENDENCIES_MET: &str = "DependenciesMet";
+/// Annotation naming the submitting user (scope of `singleton` and of `user` symbols).
+pub const USER_ANNOTATION: &str = "lattice.dev/user";
+/// `spec.tags` key holding the job name (Slurm `--job-name`), used by `singleton`.
+pub const JOB_NAME_TAG: &str = "name";
+
+/// Longest a reconcile waiting for a `beginTime` sleeps before looking again.
+const MAX_TIMER: Duration = Duration::from_secs(600);
 
 /// Whether the condition `DependenciesMet` is true.
 pub fn dependencies_met(a: &Allocation) -> bool {
@@ -31,6 +90,36 @@ pub fn dependencies_met(a: &Allocation) -> bool {
         s.conditions
             .iter()
             .any(|c| c.type_ == DEPENDENCIES_MET && c.status == ConditionStatus::True)
+    })
+}
+
+/// The submitting user (`lattice.dev/user`), "" when unset.
+pub fn user_of(a: &Allocation) -> &str {
+    a.metadata
+        .annotations
+        .get(USER_ANNOTATION)
+        .map(String::as_str)
+        .unwrap_or("")
+}
+
+/// The job name `singleton` serializes on: `spec.tags.name`, else the allocation name.
+pub fn job_name_of(a: &Allocation) -> &str {
+    a.spec
+        .tags
+        .get(JOB_NAME_TAG)
+        .map(String::as_str)
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| a.name_any())
+}
+
+/// Whether the allocation has started running (now or in a past attempt that ended).
+fn started(a: &Allocation) -> bool {
+    a.status.as_ref().is_some_and(|s| {
+        s.start_time.is_some()
+            || matches!(
+                s.phase,
+                AllocationPhase::Running | AllocationPhase::Checkpointing
+            )
     })
 }
 
@@ -43,93 +132,599 @@ fn unbound(a: &Allocation) -> bool {
     })
 }
 
-/// How one dependency stands.
-#[derive(Debug, PartialEq, Eq)]
-enum DepState {
-    Holds,
-    Waiting(String),
-    Never(String),
+/// The symbol access `a` declares for `symbol` in `scope`, if any.
+fn declares(a: &Allocation, symbol: &str, scope: SymbolScope) -> Option<SymbolType> {
+    a.spec.depends_on.iter().find_map(|d| match d.kind() {
+        Some(DependencyKind::Symbol {
+            name,
+            type_,
+            scope: s,
+        }) if name == symbol && s == scope => Some(type_),
+        _ => None,
+    })
 }
 
-fn dependency_state(
-    store: &Store<Allocation>,
-    ns: Option<&str>,
-    d: &lattice_apis::Dependency,
-) -> DepState {
-    let Some(dep) = store.get_named(ns, &d.ref_) else {
-        return DepState::Waiting(format!("{} (not found yet)", d.ref_));
-    };
-    let phase = dep.phase();
-    let cond = match d.condition {
-        DependencyCondition::Success | DependencyCondition::Corresponding => "success",
-        DependencyCondition::Failure => "failure",
-        DependencyCondition::Any => "any",
-    };
-    if !phase.is_terminal() {
-        return DepState::Waiting(format!("{} ({cond})", d.ref_));
-    }
-    let holds = match d.condition {
-        DependencyCondition::Success | DependencyCondition::Corresponding => {
-            phase == AllocationPhase::Completed
+fn epoch_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn rfc3339(epoch: f64) -> String {
+    chrono::DateTime::from_timestamp(epoch.floor() as i64, 0)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_else(|| format!("{epoch}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Wake-up index
+// ---------------------------------------------------------------------------------------
+
+/// What a waiting allocation may be woken by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum WakeKey {
+    /// (tenant, allocation name)
+    Name(String, String),
+    /// allocation uid
+    Uid(String),
+    /// (tenant, user, job name): `singleton`
+    Job(String, String, String),
+    /// (tenant, symbol): `string` scheme
+    Symbol(String, String),
+}
+
+/// The keys a waiting allocation listens on.
+fn wait_keys(a: &Allocation) -> Vec<WakeKey> {
+    let ns = a.namespace().unwrap_or_default().to_string();
+    let mut keys = Vec::new();
+    for d in &a.spec.depends_on {
+        match d.kind() {
+            Some(DependencyKind::Allocation { target, .. }) => {
+                keys.push(WakeKey::Name(ns.clone(), target.to_string()));
+                keys.push(WakeKey::Uid(target.to_string()));
+            }
+            Some(DependencyKind::Symbol { name, type_, .. }) if type_.reads() => {
+                keys.push(WakeKey::Symbol(ns.clone(), name.to_string()));
+            }
+            Some(DependencyKind::Singleton) => keys.push(WakeKey::Job(
+                ns.clone(),
+                user_of(a).to_string(),
+                job_name_of(a).to_string(),
+            )),
+            _ => {}
         }
-        DependencyCondition::Failure => phase == AllocationPhase::Failed,
-        DependencyCondition::Any => true,
-    };
-    if holds {
-        DepState::Holds
-    } else {
-        DepState::Never(format!("{} ({cond}) ended {phase}", d.ref_))
+    }
+    keys
+}
+
+/// The keys under which a change of `a` is announced.
+fn emit_keys(a: &Allocation) -> Vec<WakeKey> {
+    let ns = a.namespace().unwrap_or_default().to_string();
+    let mut keys = vec![
+        WakeKey::Name(ns.clone(), a.name_any().to_string()),
+        WakeKey::Job(
+            ns.clone(),
+            user_of(a).to_string(),
+            job_name_of(a).to_string(),
+        ),
+    ];
+    if let Some(uid) = a.uid() {
+        keys.push(WakeKey::Uid(uid.to_string()));
+    }
+    for d in &a.spec.depends_on {
+        if let Some(DependencyKind::Symbol { name, type_, .. }) = d.kind() {
+            if type_.writes() {
+                keys.push(WakeKey::Symbol(ns.clone(), name.to_string()));
+            }
+        }
+    }
+    keys
+}
+
+/// Waiting allocations by what they wait on, and the last phase seen of every
+/// allocation (dependents are woken only when it changes). Registrations are made by the
+/// reconciler *before* it reads the cache, so a change that lands after the read always
+/// finds the registration (no lost wake-up).
+#[derive(Default)]
+struct WakeIndex {
+    waiters: HashMap<WakeKey, HashSet<ObjectRef>>,
+    keys_of: HashMap<ObjectRef, Vec<WakeKey>>,
+    seen: HashMap<ObjectRef, (AllocationPhase, bool)>,
+}
+
+impl WakeIndex {
+    fn register(&mut self, r: &ObjectRef, keys: Vec<WakeKey>) {
+        if self.keys_of.get(r) == Some(&keys) {
+            return;
+        }
+        self.unregister(r);
+        for k in &keys {
+            self.waiters.entry(k.clone()).or_default().insert(r.clone());
+        }
+        self.keys_of.insert(r.clone(), keys);
+    }
+
+    fn unregister(&mut self, r: &ObjectRef) {
+        for k in self.keys_of.remove(r).unwrap_or_default() {
+            if let Some(set) = self.waiters.get_mut(&k) {
+                set.remove(r);
+                if set.is_empty() {
+                    self.waiters.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// The allocations to wake for this event.
+    fn on_event(&mut self, ev: &InformerEvent<Allocation>) -> Vec<ObjectRef> {
+        let a = ev.object();
+        let r = ObjectRef::from_obj(a.as_ref());
+        let changed = match ev {
+            InformerEvent::Deleted(_) => {
+                self.unregister(&r);
+                self.seen.remove(&r);
+                true
+            }
+            InformerEvent::Applied(_) => {
+                if a.phase().is_terminal() {
+                    self.unregister(&r);
+                }
+                let state = (a.phase(), started(a));
+                self.seen.insert(r.clone(), state) != Some(state)
+            }
+        };
+        if !changed {
+            return Vec::new();
+        }
+        let mut out: HashSet<ObjectRef> = HashSet::new();
+        for k in emit_keys(a) {
+            if let Some(set) = self.waiters.get(&k) {
+                out.extend(set.iter().filter(|w| **w != r).cloned());
+            }
+        }
+        out.into_iter().collect()
+    }
+}
+
+struct Shared {
+    index: Mutex<WakeIndex>,
+    /// uid → store `create_revision` (immutable for a uid).
+    revisions: Mutex<HashMap<String, i64>>,
+}
+
+impl Shared {
+    fn index(&self) -> std::sync::MutexGuard<'_, WakeIndex> {
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn revisions(&self) -> std::sync::MutexGuard<'_, HashMap<String, i64>> {
+        self.revisions.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 struct Ctx {
     api: Api<Allocation>,
     store: Store<Allocation>,
+    backend: Arc<dyn KvBackend>,
+    shared: Arc<Shared>,
+}
+
+impl Ctx {
+    /// The store `create_revision` of each allocation (by uid; absent when it is gone).
+    async fn create_revisions(
+        &self,
+        objs: &[&Allocation],
+    ) -> Result<HashMap<String, i64>, anyhow::Error> {
+        let mut out = HashMap::new();
+        let mut missing: Vec<(String, String)> = Vec::new();
+        {
+            let cache = self.shared.revisions();
+            for a in objs {
+                let Some(uid) = a.uid() else { continue };
+                match cache.get(uid) {
+                    Some(r) => {
+                        out.insert(uid.to_string(), *r);
+                    }
+                    None => missing.push((
+                        uid.to_string(),
+                        crate::objects::key_of::<Allocation>(a.namespace(), a.name_any()),
+                    )),
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        let req = TxnRequest {
+            compare: Vec::new(),
+            success: missing
+                .iter()
+                .map(|(_, k)| {
+                    TxnOp::Range(RangeRequest {
+                        range: KeyRange::single(Bytes::from(k.clone())),
+                        keys_only: true,
+                        ..Default::default()
+                    })
+                })
+                .collect(),
+            failure: Vec::new(),
+        };
+        let resp = self.backend.txn(req).await?;
+        let mut cache = self.shared.revisions();
+        for ((uid, _), r) in missing.into_iter().zip(resp.responses) {
+            if let TxnOpResponse::Range(r) = r {
+                if let Some(kv) = r.kvs.first() {
+                    cache.insert(uid.clone(), kv.create_revision);
+                    out.insert(uid, kv.create_revision);
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Register the allocation controller.
-pub fn register(host: &mut lattice_runtime::ControllerHost) {
-    host.register("allocations", |hc: HostContext| async move {
-        let controller = hc.controller::<Allocation>();
-        let store = controller.store();
-        let dependents = store.clone();
-        let ctx = Arc::new(Ctx {
-            api: Api::all(hc.client.clone()),
-            store,
-        });
-        controller
-            .watches::<Allocation, _>(&InformerParams::default(), move |changed| {
-                // Wake the allocations that depend on this one (only when it ended:
-                // nothing else can change a dependency's state).
-                if !changed.phase().is_terminal() {
-                    return Vec::new();
-                }
-                let ns = changed.namespace().map(str::to_string);
-                let name = changed.name_any().to_string();
-                dependents
-                    .find(|a| {
-                        a.namespace().map(str::to_string) == ns
-                            && a.spec.depends_on.iter().any(|d| d.ref_ == name)
-                            && !a.phase().is_terminal()
-                    })
-                    .iter()
-                    .map(|a| ObjectRef::from_obj(a.as_ref()))
-                    .collect()
-            })
-            .run(reconcile, ctx)
-            .await;
+pub fn register(host: &mut lattice_runtime::ControllerHost, backend: Arc<dyn KvBackend>) {
+    host.register("allocations", move |hc: HostContext| {
+        let backend = backend.clone();
+        async move {
+            let controller = hc.controller::<Allocation>();
+            let store = controller.store();
+            let shared = Arc::new(Shared {
+                index: Mutex::new(WakeIndex::default()),
+                revisions: Mutex::new(HashMap::new()),
+            });
+            let ctx = Arc::new(Ctx {
+                api: Api::all(hc.client.clone()),
+                store,
+                backend,
+                shared: shared.clone(),
+            });
+            controller
+                .watches_events::<Allocation, _>(&InformerParams::default(), move |ev| {
+                    if let InformerEvent::Deleted(a) = ev {
+                        if let Some(uid) = a.uid() {
+                            shared.revisions().remove(uid);
+                        }
+                    }
+                    shared.index().on_event(ev)
+                })
+                .run(reconcile, ctx)
+                .await;
+        }
     });
 }
 
-async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, lattice_runtime::Error> {
+// ---------------------------------------------------------------------------------------
+// Evaluation
+// ---------------------------------------------------------------------------------------
+
+/// How one dependency stands.
+#[derive(Debug, PartialEq)]
+enum DepState {
+    Holds,
+    Waiting(String),
+    /// Waiting for the wall clock to reach this epoch.
+    Until(f64, String),
+    Never(String),
+}
+
+fn allocation_state(
+    store: &Store<Allocation>,
+    a: &Allocation,
+    target: &str,
+    condition: DependencyCondition,
+) -> DepState {
+    let ns = a.namespace();
+    let dep = store.get_named(ns, target).or_else(|| {
+        store
+            .find(|o| o.namespace() == ns && o.uid() == Some(target))
+            .into_iter()
+            .next()
+    });
+    let Some(dep) = dep else {
+        return DepState::Waiting(format!("{target} (not found yet)"));
+    };
+    if dep.uid().is_some() && dep.uid() == a.uid() {
+        return DepState::Never(format!("{target} is this allocation itself"));
+    }
+    let name = dep.name_any();
+    let phase = dep.phase();
+    if condition == DependencyCondition::Started {
+        return if started(&dep) {
+            DepState::Holds
+        } else if phase.is_terminal() {
+            DepState::Never(format!("{name} (started) ended {phase} without starting"))
+        } else {
+            DepState::Waiting(format!("{name} (started)"))
+        };
+    }
+    if !phase.is_terminal() {
+        return DepState::Waiting(format!("{name} ({condition})"));
+    }
+    let holds = match condition {
+        DependencyCondition::Success | DependencyCondition::Corresponding => {
+            phase == AllocationPhase::Completed
+        }
+        DependencyCondition::Failure => phase == AllocationPhase::Failed,
+        DependencyCondition::Any | DependencyCondition::Started => true,
+    };
+    if holds {
+        DepState::Holds
+    } else {
+        DepState::Never(format!("{name} ({condition}) ended {phase}"))
+    }
+}
+
+fn names(v: &[&Allocation]) -> String {
+    let mut n: Vec<&str> = v.iter().map(|a| a.name_any()).collect();
+    n.truncate(5);
+    let more = v.len().saturating_sub(n.len());
+    let mut s = n.join(", ");
+    if more > 0 {
+        s.push_str(&format!(" and {more} more"));
+    }
+    s
+}
+
+async fn singleton_state(ctx: &Ctx, a: &Allocation) -> Result<DepState, anyhow::Error> {
+    let ns = a.namespace();
+    let (user, job) = (user_of(a), job_name_of(a));
+    let others = ctx.store.find(|o| {
+        o.namespace() == ns
+            && o.uid() != a.uid()
+            && !o.phase().is_terminal()
+            && user_of(o) == user
+            && job_name_of(o) == job
+    });
+    if others.is_empty() {
+        return Ok(DepState::Holds);
+    }
+    let mut objs: Vec<&Allocation> = others.iter().map(|o| o.as_ref()).collect();
+    objs.push(a);
+    let revs = ctx.create_revisions(&objs).await?;
+    let Some(mine) = a.uid().and_then(|u| revs.get(u)) else {
+        return Ok(DepState::Waiting(
+            "singleton (allocation not stored yet)".into(),
+        ));
+    };
+    let mut earlier: Vec<(i64, &Allocation)> = others
+        .iter()
+        .filter_map(|o| Some((*revs.get(o.uid()?)?, o.as_ref())))
+        .filter(|(r, _)| r < mine)
+        .collect();
+    if earlier.is_empty() {
+        return Ok(DepState::Holds);
+    }
+    earlier.sort_by_key(|(r, _)| *r);
+    let e: Vec<&Allocation> = earlier.into_iter().map(|(_, o)| o).collect();
+    Ok(DepState::Waiting(format!(
+        "singleton {job:?}{}: {} still active",
+        if user.is_empty() {
+            String::new()
+        } else {
+            format!(" of {user}")
+        },
+        names(&e)
+    )))
+}
+
+async fn symbol_state(
+    ctx: &Ctx,
+    a: &Allocation,
+    symbol: &str,
+    type_: SymbolType,
+    scope: SymbolScope,
+) -> Result<DepState, anyhow::Error> {
+    if !type_.reads() {
+        return Ok(DepState::Holds); // `out` only declares a writer
+    }
+    let ns = a.namespace();
+    let user = user_of(a);
+    let writers = ctx.store.find(|o| {
+        o.namespace() == ns
+            && o.uid() != a.uid()
+            && (scope == SymbolScope::Global || user_of(o) == user)
+            && declares(o, symbol, scope).is_some_and(SymbolType::writes)
+    });
+    if writers.is_empty() {
+        return Ok(DepState::Holds);
+    }
+    let mut objs: Vec<&Allocation> = writers.iter().map(|o| o.as_ref()).collect();
+    objs.push(a);
+    let revs = ctx.create_revisions(&objs).await?;
+    let Some(mine) = a.uid().and_then(|u| revs.get(u)) else {
+        return Ok(DepState::Waiting(format!(
+            "string:{symbol} (allocation not stored yet)"
+        )));
+    };
+    let submitted = a.metadata.creation_timestamp;
+    let mut earlier: Vec<(i64, &Allocation)> = writers
+        .iter()
+        .filter_map(|o| Some((*revs.get(o.uid()?)?, o.as_ref())))
+        .filter(|(r, _)| r < mine)
+        // Writers that had already ended unsuccessfully when this one was submitted are
+        // no longer current writers.
+        .filter(|(_, w)| {
+            let ended_before = w
+                .status
+                .as_ref()
+                .and_then(|s| s.end_time)
+                .zip(submitted)
+                .is_some_and(|(end, sub)| end < sub);
+            !(w.phase().is_terminal() && w.phase() != AllocationPhase::Completed && ended_before)
+        })
+        .collect();
+    earlier.sort_by_key(|(r, _)| *r);
+    // An inout writer replaces the writers before it.
+    if let Some(i) = earlier
+        .iter()
+        .rposition(|(_, w)| declares(w, symbol, scope) == Some(SymbolType::Inout))
+    {
+        earlier.drain(..i);
+    }
+    if let Some((_, w)) = earlier
+        .iter()
+        .find(|(_, w)| w.phase().is_terminal() && w.phase() != AllocationPhase::Completed)
+    {
+        return Ok(DepState::Never(format!(
+            "writer {} of symbol {symbol:?} ended {}",
+            w.name_any(),
+            w.phase()
+        )));
+    }
+    let pending: Vec<&Allocation> = earlier
+        .iter()
+        .filter(|(_, w)| !w.phase().is_terminal())
+        .map(|(_, w)| *w)
+        .collect();
+    if pending.is_empty() {
+        Ok(DepState::Holds)
+    } else {
+        Ok(DepState::Waiting(format!(
+            "string:{symbol} (writers {})",
+            names(&pending)
+        )))
+    }
+}
+
+async fn dependency_state(
+    ctx: &Ctx,
+    a: &Allocation,
+    kind: DependencyKind<'_>,
+    now: f64,
+) -> Result<DepState, anyhow::Error> {
+    Ok(match kind {
+        DependencyKind::Allocation { target, condition } => {
+            allocation_state(&ctx.store, a, target, condition)
+        }
+        DependencyKind::BeginTime(t) => {
+            if now >= t {
+                DepState::Holds
+            } else {
+                DepState::Until(t, format!("begin time {}", rfc3339(t)))
+            }
+        }
+        DependencyKind::Symbol { name, type_, scope } => {
+            symbol_state(ctx, a, name, type_, scope).await?
+        }
+        DependencyKind::Singleton => singleton_state(ctx, a).await?,
+    })
+}
+
+/// The verdict over every dependency of an allocation.
+#[derive(Debug)]
+struct Verdict {
+    records: Vec<DependencyStatus>,
+    /// Every dependency removed (satisfied), no fatal exception.
+    ready: bool,
+    waiting: Vec<String>,
+    fatal: Option<String>,
+    wake_at: Option<f64>,
+}
+
+async fn evaluate(ctx: &Ctx, a: &Allocation) -> Result<Verdict, anyhow::Error> {
+    let now = epoch_now();
+    let descriptions: Vec<String> = a.spec.depends_on.iter().map(|d| d.description()).collect();
+    // Rebuild the RFC 26 tracker from the allocation's own status: what was added, and
+    // what was satisfied (removed) before.
+    let mut tracker = DependencyTracker::default();
+    let posted = a
+        .status
+        .as_ref()
+        .map(|s| s.dependencies.as_slice())
+        .unwrap_or_default();
+    for p in posted {
+        if descriptions.contains(&p.description) {
+            let _ = tracker.add(&p.description);
+            if p.satisfied {
+                let _ = tracker.remove(&p.description);
+            }
+        }
+    }
+    let mut v = Verdict {
+        records: Vec::with_capacity(descriptions.len()),
+        ready: false,
+        waiting: Vec::new(),
+        fatal: None,
+        wake_at: None,
+    };
+    for (d, desc) in a.spec.depends_on.iter().zip(descriptions) {
+        // A duplicate add of a satisfied dependency is refused: it stays satisfied and
+        // is not evaluated again.
+        if let Err(EventError::DuplicateSatisfied(_)) = tracker.add(&desc) {
+            v.records.push(DependencyStatus {
+                description: desc,
+                satisfied: true,
+            });
+            continue;
+        }
+        let Some(kind) = d.kind() else {
+            tracker.raise_fatal(format!("{desc}: invalid dependency"));
+            v.records.push(DependencyStatus {
+                description: desc,
+                satisfied: false,
+            });
+            continue;
+        };
+        let satisfied = match dependency_state(ctx, a, kind, now).await? {
+            DepState::Holds => {
+                let _ = tracker.remove(&desc);
+                true
+            }
+            DepState::Waiting(w) => {
+                v.waiting.push(w);
+                false
+            }
+            DepState::Until(t, w) => {
+                v.waiting.push(w);
+                v.wake_at = Some(v.wake_at.map_or(t, |x: f64| x.min(t)));
+                false
+            }
+            DepState::Never(why) => {
+                tracker.raise_fatal(format!("{desc}: {why}"));
+                false
+            }
+        };
+        v.records.push(DependencyStatus {
+            description: desc,
+            satisfied,
+        });
+    }
+    v.fatal = tracker.fatal().map(str::to_string);
+    v.ready = tracker.is_satisfied();
+    Ok(v)
+}
+
+/// `records`, keeping every dependency already recorded satisfied in `prev` satisfied.
+fn merge_records(
+    prev: &[DependencyStatus],
+    mut records: Vec<DependencyStatus>,
+) -> Vec<DependencyStatus> {
+    for r in &mut records {
+        if prev
+            .iter()
+            .any(|p| p.description == r.description && p.satisfied)
+        {
+            r.satisfied = true;
+        }
+    }
+    records
+}
+
+async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error> {
     let api = ctx.api.for_obj(&a);
+    let me = ObjectRef::from_obj(a.as_ref());
     if a.is_deleting() {
-        return release_finalizer(&api, &a).await;
+        ctx.shared.index().unregister(&me);
+        return Ok(release_finalizer(&api, &a).await?);
     }
     if a.phase().is_terminal() || !unbound(&a) {
+        ctx.shared.index().unregister(&me);
         return Ok(Action::await_change());
     }
     if lifecycle::cancel_requested(&a) {
+        ctx.shared.index().unregister(&me);
         let why = a
             .metadata
             .annotations
@@ -154,24 +749,22 @@ async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, lattice_
         return Ok(Action::await_change());
     }
     if a.spec.depends_on.is_empty() || dependencies_met(&a) {
+        ctx.shared.index().unregister(&me);
         return Ok(Action::await_change());
     }
-    let mut waiting = Vec::new();
-    let mut never = Vec::new();
-    for d in &a.spec.depends_on {
-        match dependency_state(&ctx.store, a.namespace(), d) {
-            DepState::Holds => {}
-            DepState::Waiting(w) => waiting.push(w),
-            DepState::Never(n) => never.push(n),
-        }
-    }
-    if !never.is_empty() {
-        let msg = format!("dependency can never be satisfied: {}", never.join(", "));
+    // Listen before looking: a change after the read below wakes this allocation again.
+    ctx.shared.index().register(&me, wait_keys(&a));
+    let v = evaluate(&ctx, &a).await?;
+
+    if let Some(fatal) = &v.fatal {
+        let msg = format!("dependency can never be satisfied: {fatal}");
+        let records = v.records.clone();
         api.update_status_with_retry(a.name_any(), 5, |cur| {
-            if cur.phase().is_terminal() || !unbound(cur) {
+            if cur.phase().is_terminal() || !unbound(cur) || dependencies_met(cur) {
                 return false;
             }
             let st = cur.status.get_or_insert_with(Default::default);
+            st.dependencies = merge_records(&st.dependencies, records.clone());
             st.phase = AllocationPhase::Cancelled;
             st.reason = Some(reason::DEPENDENCY_NEVER_SATISFIED.into());
             st.message = Some(msg.clone());
@@ -188,24 +781,28 @@ async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, lattice_
             true
         })
         .await?;
+        ctx.shared.index().unregister(&me);
         tracing::info!(allocation = %a.object_ref(), %msg, "cancelled");
         return Ok(Action::await_change());
     }
-    let (status, why, msg) = if waiting.is_empty() {
+    let met = v.ready;
+    let (status, why, msg) = if met {
         (ConditionStatus::True, "AllSatisfied", String::new())
     } else {
         (
             ConditionStatus::False,
             "Waiting",
-            format!("waiting for dependencies: {}", waiting.join(", ")),
+            format!("waiting for dependencies: {}", v.waiting.join(", ")),
         )
     };
+    let records = v.records;
     api.update_status_with_retry(a.name_any(), 5, |cur| {
-        if cur.phase().is_terminal() || !unbound(cur) {
+        if cur.phase().is_terminal() || !unbound(cur) || dependencies_met(cur) {
             return false;
         }
         let st = cur.status.get_or_insert_with(Default::default);
         let before = st.clone();
+        st.dependencies = merge_records(&st.dependencies, records.clone());
         set_condition(
             &mut st.conditions,
             Condition::new(DEPENDENCIES_MET, status, why, &msg),
@@ -222,7 +819,19 @@ async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, lattice_
         *st != before
     })
     .await?;
-    Ok(Action::await_change())
+    if met {
+        ctx.shared.index().unregister(&me);
+        tracing::debug!(allocation = %a.object_ref(), "dependencies met");
+        return Ok(Action::await_change());
+    }
+    Ok(match v.wake_at {
+        Some(t) => {
+            let wait =
+                Duration::from_secs_f64((t - epoch_now()).max(0.0)) + Duration::from_millis(20);
+            Action::requeue(wait.min(MAX_TIMER))
+        }
+        None => Action::await_change(),
+    })
 }
 
 /// A deleted allocation keeps `lattice.dev/nodes` until no node runs its processes any
@@ -258,5 +867,119 @@ async fn release_finalizer(
         Ok(_) => Ok(Action::await_change()),
         Err(e) if e.is_not_found() || e.is_patch_test_failed() => Ok(Action::await_change()),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn alloc(v: serde_json::Value) -> Arc<Allocation> {
+        Arc::new(serde_json::from_value(v).expect("allocation"))
+    }
+
+    #[test]
+    fn wake_index_wakes_only_on_phase_changes_of_what_is_waited_on() {
+        let mut idx = WakeIndex::default();
+        let waiter = alloc(json!({
+            "metadata": {"name": "w", "namespace": "t", "uid": "u-w",
+                         "annotations": {"lattice.dev/user": "alice"}},
+            "spec": {"tags": {"name": "job"}, "dependsOn": [
+                {"ref": "a", "condition": "success"},
+                {"symbol": "s", "type": "in"},
+                {"singleton": true}
+            ]}
+        }));
+        let wr = ObjectRef::from_obj(waiter.as_ref());
+        idx.register(&wr, wait_keys(&waiter));
+        let a = |phase: &str, extra: serde_json::Value| {
+            let mut v = json!({
+                "metadata": {"name": "a", "namespace": "t", "uid": "u-a"},
+                "status": {"phase": phase}
+            });
+            crate::allocations::tests::merge(&mut v, extra);
+            alloc(v)
+        };
+        // First sight counts as a change; the same phase again does not.
+        assert_eq!(
+            idx.on_event(&InformerEvent::Applied(a("Pending", json!({})))),
+            vec![wr.clone()]
+        );
+        assert!(idx
+            .on_event(&InformerEvent::Applied(a("Pending", json!({}))))
+            .is_empty());
+        assert_eq!(
+            idx.on_event(&InformerEvent::Applied(a("Completed", json!({})))),
+            vec![wr.clone()]
+        );
+        // A writer of the symbol (other name) and a job-name sibling wake it too.
+        let writer = alloc(json!({
+            "metadata": {"name": "x", "namespace": "t", "uid": "u-x"},
+            "spec": {"dependsOn": [{"symbol": "s", "type": "out"}]},
+            "status": {"phase": "Running"}
+        }));
+        assert_eq!(
+            idx.on_event(&InformerEvent::Applied(writer)),
+            vec![wr.clone()]
+        );
+        let sibling = alloc(json!({
+            "metadata": {"name": "y", "namespace": "t", "uid": "u-y",
+                         "annotations": {"lattice.dev/user": "alice"}},
+            "spec": {"tags": {"name": "job"}},
+            "status": {"phase": "Running"}
+        }));
+        assert_eq!(
+            idx.on_event(&InformerEvent::Applied(sibling.clone())),
+            vec![wr.clone()]
+        );
+        // Other tenants, users and symbols do not.
+        let other = alloc(json!({
+            "metadata": {"name": "a", "namespace": "t2", "uid": "u-a2"},
+            "spec": {"tags": {"name": "job"}, "dependsOn": [{"symbol": "s2", "type": "out"}]},
+            "status": {"phase": "Failed"}
+        }));
+        assert!(idx.on_event(&InformerEvent::Applied(other)).is_empty());
+        // A terminal waiter is forgotten.
+        idx.unregister(&wr);
+        assert!(idx.waiters.is_empty());
+        assert!(idx.on_event(&InformerEvent::Deleted(sibling)).is_empty());
+    }
+
+    pub(crate) fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
+        match (base, extra) {
+            (serde_json::Value::Object(b), serde_json::Value::Object(e)) => {
+                for (k, v) in e {
+                    merge(b.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (b, e) => *b = e,
+        }
+    }
+
+    #[test]
+    fn merged_records_never_lose_a_satisfied_dependency() {
+        let prev = vec![
+            DependencyStatus {
+                description: "after:a".into(),
+                satisfied: true,
+            },
+            DependencyStatus {
+                description: "afterok:b".into(),
+                satisfied: false,
+            },
+        ];
+        let now = vec![
+            DependencyStatus {
+                description: "after:a".into(),
+                satisfied: false,
+            },
+            DependencyStatus {
+                description: "afterok:b".into(),
+                satisfied: true,
+            },
+        ];
+        let m = merge_records(&prev, now);
+        assert!(m.iter().all(|r| r.satisfied));
     }
 }

@@ -9,11 +9,30 @@
 //! |---|---|
 //! | [`scheduler`] | one loop per vCluster: the pure core (`lattice_scheduler`) over the shared caches, binding transactions, pending reasons, preemption requests |
 //! | [`release`] | frees nodes whose owner is done (after the node's agent confirmed), tenant usage counters |
-//! | [`allocations`] | cancels unbound allocations, `spec.dependsOn` between allocations |
+//! | [`allocations`] | cancels unbound allocations; `spec.dependsOn` of standalone allocations: Slurm `afterok`/`afternotok`/`afterany`/`aftercorr`/`after`/`singleton` and Flux RFC 26 `begin-time`/`string` (see the module docs) |
 //! | [`dag`] | runs `Dag` steps with the `lattice_dag` dispatch engine |
 //! | [`task_groups`] | job arrays: elements created lazily within the concurrency limit |
 //! | [`node_lifecycle`] | heartbeat leases → Degraded/Down (requeue or fail), drain/undrain/disable |
 //! | [`objects`] | guarded multi-object store transactions |
+//!
+//! ## Dependencies of standalone allocations
+//!
+//! `spec.dependsOn` entries hold an allocation out of the queue until the condition
+//! `DependenciesMet` is True (or cancel it with reason `dependency_never_satisfied`):
+//!
+//! ```yaml
+//! dependsOn:
+//!   - {ref: prep, condition: success}      # afterok (also failure, any, corresponding)
+//!   - {ref: server, condition: started}    # after: once it has started running
+//!   - {beginTime: 1767225600}              # Flux begin-time: not before this epoch second
+//!   - {symbol: ckpt, type: inout}          # Flux string scheme (scope: user | global)
+//!   - {singleton: true}                    # Slurm singleton, by spec.tags.name and user
+//! ```
+//!
+//! "Earlier" means created earlier by the store (`create_revision`), `status.dependencies`
+//! records each dependency's RFC 26 state (a satisfied one stays satisfied), and dependents
+//! are woken through an index keyed by what they wait on. The full table of semantics is
+//! in [`allocations`].
 //!
 //! ```no_run
 //! # async fn demo(backend: std::sync::Arc<dyn lattice_store::KvBackend>) {
@@ -86,8 +105,8 @@ pub fn register_all(
             scheduler::run(hc, backend.clone(), m.clone())
         });
     }
-    release::register(host, backend, metrics.controllers.clone());
-    allocations::register(host);
+    release::register(host, backend.clone(), metrics.controllers.clone());
+    allocations::register(host, backend);
     dag::register(host, config.dag_limits, metrics.controllers.clone());
     task_groups::register(host);
     node_lifecycle::register(host, config.node_lifecycle, metrics.controllers.clone());

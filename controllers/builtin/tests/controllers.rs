@@ -787,3 +787,762 @@ async fn a_dag_survives_a_controller_restart_mid_run() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Dependency schemes (Slurm --dependency, Flux RFC 26) on standalone allocations
+// ---------------------------------------------------------------------------------------
+
+/// What the simulated agents do with an allocation once it is bound.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Run {
+    /// Report Running, then exit with this code after running this long.
+    Exit(i32, Duration),
+    /// Report Running and keep running (until the plan changes or a stop is requested).
+    Hold,
+}
+
+/// Plans by allocation name; names without a plan exit 0 at once.
+#[derive(Clone, Default)]
+struct Plans(Arc<Mutex<HashMap<String, Run>>>);
+
+impl Plans {
+    fn set(&self, name: &str, run: Run) {
+        self.0.lock().unwrap().insert(name.to_string(), run);
+    }
+    fn get(&self, name: &str) -> Run {
+        self.0
+            .lock()
+            .unwrap()
+            .get(name)
+            .copied()
+            .unwrap_or(Run::Exit(0, Duration::ZERO))
+    }
+}
+
+/// Report `phase` (exit code `exit`) on every assigned node of the current attempt.
+async fn report_all(api: &Api<Allocation>, name: &str, phase: NodeTaskPhase, exit: Option<i32>) {
+    let _ = api
+        .update_status_with_retry(name, 20, |cur| {
+            let Some(st) = cur.status.clone() else {
+                return false;
+            };
+            let mut changed = false;
+            for n in &st.assigned_nodes {
+                let (phase, code, why) = match lifecycle::should_run(cur, n, st.attempt) {
+                    lifecycle::RunDecision::Stop(r) => (NodeTaskPhase::Failed, None, r),
+                    _ => match (phase, exit) {
+                        (NodeTaskPhase::Running, _) => (NodeTaskPhase::Running, None, ""),
+                        (_, Some(0)) => (
+                            NodeTaskPhase::Succeeded,
+                            Some(0),
+                            lifecycle::node_reason::EXITED,
+                        ),
+                        (_, c) => (
+                            NodeTaskPhase::Failed,
+                            c,
+                            lifecycle::node_reason::NON_ZERO_EXIT,
+                        ),
+                    },
+                };
+                let r = lattice_apis::NodeTaskState {
+                    phase,
+                    attempt: st.attempt,
+                    pid: Some(1),
+                    start_time: Some(lattice_apis::meta::now()),
+                    end_time: phase.is_terminal().then(lattice_apis::meta::now),
+                    exit_code: code,
+                    reason: (!why.is_empty()).then(|| why.to_string()),
+                    ..Default::default()
+                };
+                changed |= lifecycle::record_node_state(cur, n, r, lattice_apis::meta::now());
+            }
+            changed
+        })
+        .await;
+}
+
+/// Simulated agents following `plans`.
+fn scripted_runner(env: &Env, tenant: &str, plans: Plans) -> tokio::task::JoinHandle<()> {
+    let api: Api<Allocation> = Api::namespaced(env.client.clone(), tenant);
+    tokio::spawn(async move {
+        let mut since: HashMap<(String, u32), tokio::time::Instant> = HashMap::new();
+        loop {
+            if let Ok(list) = api.list(&ListParams::default()).await {
+                for a in list.items {
+                    let st = a.status.clone().unwrap_or_default();
+                    let name = a.name_any().to_string();
+                    let stop = st.assigned_nodes.iter().any(|n| {
+                        matches!(
+                            lifecycle::should_run(&a, n, st.attempt),
+                            lifecycle::RunDecision::Stop(_)
+                        )
+                    });
+                    match st.phase {
+                        AllocationPhase::Staging => {
+                            report_all(&api, &name, NodeTaskPhase::Running, None).await;
+                        }
+                        AllocationPhase::Running => {
+                            let t0 = *since
+                                .entry((name.clone(), st.attempt))
+                                .or_insert_with(tokio::time::Instant::now);
+                            match plans.get(&name) {
+                                _ if stop => {
+                                    report_all(&api, &name, NodeTaskPhase::Failed, None).await
+                                }
+                                Run::Exit(code, after) if t0.elapsed() >= after => {
+                                    report_all(&api, &name, NodeTaskPhase::Succeeded, Some(code))
+                                        .await
+                                }
+                                _ => {}
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+}
+
+/// Watches allocations and records, per group, the largest number bound at once and the
+/// order in which they were first seen bound.
+#[derive(Clone, Default)]
+struct Monitor {
+    max_active: Arc<Mutex<HashMap<String, usize>>>,
+    started: Arc<Mutex<Vec<String>>>,
+}
+
+fn monitor(
+    env: &Env,
+    tenant: &str,
+    group_of: impl Fn(&Allocation) -> Option<String> + Send + Sync + 'static,
+) -> (Monitor, tokio::task::JoinHandle<()>) {
+    let api: Api<Allocation> = Api::namespaced(env.client.clone(), tenant);
+    let m = Monitor::default();
+    let out = m.clone();
+    let h = tokio::spawn(async move {
+        loop {
+            if let Ok(list) = api.list(&ListParams::default()).await {
+                let mut active: HashMap<String, usize> = HashMap::new();
+                for a in &list.items {
+                    let bound = matches!(
+                        a.phase(),
+                        AllocationPhase::Staging | AllocationPhase::Running
+                    );
+                    if !bound {
+                        continue;
+                    }
+                    let mut s = m.started.lock().unwrap();
+                    if !s.iter().any(|n| n == a.name_any()) {
+                        s.push(a.name_any().to_string());
+                    }
+                    if let Some(g) = group_of(a) {
+                        *active.entry(g).or_default() += 1;
+                    }
+                }
+                let mut max = m.max_active.lock().unwrap();
+                for (g, n) in active {
+                    let e = max.entry(g).or_default();
+                    *e = (*e).max(n);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    (out, h)
+}
+
+fn reason_of(a: &Allocation) -> Option<&str> {
+    a.status.as_ref().and_then(|s| s.reason.as_deref())
+}
+
+fn message_of(a: &Allocation) -> String {
+    a.status
+        .as_ref()
+        .and_then(|s| s.message.clone())
+        .unwrap_or_default()
+}
+
+fn records(a: &Allocation) -> Vec<(String, bool)> {
+    a.status
+        .as_ref()
+        .map(|s| {
+            s.dependencies
+                .iter()
+                .map(|d| (d.description.clone(), d.satisfied))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn wait_waiting(env: &Env, name: &str) -> Allocation {
+    env.wait_alloc("t1", name, "waiting for dependencies", |a| {
+        reason_of(a) == Some("waiting_for_dependencies")
+    })
+    .await
+}
+
+async fn wait_never(env: &Env, name: &str, needle: &str) -> Allocation {
+    let a = env.wait_phase("t1", name, AllocationPhase::Cancelled).await;
+    assert_eq!(reason_of(&a), Some("dependency_never_satisfied"), "{name}");
+    assert!(
+        message_of(&a).contains(needle),
+        "{name}: {}",
+        message_of(&a)
+    );
+    assert_eq!(a.status.as_ref().unwrap().attempt, 0, "{name} never ran");
+    a
+}
+
+async fn annotate(env: &Env, name: &str, key: &str, value: serde_json::Value) {
+    let patch = Patch::Merge(json!({"metadata": {"annotations": {key: value}}}));
+    env.allocations("t1")
+        .patch(name, &PatchParams::default(), &patch)
+        .await
+        .expect("annotate");
+}
+
+const HOLD: &str = "lattice.dev/hold";
+
+fn epoch_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Antecedent {
+    Exit(i32),
+    CancelBeforeStart,
+    KeepsRunning,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Expect {
+    Runs,
+    Never(&'static str),
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_and_flux_conditions_on_allocations() {
+    let (env, _hb) = cluster(&["n1", "n2", "n3", "n4"]).await;
+    let plans = Plans::default();
+    let _runner = scripted_runner(&env, "t1", plans.clone());
+    // (row, condition, by uid, what the antecedent does, what happens to the dependent)
+    let rows: &[(&str, &str, bool, Antecedent, Expect)] = &[
+        (
+            "afterok-ok",
+            "success",
+            false,
+            Antecedent::Exit(0),
+            Expect::Runs,
+        ),
+        (
+            "afterok-failed",
+            "success",
+            false,
+            Antecedent::Exit(3),
+            Expect::Never("ended Failed"),
+        ),
+        (
+            "afternotok-failed",
+            "failure",
+            false,
+            Antecedent::Exit(3),
+            Expect::Runs,
+        ),
+        (
+            "afternotok-ok",
+            "failure",
+            false,
+            Antecedent::Exit(0),
+            Expect::Never("ended Completed"),
+        ),
+        (
+            "afterany-failed",
+            "any",
+            false,
+            Antecedent::Exit(3),
+            Expect::Runs,
+        ),
+        (
+            "afterany-cancelled",
+            "any",
+            false,
+            Antecedent::CancelBeforeStart,
+            Expect::Runs,
+        ),
+        (
+            "after-running",
+            "started",
+            false,
+            Antecedent::KeepsRunning,
+            Expect::Runs,
+        ),
+        (
+            "after-ended",
+            "started",
+            false,
+            Antecedent::Exit(0),
+            Expect::Runs,
+        ),
+        (
+            "after-never-started",
+            "started",
+            false,
+            Antecedent::CancelBeforeStart,
+            Expect::Never("without starting"),
+        ),
+        (
+            "afterok-by-uid",
+            "success",
+            true,
+            Antecedent::Exit(0),
+            Expect::Runs,
+        ),
+    ];
+    for (row, cond, by_uid, _, _) in rows {
+        let a = env
+            .submit(
+                "t1",
+                &format!("{row}-a"),
+                1,
+                json!({"metadata": {"annotations": {HOLD: "true"}}}),
+            )
+            .await;
+        let target = if *by_uid {
+            a.metadata.uid.clone().expect("uid")
+        } else {
+            a.name_any().to_string()
+        };
+        env.submit(
+            "t1",
+            &format!("{row}-d"),
+            1,
+            json!({"spec": {"dependsOn": [{"ref": target, "condition": cond}]}}),
+        )
+        .await;
+    }
+    // Every dependent is held while its antecedent has not moved.
+    for (row, cond, by_uid, _, _) in rows {
+        let d = wait_waiting(&env, &format!("{row}-d")).await;
+        assert!(
+            !lattice_controllers::allocations::dependencies_met(&d),
+            "{row}"
+        );
+        let recs = records(&d);
+        assert_eq!(recs.len(), 1, "{row}: {recs:?}");
+        assert!(!recs[0].1, "{row}");
+        if !by_uid {
+            let slurm = match *cond {
+                "success" => "afterok",
+                "failure" => "afternotok",
+                "any" => "afterany",
+                _ => "after",
+            };
+            assert_eq!(recs[0].0, format!("{slurm}:{row}-a"));
+        }
+    }
+    for (row, _, _, ante, _) in rows {
+        let a = format!("{row}-a");
+        match ante {
+            Antecedent::Exit(code) => {
+                plans.set(&a, Run::Exit(*code, Duration::ZERO));
+                annotate(&env, &a, HOLD, serde_json::Value::Null).await;
+            }
+            Antecedent::KeepsRunning => {
+                plans.set(&a, Run::Hold);
+                annotate(&env, &a, HOLD, serde_json::Value::Null).await;
+            }
+            Antecedent::CancelBeforeStart => {
+                annotate(&env, &a, lifecycle::CANCEL_ANNOTATION, json!("true")).await;
+            }
+        }
+    }
+    for (row, _, _, ante, expect) in rows {
+        let d = format!("{row}-d");
+        match expect {
+            Expect::Runs => {
+                let done = env.wait_phase("t1", &d, AllocationPhase::Completed).await;
+                assert_eq!(done.status.as_ref().unwrap().attempt, 1, "{row}");
+                assert!(records(&done).iter().all(|(_, s)| *s), "{row}");
+                if let Antecedent::KeepsRunning = ante {
+                    assert_eq!(
+                        env.get("t1", &format!("{row}-a")).await.phase(),
+                        AllocationPhase::Running,
+                        "{row}: released while its antecedent still runs"
+                    );
+                }
+            }
+            Expect::Never(needle) => {
+                wait_never(&env, &d, needle).await;
+            }
+        }
+    }
+    plans.set("after-running-a", Run::Exit(0, Duration::ZERO));
+    env.wait_phase("t1", "after-running-a", AllocationPhase::Completed)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn begin_time_holds_until_the_wall_clock_reaches_it() {
+    let (env, _hb) = cluster(&["n1", "n2"]).await;
+    let _runner = scripted_runner(&env, "t1", Plans::default());
+    let begin = (epoch_now() + 3.0).floor() + 0.5;
+    env.submit(
+        "t1",
+        "later",
+        1,
+        json!({"spec": {"dependsOn": [{"beginTime": begin}]}}),
+    )
+    .await;
+    env.submit(
+        "t1",
+        "past",
+        1,
+        json!({"spec": {"dependsOn": [{"beginTime": epoch_now() - 60.0}]}}),
+    )
+    .await;
+    let past = env
+        .wait_phase("t1", "past", AllocationPhase::Completed)
+        .await;
+    assert!(records(&past)[0].0.starts_with("begin-time:"));
+    let w = wait_waiting(&env, "later").await;
+    assert!(message_of(&w).contains("begin time"), "{}", message_of(&w));
+    // Never released before its time.
+    while epoch_now() < begin - 0.3 {
+        let a = env.get("t1", "later").await;
+        assert!(
+            !lattice_controllers::allocations::dependencies_met(&a),
+            "released at {} before {begin}",
+            epoch_now()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let a = env
+        .wait_phase("t1", "later", AllocationPhase::Completed)
+        .await;
+    let st = a.status.unwrap();
+    let scheduled = st.scheduled_time.expect("scheduled").timestamp() as f64;
+    assert!(scheduled >= begin.floor(), "{scheduled} < {begin}");
+    assert_eq!(st.attempt, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn singleton_runs_one_job_per_name_and_user_at_a_time() {
+    let (env, _hb) = cluster(&["n1", "n2", "n3", "n4"]).await;
+    let plans = Plans::default();
+    let _runner = scripted_runner(&env, "t1", plans.clone());
+    let (mon, _m) = monitor(&env, "t1", |a| {
+        (a.spec.tags.get("name").map(String::as_str) == Some("nightly"))
+            .then(|| lattice_controllers::allocations::user_of(a).to_string())
+    });
+    let job = |user: &str, singleton: bool| {
+        let mut v = json!({"metadata": {"annotations": {"lattice.dev/user": user}},
+                           "spec": {"tags": {"name": "nightly"}}});
+        if singleton {
+            v["spec"]["dependsOn"] = json!([{"singleton": true}]);
+        }
+        v
+    };
+    // An earlier job of the same name and user without singleton holds the others too.
+    plans.set("n0", Run::Hold);
+    env.submit("t1", "n0", 1, job("alice", false)).await;
+    env.wait_phase("t1", "n0", AllocationPhase::Running).await;
+    for s in ["s1", "s2", "s3"] {
+        plans.set(s, Run::Exit(0, Duration::from_millis(300)));
+    }
+    // Names deliberately out of submission order: order is the submission order.
+    for s in ["s3", "s1", "s2"] {
+        env.submit("t1", s, 1, job("alice", true)).await;
+    }
+    env.submit("t1", "bob-1", 1, job("bob", true)).await;
+    for s in ["s3", "s1", "s2"] {
+        let w = wait_waiting(&env, s).await;
+        assert!(
+            message_of(&w).contains("singleton \"nightly\" of alice"),
+            "{}",
+            message_of(&w)
+        );
+    }
+    // Another user's job of the same name is not held.
+    env.wait_phase("t1", "bob-1", AllocationPhase::Completed)
+        .await;
+    assert_eq!(env.get("t1", "n0").await.phase(), AllocationPhase::Running);
+    plans.set("n0", Run::Exit(0, Duration::ZERO));
+    for s in ["s3", "s1", "s2"] {
+        env.wait_phase("t1", s, AllocationPhase::Completed).await;
+    }
+    let max = mon.max_active.lock().unwrap().clone();
+    assert_eq!(max.get("alice"), Some(&1), "singleton overlap: {max:?}");
+    let order: Vec<String> = mon
+        .started
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|n| n.starts_with('s'))
+        .cloned()
+        .collect();
+    assert_eq!(
+        order,
+        ["s3", "s1", "s2"],
+        "singletons run in submission order"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flux_string_symbols_chain_and_fail() {
+    let (env, _hb) = cluster(&["n1", "n2", "n3", "n4"]).await;
+    let plans = Plans::default();
+    let _runner = scripted_runner(&env, "t1", plans.clone());
+    let (mon, _m) = monitor(&env, "t1", |a| {
+        a.name_any()
+            .starts_with("chain-")
+            .then(|| "chain".to_string())
+    });
+    let sym = |user: &str, deps: serde_json::Value| json!({"metadata": {"annotations": {"lattice.dev/user": user}}, "spec": {"dependsOn": deps}});
+    let inout = json!([{"symbol": "ckpt", "type": "inout"}]);
+
+    // inout chains: one after another, in submission order.
+    for c in ["chain-c", "chain-a", "chain-b"] {
+        plans.set(c, Run::Exit(0, Duration::from_millis(300)));
+        env.submit("t1", c, 1, sym("alice", inout.clone())).await;
+    }
+
+    // in waits for every current writer (out) of its scope.
+    for w in ["w1", "w2"] {
+        plans.set(w, Run::Hold);
+        env.submit(
+            "t1",
+            w,
+            1,
+            sym("alice", json!([{"symbol": "data", "type": "out"}])),
+        )
+        .await;
+    }
+    env.submit(
+        "t1",
+        "r-user",
+        1,
+        sym("alice", json!([{"symbol": "data", "type": "in"}])),
+    )
+    .await;
+    env.submit(
+        "t1",
+        "r-global",
+        1,
+        sym(
+            "alice",
+            json!([{"symbol": "data", "type": "in", "scope": "global"}]),
+        ),
+    )
+    .await;
+    env.submit(
+        "t1",
+        "r-bob",
+        1,
+        sym("bob", json!([{"symbol": "data", "type": "in"}])),
+    )
+    .await;
+    let r = wait_waiting(&env, "r-user").await;
+    assert!(
+        message_of(&r).contains("string:data (writers w1, w2)"),
+        "{}",
+        message_of(&r)
+    );
+    assert_eq!(
+        records(&r),
+        [("string:data?scope=user&type=in".to_string(), false)]
+    );
+    env.wait_phase("t1", "r-global", AllocationPhase::Completed)
+        .await;
+    env.wait_phase("t1", "r-bob", AllocationPhase::Completed)
+        .await;
+    plans.set("w1", Run::Exit(0, Duration::ZERO));
+    env.wait_phase("t1", "w1", AllocationPhase::Completed).await;
+    env.wait_alloc("t1", "r-user", "waiting for w2 only", |r| {
+        message_of(r).ends_with("string:data (writers w2)")
+    })
+    .await;
+    plans.set("w2", Run::Exit(0, Duration::ZERO));
+    env.wait_phase("t1", "r-user", AllocationPhase::Completed)
+        .await;
+
+    // A global writer of another user holds a global reader.
+    plans.set("g-bob", Run::Hold);
+    env.submit(
+        "t1",
+        "g-bob",
+        1,
+        sym(
+            "bob",
+            json!([{"symbol": "dataset", "type": "out", "scope": "global"}]),
+        ),
+    )
+    .await;
+    env.submit(
+        "t1",
+        "g-alice",
+        1,
+        sym(
+            "alice",
+            json!([{"symbol": "dataset", "type": "in", "scope": "global"}]),
+        ),
+    )
+    .await;
+    wait_waiting(&env, "g-alice").await;
+    plans.set("g-bob", Run::Exit(0, Duration::ZERO));
+    env.wait_phase("t1", "g-alice", AllocationPhase::Completed)
+        .await;
+
+    // A failed writer is a fatal exception for its readers, and it cascades down a chain.
+    plans.set("f1", Run::Hold);
+    env.submit(
+        "t1",
+        "f1",
+        1,
+        sym("alice", json!([{"symbol": "model", "type": "out"}])),
+    )
+    .await;
+    env.wait_phase("t1", "f1", AllocationPhase::Running).await;
+    env.submit(
+        "t1",
+        "f2",
+        1,
+        sym("alice", json!([{"symbol": "model", "type": "in"}])),
+    )
+    .await;
+    env.submit(
+        "t1",
+        "f3",
+        1,
+        sym("alice", json!([{"symbol": "model", "type": "inout"}])),
+    )
+    .await;
+    env.submit(
+        "t1",
+        "f4",
+        1,
+        sym("alice", json!([{"symbol": "model", "type": "in"}])),
+    )
+    .await;
+    env.wait_alloc("t1", "f4", "waiting for the last inout writer", |f4| {
+        message_of(f4).ends_with("string:model (writers f3)")
+    })
+    .await;
+    plans.set("f1", Run::Exit(2, Duration::ZERO));
+    wait_never(&env, "f2", "writer f1 of symbol \"model\" ended Failed").await;
+    wait_never(&env, "f3", "writer f1").await;
+    wait_never(&env, "f4", "writer f3 of symbol \"model\" ended Cancelled").await;
+    // Writers that had ended unsuccessfully before a job was submitted are not current.
+    let ended = env.get("t1", "f3").await.status.unwrap().end_time.unwrap();
+    while lattice_apis::meta::now() <= ended {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.submit(
+        "t1",
+        "f5",
+        1,
+        sym("alice", json!([{"symbol": "model", "type": "in"}])),
+    )
+    .await;
+    env.wait_phase("t1", "f5", AllocationPhase::Completed).await;
+
+    for c in ["chain-c", "chain-a", "chain-b"] {
+        env.wait_phase("t1", c, AllocationPhase::Completed).await;
+    }
+    let max = mon.max_active.lock().unwrap().clone();
+    assert_eq!(
+        max.get("chain"),
+        Some(&1),
+        "inout chain overlapped: {max:?}"
+    );
+    let order: Vec<String> = mon
+        .started
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|n| n.starts_with("chain-"))
+        .cloned()
+        .collect();
+    assert_eq!(order, ["chain-c", "chain-a", "chain-b"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn satisfied_dependencies_stay_satisfied_through_duplicates_deletion_and_restart() {
+    let (mut env, _hb) = cluster(&["n1", "n2", "n3"]).await;
+    let plans = Plans::default();
+    let _runner = scripted_runner(&env, "t1", plans.clone());
+    plans.set("a", Run::Hold);
+    plans.set("c", Run::Hold);
+    env.submit("t1", "a", 1, json!({})).await;
+    env.submit("t1", "c", 1, json!({})).await;
+    env.submit(
+        "t1",
+        "b",
+        1,
+        json!({"spec": {"dependsOn": [
+            {"ref": "a", "condition": "started"},
+            {"ref": "c", "condition": "success"}
+        ]}}),
+    )
+    .await;
+    env.wait_phase("t1", "a", AllocationPhase::Running).await;
+    env.wait_alloc("t1", "b", "after:a satisfied", |b| {
+        records(b)
+            == [
+                ("after:a".to_string(), true),
+                ("afterok:c".to_string(), false),
+            ]
+    })
+    .await;
+    // Duplicate events: a finishes, its terminal report is posted again, it is touched
+    // repeatedly, then deleted; the dependent is touched too and the controllers restart.
+    plans.set("a", Run::Exit(0, Duration::ZERO));
+    let a = env.wait_phase("t1", "a", AllocationPhase::Completed).await;
+    let node = a.status.as_ref().unwrap().assigned_nodes[0].clone();
+    for i in 0..3 {
+        env.report(
+            "t1",
+            "a",
+            &node,
+            NodeTaskPhase::Succeeded,
+            Some(0),
+            "Exited",
+        )
+        .await;
+        annotate(&env, "a", "touch", json!(i.to_string())).await;
+        annotate(&env, "b", "touch", json!(i.to_string())).await;
+    }
+    env.allocations("t1")
+        .delete("a", &Default::default())
+        .await
+        .expect("delete a");
+    env.wait_alloc("t1", "b", "still waiting for c only", |b| {
+        message_of(b) == "waiting for dependencies: c (success)"
+    })
+    .await;
+    env.stop_controllers();
+    plans.set("c", Run::Exit(0, Duration::ZERO)); // c ends while no controller runs
+    env.wait_phase("t1", "c", AllocationPhase::Completed).await;
+    env.start_controllers(fast_config());
+    let b = env.wait_phase("t1", "b", AllocationPhase::Completed).await;
+    let st = b.status.as_ref().unwrap();
+    assert_eq!(st.attempt, 1, "released and run exactly once");
+    assert_eq!(
+        records(&b),
+        [
+            ("after:a".to_string(), true),
+            ("afterok:c".to_string(), true)
+        ]
+    );
+    assert_eq!(
+        st.conditions
+            .iter()
+            .filter(|c| c.type_ == "DependenciesMet")
+            .count(),
+        1
+    );
+}

@@ -511,48 +511,381 @@ pub struct ExposedPort {
     pub protocol: PortProtocol,
 }
 
-/// Dependency condition (the seed's table).
+/// Dependency condition (the seed's table, plus Slurm/Flux `after`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DependencyCondition {
-    /// Run after the dependency completes successfully (default).
+    /// Run after the dependency completes successfully (default; Slurm/Flux `afterok`).
     #[default]
     Success,
-    /// Run after the dependency fails.
+    /// Run after the dependency fails (`afternotok`).
     Failure,
-    /// Run after the dependency finishes either way.
+    /// Run after the dependency finishes either way, cancellation included (`afterany`).
     Any,
-    /// Task groups: task N waits for task N of the dependency.
+    /// Task groups: task N waits for task N of the dependency (`aftercorr`).
     Corresponding,
+    /// Run once the dependency has started running, or ended after starting (Slurm/Flux
+    /// `after`). A dependency that ends without ever starting can never satisfy it.
+    /// Standalone allocations only (not DAG edges).
+    Started,
 }
 
 impl DependencyCondition {
     /// The allowed values, for messages.
-    pub const ALLOWED: &'static str = "success, failure, any, corresponding";
+    pub const ALLOWED: &'static str = "success, failure, any, corresponding, started";
 
-    fn parse(s: &str) -> Option<Self> {
+    /// Parse a condition name (`success`, ...).
+    pub fn parse(s: &str) -> Option<Self> {
         match s {
             "success" => Some(Self::Success),
             "failure" => Some(Self::Failure),
             "any" => Some(Self::Any),
             "corresponding" => Some(Self::Corresponding),
+            "started" => Some(Self::Started),
             _ => None,
+        }
+    }
+
+    /// The manifest name (`success`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Failure => "failure",
+            Self::Any => "any",
+            Self::Corresponding => "corresponding",
+            Self::Started => "started",
+        }
+    }
+
+    /// The Slurm/Flux spelling (`afterok`, `afternotok`, `afterany`, `aftercorr`, `after`).
+    pub fn slurm_name(self) -> &'static str {
+        match self {
+            Self::Success => "afterok",
+            Self::Failure => "afternotok",
+            Self::Any => "afterany",
+            Self::Corresponding => "aftercorr",
+            Self::Started => "after",
         }
     }
 }
 
-/// A dependency edge: `{ref: preprocess, condition: success}`. The seed's
-/// short form `{preprocess: success}` and the CLI's `"preprocess:success"`
-/// are accepted on input and normalized to the long form.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+impl fmt::Display for DependencyCondition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Flux RFC 26 `string` scheme access type of a symbolic dependency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SymbolType {
+    /// Wait for every current writer of the symbol (earlier `out`/`inout` allocations).
+    In,
+    /// Declare this allocation a writer: later `in`/`inout` allocations wait for it.
+    Out,
+    /// Both: wait for the current writers, then become the writer (chains allocations).
+    Inout,
+}
+
+impl SymbolType {
+    /// `in` | `out` | `inout`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::In => "in",
+            Self::Out => "out",
+            Self::Inout => "inout",
+        }
+    }
+
+    /// Whether this declares a writer (`out`, `inout`).
+    pub fn writes(self) -> bool {
+        matches!(self, Self::Out | Self::Inout)
+    }
+
+    /// Whether this waits for writers (`in`, `inout`).
+    pub fn reads(self) -> bool {
+        matches!(self, Self::In | Self::Inout)
+    }
+}
+
+/// Flux RFC 26 `string` scheme scope of a symbolic dependency.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SymbolScope {
+    /// Allocations of the same user (annotation `lattice.dev/user`) in the same tenant (default).
+    #[default]
+    User,
+    /// Every allocation of the tenant.
+    Global,
+}
+
+impl SymbolScope {
+    /// `user` | `global`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::User => "user",
+            Self::Global => "global",
+        }
+    }
+}
+
+/// One entry of `spec.dependsOn`. Exactly one of these is set:
+///
+/// * `ref` (+ `condition`): another allocation of the tenant, by name or uid —
+///   `{ref: preprocess, condition: success}`; the seed's short form
+///   `{preprocess: success}` and the CLI's `"preprocess:success"` are accepted on input
+///   and normalized to the long form;
+/// * `beginTime`: not before this wall-clock time, in seconds since the UNIX epoch
+///   (Flux `begin-time`, Slurm `--begin`) — `{beginTime: 1767225600}`;
+/// * `symbol` (+ `type`, `scope`): a Flux RFC 26 `string` dependency —
+///   `{symbol: checkpoint, type: inout, scope: user}`;
+/// * `singleton: true`: Slurm `singleton`, at most one allocation with the same job name
+///   (`spec.tags.name`, else the allocation name) and user runs at a time.
+///
+/// (An allocation named like one of these keys — `type`, `scope`, `symbol`,
+/// `singleton`, `beginTime` — needs the long form `{ref: NAME}`.)
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Dependency {
-    /// Name of the allocation (or DAG task) depended on. Alias: `allocation`.
-    #[serde(rename = "ref")]
+    /// Name or uid of the allocation (or DAG task) depended on; empty for the other
+    /// kinds of dependency. Alias: `allocation`.
     pub ref_: String,
-    /// success (default) | failure | any | corresponding.
-    #[serde(default)]
+    /// With `ref`: success (default) | failure | any | corresponding | started.
     pub condition: DependencyCondition,
+    /// Not before this time (seconds since the UNIX epoch).
+    pub begin_time: Option<f64>,
+    /// Flux `string` scheme symbol.
+    pub symbol: Option<String>,
+    /// With `symbol`: in | out | inout.
+    pub type_: Option<SymbolType>,
+    /// With `symbol`: user (default) | global.
+    pub scope: SymbolScope,
+    /// Slurm `singleton`.
+    pub singleton: bool,
+}
+
+/// What a [`Dependency`] waits for (a borrowed view).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DependencyKind<'a> {
+    /// Another allocation, by name or uid.
+    Allocation {
+        /// Name or uid.
+        target: &'a str,
+        /// When it holds.
+        condition: DependencyCondition,
+    },
+    /// A wall-clock time (epoch seconds).
+    BeginTime(f64),
+    /// A Flux `string` symbol.
+    Symbol {
+        /// The symbol.
+        name: &'a str,
+        /// in | out | inout.
+        type_: SymbolType,
+        /// user | global.
+        scope: SymbolScope,
+    },
+    /// Slurm `singleton`.
+    Singleton,
+}
+
+impl Dependency {
+    /// `{ref: target, condition}`.
+    pub fn on(target: impl Into<String>, condition: DependencyCondition) -> Self {
+        Self {
+            ref_: target.into(),
+            condition,
+            ..Default::default()
+        }
+    }
+
+    /// `{beginTime: epoch_seconds}`.
+    pub fn begin_at(epoch_seconds: f64) -> Self {
+        Self {
+            begin_time: Some(epoch_seconds),
+            ..Default::default()
+        }
+    }
+
+    /// `{symbol, type, scope}`.
+    pub fn symbolic(name: impl Into<String>, type_: SymbolType, scope: SymbolScope) -> Self {
+        Self {
+            symbol: Some(name.into()),
+            type_: Some(type_),
+            scope,
+            ..Default::default()
+        }
+    }
+
+    /// `{singleton: true}`.
+    pub fn singleton() -> Self {
+        Self {
+            singleton: true,
+            ..Default::default()
+        }
+    }
+
+    /// The kinds set on this entry (a valid entry has exactly one).
+    fn kinds_set(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if !self.ref_.is_empty() {
+            v.push("ref");
+        }
+        if self.begin_time.is_some() {
+            v.push("beginTime");
+        }
+        if self.symbol.is_some() {
+            v.push("symbol");
+        }
+        if self.singleton {
+            v.push("singleton");
+        }
+        v
+    }
+
+    /// What this entry waits for; `None` for an entry that admission rejects (no kind,
+    /// or several).
+    pub fn kind(&self) -> Option<DependencyKind<'_>> {
+        if self.kinds_set().len() != 1 {
+            return None;
+        }
+        if !self.ref_.is_empty() {
+            return Some(DependencyKind::Allocation {
+                target: &self.ref_,
+                condition: self.condition,
+            });
+        }
+        if let Some(t) = self.begin_time {
+            return Some(DependencyKind::BeginTime(t));
+        }
+        if let Some(s) = &self.symbol {
+            return Some(DependencyKind::Symbol {
+                name: s,
+                type_: self.type_?,
+                scope: self.scope,
+            });
+        }
+        Some(DependencyKind::Singleton)
+    }
+
+    /// The RFC 26 description of this dependency (how its `dependency-add` and
+    /// `dependency-remove` events are matched): `afterok:prep`, `after:prep`,
+    /// `begin-time:1767225600`, `string:ckpt?scope=user&type=inout`, `singleton`.
+    pub fn description(&self) -> String {
+        match self.kind() {
+            Some(DependencyKind::Allocation { target, condition }) => {
+                format!("{}:{target}", condition.slurm_name())
+            }
+            Some(DependencyKind::BeginTime(t)) => format!("begin-time:{t}"),
+            Some(DependencyKind::Symbol { name, type_, scope }) => format!(
+                "string:{name}?scope={}&type={}",
+                scope.as_str(),
+                type_.as_str()
+            ),
+            Some(DependencyKind::Singleton) => "singleton".to_string(),
+            None => format!("invalid:{}", self.kinds_set().join("+")),
+        }
+    }
+
+    pub(crate) fn validate(
+        &self,
+        dp: &str,
+        self_name: Option<&str>,
+        task_group: bool,
+        errs: &mut Errors,
+    ) {
+        let set = self.kinds_set();
+        match set.as_slice() {
+            [] => {
+                errs.push(
+                    dp.to_string(),
+                    "names nothing to wait for: set ref (an allocation name or uid, with condition), beginTime (epoch seconds), symbol (with type in|out|inout) or singleton: true",
+                );
+                return;
+            }
+            [_] => {}
+            [first, rest @ ..] => {
+                errs.push(
+                    format!("{dp}.{}", rest[0]),
+                    format!(
+                        "set only one of ref, beginTime, symbol, singleton per entry (this one also has {first}); split it into separate dependsOn entries"
+                    ),
+                );
+                return;
+            }
+        }
+        if !self.ref_.is_empty() {
+            if let Some(e) = validate_dns1123_name(&format!("{dp}.ref"), &self.ref_) {
+                errs.0.push(e);
+            } else if Some(self.ref_.as_str()) == self_name {
+                errs.push(
+                    format!("{dp}.ref"),
+                    "an allocation cannot depend on itself; remove this entry",
+                );
+            }
+            if self.condition == DependencyCondition::Corresponding && !task_group {
+                errs.push(
+                    format!("{dp}.condition"),
+                    "`corresponding` links task N to task N of the dependency and needs spec.taskGroup; add a taskGroup or use success|failure|any|started",
+                );
+            }
+        }
+        if let Some(t) = self.begin_time {
+            if !t.is_finite() || !(0.0..=MAX_BEGIN_TIME).contains(&t) {
+                errs.push(
+                    format!("{dp}.beginTime"),
+                    format!("{t} is not a time: use seconds since the UNIX epoch, e.g. 1767225600 (2026-01-01T00:00:00Z)"),
+                );
+            }
+        }
+        if let Some(s) = &self.symbol {
+            if s.is_empty()
+                || s.len() > 253
+                || s.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                errs.push(
+                    format!("{dp}.symbol"),
+                    format!(
+                        "{:?} must be 1-253 characters without spaces, e.g. \"checkpoint\"",
+                        truncate(s, 60)
+                    ),
+                );
+            }
+            if self.type_.is_none() {
+                errs.push(
+                    format!("{dp}.type"),
+                    "is required with symbol: in (wait for the writers), out (become a writer) or inout (both; chains allocations)",
+                );
+            }
+        }
+    }
+}
+
+/// Largest accepted `beginTime` (year 9999).
+const MAX_BEGIN_TIME: f64 = 253_402_300_799.0;
+
+impl Serialize for Dependency {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        if !self.ref_.is_empty() {
+            m.serialize_entry("ref", &self.ref_)?;
+            m.serialize_entry("condition", &self.condition)?;
+        }
+        if let Some(t) = self.begin_time {
+            m.serialize_entry("beginTime", &t)?;
+        }
+        if let Some(sym) = &self.symbol {
+            m.serialize_entry("symbol", sym)?;
+            if let Some(t) = self.type_ {
+                m.serialize_entry("type", &t)?;
+            }
+            m.serialize_entry("scope", &self.scope)?;
+        }
+        if self.singleton {
+            m.serialize_entry("singleton", &true)?;
+        }
+        m.end()
+    }
 }
 
 impl JsonSchema for Dependency {
@@ -561,15 +894,22 @@ impl JsonSchema for Dependency {
     }
     fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
         let cond = g.subschema_for::<DependencyCondition>();
+        let ty = g.subschema_for::<SymbolType>();
+        let scope = g.subschema_for::<SymbolScope>();
         schemars::json_schema!({
-            "description": "A dependency edge. Long form {ref, condition}; short forms {NAME: CONDITION} and \"NAME[:CONDITION]\" are accepted and normalized to the long form.",
+            "description": "A dependency. Exactly one of: ref (+condition) on another allocation by name or uid; beginTime (epoch seconds); symbol (+type, scope), a Flux RFC 26 string dependency; singleton: true (Slurm singleton). Short forms {NAME: CONDITION} and \"NAME[:CONDITION]\" are accepted and normalized to {ref, condition}.",
             "anyOf": [
                 {
                     "type": "object",
                     "properties": {
-                        "ref": { "type": "string", "description": "Name of the allocation (or DAG task) depended on." },
+                        "ref": { "type": "string", "description": "Name or uid of the allocation (or DAG task) depended on." },
                         "allocation": { "type": "string", "description": "Alias of ref." },
-                        "condition": cond.clone()
+                        "condition": cond.clone(),
+                        "beginTime": { "type": "number", "minimum": 0, "description": "Not before this time, in seconds since the UNIX epoch (Flux begin-time, Slurm --begin)." },
+                        "symbol": { "type": "string", "description": "Flux RFC 26 string dependency: the symbol." },
+                        "type": ty,
+                        "scope": scope,
+                        "singleton": { "type": "boolean", "description": "Slurm singleton: at most one allocation with the same job name and user runs at a time." }
                     },
                     "additionalProperties": false
                 },
@@ -591,7 +931,7 @@ impl<'de> Deserialize<'de> for Dependency {
         impl<'de> Visitor<'de> for V {
             type Value = Dependency;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a dependency {ref: NAME, condition: success|failure|any|corresponding} or {NAME: CONDITION}")
+                f.write_str("a dependency {ref: NAME, condition: success|failure|any|corresponding|started}, {NAME: CONDITION}, {beginTime: EPOCH_SECONDS}, {symbol: NAME, type: in|out|inout, scope: user|global} or {singleton: true}")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Dependency, E> {
                 // "name" or "name:condition" (the CLI's --depends-on form).
@@ -607,30 +947,39 @@ impl<'de> Deserialize<'de> for Dependency {
                     ),
                     None => (v, DependencyCondition::Success),
                 };
-                Ok(Dependency {
-                    ref_: r.to_string(),
-                    condition: c,
-                })
+                Ok(Dependency::on(r, c))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Dependency, A::Error> {
-                let mut ref_: Option<String> = None;
+                const FIELDS: &str =
+                    "`ref`, `condition`, `beginTime`, `symbol`, `type`, `scope`, `singleton` (or a single `NAME: CONDITION` pair)";
+                let mut out = Dependency::default();
+                let mut ref_seen = false;
                 let mut condition: Option<DependencyCondition> = None;
+                let mut scope: Option<SymbolScope> = None;
                 let mut short: Option<(String, DependencyCondition)> = None;
+                let mut keys = 0usize;
                 while let Some(key) = map.next_key::<String>()? {
+                    keys += 1;
                     match key.as_str() {
                         "ref" | "allocation" => {
-                            if ref_.is_some() {
+                            if ref_seen {
                                 return Err(de::Error::custom(
                                     "`ref` given twice (ref and allocation are aliases); keep one",
                                 ));
                             }
-                            ref_ = Some(map.next_value()?);
+                            ref_seen = true;
+                            out.ref_ = map.next_value()?;
                         }
                         "condition" => condition = Some(map.next_value()?),
+                        "beginTime" => out.begin_time = Some(map.next_value()?),
+                        "symbol" => out.symbol = Some(map.next_value()?),
+                        "type" => out.type_ = Some(map.next_value()?),
+                        "scope" => scope = Some(map.next_value()?),
+                        "singleton" => out.singleton = map.next_value()?,
                         _ => {
-                            if short.is_some() {
+                            if short.is_some() || keys > 1 {
                                 return Err(de::Error::custom(format!(
-                                    "unknown field `{key}`, expected one of `ref`, `condition` (or a single `NAME: CONDITION` pair)"
+                                    "unknown field `{key}`, expected one of {FIELDS}"
                                 )));
                             }
                             let c: DependencyCondition = map.next_value()?;
@@ -638,25 +987,60 @@ impl<'de> Deserialize<'de> for Dependency {
                         }
                     }
                 }
-                match (ref_, condition, short) {
-                    (Some(r), c, None) => Ok(Dependency {
-                        ref_: r,
-                        condition: c.unwrap_or_default(),
-                    }),
-                    (None, None, Some((r, c))) => Ok(Dependency {
-                        ref_: r,
-                        condition: c,
-                    }),
-                    (None, Some(_), None) => Err(de::Error::missing_field("ref")),
-                    (None, None, None) => Err(de::Error::missing_field("ref")),
-                    (_, _, Some((k, _))) => Err(de::Error::custom(format!(
-                        "unknown field `{k}`, expected one of `ref`, `condition`"
-                    ))),
+                if let Some((k, c)) = short {
+                    if keys > 1 {
+                        return Err(de::Error::custom(format!(
+                            "unknown field `{k}`, expected one of {FIELDS}"
+                        )));
+                    }
+                    return Ok(Dependency::on(k, c));
                 }
+                if let Some(c) = condition {
+                    if !ref_seen {
+                        return Err(de::Error::custom(
+                            "`condition` needs `ref` (the allocation it applies to): write {ref: NAME, condition: CONDITION}",
+                        ));
+                    }
+                    out.condition = c;
+                }
+                if out.symbol.is_none() {
+                    if out.type_.is_some() {
+                        return Err(de::Error::custom(
+                            "`type` needs `symbol`: write {symbol: NAME, type: in|out|inout}",
+                        ));
+                    }
+                    if scope.is_some() {
+                        return Err(de::Error::custom(
+                            "`scope` needs `symbol`: write {symbol: NAME, type: in|out|inout, scope: user|global}",
+                        ));
+                    }
+                }
+                out.scope = scope.unwrap_or_default();
+                if ref_seen && out.ref_.is_empty() {
+                    return Err(de::Error::custom(
+                        "`ref` is empty: name the allocation (or its uid) depended on",
+                    ));
+                }
+                Ok(out)
             }
         }
         d.deserialize_any(V)
     }
+}
+
+/// RFC 26 bookkeeping of one dependency, written by the allocation controller: a
+/// `dependency-add` was posted for `description`, and a `dependency-remove` when
+/// `satisfied`. A satisfied dependency stays satisfied (its dependency may be requeued or
+/// deleted later).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DependencyStatus {
+    /// `afterok:prep`, `after:prep`, `begin-time:1767225600`,
+    /// `string:ckpt?scope=user&type=inout`, `singleton`.
+    pub description: String,
+    /// The dependency holds.
+    #[serde(default)]
+    pub satisfied: bool,
 }
 
 /// Job array.
@@ -1101,6 +1485,11 @@ pub struct AllocationStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The state of each `spec.dependsOn` entry (Flux RFC 26 `dependency-add` /
+    /// `dependency-remove` bookkeeping), written by the allocation controller.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["description"]))]
+    pub dependencies: Vec<DependencyStatus>,
 }
 
 impl AllocationSpec {
@@ -1379,29 +1768,47 @@ impl AllocationSpec {
                 format!("has {} entries, the limit is 1000", self.depends_on.len()),
             );
         }
+        let mut seen_time = false;
+        let mut seen_singleton = false;
         for (i, d) in self.depends_on.iter().enumerate().take(1000) {
             let dp = format!("{p}.dependsOn[{i}]");
-            if let Some(e) = validate_dns1123_name(&format!("{dp}.ref"), &d.ref_) {
-                errs.0.push(e);
-            } else if Some(d.ref_.as_str()) == self_name {
-                errs.push(
-                    format!("{dp}.ref"),
-                    "an allocation cannot depend on itself; remove this entry",
-                );
-            } else if !seen.insert(d.ref_.as_str()) {
-                errs.push(
-                    format!("{dp}.ref"),
-                    format!(
-                        "{:?} is listed twice; keep one entry per dependency",
-                        d.ref_
-                    ),
-                );
-            }
-            if d.condition == DependencyCondition::Corresponding && self.task_group.is_none() {
-                errs.push(
-                    format!("{dp}.condition"),
-                    "`corresponding` links task N to task N of the dependency and needs spec.taskGroup; add a taskGroup or use success|failure|any",
-                );
+            d.validate(&dp, self_name, self.task_group.is_some(), errs);
+            let duplicate = match d.kind() {
+                Some(DependencyKind::Allocation { target, .. }) => (!seen
+                    .insert(format!("ref:{target}")))
+                .then(|| {
+                    (
+                        "ref",
+                        format!(
+                            "{:?} is listed twice; keep one entry per dependency",
+                            truncate(target, 63)
+                        ),
+                    )
+                }),
+                Some(DependencyKind::Symbol { name, .. }) => (!seen
+                    .insert(format!("symbol:{name}")))
+                .then(|| {
+                    (
+                        "symbol",
+                        format!(
+                            "{:?} is listed twice; keep one entry per symbol (inout both reads and writes it)",
+                            truncate(name, 63)
+                        ),
+                    )
+                }),
+                Some(DependencyKind::BeginTime(_)) => std::mem::replace(&mut seen_time, true)
+                    .then(|| {
+                        (
+                            "beginTime",
+                            "is given twice; keep one beginTime".to_string(),
+                        )
+                    }),
+                Some(DependencyKind::Singleton) => std::mem::replace(&mut seen_singleton, true)
+                    .then(|| ("singleton", "is given twice; keep one".to_string())),
+                None => None,
+            };
+            if let Some((field, msg)) = duplicate {
+                errs.push(format!("{dp}.{field}"), msg);
             }
         }
         if let Some(tg) = &self.task_group {

@@ -377,6 +377,28 @@ impl DagSpec {
             let mut seen = BTreeSet::new();
             for (k, d) in t.depends_on.iter().enumerate() {
                 let dp = format!("spec.allocations[{i}].dependsOn[{k}]");
+                if let Some(field) = [
+                    ("beginTime", d.begin_time.is_some()),
+                    ("symbol", d.symbol.is_some()),
+                    ("singleton", d.singleton),
+                ]
+                .iter()
+                .find(|(_, set)| *set)
+                .map(|(f, _)| *f)
+                {
+                    errs.push(
+                        format!("{dp}.{field}"),
+                        "DAG edges name another task of the DAG with ref; beginTime, symbol and singleton are for standalone allocations (submit those with lattice submit --dependency)",
+                    );
+                    continue;
+                }
+                if d.condition == DependencyCondition::Started {
+                    errs.push(
+                        format!("{dp}.condition"),
+                        "`started` (Slurm/Flux `after`) is for standalone allocations; DAG edges use success, failure, any or corresponding",
+                    );
+                    continue;
+                }
                 match names.get(d.ref_.as_str()) {
                     None => errs.push(
                         format!("{dp}.ref"),

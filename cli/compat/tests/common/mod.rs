@@ -30,6 +30,8 @@ pub fn flags() -> SubmitFlags {
     SubmitFlags {
         script_name: Some("job.sh".into()),
         submit_dir: Some("/home/alice/project".into()),
+        // 2025-06-01T12:00:00Z: relative times (`--begin=now+1hour`) are reproducible.
+        now: Some(1_748_779_200),
         ..Default::default()
     }
 }
