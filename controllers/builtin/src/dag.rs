@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lattice_apis::kinds::dag::{DagCounts, DagPhase, DagStatus, DagTaskPhase, DagTaskStatus};
 use lattice_apis::lifecycle::{self, CANCEL_ANNOTATION};
@@ -55,7 +55,17 @@ struct DagRun {
     requeues: HashMap<String, u32>,
     cancelled: bool,
     started_at: Option<lattice_apis::meta::Time>,
+    /// When the Dag's status was last written (status writes are coalesced: the object
+    /// carries every step's spec, so writing it per step would be quadratic).
+    last_status_write: Option<Instant>,
+    /// `<dag>-<step>` of every step, by position in `spec.allocations`.
+    child_names: Vec<String>,
+    /// Built from scratch (restart, leader change, error): replay what the record says.
+    rebuilt: bool,
 }
+
+/// Least time between two status writes of one Dag while its phase does not change.
+const STATUS_EVERY: Duration = Duration::from_secs(1);
 
 struct Ctx {
     api: Api<Allocation>,
@@ -155,6 +165,14 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
                 requeues: HashMap::new(),
                 cancelled: false,
                 started_at: dag.status.as_ref().and_then(|s| s.start_time),
+                last_status_write: None,
+                child_names: dag
+                    .spec
+                    .allocations
+                    .iter()
+                    .map(|t| child_name(&dag, &t.name, None))
+                    .collect(),
+                rebuilt: true,
             }));
             if let Ok(mut g) = ctx.runs.lock() {
                 g.entry(uid.clone()).or_insert(r).clone()
@@ -169,7 +187,7 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
         // The engine may have moved on before its side effects landed: rebuild it from
         // the Dag and its children next time (replay is idempotent).
         Err(_) => true,
-        Ok(terminal) => *terminal,
+        Ok((terminal, _)) => *terminal,
     };
     drop(guard);
     if forget {
@@ -177,12 +195,21 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
             g.remove(&uid);
         }
     }
-    outcome.map(|_| Action::await_change())
+    outcome.map(|(_, again)| match again {
+        Some(d) => Action::requeue(d),
+        None => Action::await_change(),
+    })
 }
 
 /// One pass: feed the children's states to the engine, make the children match the
-/// engine (level-triggered), write the status. Returns whether the DAG is terminal.
-async fn drive(dag: &Dag, ctx: &Ctx, uid: &str, run: &mut DagRun) -> Result<bool, anyhow::Error> {
+/// engine (level-triggered), write the status. Returns whether the DAG is terminal, and
+/// when to come back for a status write that was held back.
+async fn drive(
+    dag: &Dag,
+    ctx: &Ctx,
+    uid: &str,
+    run: &mut DagRun,
+) -> Result<(bool, Option<Duration>), anyhow::Error> {
     let begun = Instant::now();
     // Roots (idempotent: only the first call releases anything).
     let mut actions = run.engine.start();
@@ -193,15 +220,13 @@ async fn drive(dag: &Dag, ctx: &Ctx, uid: &str, run: &mut DagRun) -> Result<bool
     // step's events only apply once its predecessors' have). A step whose child is gone
     // but whose end the Dag's status recorded is replayed from that record.
     let children = ctx.allocations.by_owner_uid(uid);
-    let by_name: HashMap<String, Arc<Allocation>> = children
-        .iter()
-        .map(|c| (c.name_any().to_string(), c.clone()))
-        .collect();
-    let recorded = dag
-        .status
-        .as_ref()
-        .map(|s| s.tasks.clone())
-        .unwrap_or_default();
+    let by_name: HashMap<&str, &Arc<Allocation>> =
+        children.iter().map(|c| (c.name_any(), c)).collect();
+    let recorded = dag.status.as_ref().map(|s| &s.tasks);
+    // Replaying from the record is only needed after a rebuild, or when a child we saw
+    // has disappeared; otherwise every step's child is there to be fed.
+    let mut check_missing = run.rebuilt || run.seen.len() > children.len();
+    run.rebuilt = false;
     loop {
         let mut progress = false;
         for child in &children {
@@ -210,44 +235,50 @@ async fn drive(dag: &Dag, ctx: &Ctx, uid: &str, run: &mut DagRun) -> Result<bool
                 actions.extend(more.1);
             }
         }
-        for task in &dag.spec.allocations {
-            if task.spec.task_group.is_some() {
-                continue;
-            }
-            let name = child_name(dag, &task.name, None);
-            if by_name.contains_key(&name) || run.seen.get(&name) == Some(&Seen::Done) {
-                continue;
-            }
-            let released = matches!(
-                run.engine.state(&task.name),
-                Some(StepState::Pending | StepState::Running)
-            );
-            let outcome = recorded.get(&task.name).and_then(|t| match t.phase {
-                DagTaskPhase::Completed => Some(Outcome::Succeeded),
-                DagTaskPhase::Failed => Some(Outcome::Failed { exit: 1 }),
-                DagTaskPhase::Cancelled | DagTaskPhase::Skipped => Some(Outcome::Cancelled),
-                _ => None,
-            });
-            // A released step whose child we saw and that is gone now was deleted: it
-            // ended (cancelled), it must not run again.
-            let vanished = released && run.seen.contains_key(&name);
-            let outcome = outcome.or(vanished.then_some(Outcome::Cancelled));
-            if let (true, Some(o)) = (released, outcome) {
-                if let Ok(a) = run.engine.on_terminal(&task.name, o, None) {
-                    actions.extend(a);
-                    run.seen.insert(name, Seen::Done);
-                    progress = true;
+        if check_missing {
+            for (i, task) in dag.spec.allocations.iter().enumerate() {
+                if task.spec.task_group.is_some() {
+                    continue;
+                }
+                let name = run.child_names[i].as_str();
+                if by_name.contains_key(name) || run.seen.get(name) == Some(&Seen::Done) {
+                    continue;
+                }
+                let released = matches!(
+                    run.engine.state(&task.name),
+                    Some(StepState::Pending | StepState::Running)
+                );
+                let outcome = recorded
+                    .and_then(|r| r.get(&task.name))
+                    .and_then(|t| match t.phase {
+                        DagTaskPhase::Completed => Some(Outcome::Succeeded),
+                        DagTaskPhase::Failed => Some(Outcome::Failed { exit: 1 }),
+                        DagTaskPhase::Cancelled | DagTaskPhase::Skipped => Some(Outcome::Cancelled),
+                        _ => None,
+                    });
+                // A released step whose child we saw and that is gone now was deleted: it
+                // ended (cancelled), it must not run again.
+                let vanished = released && run.seen.contains_key(name);
+                let outcome = outcome.or(vanished.then_some(Outcome::Cancelled));
+                if let (true, Some(o)) = (released, outcome) {
+                    if let Ok(a) = run.engine.on_terminal(&task.name, o, None) {
+                        actions.extend(a);
+                        let name = name.to_string();
+                        run.seen.insert(name, Seen::Done);
+                        progress = true;
+                    }
                 }
             }
         }
         if !progress {
             break;
         }
+        check_missing = check_missing || progress;
     }
     for c in &children {
-        run.seen
-            .entry(c.name_any().to_string())
-            .or_insert(Seen::Created);
+        if !run.seen.contains_key(c.name_any()) {
+            run.seen.insert(c.name_any().to_string(), Seen::Created);
+        }
     }
     let dag_cancelled = dag
         .metadata
@@ -282,7 +313,7 @@ async fn drive(dag: &Dag, ctx: &Ctx, uid: &str, run: &mut DagRun) -> Result<bool
             reason,
         } = a
         {
-            if let Some(c) = by_name.get(&child_name(dag, step, *index)) {
+            if let Some(c) = by_name.get(child_name(dag, step, *index).as_str()) {
                 cancel_child(&api, c, &cancel_message(reason)).await?;
             }
         }
@@ -298,13 +329,26 @@ async fn drive(dag: &Dag, ctx: &Ctx, uid: &str, run: &mut DagRun) -> Result<bool
             .dag_release_latency
             .observe(begun.elapsed().as_secs_f64());
     }
+    // The status: at once when the phase changes, otherwise at most every STATUS_EVERY.
+    let phase_now = status_phase(run);
+    let phase_before = dag.status.as_ref().map(|s| s.phase);
+    if phase_before == Some(phase_now) {
+        if let Some(at) = run.last_status_write {
+            let since = at.elapsed();
+            if since < STATUS_EVERY {
+                return Ok((false, Some(STATUS_EVERY - since)));
+            }
+        }
+    }
     let status = status_of(run, dag, &children);
     let terminal = matches!(
         status.phase,
         DagPhase::Completed | DagPhase::Failed | DagPhase::Cancelled
     );
-    write_status(ctx, dag, status).await?;
-    Ok(terminal)
+    if write_status(ctx, dag, status).await? {
+        run.last_status_write = Some(Instant::now());
+    }
+    Ok((terminal, None))
 }
 
 /// Make every child match the engine: a released plain step exists without hold, a
@@ -314,55 +358,80 @@ async fn ensure_children(
     ctx: &Ctx,
     dag: &Dag,
     run: &DagRun,
-    children: &HashMap<String, Arc<Allocation>>,
+    children: &HashMap<&str, &Arc<Allocation>>,
 ) -> Result<u64, anyhow::Error> {
+    use futures::future::BoxFuture;
+    use futures::{FutureExt, StreamExt};
     let api = ctx.api.within(dag.namespace());
-    let mut released = 0;
-    for task in &dag.spec.allocations {
-        let state = run.engine.state(&task.name).cloned();
+    let mut work: Vec<BoxFuture<'_, Result<u64, anyhow::Error>>> = Vec::new();
+    for (i, task) in dag.spec.allocations.iter().enumerate() {
+        let state = run.engine.state(&task.name);
         if task.spec.task_group.is_some() {
             if let Some(StepState::Cancelled { reason }) = state {
                 for c in children.values() {
                     if c.labels().get(DAG_STEP_LABEL) == Some(&task.name) {
-                        cancel_child(&api, c, &cancel_message(&reason)).await?;
+                        let (api, c, why) = (api.clone(), (*c).clone(), cancel_message(reason));
+                        work.push(async move { cancel_child(&api, &c, &why).await.map(|_| 0) }.boxed());
                     }
                 }
             }
             continue;
         }
-        let name = child_name(dag, &task.name, None);
-        let child = children.get(&name);
+        let name = run.child_names[i].as_str();
+        let child = children.get(name);
         match state {
             Some(StepState::Pending | StepState::Running) => match child {
-                None if !run.seen.contains_key(&name) => {
-                    create_step(ctx, dag, &task.name, None, false).await?;
-                    released += 1;
+                None if !run.seen.contains_key(name) => {
+                    let step = task.name.clone();
+                    work.push(
+                        async move { create_step(ctx, dag, &step, None, false).await.map(|_| 1) }
+                            .boxed(),
+                    );
                 }
                 Some(c) if c.metadata.annotations.contains_key(HOLD_ANNOTATION) => {
-                    let patch =
-                        Patch::Merge(json!({"metadata": {"annotations": {HOLD_ANNOTATION: null}}}));
-                    api.patch(&name, &PatchParams::default(), &patch).await?;
-                    let patch = Patch::Merge(
-                        json!({"status": {"reason": null, "message": "dependencies satisfied; queued"}}),
+                    // One write: lifting the hold is what makes it schedulable. Its stale
+                    // pending reason is replaced by the scheduler's (or cleared on binding).
+                    let api = api.clone();
+                    work.push(
+                        async move {
+                            let patch = Patch::Merge(
+                                json!({"metadata": {"annotations": {HOLD_ANNOTATION: null}}}),
+                            );
+                            api.patch(name, &PatchParams::default(), &patch).await?;
+                            Ok(1)
+                        }
+                        .boxed(),
                     );
-                    api.patch_status(&name, &PatchParams::default(), &patch)
-                        .await?;
-                    released += 1;
                 }
                 _ => {}
             },
             Some(StepState::Waiting | StepState::Queued)
-                if child.is_none() && !run.seen.contains_key(&name) =>
+                if child.is_none() && !run.seen.contains_key(name) =>
             {
-                create_step(ctx, dag, &task.name, None, true).await?;
+                let step = task.name.clone();
+                work.push(
+                    async move { create_step(ctx, dag, &step, None, true).await.map(|_| 0) }
+                        .boxed(),
+                );
             }
             Some(StepState::Cancelled { reason }) => {
                 if let Some(c) = child {
-                    cancel_child(&api, c, &cancel_message(&reason)).await?;
+                    let (api, c, why) = (api.clone(), (*c).clone(), cancel_message(reason));
+                    work.push(async move { cancel_child(&api, &c, &why).await.map(|_| 0) }.boxed());
                 }
             }
             _ => {}
         }
+    }
+    // Independent writes: concurrently, so a wide DAG's steps share the store's group
+    // commits instead of paying one fsync each.
+    let results: Vec<Result<u64, anyhow::Error>> = futures::stream::iter(work)
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let mut released = 0;
+    for r in results {
+        released += r?;
     }
     Ok(released)
 }
@@ -392,17 +461,25 @@ async fn cancel_child(
 /// Feed one child's state to the engine. Returns (whether the engine took something,
 /// its actions), or `None` for children that are not DAG steps.
 fn feed(run: &mut DagRun, child: &Allocation) -> Option<(bool, Vec<DagAction>)> {
-    let (step, index) = step_of(child)?;
-    let name = child.name_any().to_string();
-    let seen = run.seen.get(&name).copied().unwrap_or(Seen::Created);
+    let seen = run
+        .seen
+        .get(child.name_any())
+        .copied()
+        .unwrap_or(Seen::Created);
     if seen == Seen::Done {
         return Some((false, Vec::new()));
     }
+    // Cheap exits first: most children of a big DAG are held or just queued.
     let phase = child.phase();
     let held = child.metadata.annotations.contains_key(HOLD_ANNOTATION);
     if held && !phase.is_terminal() {
         return Some((false, Vec::new()));
     }
+    if seen == Seen::Created && phase == AllocationPhase::Pending {
+        return Some((false, Vec::new()));
+    }
+    let (step, index) = step_of(child)?;
+    let name = child.name_any().to_string();
     let requeues = child
         .status
         .as_ref()
@@ -712,16 +789,25 @@ fn status_of(run: &DagRun, dag: &Dag, children: &[Arc<Allocation>]) -> DagStatus
     }
 }
 
-async fn write_status(ctx: &Ctx, dag: &Dag, status: DagStatus) -> Result<(), anyhow::Error> {
+async fn write_status(ctx: &Ctx, dag: &Dag, status: DagStatus) -> Result<bool, anyhow::Error> {
     if dag.status.as_ref() == Some(&status) {
-        return Ok(());
+        return Ok(false);
     }
-    let mut obj = dag.clone();
-    obj.status = Some(status);
-    let patch = Patch::Merge(json!({"status": serde_json::to_value(obj.status)?}));
+    let patch = Patch::Merge(json!({"status": serde_json::to_value(&status)?}));
     ctx.dags
         .within(dag.namespace())
         .patch_status(dag.name_any(), &PatchParams::default(), &patch)
         .await?;
-    Ok(())
+    Ok(true)
+}
+
+/// The DAG phase the status would show now (O(1), from the engine).
+fn status_phase(run: &DagRun) -> DagPhase {
+    match run.engine.phase() {
+        lattice_dag::DagPhase::Running => DagPhase::Running,
+        lattice_dag::DagPhase::Completed => DagPhase::Completed,
+        lattice_dag::DagPhase::Failed => DagPhase::Failed,
+        // Shown as Running until the running steps stopped (see `status_of`).
+        lattice_dag::DagPhase::Cancelled => DagPhase::Cancelled,
+    }
 }

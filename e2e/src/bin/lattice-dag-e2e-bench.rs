@@ -51,7 +51,16 @@ fn step(name: String, deps: Vec<String>) -> Value {
 
 fn chain(name: &str, tenant: &str, n: usize) -> Value {
     let steps: Vec<Value> = (0..n)
-        .map(|i| step(format!("s{i}"), if i == 0 { vec![] } else { vec![format!("s{}", i - 1)] }))
+        .map(|i| {
+            step(
+                format!("s{i}"),
+                if i == 0 {
+                    vec![]
+                } else {
+                    vec![format!("s{}", i - 1)]
+                },
+            )
+        })
         .collect();
     json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Dag",
            "metadata": {"name": name, "namespace": tenant}, "spec": {"allocations": steps}})
@@ -137,24 +146,44 @@ async fn in_process(n: usize) -> anyhow::Result<()> {
             .await?;
     }
     println!("RESULT release_controller_steps={n}");
-    println!("RESULT release_controller_p50_ms={:.2}", pct(&mut lat, 0.50));
-    println!("RESULT release_controller_p99_ms={:.2}", pct(&mut lat, 0.99));
-    println!("RESULT release_controller_total_s={:.2}", started.elapsed().as_secs_f64());
+    println!(
+        "RESULT release_controller_p50_ms={:.2}",
+        pct(&mut lat, 0.50)
+    );
+    println!(
+        "RESULT release_controller_p99_ms={:.2}",
+        pct(&mut lat, 0.99)
+    );
+    println!(
+        "RESULT release_controller_total_s={:.2}",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
 async fn cluster(url: &str, token: &str, n: usize, tenant: &str) -> anyhow::Result<()> {
     let token = token.trim();
     let http = reqwest::Client::new();
-    let base = format!("{}/apis/lattice.dev/v1alpha1/namespaces/{tenant}/dags", url.trim_end_matches('/'));
+    let base = format!(
+        "{}/apis/lattice.dev/v1alpha1/namespaces/{tenant}/dags",
+        url.trim_end_matches('/')
+    );
     let run = format!("b{}", std::process::id());
     for (kind, dag) in [
         ("chain", chain(&format!("{run}-chain"), tenant, n)),
         ("fanout", fan(&format!("{run}-fan"), tenant, n)),
     ] {
-        let name = dag["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let name = dag["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let start = Instant::now();
-        let resp = http.post(&base).bearer_auth(token).json(&dag).send().await?;
+        let resp = http
+            .post(&base)
+            .bearer_auth(token)
+            .json(&dag)
+            .send()
+            .await?;
         if !resp.status().is_success() {
             anyhow::bail!("submit {kind}: {} {}", resp.status(), resp.text().await?);
         }
@@ -171,14 +200,20 @@ async fn cluster(url: &str, token: &str, n: usize, tenant: &str) -> anyhow::Resu
                 break p;
             }
             if start.elapsed() > Duration::from_secs(600) {
-                anyhow::bail!("{kind} DAG did not finish in 600 s: {}", d["status"]["counts"]);
+                anyhow::bail!(
+                    "{kind} DAG did not finish in 600 s: {}",
+                    d["status"]["counts"]
+                );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         };
         let s = start.elapsed().as_secs_f64();
         println!("RESULT dag_{kind}_{n}_phase={phase}");
         println!("RESULT dag_{kind}_{n}_s={s:.2}");
-        println!("RESULT dag_{kind}_{n}_overhead_ms_per_step={:.1}", s * 1000.0 / n as f64);
+        println!(
+            "RESULT dag_{kind}_{n}_overhead_ms_per_step={:.1}",
+            s * 1000.0 / n as f64
+        );
     }
     Ok(())
 }
