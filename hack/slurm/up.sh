@@ -12,6 +12,7 @@ NS="nsenter --net=/run/netns/$NSN"
 command -v slurmctld >/dev/null || { echo "slurm-wlm is not installed (apt-get install -y slurm-wlm)" >&2; exit 1; }
 echo "slurm: starting munge, slurmctld and slurmd n1..n4 in netns $NSN (state in $S)"
 mkdir -p "$S"/munge "$S"/state "$S"/log "$S"/spool "$S"/jobs
+chmod 755 "$S"
 sed -e "s#@SLURMDIR@#$S#g; s#@HOSTNAME@#$(hostname)#g" "$here/slurm.conf.in" > "$S/slurm.conf"
 export SLURM_CONF=$S/slurm.conf
 chown munge:munge "$S/munge"; chmod 755 "$S/munge"

@@ -248,14 +248,17 @@ async fn drive(
                     run.engine.state(&task.name),
                     Some(StepState::Pending | StepState::Running)
                 );
-                let outcome = recorded
-                    .and_then(|r| r.get(&task.name))
-                    .and_then(|t| match t.phase {
-                        DagTaskPhase::Completed => Some(Outcome::Succeeded),
-                        DagTaskPhase::Failed => Some(Outcome::Failed { exit: 1 }),
-                        DagTaskPhase::Cancelled | DagTaskPhase::Skipped => Some(Outcome::Cancelled),
-                        _ => None,
-                    });
+                let outcome =
+                    recorded
+                        .and_then(|r| r.get(&task.name))
+                        .and_then(|t| match t.phase {
+                            DagTaskPhase::Completed => Some(Outcome::Succeeded),
+                            DagTaskPhase::Failed => Some(Outcome::Failed { exit: 1 }),
+                            DagTaskPhase::Cancelled | DagTaskPhase::Skipped => {
+                                Some(Outcome::Cancelled)
+                            }
+                            _ => None,
+                        });
                 // A released step whose child we saw and that is gone now was deleted: it
                 // ended (cancelled), it must not run again.
                 let vanished = released && run.seen.contains_key(name);
@@ -371,7 +374,9 @@ async fn ensure_children(
                 for c in children.values() {
                     if c.labels().get(DAG_STEP_LABEL) == Some(&task.name) {
                         let (api, c, why) = (api.clone(), (*c).clone(), cancel_message(reason));
-                        work.push(async move { cancel_child(&api, &c, &why).await.map(|_| 0) }.boxed());
+                        work.push(
+                            async move { cancel_child(&api, &c, &why).await.map(|_| 0) }.boxed(),
+                        );
                     }
                 }
             }
