@@ -304,31 +304,11 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
     /// Read-modify-write with conflict retry: `mutate` is applied to the latest
     /// object and written with PUT; a 409 re-reads and tries again (up to `attempts`).
     /// `mutate` returning `false` skips the write.
-    pub async fn update_with_retry<F>(
-        &self,
-        name: &str,
-        attempts: usize,
-        mut mutate: F,
-    ) -> Result<K>
+    pub async fn update_with_retry<F>(&self, name: &str, attempts: usize, mutate: F) -> Result<K>
     where
         F: FnMut(&mut K) -> bool + Send,
     {
-        let mut last = None;
-        for _ in 0..attempts.max(1) {
-            let mut obj = self.get(name).await?;
-            if !mutate(&mut obj) {
-                return Ok(obj);
-            }
-            match self.replace(name, &PostParams::default(), &obj).await {
-                Ok(o) => return Ok(o),
-                Err(e) if e.is_conflict() => {
-                    tracing::debug!(kind = K::KIND, name, "update conflict; re-reading");
-                    last = Some(e);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| Error::Request("no attempt made".into())))
+        self.retry_update(name, attempts, mutate, false).await
     }
 
     /// Like [`update_with_retry`](Self::update_with_retry) for the `/status`
@@ -338,7 +318,20 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
         &self,
         name: &str,
         attempts: usize,
+        mutate: F,
+    ) -> Result<K>
+    where
+        F: FnMut(&mut K) -> bool + Send,
+    {
+        self.retry_update(name, attempts, mutate, true).await
+    }
+
+    async fn retry_update<F>(
+        &self,
+        name: &str,
+        attempts: usize,
         mut mutate: F,
+        status: bool,
     ) -> Result<K>
     where
         F: FnMut(&mut K) -> bool + Send,
@@ -349,13 +342,16 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
             if !mutate(&mut obj) {
                 return Ok(obj);
             }
-            match self
-                .replace_status(name, &PostParams::default(), &obj)
-                .await
-            {
+            let written = if status {
+                self.replace_status(name, &PostParams::default(), &obj)
+                    .await
+            } else {
+                self.replace(name, &PostParams::default(), &obj).await
+            };
+            match written {
                 Ok(o) => return Ok(o),
                 Err(e) if e.is_conflict() => {
-                    tracing::debug!(kind = K::KIND, name, "status update conflict; re-reading");
+                    tracing::debug!(kind = K::KIND, name, status, "update conflict; re-reading");
                     last = Some(e);
                 }
                 Err(e) => return Err(e),
