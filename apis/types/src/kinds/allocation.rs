@@ -1421,7 +1421,8 @@ pub struct AllocationStatus {
     /// Pending | Staging | Running | Checkpointing | Suspended | Completed | Failed | Cancelled.
     #[serde(default)]
     pub phase: AllocationPhase,
-    /// CamelCase reason for the phase, e.g. `WaitingForQuota`, `WalltimeExceeded`, `NodeFailure`.
+    /// snake_case reason for the phase (`lattice_apis::lifecycle::reason`), e.g.
+    /// `quota_headroom`, `waiting_for_dependencies`, `walltime_exceeded`, `node_failure`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Human-readable detail, e.g. "waiting for quota headroom".
