@@ -20,4 +20,4 @@ echo "==> building binaries for the end-to-end tests"
 cargo build --workspace --bins
 
 echo "==> cargo test --workspace"
-cargo test --workspace -- --test-threads="${LATTICE_TEST_THREADS:-2}"
+cargo test --workspace --no-fail-fast -- --test-threads="${LATTICE_TEST_THREADS:-2}"

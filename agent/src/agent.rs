@@ -53,6 +53,29 @@ pub struct Ctx {
     pub metrics: Arc<Metrics>,
     /// Cancelled when the agent stops (workloads keep running).
     pub shutdown: CancellationToken,
+    /// Re-attached runs not yet confirmed as still this node's (or stopped): the node is
+    /// not registered Ready until this is 0, so no new work lands beside a superseded
+    /// run that is still being stopped (e.g. after the node was Down and its work
+    /// requeued elsewhere).
+    pub unsettled: Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+/// Holds one re-attached run's place in [`Ctx::unsettled`] until dropped.
+#[derive(Debug)]
+pub struct SettleGuard(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl SettleGuard {
+    /// Count one more unsettled run.
+    pub fn new(ctx: &Ctx) -> Self {
+        ctx.unsettled.send_modify(|n| *n += 1);
+        Self(ctx.unsettled.clone())
+    }
+}
+
+impl Drop for SettleGuard {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 /// Run the agent until SIGTERM/SIGINT.
@@ -98,6 +121,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         logs: logs.clone(),
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
+        unsettled: Arc::new(tokio::sync::watch::channel(0).0),
         cfg,
     });
     tracing::info!(node = %ctx.cfg.node, api = %ctx.cfg.api_url, %address, state_dir = %ctx.cfg.state_dir.display(), cgroups = ctx.cgroups.enabled(), "lattice agent starting");
@@ -113,11 +137,21 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         discovery::gpu_discovery(&ctx.cfg).as_ref(),
         Path::new("/proc"),
     );
-    tokio::spawn(registration::run(ctx.clone(), facts, address, started));
-    tokio::spawn(heartbeat::run(ctx.clone()));
-
+    // Re-attach first: registration waits until every re-attached run is settled.
     let mut dispatcher = Dispatcher::new(ctx.clone());
     dispatcher.recover();
+    // Both wait for the re-attached runs to settle: a heartbeat alone brings a Down
+    // node back to Ready.
+    tokio::spawn(registration::run(ctx.clone(), facts, address, started));
+    tokio::spawn({
+        let ctx = ctx.clone();
+        async move {
+            if registration::wait_settled(&ctx).await {
+                heartbeat::run(ctx).await;
+            }
+        }
+    });
+
     tokio::select! {
         _ = dispatcher.run() => {}
         _ = shutdown_signal() => tracing::info!("shutting down; workloads keep running"),
@@ -201,8 +235,9 @@ impl Dispatcher {
             let ctx = self.ctx.clone();
             let done = self.done_tx.clone();
             let k = key.clone();
+            let settle = SettleGuard::new(&ctx);
             let join = tokio::spawn(async move {
-                supervisor::run_reattached(ctx, rec, rx).await;
+                supervisor::run_reattached(ctx, rec, rx, settle).await;
                 let _ = done.send(k);
             });
             self.tasks.insert(key, TaskHandle { tx, join });

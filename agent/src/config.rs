@@ -59,12 +59,9 @@ pub struct AgentArgs {
     /// Address to publish instead of the bound one (when listening on 0.0.0.0).
     #[arg(long)]
     pub advertise_address: Option<String>,
-    /// How often the heartbeat Lease is renewed, e.g. `5s`, `500ms`.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    /// How often a heartbeat is sent on the heartbeat stream, e.g. `10s`, `500ms`.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
-    /// Seconds a heartbeat Lease stays valid without renewal (default: 3 intervals, at least 1 s).
-    #[arg(long)]
-    pub lease_duration_seconds: Option<i32>,
     /// Time between SIGTERM and SIGKILL when the agent stops a workload.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub grace_period: Duration,
@@ -144,8 +141,6 @@ pub struct Config {
     pub advertise_address: Option<String>,
     /// `--heartbeat-interval`.
     pub heartbeat_interval: Duration,
-    /// `--lease-duration-seconds` (or 3 heartbeat intervals).
-    pub lease_duration_seconds: i32,
     /// `--grace-period`.
     pub grace_period: Duration,
     /// `--cpu-cores`.
@@ -191,13 +186,6 @@ impl Config {
         if a.heartbeat_interval.is_zero() {
             anyhow::bail!("--heartbeat-interval must be more than 0");
         }
-        let lease_duration_seconds = a.lease_duration_seconds.unwrap_or_else(|| {
-            let secs = (a.heartbeat_interval.as_secs_f64() * 3.0).ceil() as i64;
-            secs.clamp(1, 86_400) as i32
-        });
-        if !(1..=86_400).contains(&lease_duration_seconds) {
-            anyhow::bail!("--lease-duration-seconds must be between 1 and 86400");
-        }
         if a.log_buffer_bytes < 1024 {
             anyhow::bail!("--log-buffer-bytes must be at least 1024");
         }
@@ -213,7 +201,6 @@ impl Config {
             listen: a.listen,
             advertise_address: a.advertise_address,
             heartbeat_interval: a.heartbeat_interval,
-            lease_duration_seconds,
             grace_period: a.grace_period,
             cpu_cores: a.cpu_cores,
             memory_gb: a.memory_gb,
@@ -274,7 +261,6 @@ mod tests {
         assert!(cli.command.is_none());
         let c = Config::from_args(cli.agent).unwrap();
         assert_eq!(c.heartbeat_interval, Duration::from_millis(500));
-        assert_eq!(c.lease_duration_seconds, 2);
         assert_eq!(c.features, vec!["a", "b"]);
         assert!(Cli::try_parse_from(["lattice-agent", "--state-dir", "/x"]).is_err());
 

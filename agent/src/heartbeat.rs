@@ -1,24 +1,31 @@
-//! The heartbeat: the `Lease` `lattice-node-lease/<node>`, renewed every
-//! `--heartbeat-interval`, with a sequence number in the annotation
-//! `lattice.dev/heartbeat-sequence` that never goes back, not even across restarts.
+//! The heartbeat: one long-lived stream to the API server
+//! (`POST /apis/lattice.dev/v1alpha1/nodes/<node>/heartbeat?sequence=N`) carrying one
+//! line per `--heartbeat-interval`, the next heartbeat sequence number. The server keeps
+//! the node's `Lease` `lattice-node-lease/<node>` attached to a store lease that each line
+//! renews in memory, so a heartbeat is a few bytes on an open connection, not a write.
+//! When the response ends (lease expired, server restart, idle, shutdown) or the
+//! connection breaks, the agent reconnects with backoff; a reconnect within the TTL keeps
+//! the same Lease.
 //!
-//! Sequence numbers are reserved in blocks in the state file ([`SEQUENCE_BLOCK`] at a
-//! time), so a heartbeat costs one API write and no fsync, and a restarted agent
-//! continues above anything it may have used. A failing heartbeat only logs (with
-//! backoff) and counts; it never touches workloads.
+//! Sequence numbers never go back, not even across restarts: they are reserved in blocks
+//! in the state file ([`SEQUENCE_BLOCK`] at a time), so a heartbeat costs no fsync and a
+//! restarted agent continues above anything it may have used. A failing heartbeat only
+//! logs (with backoff) and counts; it never touches workloads.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lattice_apis::{Lease, LeaseSpec, ObjectMeta};
-use lattice_runtime::{Api, PostParams};
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 
 use crate::agent::Ctx;
 
 /// Namespace of the node heartbeat Leases.
-pub const LEASE_NAMESPACE: &str = "lattice-node-lease";
+pub const LEASE_NAMESPACE: &str = lattice_apis::NODE_LEASE_NAMESPACE;
 /// Annotation carrying the heartbeat sequence number.
-pub const SEQUENCE_ANNOTATION: &str = "lattice.dev/heartbeat-sequence";
+pub const SEQUENCE_ANNOTATION: &str = lattice_apis::HEARTBEAT_SEQUENCE_ANNOTATION;
 /// Sequence numbers reserved per state-file write.
 pub const SEQUENCE_BLOCK: u64 = 1000;
 
@@ -58,29 +65,40 @@ impl Sequence {
     }
 }
 
-/// Renew the Lease until shutdown.
+/// Keep a heartbeat stream open until shutdown.
 pub async fn run(ctx: Arc<Ctx>) {
-    let api: Api<Lease> = Api::namespaced(ctx.client.clone(), LEASE_NAMESPACE);
+    let http = match reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .http1_only()
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the heartbeat HTTP client; no heartbeats");
+            return;
+        }
+    };
     let mut seq = Sequence::resume(&ctx);
-    let mut cached: Option<Lease> = None;
     let mut failures: u32 = 0;
     let mut last_warn: Option<Instant> = None;
     loop {
-        let started = Instant::now();
-        match renew(&ctx, &api, &mut cached, &mut seq).await {
-            Ok(n) => {
-                ctx.metrics.heartbeats.inc();
-                if failures > 0 {
-                    tracing::info!(
-                        sequence = n,
-                        after_failures = failures,
-                        "heartbeat restored"
-                    );
-                }
+        let opened = Instant::now();
+        let outcome = stream(&ctx, &http, &mut seq).await;
+        if ctx.shutdown.is_cancelled() {
+            return;
+        }
+        // A stream that lived a while was healthy: reconnect at once.
+        let healthy = opened.elapsed() >= ctx.cfg.heartbeat_interval.saturating_mul(2);
+        match outcome {
+            // A stream the server ended quickly counts as a failure, so that repeated
+            // quick endings back off instead of reopening (a Lease write) in a loop.
+            Ok(why) if healthy => {
+                tracing::info!(reason = %why, "heartbeat stream ended; reconnecting");
                 failures = 0;
                 last_warn = None;
             }
-            Err(e) => {
+            Ok(why) | Err(why) => {
                 ctx.metrics.heartbeat_failures.inc();
                 failures += 1;
                 // Log the first failure, then at most every 2^k intervals (capped at a minute).
@@ -90,12 +108,20 @@ pub async fn run(ctx: Arc<Ctx>) {
                     .saturating_mul(1 << failures.min(6))
                     .min(Duration::from_secs(60));
                 if last_warn.is_none_or(|t| t.elapsed() >= quiet) {
-                    tracing::warn!(error = %e, failures, "heartbeat failed; workloads are unaffected");
+                    tracing::warn!(error = %why, failures, "heartbeat failed; workloads are unaffected");
                     last_warn = Some(Instant::now());
                 }
             }
         }
-        let wait = ctx.cfg.heartbeat_interval.saturating_sub(started.elapsed());
+        // Back off while failing: one interval times 2^(failures-1), capped at 30 s.
+        let wait = if failures == 0 {
+            Duration::from_millis(100)
+        } else {
+            ctx.cfg
+                .heartbeat_interval
+                .saturating_mul(1 << (failures - 1).min(5))
+                .min(Duration::from_secs(30))
+        };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = ctx.shutdown.cancelled() => return,
@@ -103,78 +129,85 @@ pub async fn run(ctx: Arc<Ctx>) {
     }
 }
 
-fn sequence_of(l: &Lease) -> u64 {
-    l.metadata
-        .annotations
-        .get(SEQUENCE_ANNOTATION)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// One renewal; returns the sequence number written.
-async fn renew(
-    ctx: &Ctx,
-    api: &Api<Lease>,
-    cached: &mut Option<Lease>,
-    seq: &mut Sequence,
-) -> anyhow::Result<u64> {
-    let node = ctx.cfg.node.as_str();
-    for _ in 0..5 {
-        let now = lattice_apis::meta::now();
-        let current = match cached.take() {
-            Some(l) => Some(l),
-            None => api.get_opt(node).await?,
-        };
-        match current {
-            None => {
-                let n = seq.take(ctx)?;
-                let mut meta = ObjectMeta::named(node, Some(LEASE_NAMESPACE));
-                meta.annotations
-                    .insert(SEQUENCE_ANNOTATION.into(), n.to_string());
-                let lease = Lease {
-                    metadata: meta,
-                    spec: LeaseSpec {
-                        holder_identity: Some(node.to_string()),
-                        lease_duration_seconds: Some(ctx.cfg.lease_duration_seconds),
-                        acquire_time: Some(now),
-                        renew_time: Some(now),
-                        lease_transitions: Some(0),
-                    },
-                    ..Default::default()
-                };
-                match api.create(&PostParams::default(), &lease).await {
-                    Ok(l) => {
-                        *cached = Some(l);
-                        return Ok(n);
-                    }
-                    Err(e) if e.is_already_exists() => continue,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            Some(mut l) => {
-                seq.at_least(sequence_of(&l) + 1);
-                let n = seq.take(ctx)?;
-                if l.spec.holder_identity.as_deref() != Some(node) {
-                    l.spec.holder_identity = Some(node.to_string());
-                    l.spec.acquire_time = Some(now);
-                    l.spec.lease_transitions = Some(l.spec.lease_transitions.unwrap_or(0) + 1);
-                }
-                l.spec.renew_time = Some(now);
-                l.spec.lease_duration_seconds = Some(ctx.cfg.lease_duration_seconds);
-                l.metadata
-                    .annotations
-                    .insert(SEQUENCE_ANNOTATION.into(), n.to_string());
-                match api.replace(node, &PostParams::default(), &l).await {
-                    Ok(l) => {
-                        *cached = Some(l);
-                        return Ok(n);
-                    }
-                    // Someone else wrote it (or it was deleted): re-read and try again.
-                    Err(e) if e.is_conflict() || e.is_not_found() => continue,
-                    Err(e) => return Err(e.into()),
-                }
+/// One stream: open it, send a line per interval until the server ends the response or
+/// the connection fails. `Ok(reason)` when the server ended it, `Err` when it failed.
+async fn stream(ctx: &Ctx, http: &reqwest::Client, seq: &mut Sequence) -> Result<String, String> {
+    let first = seq.take(ctx).map_err(|e| e.to_string())?;
+    let url = format!(
+        "{}/apis/lattice.dev/v1alpha1/nodes/{}/heartbeat?sequence={first}",
+        ctx.cfg.api_url.trim_end_matches('/'),
+        ctx.cfg.node
+    );
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(2);
+    let mut req = http
+        .post(url)
+        .header("content-type", "text/plain")
+        .body(reqwest::Body::wrap_stream(ReceiverStream::new(rx)));
+    if let Some(t) = &ctx.cfg.token {
+        req = req.bearer_auth(t);
+    }
+    let started = Instant::now();
+    // The response headers arrive once the server has written the Lease.
+    let resp = tokio::select! {
+        r = req.send() => r.map_err(|e| format!("opening the heartbeat stream: {e}"))?,
+        _ = ctx.shutdown.cancelled() => return Ok("shutdown".into()),
+    };
+    if !resp.status().is_success() {
+        let code = resp.status();
+        let body = resp.text().await.unwrap_or_default();
+        let msg = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
+            .unwrap_or(body);
+        // The server knows a higher sequence (e.g. the state file was lost): jump past it.
+        if code == reqwest::StatusCode::CONFLICT {
+            if let Some(n) = msg
+                .split("is not above ")
+                .nth(1)
+                .and_then(|r| r.split(',').next())
+                .and_then(|n| n.trim().parse::<u64>().ok())
+            {
+                seq.at_least(n + 1);
             }
         }
+        return Err(format!("heartbeat stream refused ({code}): {msg}"));
     }
-    anyhow::bail!("the heartbeat Lease kept changing under us")
+    ctx.metrics
+        .heartbeat_latency
+        .observe(started.elapsed().as_secs_f64());
+    ctx.metrics.heartbeats.inc();
+    // The opening sequence counts as the first heartbeat; send the next ones.
+    let mut body = resp.bytes_stream();
+    let mut tick = tokio::time::interval(ctx.cfg.heartbeat_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut farewell = Vec::new();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let n = seq.take(ctx).map_err(|e| e.to_string())?;
+                if tx.send(Ok(Bytes::from(format!("{n}\n")))).await.is_err() {
+                    return Err("the heartbeat connection closed".into());
+                }
+                ctx.metrics.heartbeats.inc();
+            }
+            chunk = body.next() => match chunk {
+                Some(Ok(b)) => farewell.extend_from_slice(&b),
+                Some(Err(e)) => return Err(format!("heartbeat connection failed: {e}")),
+                None => {
+                    let text = String::from_utf8_lossy(&farewell);
+                    let why = serde_json::from_str::<serde_json::Value>(text.trim())
+                        .ok()
+                        .and_then(|v| {
+                            let r = v.get("reason")?.as_str()?.to_string();
+                            let m = v.get("message").and_then(|m| m.as_str()).unwrap_or("");
+                            Some(if m.is_empty() { r } else { format!("{r}: {m}") })
+                        })
+                        .unwrap_or_else(|| "the server closed the stream".into());
+                    return Ok(why);
+                }
+            },
+            _ = ctx.shutdown.cancelled() => return Ok("shutdown".into()),
+        }
+    }
 }

@@ -4,7 +4,7 @@
 //! per machine in tests), each with its own node identity and state directory. It
 //!
 //! * registers the node ([`registration`]) with its hardware ([`discovery`]) and keeps
-//!   a heartbeat `Lease` renewed ([`heartbeat`]);
+//!   a heartbeat stream open to the API server ([`heartbeat`]);
 //! * runs the allocations bound to the node as process groups under a small shim
 //!   ([`runtime`], [`shim`], [`supervisor`]), with the seed's environment ([`env`]),
 //!   enforcing walltime and stopping them when `lifecycle::should_run` says so;

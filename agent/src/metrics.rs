@@ -3,16 +3,19 @@
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 /// Counters and gauges of one agent.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    /// Heartbeats (Lease renewals) written.
+    /// Heartbeats sent on the heartbeat stream.
     pub heartbeats: Counter,
-    /// Heartbeats that failed.
+    /// Heartbeat streams that could not be opened or failed.
     pub heartbeat_failures: Counter,
+    /// Time to open a heartbeat stream (the server writes the node's Lease first).
+    pub heartbeat_latency: Histogram,
     /// Node reports the API acknowledged.
     pub reports_sent: Counter,
     /// Attempts to send a report that failed (and will be retried).
@@ -41,6 +44,7 @@ impl Metrics {
             registry: Registry::default(),
             heartbeats: Counter::default(),
             heartbeat_failures: Counter::default(),
+            heartbeat_latency: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             reports_sent: Counter::default(),
             report_failures: Counter::default(),
             reports_pending: Gauge::default(),
@@ -50,13 +54,18 @@ impl Metrics {
         };
         registry.register(
             "heartbeats",
-            "Heartbeat Lease renewals written",
+            "Heartbeats sent on the heartbeat stream",
             m.heartbeats.clone(),
         );
         registry.register(
             "heartbeat_failures",
-            "Heartbeat Lease renewals that failed",
+            "Heartbeat streams that could not be opened or failed",
             m.heartbeat_failures.clone(),
+        );
+        registry.register(
+            "heartbeat_latency_seconds",
+            "Time to open a heartbeat stream (the server writes the node's Lease first)",
+            m.heartbeat_latency.clone(),
         );
         registry.register(
             "reports",

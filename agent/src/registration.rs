@@ -22,8 +22,34 @@ use crate::discovery::NodeFacts;
 /// Agent version published in `status.agent.version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// Register, retrying with backoff until it succeeds or the agent stops.
+/// Wait until every re-attached run is confirmed as still this node's or has stopped;
+/// false when the agent stops first.
+///
+/// Runs re-attached from the state file may have been superseded while the agent was
+/// away (the node went Down, its work was requeued): the node may take new work (be
+/// registered Ready, or heartbeat its way back to Ready) only after that.
+pub async fn wait_settled(ctx: &Ctx) -> bool {
+    let mut unsettled = ctx.unsettled.subscribe();
+    let waiting = *unsettled.borrow_and_update();
+    if waiting == 0 {
+        return true;
+    }
+    tracing::info!(
+        runs = waiting,
+        "registering and heartbeating once the re-attached runs are confirmed or stopped"
+    );
+    tokio::select! {
+        r = unsettled.wait_for(|n| *n == 0) => r.is_ok(),
+        _ = ctx.shutdown.cancelled() => false,
+    }
+}
+
+/// Register (once the re-attached runs have settled), retrying with backoff until it
+/// succeeds or the agent stops.
 pub async fn run(ctx: Arc<Ctx>, facts: NodeFacts, address: String, started: Time) {
+    if !wait_settled(&ctx).await {
+        return;
+    }
     let mut backoff = Duration::from_millis(500);
     loop {
         match register(&ctx, &facts, &address, started).await {

@@ -20,7 +20,7 @@ use lattice_apis::{Allocation, CheckpointStrategy, NodeTaskPhase, NodeTaskState,
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
-use crate::agent::Ctx;
+use crate::agent::{Ctx, SettleGuard};
 use crate::cgroup::Cgroups;
 use crate::env::{self, EnvInputs};
 use crate::logs::spool::{Frame, SpoolReader};
@@ -262,7 +262,12 @@ pub async fn run_new(ctx: Arc<Ctx>, alloc: Arc<Allocation>, rx: watch::Receiver<
 }
 
 /// Re-attach to a run recorded in the state file and supervise it to the end.
-pub async fn run_reattached(ctx: Arc<Ctx>, mut rec: TaskRecord, rx: watch::Receiver<AllocView>) {
+pub async fn run_reattached(
+    ctx: Arc<Ctx>,
+    mut rec: TaskRecord,
+    rx: watch::Receiver<AllocView>,
+    settle: SettleGuard,
+) {
     let key = TaskKey::new(&rec.uid, rec.attempt);
     if rec.pid.is_none() {
         // The agent died while starting it: the shim may have got further.
@@ -282,6 +287,7 @@ pub async fn run_reattached(ctx: Arc<Ctx>, mut rec: TaskRecord, rx: watch::Recei
         attempt: rec.attempt,
     };
     let mut sup = Supervisor::new(ctx.clone(), key, rec, log_key, rx);
+    sup.settle = Some(settle);
     sup.open_logs();
     if sup.rec.pid.is_none() && ctx.runtime.exit_record(&sup.rec.run_dir).is_none() {
         tracing::warn!(allocation = %sup.rec.name, "the agent stopped while starting this run; reporting it lost");
@@ -309,6 +315,9 @@ struct Supervisor {
     spools: Vec<(Stream, SpoolReader)>,
     stop: StopPhase,
     latest: Option<Arc<Allocation>>,
+    /// A re-attached run keeps the node from registering Ready until it is confirmed
+    /// as still this node's, or has stopped (dropped with the supervisor).
+    settle: Option<SettleGuard>,
 }
 
 impl Supervisor {
@@ -330,6 +339,7 @@ impl Supervisor {
             spools: Vec::new(),
             stop: StopPhase::Running,
             latest: None,
+            settle: None,
         }
     }
 
@@ -521,10 +531,10 @@ impl Supervisor {
                     }
                 }
                 self.latest = Some(a.clone());
-                if let RunDecision::Stop(reason) =
-                    should_run(&a, &self.ctx.cfg.node, self.rec.attempt)
-                {
-                    self.begin_stop(reason);
+                match should_run(&a, &self.ctx.cfg.node, self.rec.attempt) {
+                    RunDecision::Stop(reason) => self.begin_stop(reason),
+                    _ if matches!(self.stop, StopPhase::Running) => self.settle = None,
+                    _ => {}
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! Registration and heartbeat: the Node is created Ready with capacity, fingerprint and
 //! agent endpoint; the status owner written by the scheduler survives re-registration;
-//! the Lease is renewed with an increasing sequence; metrics count heartbeats.
+//! heartbeats are a stream that keeps the node's Lease (attached to a store lease) alive
+//! without rewriting it; the Lease expires when the agent dies and comes back with it.
 
 mod common;
 
@@ -70,28 +71,40 @@ async fn node_is_registered_ready_and_heartbeats() {
         .unwrap();
     assert_eq!(health.status().as_u16(), 200);
 
-    // Heartbeats: renewTime and the sequence move forward.
+    // Heartbeats: a stream. The Lease is written once, attached to a store lease, and
+    // the beats reach the server without rewriting it.
     let leases = server.leases();
     let first = wait_for("the Lease", LIMIT, || async {
         leases.get("gpu-node").await.ok()
     })
     .await;
     assert_eq!(first.spec.holder_identity.as_deref(), Some("gpu-node"));
+    assert!(
+        first
+            .metadata
+            .annotations
+            .contains_key("lattice.dev/store-lease"),
+        "{first:?}"
+    );
     let seq = |l: &lattice_apis::Lease| -> u64 {
         l.metadata.annotations["lattice.dev/heartbeat-sequence"]
             .parse()
             .unwrap()
     };
-    let s0 = seq(&first);
-    let later = wait_for("renewals", LIMIT, || async {
+    wait_for("beats on the stream", LIMIT, || async {
+        (server.metric("lattice_apiserver_heartbeats_total").await >= 3.0).then_some(())
+    })
+    .await;
+    assert_eq!(
         leases
             .get("gpu-node")
             .await
-            .ok()
-            .filter(|l| seq(l) >= s0 + 2)
-    })
-    .await;
-    assert!(later.spec.renew_time > first.spec.renew_time);
+            .unwrap()
+            .metadata
+            .resource_version,
+        first.metadata.resource_version,
+        "a heartbeat is not a write"
+    );
     let metrics = http
         .get(format!("http://{address}/metrics"))
         .send()
@@ -165,4 +178,97 @@ async fn node_is_registered_ready_and_heartbeats() {
             .filter(|l| seq(l) > s_before)
     })
     .await;
+}
+
+/// The heartbeat Lease lives exactly as long as the agent's heartbeats: the store deletes
+/// it one TTL after the agent dies (the node goes Degraded), a restarted agent brings it
+/// back (Ready), and a replayed stream is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_lease_follows_the_agent() {
+    let server = Server::start_with(&["--heartbeat-timeout", "2s", "--node-grace-period", "60s"]);
+    let root = tempfile::tempdir().unwrap();
+    let mut agent = Agent::start(&server, "hb-node", root.path(), &[]);
+    let nodes = server.nodes();
+    let leases = server.leases();
+    wait_node_state(&nodes, "hb-node", NodeState::Ready).await;
+    let before = wait_for("the Lease", LIMIT, || async {
+        leases.get("hb-node").await.ok()
+    })
+    .await;
+    // Healthy for several TTLs: the Lease stays, the node stays Ready.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let still = leases.get("hb-node").await.unwrap();
+    assert_eq!(still.metadata.uid, before.metadata.uid);
+    assert_eq!(
+        nodes.get("hb-node").await.unwrap().status.unwrap().state,
+        NodeState::Ready
+    );
+
+    agent.kill9();
+    wait_for("the Lease to expire", LIMIT, || async {
+        leases
+            .get("hb-node")
+            .await
+            .err()
+            .filter(|e| e.is_not_found())
+    })
+    .await;
+    let degraded = wait_node_state(&nodes, "hb-node", NodeState::Degraded).await;
+    assert!(
+        degraded
+            .status
+            .as_ref()
+            .unwrap()
+            .last_heartbeat_time
+            .is_some(),
+        "{degraded:?}"
+    );
+
+    // A stream opened with an old sequence number is a replay: 409, nothing written.
+    let seq: u64 = before.metadata.annotations["lattice.dev/heartbeat-sequence"]
+        .parse()
+        .unwrap();
+    let replay = reqwest::Client::new()
+        .post(format!(
+            "{}/apis/lattice.dev/v1alpha1/nodes/hb-node/heartbeat?sequence={seq}",
+            server.url
+        ))
+        .bearer_auth(&server.token)
+        .body("")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replay.status().as_u16(), 409);
+    let msg = replay.text().await.unwrap();
+    assert!(msg.contains("second agent"), "{msg}");
+    assert!(leases.get("hb-node").await.is_err());
+
+    agent.restart();
+    let back = wait_for("the Lease again", LIMIT, || async {
+        leases.get("hb-node").await.ok()
+    })
+    .await;
+    assert!(
+        back.metadata.annotations["lattice.dev/heartbeat-sequence"]
+            .parse::<u64>()
+            .unwrap()
+            > seq
+    );
+    wait_node_state(&nodes, "hb-node", NodeState::Ready).await;
+}
+
+/// Wait until node `name` is in `want`.
+async fn wait_node_state(
+    nodes: &lattice_runtime::Api<lattice_apis::Node>,
+    name: &str,
+    want: NodeState,
+) -> lattice_apis::Node {
+    wait_for(&format!("{name} {want:?}"), LIMIT, || async {
+        nodes
+            .get(name)
+            .await
+            .ok()
+            .filter(|n| n.status.as_ref().is_some_and(|s| s.state == want))
+    })
+    .await
 }

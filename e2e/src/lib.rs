@@ -43,35 +43,57 @@ pub struct Server {
 
 impl Server {
     /// Start a server on `data_dir` (kept across restarts) with `extra` flags.
+    ///
+    /// Ports from [`free_port`] are only likely to be free: when another process took
+    /// one meanwhile ("Address already in use"), the server is started again on fresh
+    /// ports (read them back from the returned value).
     pub fn start(data_dir: &Path, api_port: u16, etcd_port: u16, extra: &[&str]) -> Server {
         std::fs::create_dir_all(data_dir).expect("data dir");
-        let log_file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(data_dir.join("server.log"))
-            .expect("log file");
-        let child = Command::new(bin("lattice-server"))
-            .arg("--data-dir")
-            .arg(data_dir)
-            .arg("--api-addr")
-            .arg(format!("127.0.0.1:{api_port}"))
-            .arg("--etcd-addr")
-            .arg(format!("127.0.0.1:{etcd_port}"))
-            .arg("--tls-addr")
-            .arg(format!("127.0.0.1:{}", free_port()))
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .expect("spawn lattice-server");
-        let server = Server {
-            child,
-            data_dir: data_dir.to_path_buf(),
-            api_port,
-            etcd_port,
-        };
-        server.wait_ready(Duration::from_secs(60));
-        server
+        let log_path = data_dir.join("server.log");
+        let (mut api_port, mut etcd_port) = (api_port, etcd_port);
+        for attempt in 1.. {
+            let log_from = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
+            let log_file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+                .expect("log file");
+            let child = Command::new(bin("lattice-server"))
+                .arg("--data-dir")
+                .arg(data_dir)
+                .arg("--api-addr")
+                .arg(format!("127.0.0.1:{api_port}"))
+                .arg("--etcd-addr")
+                .arg(format!("127.0.0.1:{etcd_port}"))
+                .arg("--tls-addr")
+                .arg(format!("127.0.0.1:{}", free_port()))
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(log_file)
+                .spawn()
+                .expect("spawn lattice-server");
+            let mut server = Server {
+                child,
+                data_dir: data_dir.to_path_buf(),
+                api_port,
+                etcd_port,
+            };
+            match server.wait_ready(Duration::from_secs(60)) {
+                Ok(()) => return server,
+                Err(exited) => {
+                    let log = std::fs::read(&log_path).unwrap_or_default();
+                    let log = String::from_utf8_lossy(log.get(log_from as usize..).unwrap_or(&[]))
+                        .to_string();
+                    if exited && attempt < 3 && log.contains("Address already in use") {
+                        api_port = free_port();
+                        etcd_port = free_port();
+                        continue;
+                    }
+                    panic!("lattice-server did not become ready (attempt {attempt}); log:\n{log}");
+                }
+            }
+        }
+        unreachable!("the loop returns or panics")
     }
 
     pub fn api_url(&self) -> String {
@@ -86,18 +108,22 @@ impl Server {
         std::fs::read_to_string(self.data_dir.join("admin.token")).expect("admin.token")
     }
 
-    fn wait_ready(&self, limit: Duration) {
+    /// Wait until both ports answer and the admin token exists. `Err(true)`: the
+    /// process exited; `Err(false)`: the time ran out.
+    fn wait_ready(&mut self, limit: Duration) -> Result<(), bool> {
         let start = Instant::now();
         while start.elapsed() < limit {
             let api = std::net::TcpStream::connect(("127.0.0.1", self.api_port)).is_ok();
             let etcd = std::net::TcpStream::connect(("127.0.0.1", self.etcd_port)).is_ok();
             if api && etcd && self.data_dir.join("admin.token").exists() {
-                return;
+                return Ok(());
+            }
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return Err(true);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let log = std::fs::read_to_string(self.data_dir.join("server.log")).unwrap_or_default();
-        panic!("lattice-server did not become ready within {limit:?}; log:\n{log}");
+        Err(false)
     }
 
     /// SIGKILL: no shutdown path runs, exactly like a crash.

@@ -201,7 +201,9 @@ async fn node_down_requeues_or_fails_per_policy() {
     })
     .await;
     let node_a = a.status.unwrap().assigned_nodes[0].clone();
-    let node_b = b.status.unwrap().assigned_nodes[0].clone();
+    let b_status = b.status.unwrap();
+    let node_b = b_status.assigned_nodes[0].clone();
+    let pid_b = b_status.node_states[&node_b].pid.expect("fail-me's pid") as i32;
     assert_ne!(node_a, node_b, "full nodes: one allocation per node");
     // Kill node_b's agent: fail-me (policy never) fails; requeue-me is untouched.
     let idx = c.agents.iter().position(|x| x.node == node_b).unwrap();
@@ -218,7 +220,12 @@ async fn node_down_requeues_or_fails_per_policy() {
     let nodes: Api<Node> = Api::all(client(&c));
     let down = nodes.get(&node_b).await.unwrap();
     assert_eq!(down.status.unwrap().state, NodeState::Down);
-    // The workload of the dead agent is killed when its agent comes back (superseded).
+    assert!(
+        pid_alive(pid_b),
+        "the workload outlives its agent until the agent is back"
+    );
+    // The workload of the dead agent is killed when its agent comes back (superseded),
+    // and the node takes no new work before that: it is Ready only once it is gone.
     c.agents[idx].restart();
     let back = Instant::now() + Duration::from_secs(30);
     loop {
@@ -227,6 +234,10 @@ async fn node_down_requeues_or_fails_per_policy() {
             .as_ref()
             .is_some_and(|s| s.state == NodeState::Ready)
         {
+            assert!(
+                !pid_alive(pid_b),
+                "node {node_b} is Ready while the superseded run (pid {pid_b}) still runs"
+            );
             break;
         }
         assert!(
@@ -368,4 +379,15 @@ async fn the_example_workflow_runs_to_completion() {
     assert_eq!(tst.assigned_nodes.len(), 2);
     assert_eq!(tst.topology_groups.len(), 1);
     assert!(train.labels().contains_key("lattice.dev/dag"));
+}
+
+/// Whether a process exists (and is not a zombie).
+fn pid_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next().map(|st| st != "Z"))
+        })
+        .unwrap_or(false)
 }

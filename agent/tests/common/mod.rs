@@ -41,12 +41,19 @@ pub struct Server {
     pub dir: tempfile::TempDir,
     pub url: String,
     pub token: String,
+    extra: Vec<String>,
 }
 
 impl Server {
     pub fn start() -> Server {
+        Self::start_with(&[])
+    }
+
+    /// Start with more `lattice-server` flags (kept across [`restart`](Self::restart)).
+    pub fn start_with(extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (child, url) = Self::spawn(dir.path(), "127.0.0.1:0");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let (child, url) = Self::spawn(dir.path(), "127.0.0.1:0", &extra);
         let token = std::fs::read_to_string(dir.path().join("data/admin.token"))
             .expect("admin token")
             .trim()
@@ -56,6 +63,7 @@ impl Server {
             dir,
             url,
             token,
+            extra,
         }
     }
 
@@ -71,12 +79,12 @@ impl Server {
     pub fn restart(&mut self) {
         self.kill9();
         let addr = self.url.trim_start_matches("http://").to_string();
-        let (child, url) = Self::spawn(self.dir.path(), &addr);
+        let (child, url) = Self::spawn(self.dir.path(), &addr, &self.extra);
         assert_eq!(url, self.url);
         self.child = Some(child);
     }
 
-    fn spawn(dir: &Path, addr: &str) -> (Child, String) {
+    fn spawn(dir: &Path, addr: &str, extra: &[String]) -> (Child, String) {
         let log = dir.join("server.log");
         let child = Command::new(workspace_bin("lattice-server"))
             .arg("--dev")
@@ -84,6 +92,7 @@ impl Server {
             .arg(dir.join("data"))
             .args(["--api-addr", addr])
             .args(["--etcd-addr", "off", "--tls-addr", "off"])
+            .args(extra)
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -126,6 +135,22 @@ impl Server {
 
     pub fn leases(&self) -> Api<Lease> {
         Api::namespaced(self.client(), "lattice-node-lease")
+    }
+
+    /// A counter or gauge from the server's `/metrics` (0 when absent).
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::Client::new()
+            .get(format!("{}/metrics", self.url))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("metrics request")
+            .text()
+            .await
+            .unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0)
     }
 
     /// GET the API server's log route; (status, body).

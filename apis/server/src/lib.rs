@@ -28,6 +28,7 @@ pub mod apply;
 pub mod auth;
 pub mod discovery;
 pub mod errors;
+pub mod heartbeat;
 pub mod intent;
 pub mod logs;
 pub mod metrics;
@@ -60,6 +61,9 @@ pub struct ApiConfig {
     pub bookmark_interval: Duration,
     /// Watch lifetime when the client gives no `timeoutSeconds`.
     pub default_watch_timeout: Duration,
+    /// TTL of the store lease behind a node's heartbeat stream: a node whose agent sends
+    /// nothing for this long loses its heartbeat Lease (the controllers' heartbeat timeout).
+    pub heartbeat_ttl: Duration,
 }
 
 impl Default for ApiConfig {
@@ -71,6 +75,7 @@ impl Default for ApiConfig {
             watch_cache_size: 10_000,
             bookmark_interval: Duration::from_secs(10),
             default_watch_timeout: Duration::from_secs(30 * 60),
+            heartbeat_ttl: Duration::from_secs(30),
         }
     }
 }
@@ -85,6 +90,8 @@ pub struct Inner {
     pub caches: watch_cache::WatchCaches,
     pub metrics: Arc<metrics::Metrics>,
     pub authenticator: Arc<dyn Authenticator>,
+    /// Heartbeat sequence numbers seen per node.
+    pub heartbeats: heartbeat::Sequences,
     /// Flips to true when the server shuts down: open watches end so the graceful
     /// shutdown does not wait for them.
     pub shutting_down: tokio::sync::watch::Sender<bool>,
@@ -135,6 +142,7 @@ impl ApiServer {
             config,
             metrics,
             authenticator,
+            heartbeats: heartbeat::Sequences::default(),
             shutting_down: tokio::sync::watch::channel(false).0,
             readiness: std::sync::RwLock::new(Vec::new()),
             openapi_doc,
@@ -171,6 +179,10 @@ impl ApiServer {
             .route(
                 &format!("{api_prefix}/namespaces/{{ns}}/allocations/{{name}}/log"),
                 get(logs::allocation_log),
+            )
+            .route(
+                &format!("{api_prefix}/nodes/{{name}}/heartbeat"),
+                axum::routing::post(heartbeat::node_heartbeat),
             )
             .route(
                 &format!("{api_prefix}/{{*rest}}"),

@@ -35,6 +35,16 @@ pub struct Metrics {
     pub watchers: Family<KindLabel, Gauge<i64, AtomicI64>>,
     pub watch_cache_events: Family<KindLabel, Counter>,
     pub watch_events_sent: Family<KindLabel, Counter>,
+    /// Heartbeat lines accepted from node agents.
+    pub heartbeats: Counter,
+    /// Heartbeat lines (or opening sequences) that did not increase the sequence.
+    pub heartbeat_replays: Counter,
+    /// Heartbeat streams open now.
+    pub heartbeat_streams: Gauge<i64, AtomicI64>,
+    /// Store leases granted for heartbeat streams (a new stream after the old lease expired).
+    pub heartbeat_lease_grants: Counter,
+    /// Heartbeat renewals that failed for a reason other than an expired lease.
+    pub heartbeat_errors: Counter,
 }
 
 impl Default for Metrics {
@@ -78,6 +88,36 @@ impl Metrics {
             "Watch events sent to clients, by kind",
             watch_events_sent.clone(),
         );
+        let heartbeats = Counter::default();
+        let heartbeat_replays = Counter::default();
+        let heartbeat_streams = Gauge::<i64, AtomicI64>::default();
+        let heartbeat_lease_grants = Counter::default();
+        let heartbeat_errors = Counter::default();
+        registry.register(
+            "heartbeats",
+            "Node agent heartbeats accepted on heartbeat streams",
+            heartbeats.clone(),
+        );
+        registry.register(
+            "heartbeat_replays",
+            "Heartbeats refused because their sequence number did not increase",
+            heartbeat_replays.clone(),
+        );
+        registry.register(
+            "heartbeat_streams",
+            "Node agent heartbeat streams open now",
+            heartbeat_streams.clone(),
+        );
+        registry.register(
+            "heartbeat_lease_grants",
+            "Store leases granted to heartbeat streams",
+            heartbeat_lease_grants.clone(),
+        );
+        registry.register(
+            "heartbeat_errors",
+            "Heartbeat lease renewals that failed (other than an expired lease)",
+            heartbeat_errors.clone(),
+        );
         Self {
             registry,
             extra: std::sync::Mutex::new(Vec::new()),
@@ -86,6 +126,11 @@ impl Metrics {
             watchers,
             watch_cache_events,
             watch_events_sent,
+            heartbeats,
+            heartbeat_replays,
+            heartbeat_streams,
+            heartbeat_lease_grants,
+            heartbeat_errors,
         }
     }
 

@@ -535,7 +535,12 @@ impl Resources {
                 prev_kv: false,
             })
         } else {
-            TxnOp::Put(PutRequest::new(key.clone(), value))
+            // An update never changes which store lease the key is attached to (a node's
+            // heartbeat Lease must stay attached to its stream's lease).
+            TxnOp::Put(PutRequest {
+                ignore_lease: true,
+                ..PutRequest::new(key.clone(), value)
+            })
         };
         let resp = self
             .backend

@@ -84,7 +84,9 @@ pub use kinds::dag::{
     DagTaskPhase, DagTaskStatus,
 };
 pub use kinds::event::{Event, EventSource, EventType, ObjectReference};
-pub use kinds::lease::{Lease, LeaseSpec};
+pub use kinds::lease::{
+    Lease, LeaseSpec, HEARTBEAT_SEQUENCE_ANNOTATION, NODE_LEASE_NAMESPACE, STORE_LEASE_ANNOTATION,
+};
 pub use kinds::network_domain::{
     NetworkDomain, NetworkDomainPhase, NetworkDomainSpec, NetworkDomainStatus,
 };

@@ -67,10 +67,18 @@ fn conformance_cell(n: &Value) -> String {
         .unwrap_or_else(|| DASH.into())
 }
 
+/// Heartbeats are a stream: `status.lastHeartbeatTime` is written when the node lifecycle
+/// controller changes the node's state, so it dates a lost heartbeat (Degraded, Down);
+/// a node in any other state is heard from now.
 fn heartbeat_cell(ctx: &Ctx, n: &Value) -> String {
-    workload::time(n, "/status/lastHeartbeatTime")
-        .map(|t| format!("{} ago", human_age((ctx.now() - t).num_seconds())))
-        .unwrap_or_else(|| DASH.into())
+    let last = workload::time(n, "/status/lastHeartbeatTime");
+    match (state(n), last) {
+        ("Degraded" | "Down" | "Unknown", Some(t)) => {
+            format!("{} ago", human_age((ctx.now() - t).num_seconds()))
+        }
+        ("Degraded" | "Down" | "Unknown", None) => DASH.into(),
+        _ => "live".into(),
+    }
 }
 
 /// Filters for `nodes`.

@@ -9,16 +9,21 @@
 //! * drain: `spec.drain` set → **Draining** (no new work) → **Drained** once no
 //!   allocation owns the node; `spec.drain` removed → **Ready**. `spec.disabled` → Down.
 //!
-//! Expiry is judged by this controller's own monotonic clock from when it last *saw* a
-//! lease change, never by comparing the agent's timestamps with ours (no clock-skew
-//! assumption). After a restart or leader change every node gets a full timeout again.
+//! Agents heartbeat over a stream to the API server, which keeps each node's Lease
+//! attached to a store lease (annotation `lattice.dev/store-lease`) with the heartbeat
+//! timeout as TTL: while that Lease exists the node is heard from, and when the store
+//! deletes it the node has been silent for a whole timeout. Leases renewed by writing
+//! (no store lease; older agents, tests, site tools) are judged by this controller's own
+//! monotonic clock from when it last *saw* the lease change, never by comparing the
+//! agent's timestamps with ours (no clock-skew assumption). After a restart or leader
+//! change every node without a Lease gets a full timeout again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lattice_apis::meta::now;
-use lattice_apis::{lifecycle, Allocation, Lease, Node, NodeState};
+use lattice_apis::{lifecycle, Allocation, Lease, Node, NodeState, STORE_LEASE_ANNOTATION};
 use lattice_runtime::informer::{InformerEvent, InformerParams};
 use lattice_runtime::reflector::Store;
 use lattice_runtime::{Action, Api, HostContext, ObjectRef, Patch, PatchParams, ResourceExt};
@@ -27,7 +32,7 @@ use serde_json::json;
 use crate::metrics::{ControllerMetrics, StateLabel};
 
 /// Namespace of the agents' heartbeat leases.
-pub const NODE_LEASE_NAMESPACE: &str = "lattice-node-lease";
+pub const NODE_LEASE_NAMESPACE: &str = lattice_apis::NODE_LEASE_NAMESPACE;
 
 /// Timeouts (the seed's defaults: 30 s + 60 s, sensitive 5 min grace).
 #[derive(Debug, Clone, Copy)]
@@ -50,16 +55,59 @@ impl Default for NodeLifecycleConfig {
     }
 }
 
-/// When each node's lease was last seen to change.
+/// What this controller last saw of a node's heartbeat Lease.
+struct Seen {
+    /// resourceVersion of the Lease when `at` was taken.
+    rv: String,
+    /// When it changed (renew-by-write Leases), or since when the node has been silent
+    /// (a stream Lease that the store deleted).
+    at: Instant,
+    /// A stream Lease exists: the node is heard from now.
+    live: bool,
+}
+
+/// What this controller saw of every node's heartbeat Lease.
 #[derive(Default)]
 struct Heartbeats {
-    seen: HashMap<String, (String, Instant)>,
+    seen: HashMap<String, Seen>,
+}
+
+impl Heartbeats {
+    /// A Lease was created or changed.
+    fn applied(&mut self, l: &Lease) {
+        let rv = l.resource_version().unwrap_or_default();
+        let live = l.metadata.annotations.contains_key(STORE_LEASE_ANNOTATION);
+        let e = self.seen.entry(l.name_any().to_string()).or_insert(Seen {
+            rv: String::new(),
+            at: Instant::now(),
+            live,
+        });
+        if e.rv != rv || e.live != live {
+            *e = Seen {
+                rv: rv.to_string(),
+                at: Instant::now(),
+                live,
+            };
+        }
+    }
+
+    /// A stream Lease is gone: its store lease expired, so the node has been silent
+    /// for a whole timeout already.
+    fn deleted(&mut self, name: &str, timeout: Duration) {
+        if let Some(e) = self.seen.get_mut(name) {
+            if e.live {
+                e.live = false;
+                e.at = Instant::now().checked_sub(timeout).unwrap_or(e.at);
+            }
+        }
+    }
 }
 
 struct Ctx {
     config: NodeLifecycleConfig,
     started: Instant,
     heartbeats: Arc<Mutex<Heartbeats>>,
+    leases: Store<Lease>,
     nodes: Api<Node>,
     allocations_api: Api<Allocation>,
     allocations: Store<Allocation>,
@@ -85,35 +133,36 @@ pub fn register(
             // lag; the observation time must not).
             let mut rx = leases.subscribe();
             let lease_store = leases.store();
+            let lease_cache = leases.store();
             let hb = heartbeats.clone();
             let recorder = tokio::spawn(async move {
                 loop {
                     match rx.recv().await {
                         Ok(InformerEvent::Applied(l)) => {
-                            let rv = l.resource_version().unwrap_or_default().to_string();
                             if let Ok(mut g) = hb.lock() {
-                                let e = g
-                                    .seen
-                                    .entry(l.name_any().to_string())
-                                    .or_insert((String::new(), Instant::now()));
-                                if e.0 != rv {
-                                    *e = (rv, Instant::now());
-                                }
+                                g.applied(&l);
                             }
                         }
-                        Ok(InformerEvent::Deleted(_)) => {}
+                        Ok(InformerEvent::Deleted(l)) => {
+                            if let Ok(mut g) = hb.lock() {
+                                g.deleted(l.name_any(), config.heartbeat_timeout);
+                            }
+                        }
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                             // Missed changes: compare every cached lease with what we saw.
                             if let Ok(mut g) = hb.lock() {
-                                for l in lease_store.state() {
-                                    let rv = l.resource_version().unwrap_or_default().to_string();
-                                    let e = g
-                                        .seen
-                                        .entry(l.name_any().to_string())
-                                        .or_insert((String::new(), Instant::now()));
-                                    if e.0 != rv {
-                                        *e = (rv, Instant::now());
-                                    }
+                                let cached = lease_store.state();
+                                for l in &cached {
+                                    g.applied(l);
+                                }
+                                let gone: Vec<String> = g
+                                    .seen
+                                    .keys()
+                                    .filter(|n| !cached.iter().any(|l| l.name_any() == n.as_str()))
+                                    .cloned()
+                                    .collect();
+                                for n in gone {
+                                    g.deleted(&n, config.heartbeat_timeout);
                                 }
                             }
                         }
@@ -132,6 +181,7 @@ pub fn register(
                 config,
                 started: Instant::now(),
                 heartbeats,
+                leases: lease_cache,
                 nodes: Api::all(hc.client.clone()),
                 allocations_api: Api::all(hc.client.clone()),
                 allocations: hc.factory.all::<Allocation>().store(),
@@ -209,15 +259,37 @@ fn desired(
 
 async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, lattice_runtime::Error> {
     let name = node.name_any().to_string();
-    let silent_for = {
-        let g = ctx
+    let (silent_for, live) = {
+        let mut g = ctx
             .heartbeats
             .lock()
             .map_err(|_| lattice_runtime::Error::Request("poisoned".into()))?;
+        // The informer cache is the truth; the recorder may not have caught up with it.
+        match ctx.leases.get_named(Some(NODE_LEASE_NAMESPACE), &name) {
+            Some(l) => g.applied(&l),
+            None => g.deleted(&name, ctx.config.heartbeat_timeout),
+        }
+        let current = node.status.as_ref().map(|s| s.state).unwrap_or_default();
         match g.seen.get(&name) {
-            Some((_, at)) => at.elapsed(),
-            // Never seen since this controller started: count from our start.
-            None => ctx.started.elapsed(),
+            Some(seen) if seen.live => (Duration::ZERO, true),
+            Some(seen) => (seen.at.elapsed(), false),
+            // Never seen since this controller started (a restart or a new leader): a
+            // node already known to be silent stays so (only a Lease brings it back);
+            // any other counts from our start.
+            None => match current {
+                NodeState::Down => (
+                    ctx.config.heartbeat_timeout
+                        + ctx
+                            .config
+                            .grace_period
+                            .max(ctx.config.sensitive_grace_period),
+                    false,
+                ),
+                NodeState::Degraded => {
+                    (ctx.config.heartbeat_timeout + ctx.started.elapsed(), false)
+                }
+                _ => (ctx.started.elapsed(), false),
+            },
         }
     };
     let current = node.status.as_ref().map(|s| s.state).unwrap_or_default();
@@ -243,11 +315,16 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, lattice_run
                 "HeartbeatLate" => format!("heartbeat late by {}s", silent_for.as_secs()),
                 _ => String::new(),
             };
+            // When the node was last heard from, as well as this controller can tell.
+            let heard = now()
+                - chrono::Duration::from_std(silent_for)
+                    .unwrap_or_else(|_| chrono::Duration::zero());
             let patch = Patch::Merge(json!({"status": {
                 "state": want,
                 "reason": why,
                 "message": if msg.is_empty() { serde_json::Value::Null } else { json!(msg) },
                 "lastTransitionTime": now(),
+                "lastHeartbeatTime": heard,
             }}));
             ctx.nodes
                 .patch_status(&name, &PatchParams::default(), &patch)
@@ -265,6 +342,8 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, lattice_run
         fail_allocations(&ctx, &name).await?;
     }
     Ok(match wake {
+        // A live stream Lease needs no timer: its deletion wakes this node up.
+        Some(_) if live => Action::await_change(),
         Some(d) => Action::requeue(d + Duration::from_millis(50)),
         None => Action::await_change(),
     })

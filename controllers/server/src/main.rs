@@ -95,8 +95,9 @@ struct ServeArgs {
     /// Most operations in one transaction.
     #[arg(long, default_value_t = Limits::default().max_txn_ops)]
     max_txn_ops: usize,
-    /// A node whose agent has not renewed its heartbeat lease for this long goes
-    /// Degraded (no new work; running work continues).
+    /// A node whose agent has sent no heartbeat for this long goes Degraded (no new
+    /// work; running work continues); also the TTL of the store lease behind each
+    /// agent's heartbeat stream.
     #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
     heartbeat_timeout: Duration,
     /// A Degraded node goes Down after this further grace period; its allocations are
@@ -224,15 +225,22 @@ fn secret(path: &Path) -> anyhow::Result<Vec<u8>> {
 pub(crate) fn write_private(path: &Path, data: &[u8]) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
+    // Written to a temporary name and renamed, so a reader (a script or test waiting
+    // for the token) never sees a half-written file.
+    let tmp = path.with_extension("tmp");
+    // A leftover from an interrupted run could carry other permissions.
+    let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
     f.write_all(data)?;
     f.sync_all()?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} into place", tmp.display()))?;
     Ok(())
 }
 
@@ -329,6 +337,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         lattice_apiserver::ApiConfig {
             jwt_secret: jwt_secret.clone(),
             auth: true,
+            heartbeat_ttl: args.heartbeat_timeout,
             ..Default::default()
         },
     );
@@ -431,6 +440,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         lattice_apiserver::Role::Admin,
         Duration::from_secs(365 * 24 * 3600),
     );
+    // In dev mode the bootstrap objects exist before the token file appears: scripts
+    // and tests wait for `admin.token` and then expect tenant and vCluster `default`.
+    if args.dev {
+        if let Some(raft) = &raft_store {
+            raft.wait_for_leader(Duration::from_secs(30)).await?;
+        }
+        dev::bootstrap(api_addr, &admin_token).await?;
+    }
     let token_path = data_dir.join("admin.token");
     write_private(&token_path, admin_token.as_bytes())?;
     if let (Some(url), Some(ca)) = (&tls_url, &ca_file) {
@@ -440,10 +457,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )?;
     }
     if args.dev {
-        if let Some(raft) = &raft_store {
-            raft.wait_for_leader(Duration::from_secs(30)).await?;
-        }
-        dev::bootstrap(api_addr, &admin_token).await?;
         eprintln!(
             "\nLattice dev server ready.\n  API:   http://{api_addr}{}\n  etcd:  {}\n  token: {}\n\n  export LATTICE_API_URL=http://{api_addr}\n  export LATTICE_TOKEN=$(cat {})\n  lattice get vclusters\n{}",
             tls_url.as_deref().map(|u| format!("  (HTTPS: {u})")).unwrap_or_default(),

@@ -9,6 +9,17 @@ use crate::meta::{ObjectMeta, Time};
 use crate::resource::{impl_resource_meta, Resource};
 use crate::validation::{check_len, Errors};
 
+/// Namespace of the node agents' heartbeat Leases (one per node, named after it).
+pub const NODE_LEASE_NAMESPACE: &str = "lattice-node-lease";
+/// On a node heartbeat Lease written by the API server's heartbeat stream: the store
+/// lease (decimal ID) the object is attached to. The store deletes the object when the
+/// agent's heartbeats stop for the lease's TTL, so the object's existence is the
+/// node's liveness; nobody renews it by writing.
+pub const STORE_LEASE_ANNOTATION: &str = "lattice.dev/store-lease";
+/// On a node heartbeat Lease: the agent's heartbeat sequence number when the object
+/// was last written (it never goes back, not even across agent restarts).
+pub const HEARTBEAT_SEQUENCE_ANNOTATION: &str = "lattice.dev/heartbeat-sequence";
+
 /// A lease.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
