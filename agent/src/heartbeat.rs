@@ -1,11 +1,13 @@
-//! The heartbeat: one long-lived stream to the API server
-//! (`POST /apis/lattice.dev/v1alpha1/nodes/<node>/heartbeat?sequence=N`) carrying one
-//! line per `--heartbeat-interval`, the next heartbeat sequence number. The server keeps
+//! The heartbeat: one long-lived connection to the API server
+//! (`POST /apis/lattice.dev/v1alpha1/nodes/<node>/heartbeat?sequence=N`, upgraded to
+//! `lattice-heartbeat/1`) carrying one line per `--heartbeat-interval`, the next
+//! heartbeat sequence number. The server keeps
 //! the node's `Lease` `lattice-node-lease/<node>` attached to a store lease that each line
 //! renews in memory, so a heartbeat is a few bytes on an open connection, not a write.
-//! When the response ends (lease expired, server restart, idle, shutdown) or the
-//! connection breaks, the agent reconnects with backoff; a reconnect within the TTL keeps
-//! the same Lease.
+//! When the server ends the stream (lease expired, server restart, idle, shutdown: one
+//! JSON line, then close) or the connection breaks (a heartbeat unacknowledged for three
+//! intervals fails it: `TCP_USER_TIMEOUT`), the agent reconnects with backoff; a
+//! reconnect within the TTL keeps the same Lease.
 //!
 //! Sequence numbers never go back, not even across restarts: they are reserved in blocks
 //! in the state file ([`SEQUENCE_BLOCK`] at a time), so a heartbeat costs no fsync and a
@@ -15,10 +17,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use futures::StreamExt;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::agent::Ctx;
 
@@ -26,6 +25,8 @@ use crate::agent::Ctx;
 pub const LEASE_NAMESPACE: &str = lattice_apis::NODE_LEASE_NAMESPACE;
 /// Annotation carrying the heartbeat sequence number.
 pub const SEQUENCE_ANNOTATION: &str = lattice_apis::HEARTBEAT_SEQUENCE_ANNOTATION;
+/// The `Upgrade` protocol of the heartbeat stream.
+pub const PROTOCOL: &str = "lattice-heartbeat/1";
 /// Sequence numbers reserved per state-file write.
 pub const SEQUENCE_BLOCK: u64 = 1000;
 
@@ -70,6 +71,14 @@ pub async fn run(ctx: Arc<Ctx>) {
     let http = match reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
+        // A server host that died without closing the connection: the next heartbeat
+        // stays unacknowledged, and the kernel fails the connection after this long.
+        .tcp_user_timeout(
+            ctx.cfg
+                .heartbeat_interval
+                .saturating_mul(3)
+                .max(Duration::from_secs(5)),
+        )
         .http1_only()
         .build()
     {
@@ -129,8 +138,9 @@ pub async fn run(ctx: Arc<Ctx>) {
     }
 }
 
-/// One stream: open it, send a line per interval until the server ends the response or
-/// the connection fails. `Ok(reason)` when the server ended it, `Err` when it failed.
+/// One stream: open it (an upgraded connection), send a line per interval until the
+/// server ends it or the connection fails. `Ok(reason)` when the server ended it, `Err`
+/// when it failed.
 async fn stream(ctx: &Ctx, http: &reqwest::Client, seq: &mut Sequence) -> Result<String, String> {
     let first = seq.take(ctx).map_err(|e| e.to_string())?;
     let url = format!(
@@ -138,21 +148,20 @@ async fn stream(ctx: &Ctx, http: &reqwest::Client, seq: &mut Sequence) -> Result
         ctx.cfg.api_url.trim_end_matches('/'),
         ctx.cfg.node
     );
-    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(2);
     let mut req = http
         .post(url)
-        .header("content-type", "text/plain")
-        .body(reqwest::Body::wrap_stream(ReceiverStream::new(rx)));
+        .header("connection", "upgrade")
+        .header("upgrade", PROTOCOL);
     if let Some(t) = &ctx.cfg.token {
         req = req.bearer_auth(t);
     }
     let started = Instant::now();
-    // The response headers arrive once the server has written the Lease.
+    // The 101 arrives once the server has written the Lease.
     let resp = tokio::select! {
         r = req.send() => r.map_err(|e| format!("opening the heartbeat stream: {e}"))?,
         _ = ctx.shutdown.cancelled() => return Ok("shutdown".into()),
     };
-    if !resp.status().is_success() {
+    if resp.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
         let code = resp.status();
         let body = resp.text().await.unwrap_or_default();
         let msg = serde_json::from_str::<serde_json::Value>(&body)
@@ -172,29 +181,32 @@ async fn stream(ctx: &Ctx, http: &reqwest::Client, seq: &mut Sequence) -> Result
         }
         return Err(format!("heartbeat stream refused ({code}): {msg}"));
     }
+    let conn = resp
+        .upgrade()
+        .await
+        .map_err(|e| format!("upgrading the heartbeat connection: {e}"))?;
     ctx.metrics
         .heartbeat_latency
         .observe(started.elapsed().as_secs_f64());
     ctx.metrics.heartbeats.inc();
+    let (mut rd, mut wr) = tokio::io::split(conn);
     // The opening sequence counts as the first heartbeat; send the next ones.
-    let mut body = resp.bytes_stream();
     let mut tick = tokio::time::interval(ctx.cfg.heartbeat_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     let mut farewell = Vec::new();
+    let mut buf = [0u8; 512];
     loop {
         tokio::select! {
             _ = tick.tick() => {
                 let n = seq.take(ctx).map_err(|e| e.to_string())?;
-                if tx.send(Ok(Bytes::from(format!("{n}\n")))).await.is_err() {
-                    return Err("the heartbeat connection closed".into());
+                if let Err(e) = wr.write_all(format!("{n}\n").as_bytes()).await {
+                    return Err(format!("heartbeat connection failed: {e}"));
                 }
                 ctx.metrics.heartbeats.inc();
             }
-            chunk = body.next() => match chunk {
-                Some(Ok(b)) => farewell.extend_from_slice(&b),
-                Some(Err(e)) => return Err(format!("heartbeat connection failed: {e}")),
-                None => {
+            r = rd.read(&mut buf) => match r {
+                Ok(0) => {
                     let text = String::from_utf8_lossy(&farewell);
                     let why = serde_json::from_str::<serde_json::Value>(text.trim())
                         .ok()
@@ -206,6 +218,9 @@ async fn stream(ctx: &Ctx, http: &reqwest::Client, seq: &mut Sequence) -> Result
                         .unwrap_or_else(|| "the server closed the stream".into());
                     return Ok(why);
                 }
+                Ok(n) if farewell.len() < 4096 => farewell.extend_from_slice(&buf[..n]),
+                Ok(_) => {}
+                Err(e) => return Err(format!("heartbeat connection failed: {e}")),
             },
             _ = ctx.shutdown.cancelled() => return Ok("shutdown".into()),
         }

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lattice_apis::lifecycle::{node_reason, should_run, RunDecision, PREEMPT_ANNOTATION};
+use lattice_apis::lifecycle::{node_reason, preempt_requested, should_run, RunDecision};
 use lattice_apis::{Allocation, CheckpointStrategy, NodeTaskPhase, NodeTaskState, Time};
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
@@ -564,10 +564,7 @@ impl Supervisor {
         let checkpoint = self
             .latest
             .as_ref()
-            .filter(|a| {
-                reason == node_reason::PREEMPTED
-                    && a.metadata.annotations.contains_key(PREEMPT_ANNOTATION)
-            })
+            .filter(|a| reason == node_reason::PREEMPTED && preempt_requested(a))
             .and_then(|a| a.spec.checkpoint.as_ref())
             .filter(|c| c.strategy == CheckpointStrategy::Signal);
         if let Some(c) = checkpoint {

@@ -228,13 +228,25 @@ async fn heartbeat_lease_follows_the_agent() {
     let seq: u64 = before.metadata.annotations["lattice.dev/heartbeat-sequence"]
         .parse()
         .unwrap();
-    let replay = reqwest::Client::new()
-        .post(format!(
-            "{}/apis/lattice.dev/v1alpha1/nodes/hb-node/heartbeat?sequence={seq}",
-            server.url
-        ))
+    let url = format!(
+        "{}/apis/lattice.dev/v1alpha1/nodes/hb-node/heartbeat?sequence={seq}",
+        server.url
+    );
+    let http = reqwest::Client::new();
+    // Not an upgrade request: 400 saying what to send.
+    let plain = http
+        .post(&url)
         .bearer_auth(&server.token)
-        .body("")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status().as_u16(), 400);
+    assert!(plain.text().await.unwrap().contains("lattice-heartbeat/1"));
+    let replay = http
+        .post(&url)
+        .bearer_auth(&server.token)
+        .header("connection", "upgrade")
+        .header("upgrade", "lattice-heartbeat/1")
         .send()
         .await
         .unwrap();

@@ -25,6 +25,19 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// Whether process `pid` exists and is not a zombie (or dead).
+pub fn pid_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // `pid (comm) S ...`: the state follows the last ')'.
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .map(|state| state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
+
 /// A free loopback port (bound then released; good enough for tests on one machine).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -182,7 +195,10 @@ impl RaftMember {
         ];
         args.extend(extra.iter().cloned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.server = Some(Server::start(&self.dir, self.api, self.etcd, &args));
+        let server = Server::start(&self.dir, self.api, self.etcd, &args);
+        // Server::start may have moved to fresh ports (one was taken meanwhile).
+        (self.api, self.etcd) = (server.api_port, server.etcd_port);
+        self.server = Some(server);
     }
 
     /// Its etcd v3 endpoint.

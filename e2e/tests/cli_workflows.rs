@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use lattice_e2e::{bin, free_port, Cluster};
+use lattice_e2e::{bin, free_port, pid_alive, Cluster};
 use serde_json::Value;
 
 fn repo() -> &'static Path {
@@ -316,21 +316,6 @@ fn stamp(p: &Path) -> f64 {
         .unwrap_or_else(|e| panic!("{}: {t:?}: {e}", p.display()))
 }
 
-/// True while `pid` exists and is not a zombie.
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            // `pid (comm) S ...`: the state follows the last ')'.
-            let state = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                .unwrap_or("?");
-            state != "Z" && state != "X"
-        }
-        Err(_) => false,
-    }
-}
-
 fn read_pid(p: &Path) -> Option<i32> {
     std::fs::read_to_string(p).ok()?.trim().parse().ok()
 }
@@ -601,7 +586,7 @@ fn slurm_aliases_sbatch_squeue_scancel_sacct_dependencies_arrays() {
     let pid = cli.wait("the job's pid file", Duration::from_secs(30), || {
         read_pid(&marks.join("long.pid"))
     });
-    assert!(alive(pid));
+    assert!(pid_alive(pid));
     let out = cli.slurm_ok(&format!("squeue -h -o '%i %t'\nscancel {jid}"));
     assert!(
         out.lines().any(|l| l.trim() == format!("{jid} R")),
@@ -615,7 +600,7 @@ fn slurm_aliases_sbatch_squeue_scancel_sacct_dependencies_arrays() {
     cli.wait(
         "the cancelled job's process to exit",
         Duration::from_secs(30),
-        || (!alive(pid)).then_some(()),
+        || (!pid_alive(pid)).then_some(()),
     );
     let out = cli.slurm_ok(&format!(
         "sacct -j {jid}\nsacct -j {jid} -n -P --format=JobID,State,ExitCode\necho @@@\nsqueue -h -o %i"
@@ -867,7 +852,7 @@ fn dag_submit_status_list_and_cancel() {
     cli.wait(
         "the cancelled step's process to exit",
         Duration::from_secs(30),
-        || (!alive(pid)).then_some(()),
+        || (!pid_alive(pid)).then_some(()),
     );
     let st = cli.ok(&["dag", "status", "longdag"]);
     assert!(st.contains("State:     Cancelled\n"), "{st}");
@@ -1068,7 +1053,7 @@ fn up_detach_then_down() {
         .iter()
         .map(|p| p["pid"].as_i64().unwrap() as i32)
         .collect();
-    assert!(pids.iter().all(|p| alive(*p)), "{up}");
+    assert!(pids.iter().all(|p| pid_alive(*p)), "{up}");
 
     // The detached cluster works: two Ready nodes, and a job runs to completion.
     let user = |args: &[&str]| {
@@ -1104,7 +1089,7 @@ fn up_detach_then_down() {
     );
     assert!(!data.join("up.json").exists());
     let deadline = Instant::now() + Duration::from_secs(20);
-    while pids.iter().any(|p| alive(*p)) {
+    while pids.iter().any(|p| pid_alive(*p)) {
         assert!(
             Instant::now() < deadline,
             "still running after down: {pids:?}"

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lattice_apis::{Allocation, AllocationPhase, Dag, Node, NodeState};
-use lattice_e2e::Cluster;
+use lattice_e2e::{pid_alive, Cluster};
 use lattice_runtime::{Api, Client, ListParams, Patch, PatchParams, PostParams, ResourceExt};
 use serde_json::json;
 
@@ -379,15 +379,4 @@ async fn the_example_workflow_runs_to_completion() {
     assert_eq!(tst.assigned_nodes.len(), 2);
     assert_eq!(tst.topology_groups.len(), 1);
     assert!(train.labels().contains_key("lattice.dev/dag"));
-}
-
-/// Whether a process exists (and is not a zombie).
-fn pid_alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .and_then(|(_, r)| r.split_whitespace().next().map(|st| st != "Z"))
-        })
-        .unwrap_or(false)
 }

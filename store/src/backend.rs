@@ -69,6 +69,20 @@ pub trait KvBackend: Send + Sync + 'static {
     async fn lease_revoke(&self, id: i64) -> StoreResult<i64>;
     /// Renew a lease; returns its TTL.
     async fn lease_keep_alive(&self, id: i64) -> StoreResult<i64>;
+    /// Renew many leases at once (node heartbeats: one call per batch); for each, its
+    /// TTL, or `None` when it does not exist. Backends override this to take their locks
+    /// once; the default renews one at a time.
+    async fn lease_keep_alive_many(&self, ids: &[i64]) -> StoreResult<Vec<Option<i64>>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for &id in ids {
+            match self.lease_keep_alive(id).await {
+                Ok(ttl) => out.push(Some(ttl)),
+                Err(crate::StoreError::LeaseNotFound) => out.push(None),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
     async fn lease_time_to_live(&self, id: i64, keys: bool) -> StoreResult<LeaseTimeToLive>;
     async fn lease_leases(&self) -> StoreResult<Vec<i64>>;
 

@@ -495,6 +495,24 @@ impl KvBackend for EmbeddedStore {
         Ok(ttl)
     }
 
+    async fn lease_keep_alive_many(&self, ids: &[i64]) -> StoreResult<Vec<Option<i64>>> {
+        self.check_failed()?;
+        let ttls: Vec<Option<i64>> = {
+            let mvcc = self.shared.mvcc.read().unwrap_or_else(|p| p.into_inner());
+            ids.iter()
+                .map(|id| mvcc.leases().get(id).map(|l| l.ttl))
+                .collect()
+        };
+        let now = Instant::now();
+        let mut deadlines = lock(&self.shared.deadlines);
+        for (id, ttl) in ids.iter().zip(&ttls) {
+            if let Some(ttl) = ttl {
+                deadlines.insert(*id, now + Duration::from_secs((*ttl).max(1) as u64));
+            }
+        }
+        Ok(ttls)
+    }
+
     async fn lease_time_to_live(&self, id: i64, keys: bool) -> StoreResult<LeaseTimeToLive> {
         let (granted, lease_keys) = {
             let mvcc = self.shared.mvcc.read().unwrap_or_else(|p| p.into_inner());

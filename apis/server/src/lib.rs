@@ -92,6 +92,9 @@ pub struct Inner {
     pub authenticator: Arc<dyn Authenticator>,
     /// Heartbeat sequence numbers seen per node.
     pub heartbeats: heartbeat::Sequences,
+    /// The heartbeat reader thread, started with the first heartbeat stream (`None`
+    /// when it could not start: streams are then read by a task each).
+    heartbeat_reader: std::sync::OnceLock<Option<heartbeat::reader::Reader>>,
     /// Flips to true when the server shuts down: open watches end so the graceful
     /// shutdown does not wait for them.
     pub shutting_down: tokio::sync::watch::Sender<bool>,
@@ -99,6 +102,24 @@ pub struct Inner {
     readiness: std::sync::RwLock<Vec<(String, ReadinessCheck)>>,
     openapi_doc: Vec<u8>,
     openapi_hash: String,
+}
+
+impl Inner {
+    /// The heartbeat reader (started on first use; needs a tokio runtime).
+    pub(crate) fn heartbeat_reader(&self) -> Option<&heartbeat::reader::Reader> {
+        self.heartbeat_reader
+            .get_or_init(|| {
+                heartbeat::reader::Reader::start(
+                    self.resources.backend.clone(),
+                    self.metrics.clone(),
+                    self.shutting_down.subscribe(),
+                    self.config.heartbeat_ttl.max(Duration::from_secs(1)),
+                )
+                .map_err(|e| tracing::error!(error = %e, "cannot start the heartbeat reader; heartbeat streams are read by a task each"))
+                .ok()
+            })
+            .as_ref()
+    }
 }
 
 /// The API server.
@@ -143,6 +164,7 @@ impl ApiServer {
             metrics,
             authenticator,
             heartbeats: heartbeat::Sequences::default(),
+            heartbeat_reader: std::sync::OnceLock::new(),
             shutting_down: tokio::sync::watch::channel(false).0,
             readiness: std::sync::RwLock::new(Vec::new()),
             openapi_doc,
@@ -214,7 +236,12 @@ impl ApiServer {
             tracing::info!("lattice API server shutting down; ending watches");
             inner.shutting_down.send_replace(true);
         };
-        axum::serve(listener, self.router())
+        // Each connection's socket is recorded, so that heartbeat streams can be handed
+        // to the heartbeat reader thread.
+        let app = self
+            .router()
+            .into_make_service_with_connect_info::<heartbeat::ConnFd>();
+        axum::serve(listener, app)
             .with_graceful_shutdown(signal)
             .await?;
         Ok(())

@@ -24,7 +24,7 @@ use crate::kinds::allocation::{
 use crate::meta::{set_condition, Condition, ConditionStatus, Time};
 
 /// Annotation that asks for an allocation (or Dag) to be cancelled; the object is kept.
-pub const CANCEL_ANNOTATION: &str = "lattice.dev/cancel-requested";
+pub use crate::meta::CANCEL_REQUESTED_ANNOTATION as CANCEL_ANNOTATION;
 /// Annotation the scheduler sets on a preemption victim (value: the preemptor's name).
 pub const PREEMPT_ANNOTATION: &str = "lattice.dev/preempt-requested";
 /// Finalizer the scheduler puts on every allocation it binds: a deleted allocation stays

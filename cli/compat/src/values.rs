@@ -760,17 +760,6 @@ impl DepCondition {
         }
     }
 
-    /// The Slurm / Flux spelling.
-    pub fn slurm_name(self) -> &'static str {
-        match self {
-            DepCondition::Success => "afterok",
-            DepCondition::Failure => "afternotok",
-            DepCondition::Any => "afterany",
-            DepCondition::Corresponding => "aftercorr",
-            DepCondition::Started => "after",
-        }
-    }
-
     fn from_dag(c: lattice_dag::deps::Condition) -> Option<Self> {
         use lattice_dag::deps::Condition as C;
         Some(match c {

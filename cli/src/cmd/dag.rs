@@ -12,7 +12,7 @@ use crate::cmd::workload::{
     self, cancel_patch, cancel_requested, collection, elapsed_cell, name, nodes_cell, object, s,
     DASH,
 };
-use crate::errors::{exit, CliError};
+use crate::errors::CliError;
 use crate::output::format::{age_of, to_json, to_yaml};
 use crate::output::{OutputFormat, Table};
 use crate::Ctx;
@@ -491,11 +491,4 @@ pub async fn run(
             Ok(0)
         }
     }
-    .map_err(|e: CliError| {
-        if e.exit_code == 0 {
-            e.exit_code(exit::ERROR)
-        } else {
-            e
-        }
-    })
 }

@@ -334,7 +334,7 @@ async fn wait_ready(
             return Err(died(&what, &tail));
         }
         if let Ok(t) = client.get_text("/readyz").await {
-            if t.trim() == "ok" || !t.is_empty() {
+            if !t.is_empty() {
                 return Ok(true);
             }
         }
@@ -362,7 +362,7 @@ async fn wait_token(
 ) -> Result<String, CliError> {
     loop {
         if let Ok(t) = std::fs::read_to_string(path) {
-            if !t.trim().is_empty() {
+            if !t.is_empty() {
                 return Ok(t.trim().to_string());
             }
         }

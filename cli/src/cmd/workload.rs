@@ -63,14 +63,7 @@ pub fn time(v: &Value, ptr: &str) -> Option<DateTime<Utc>> {
 }
 
 /// `HH:MM:SS` with as many hour digits as needed (`72:00:00`, `123:04:05`).
-pub fn hms(secs: u64) -> String {
-    format!(
-        "{:02}:{:02}:{:02}",
-        secs / 3600,
-        (secs / 60) % 60,
-        secs % 60
-    )
-}
+pub use lattice_apis::duration::format_hms as hms;
 
 /// The walltime in seconds: `status.walltimeSeconds`, else the spec's.
 pub fn walltime_secs(a: &Value) -> Option<u64> {

@@ -276,7 +276,7 @@ async fn drive(
         if !progress {
             break;
         }
-        check_missing = check_missing || progress;
+        check_missing = true;
     }
     for c in &children {
         if !run.seen.contains_key(c.name_any()) {
@@ -755,12 +755,7 @@ fn status_of(run: &DagRun, dag: &Dag, children: &[Arc<Allocation>]) -> DagStatus
             },
         );
     }
-    let phase = match engine.phase {
-        lattice_dag::DagPhase::Running => DagPhase::Running,
-        lattice_dag::DagPhase::Completed => DagPhase::Completed,
-        lattice_dag::DagPhase::Failed => DagPhase::Failed,
-        lattice_dag::DagPhase::Cancelled => DagPhase::Cancelled,
-    };
+    let phase = status_phase(run);
     // A cancelled DAG is Cancelled only once its running steps have stopped.
     let settled = counts.pending == 0 && counts.running == 0;
     let phase = if phase == DagPhase::Cancelled && !settled {

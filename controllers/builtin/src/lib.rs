@@ -62,6 +62,16 @@ use lattice_store::KvBackend;
 pub use metrics::{ControllerMetrics, SchedulerMetrics};
 pub use node_lifecycle::NodeLifecycleConfig;
 
+/// A spawned task that is aborted when this handle is dropped (helper tasks that must
+/// not outlive the controller that started them, e.g. when leadership moves).
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Settings of the built-in controllers.
 #[derive(Debug, Clone, Default)]
 pub struct Config {

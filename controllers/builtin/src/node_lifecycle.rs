@@ -155,10 +155,12 @@ pub fn register(
                                 for l in &cached {
                                     g.applied(l);
                                 }
+                                let names: std::collections::HashSet<&str> =
+                                    cached.iter().map(|l| l.name_any()).collect();
                                 let gone: Vec<String> = g
                                     .seen
                                     .keys()
-                                    .filter(|n| !cached.iter().any(|l| l.name_any() == n.as_str()))
+                                    .filter(|n| !names.contains(n.as_str()))
                                     .cloned()
                                     .collect();
                                 for n in gone {
@@ -170,13 +172,7 @@ pub fn register(
                     }
                 }
             });
-            struct Abort(tokio::task::JoinHandle<()>);
-            impl Drop for Abort {
-                fn drop(&mut self) {
-                    self.0.abort();
-                }
-            }
-            let _recorder = Abort(recorder);
+            let _recorder = crate::AbortOnDrop(recorder);
             let ctx = Arc::new(Ctx {
                 config,
                 started: Instant::now(),

@@ -108,13 +108,7 @@ pub fn register(
                 metrics,
             });
             let audit = tokio::spawn(audit_loop(backend));
-            struct Abort(tokio::task::JoinHandle<()>);
-            impl Drop for Abort {
-                fn drop(&mut self) {
-                    self.0.abort();
-                }
-            }
-            let _audit = Abort(audit);
+            let _audit = crate::AbortOnDrop(audit);
             controller
                 .watches::<Allocation, _>(&InformerParams::default(), move |a| {
                     // The nodes this allocation owns (any attempt).

@@ -518,17 +518,20 @@ fn register_raft_gauges(
         applied.clone(),
     );
     r.register("is_leader", "1 when this member leads", is_leader.clone());
-    let store = raft.clone();
+    let id = raft.id();
     let mut changes = raft.raft().metrics();
     tokio::spawn(async move {
         loop {
-            let st = store.raft_status();
-            let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-            leader.set(i(st.leader.unwrap_or(0)));
-            term.set(i(st.term));
-            last_log.set(i(st.last_log_index));
-            applied.set(i(st.last_applied_index));
-            is_leader.set(i64::from(st.is_leader));
+            // Read the fields in place: openraft publishes on every append and apply.
+            {
+                let m = changes.borrow_and_update();
+                let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                leader.set(i(m.current_leader.unwrap_or(0)));
+                term.set(i(m.current_term));
+                last_log.set(i(m.last_log_index.unwrap_or(0)));
+                applied.set(i(m.last_applied.map_or(0, |l| l.index)));
+                is_leader.set(i64::from(m.current_leader == Some(id)));
+            }
             if changes.changed().await.is_err() {
                 break;
             }

@@ -1,6 +1,7 @@
 //! Heartbeat load on the control plane: `--agents` simulated node agents each hold a
 //! heartbeat stream open to a running `lattice-server` (exactly what `lattice-agent`
-//! does: `POST .../nodes/<node>/heartbeat?sequence=N`, one chunked line per interval) and
+//! does: `POST .../nodes/<node>/heartbeat?sequence=N` upgraded to `lattice-heartbeat/1`,
+//! then one line per interval) and
 //! beat every `--interval`, spread evenly over the interval. The server's CPU time
 //! (utime + stime of `--server-pid`, all threads) is measured over `--measure-s` once
 //! every stream is open, and again with no streams for the idle baseline.
@@ -67,14 +68,14 @@ fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok((utime + stime) / 100.0)
 }
 
-/// Open one stream: send the request head and wait for `200` headers.
+/// Open one stream: send the upgrade request and wait for `101 Switching Protocols`.
 async fn open(addr: &str, host: &str, token: &str, node: &str) -> anyhow::Result<TcpStream> {
     let mut s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
     let head = format!(
         "POST /apis/lattice.dev/v1alpha1/nodes/{node}/heartbeat?sequence=1 HTTP/1.1\r\n\
-         Host: {host}\r\nAuthorization: Bearer {token}\r\nContent-Type: text/plain\r\n\
-         Transfer-Encoding: chunked\r\n\r\n"
+         Host: {host}\r\nAuthorization: Bearer {token}\r\nConnection: Upgrade\r\n\
+         Upgrade: lattice-heartbeat/1\r\nContent-Length: 0\r\n\r\n"
     );
     s.write_all(head.as_bytes()).await?;
     let mut buf = Vec::with_capacity(512);
@@ -86,7 +87,7 @@ async fn open(addr: &str, host: &str, token: &str, node: &str) -> anyhow::Result
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]);
             anyhow::ensure!(
-                head.starts_with("HTTP/1.1 200"),
+                head.starts_with("HTTP/1.1 101"),
                 "heartbeat stream refused: {}",
                 head.lines().next().unwrap_or("")
             );
@@ -178,8 +179,7 @@ async fn main() -> anyhow::Result<()> {
                 tick.tick().await;
                 seq += 1;
                 let line = format!("{seq}\n");
-                let chunk = format!("{:x}\r\n{line}\r\n", line.len());
-                if s.write_all(chunk.as_bytes()).await.is_err() {
+                if s.write_all(line.as_bytes()).await.is_err() {
                     failed.fetch_add(1, Ordering::Relaxed);
                     return;
                 }

@@ -311,6 +311,7 @@ pub(crate) enum ClientRequest {
         id: i64,
         keys: bool,
     },
+    KeepAliveMany(Vec<i64>),
     AddLearner {
         id: u64,
         addr: String,
@@ -341,6 +342,7 @@ pub(crate) enum ClientReply {
     ReadIndex(u64),
     KeepAlive(i64),
     TimeToLive(LeaseTimeToLive),
+    KeepAliveMany(Vec<Option<i64>>),
     Done,
 }
 
@@ -874,12 +876,14 @@ impl RaftStore {
             req,
             ClientRequest::ReadIndex
                 | ClientRequest::KeepAlive(_)
+                | ClientRequest::KeepAliveMany(_)
                 | ClientRequest::TimeToLive { .. }
         );
         loop {
             self.check_stopped()?;
             let (leader, leader_addr) = {
-                let m = self.inner.raft.metrics().borrow().clone();
+                let metrics = self.inner.raft.metrics();
+                let m = metrics.borrow();
                 let addr = m.current_leader.and_then(|l| {
                     m.membership_config
                         .membership()
@@ -1141,6 +1145,23 @@ impl Inner {
                     .insert(id, Instant::now() + Duration::from_secs(ttl.max(1) as u64));
                 Ok(ClientReply::KeepAlive(ttl))
             }
+            ClientRequest::KeepAliveMany(ids) => {
+                self.check_leader()?;
+                let ttls: Vec<Option<i64>> = {
+                    let st = self.sm.read();
+                    ids.iter()
+                        .map(|id| st.mvcc.leases().get(id).map(|l| l.ttl))
+                        .collect()
+                };
+                let now = Instant::now();
+                let mut deadlines = lock(&self.sm.deadlines);
+                for (id, ttl) in ids.iter().zip(&ttls) {
+                    if let Some(ttl) = ttl {
+                        deadlines.insert(*id, now + Duration::from_secs((*ttl).max(1) as u64));
+                    }
+                }
+                Ok(ClientReply::KeepAliveMany(ttls))
+            }
             ClientRequest::TimeToLive { id, keys } => {
                 self.check_leader()?;
                 let (granted, lease_keys) = {
@@ -1224,7 +1245,8 @@ impl Inner {
     }
 
     fn check_leader(&self) -> Result<(), WireError> {
-        let m = self.raft.metrics().borrow().clone();
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
         if m.state == ServerState::Leader {
             Ok(())
         } else {
@@ -1341,6 +1363,16 @@ impl KvBackend for RaftStore {
     async fn lease_keep_alive(&self, id: i64) -> StoreResult<i64> {
         match self.request(ClientRequest::KeepAlive(id)).await? {
             ClientReply::KeepAlive(ttl) => Ok(ttl),
+            other => Err(StoreError::Backend(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    async fn lease_keep_alive_many(&self, ids: &[i64]) -> StoreResult<Vec<Option<i64>>> {
+        match self
+            .request(ClientRequest::KeepAliveMany(ids.to_vec()))
+            .await?
+        {
+            ClientReply::KeepAliveMany(ttls) => Ok(ttls),
             other => Err(StoreError::Backend(format!("unexpected reply {other:?}"))),
         }
     }

@@ -27,6 +27,7 @@ use serde_json::json;
 use tokio::sync::{broadcast, Notify};
 
 use crate::metrics::SchedulerMetrics;
+use crate::AbortOnDrop;
 use adapter::{Interner, VClusterKey};
 use bind::{BindOutcome, Binding};
 
@@ -71,57 +72,44 @@ pub async fn run(ctx: HostContext, backend: Arc<dyn KvBackend>, metrics: Schedul
     ctx.set_ready(true);
     tracing::info!("scheduler started");
 
-    let mut loops: HashMap<VClusterKey, (Arc<Notify>, tokio::task::JoinHandle<()>)> =
-        HashMap::new();
-    let sync_loops =
-        |loops: &mut HashMap<VClusterKey, (Arc<Notify>, tokio::task::JoinHandle<()>)>| {
-            let want: Vec<VClusterKey> = shared
-                .vclusters
-                .state()
-                .iter()
-                .filter(|v| !v.is_deleting())
-                .map(|v| {
-                    (
-                        v.namespace().unwrap_or_default().to_string(),
-                        v.name_any().to_string(),
-                    )
-                })
-                .collect();
-            loops.retain(|k, (_, h)| {
+    // Dropping a loop's handle (vCluster gone, or this future dropped) aborts it.
+    let mut loops: HashMap<VClusterKey, (Arc<Notify>, AbortOnDrop)> = HashMap::new();
+    let sync_loops = |loops: &mut HashMap<VClusterKey, (Arc<Notify>, AbortOnDrop)>| {
+        let want: Vec<VClusterKey> = shared
+            .vclusters
+            .state()
+            .iter()
+            .filter(|v| !v.is_deleting())
+            .map(|v| {
+                (
+                    v.namespace().unwrap_or_default().to_string(),
+                    v.name_any().to_string(),
+                )
+            })
+            .collect();
+        loops.retain(|k, _| {
             let keep = want.contains(k);
             if !keep {
-                h.abort();
                 tracing::info!(vcluster = %format!("{}/{}", k.0, k.1), "scheduler loop stopped");
             }
             keep
         });
-            for k in want {
-                loops.entry(k.clone()).or_insert_with(|| {
+        for k in want {
+            loops.entry(k.clone()).or_insert_with(|| {
                 let notify = Arc::new(Notify::new());
                 let h = tokio::spawn(vcluster_loop(shared.clone(), k.clone(), notify.clone()));
                 tracing::info!(vcluster = %format!("{}/{}", k.0, k.1), "scheduler loop started");
-                (notify, h)
+                (notify, AbortOnDrop(h))
             });
-            }
-        };
+        }
+    };
     sync_loops(&mut loops);
-    let notify_all = |loops: &HashMap<VClusterKey, (Arc<Notify>, tokio::task::JoinHandle<()>)>| {
+    let notify_all = |loops: &HashMap<VClusterKey, (Arc<Notify>, AbortOnDrop)>| {
         for (n, _) in loops.values() {
             n.notify_one();
         }
     };
-    // Abort the loops when this future is dropped.
-    struct AbortAll(Vec<tokio::task::AbortHandle>);
-    impl Drop for AbortAll {
-        fn drop(&mut self) {
-            for h in &self.0 {
-                h.abort();
-            }
-        }
-    }
-    let mut guard = AbortAll(Vec::new());
     loop {
-        guard.0 = loops.values().map(|(_, h)| h.abort_handle()).collect();
         tokio::select! {
             ev = alloc_rx.recv() => match ev {
                 Ok(InformerEvent::Applied(a)) => {
@@ -132,10 +120,9 @@ pub async fn run(ctx: HostContext, backend: Arc<dyn KvBackend>, metrics: Schedul
                                 n.notify_one();
                             }
                         }
-                    } else if a.phase().is_terminal() {
-                        // May unblock a reserved job's start estimate; nodes themselves are
-                        // freed by the release controller (a node event).
                     }
+                    // A terminal allocation frees nodes through the release controller,
+                    // which shows up here as a node event.
                 }
                 Ok(InformerEvent::Deleted(_)) => {}
                 Err(broadcast::error::RecvError::Lagged(_)) => notify_all(&loops),
@@ -288,14 +275,15 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
             adapter::pending_job(JobId(i as u64), a, t, self_id, Some(&vc), now_s)
         })
         .collect();
+    let busy: usize = inv.running.iter().map(|r| r.nodes.len()).sum();
+    stats.idle_nodes = inv
+        .views
+        .iter()
+        .filter(|v| v.state == lattice_scheduler::NodeState::Ready)
+        .count()
+        .saturating_sub(busy);
+    stats.nodes = inv.views.len();
     if pending.is_empty() {
-        stats.idle_nodes = inv
-            .views
-            .iter()
-            .filter(|v| v.state == lattice_scheduler::NodeState::Ready)
-            .count()
-            .saturating_sub(inv.running.iter().map(|r| r.nodes.len()).sum());
-        stats.nodes = inv.views.len();
         return Ok(stats);
     }
     let total_nodes = inv.views.len() as u32;
@@ -306,7 +294,6 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         .map(|t| adapter::tenant_model(TenantId(tenant_ids.id(t.name_any())), t, total_nodes))
         .collect();
     tenants.sort_by_key(|t| t.id);
-    stats.nodes = inv.views.len();
     let mut config = adapter::scheduler_config(&vc);
     config.vcluster = Some(self_id);
     let started = Instant::now();
@@ -320,13 +307,6 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     };
     let plan = Scheduler::new(config).cycle(&catalog, &snap);
     stats.core_time = started.elapsed();
-    let busy: usize = inv.running.iter().map(|r| r.nodes.len()).sum();
-    stats.idle_nodes = inv
-        .views
-        .iter()
-        .filter(|v| v.state == lattice_scheduler::NodeState::Ready)
-        .count()
-        .saturating_sub(busy);
 
     // Bindings, batched per tenant: one transaction per tenant per cycle.
     let mut by_tenant: BTreeMap<String, Vec<(Binding, bool)>> = BTreeMap::new();
