@@ -16,6 +16,9 @@ cargo fmt --all -- --check
 echo "==> cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
 
+echo "==> cargo clippy -p lattice-agent --features nvidia (the NVML path builds without a GPU)"
+cargo clippy -p lattice-agent --all-targets --features nvidia -- -D warnings
+
 echo "==> building binaries for the end-to-end tests"
 cargo build --workspace --bins
 
