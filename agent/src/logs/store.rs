@@ -315,7 +315,7 @@ impl ChunkWriter {
         c.spool_offset = spool_offset;
         c.lines.push(line);
         if c.bytes >= CHUNK_BYTES {
-            self.close(store, stream)?;
+            self.close_and_index(store, [stream])?;
         }
         Ok(())
     }
@@ -328,33 +328,65 @@ impl ChunkWriter {
             .filter(|(_, c)| c.opened.elapsed() >= CHUNK_AGE)
             .map(|(s, _)| *s)
             .collect();
-        for s in due {
-            self.close(store, s)?;
-        }
-        Ok(())
+        self.close_and_index(store, due)
     }
 
     /// Close every open chunk.
     pub fn close_all(&mut self, store: &dyn LogStore) -> std::io::Result<()> {
-        for s in Stream::ALL {
-            self.close(store, s)?;
-        }
-        Ok(())
+        self.close_and_index(store, Stream::ALL)
     }
 
-    /// Close every chunk and mark the logs complete.
+    /// Close every chunk and mark the logs complete (one index write).
     pub fn finish(&mut self, store: &dyn LogStore) -> std::io::Result<()> {
-        self.close_all(store)?;
-        self.index.complete = true;
-        store.put_index(&self.key, &self.index)
+        let (any, closed) = self.close_many(store, Stream::ALL);
+        // Complete only when every line is in a chunk; a failed chunk is retried later.
+        if closed.is_ok() {
+            self.index.complete = true;
+        }
+        if any || closed.is_ok() {
+            store.put_index(&self.key, &self.index)?;
+        }
+        closed
     }
 
-    fn close(&mut self, store: &dyn LogStore, stream: Stream) -> std::io::Result<()> {
+    /// Close `streams`' chunks, then write the index once if any was closed.
+    fn close_and_index(
+        &mut self,
+        store: &dyn LogStore,
+        streams: impl IntoIterator<Item = Stream>,
+    ) -> std::io::Result<()> {
+        let (any, closed) = self.close_many(store, streams);
+        if any {
+            // Even after a failure: the chunks closed before it must be indexed.
+            store.put_index(&self.key, &self.index)?;
+        }
+        closed
+    }
+
+    /// Close `streams`' chunks (stopping at the first failure); whether any chunk was
+    /// closed, and the outcome. The index is not written.
+    fn close_many(
+        &mut self,
+        store: &dyn LogStore,
+        streams: impl IntoIterator<Item = Stream>,
+    ) -> (bool, std::io::Result<()>) {
+        let mut any = false;
+        for s in streams {
+            match self.close(store, s) {
+                Ok(closed) => any |= closed,
+                Err(e) => return (any, Err(e)),
+            }
+        }
+        (any, Ok(()))
+    }
+
+    /// Close one stream's chunk (without writing the index); whether there was one.
+    fn close(&mut self, store: &dyn LogStore, stream: Stream) -> std::io::Result<bool> {
         let Some(c) = self.open.remove(&stream) else {
-            return Ok(());
+            return Ok(false);
         };
         let (Some(first), Some(last)) = (c.lines.first(), c.lines.last()) else {
-            return Ok(());
+            return Ok(false);
         };
         let si = self.index.stream(stream);
         let file = format!("chunk-{:06}.log.gz", si.chunks.len());
@@ -377,7 +409,7 @@ impl ChunkWriter {
         si.bytes = meta.end_offset;
         si.spool_offset = c.spool_offset;
         si.chunks.push(meta);
-        store.put_index(&self.key, &self.index)
+        Ok(true)
     }
 }
 
