@@ -8,9 +8,7 @@ use std::sync::Arc;
 
 use lattice_apis::kinds::node::NodeOwner;
 use lattice_apis::meta::{now, set_condition, Condition, ConditionStatus};
-use lattice_apis::{
-    lifecycle, Allocation, AllocationPhase, AllocationStatus, Node, NodeState, Tenant,
-};
+use lattice_apis::{lifecycle, Allocation, AllocationPhase, AllocationStatus, Node, Tenant};
 use lattice_store::KvBackend;
 
 use crate::objects::{key_of, read_many, GuardedWrite, TxnError};
@@ -96,16 +94,18 @@ pub async fn bind_batch(
                 problem = Some(format!("node {name} is gone"));
                 break;
             };
-            let st = n.obj.status.clone().unwrap_or_default();
-            if st.owner.as_ref().is_some_and(|o| o.allocation.is_some()) {
+            let owned = n
+                .obj
+                .status
+                .as_ref()
+                .and_then(|s| s.owner.as_ref())
+                .is_some_and(|o| o.allocation.is_some());
+            if owned {
                 problem = Some(format!("node {name} is owned"));
                 break;
             }
-            if st.state != NodeState::Ready
-                || n.obj.spec.unschedulable
-                || n.obj.spec.drain.is_some()
-                || n.obj.spec.disabled
-            {
+            // The same rule the scheduling core was given (adapter::node_state).
+            if super::adapter::node_state(&n.obj) != lattice_scheduler::NodeState::Ready {
                 problem = Some(format!("node {name} is not schedulable"));
                 break;
             }
