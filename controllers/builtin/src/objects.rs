@@ -11,8 +11,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use lattice_apis::Resource;
 use lattice_store::{
-    Compare, CompareResult, KeyRange, KvBackend, PutRequest, RangeRequest, TxnOp, TxnOpResponse,
-    TxnRequest,
+    Compare, CompareResult, KeyRange, KeyValue, KvBackend, PutRequest, RangeRequest, TxnOp,
+    TxnOpResponse, TxnRequest,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -63,11 +63,12 @@ impl From<lattice_store::StoreError> for TxnError {
     }
 }
 
-/// Read several objects at one store revision (one read-only transaction).
-pub async fn read_many<K: Resource + DeserializeOwned>(
+/// The raw values of `keys` (of any kinds) at one store revision: one read-only
+/// transaction. Decode each with [`decode`].
+pub async fn read_raw(
     backend: &Arc<dyn KvBackend>,
     keys: &[String],
-) -> Result<Vec<Option<Stored<K>>>, TxnError> {
+) -> Result<Vec<Option<KeyValue>>, TxnError> {
     let req = TxnRequest {
         compare: Vec::new(),
         success: keys
@@ -82,26 +83,44 @@ pub async fn read_many<K: Resource + DeserializeOwned>(
         failure: Vec::new(),
     };
     let resp = backend.txn(req).await?;
-    let mut out = Vec::with_capacity(keys.len());
-    for (k, r) in keys.iter().zip(resp.responses) {
-        let TxnOpResponse::Range(r) = r else {
-            out.push(None);
-            continue;
-        };
-        match r.kvs.into_iter().next() {
-            Some(kv) => {
-                let obj: K = serde_json::from_slice(&kv.value)
-                    .map_err(|e| TxnError::Decode(format!("{k}: {e}")))?;
-                out.push(Some(Stored {
-                    key: k.clone(),
-                    obj,
-                    rev: kv.mod_revision,
-                }));
-            }
-            None => out.push(None),
-        }
-    }
+    let mut out: Vec<Option<KeyValue>> = resp
+        .responses
+        .into_iter()
+        .map(|r| match r {
+            TxnOpResponse::Range(r) => r.kvs.into_iter().next(),
+            _ => None,
+        })
+        .collect();
+    out.resize(keys.len(), None);
     Ok(out)
+}
+
+/// Decode a value read from `key` by [`read_raw`].
+pub fn decode<K: Resource + DeserializeOwned>(
+    key: &str,
+    kv: Option<KeyValue>,
+) -> Result<Option<Stored<K>>, TxnError> {
+    let Some(kv) = kv else {
+        return Ok(None);
+    };
+    let obj: K =
+        serde_json::from_slice(&kv.value).map_err(|e| TxnError::Decode(format!("{key}: {e}")))?;
+    Ok(Some(Stored {
+        key: key.to_string(),
+        obj,
+        rev: kv.mod_revision,
+    }))
+}
+
+/// Decode the next `keys.len()` values of `raw` (the part of a [`read_raw`] answer that
+/// belongs to `keys`).
+pub fn decode_next<K: Resource + DeserializeOwned>(
+    raw: &mut impl Iterator<Item = Option<KeyValue>>,
+    keys: &[String],
+) -> Result<Vec<Option<Stored<K>>>, TxnError> {
+    keys.iter()
+        .map(|k| decode(k, raw.next().flatten()))
+        .collect()
 }
 
 /// Every object of two kinds, read at one store revision (one read-only transaction):

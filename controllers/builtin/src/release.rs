@@ -16,7 +16,7 @@ use lattice_runtime::{Action, HostContext, ObjectRef, ResourceExt};
 use lattice_store::KvBackend;
 
 use crate::metrics::ControllerMetrics;
-use crate::objects::{key_of, read_many, GuardedWrite};
+use crate::objects::{decode_next, key_of, read_raw, GuardedWrite};
 
 struct Ctx {
     backend: Arc<dyn KvBackend>,
@@ -145,17 +145,6 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
     if cached.is_some() && !releasable(&node, cached.as_deref()) {
         return Ok(Action::await_change());
     }
-    let alloc = read_many::<Allocation>(
-        &ctx.backend,
-        &[key_of::<Allocation>(Some(&owner.0), &owner.1)],
-    )
-    .await?
-    .pop()
-    .flatten()
-    .map(|s| s.obj);
-    if !releasable(&node, alloc.as_ref()) {
-        return Ok(Action::await_change());
-    }
     // Every node of the same owner: released together, so the allocation count of the
     // tenant drops exactly once (when the last of them goes).
     let group: Vec<Arc<Node>> = ctx.nodes.find(|n| owner_key(n).as_ref() == Some(&owner));
@@ -167,9 +156,25 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
     if !keys.contains(&own_key) {
         keys.push(own_key);
     }
-    let fresh = read_many::<Node>(&ctx.backend, &keys).await?;
-    let tenant = read_many::<Tenant>(&ctx.backend, &[key_of::<Tenant>(None, &owner.0)])
-        .await?
+    // Allocation, nodes and tenant at one revision, in one read.
+    let alloc_key = [key_of::<Allocation>(Some(&owner.0), &owner.1)];
+    let tenant_key = [key_of::<Tenant>(None, &owner.0)];
+    let all_keys: Vec<String> = alloc_key
+        .iter()
+        .chain(&keys)
+        .chain(&tenant_key)
+        .cloned()
+        .collect();
+    let mut raw = read_raw(&ctx.backend, &all_keys).await?.into_iter();
+    let alloc = decode_next::<Allocation>(&mut raw, &alloc_key)?
+        .pop()
+        .flatten()
+        .map(|s| s.obj);
+    if !releasable(&node, alloc.as_ref()) {
+        return Ok(Action::await_change());
+    }
+    let fresh = decode_next::<Node>(&mut raw, &keys)?;
+    let tenant = decode_next::<Tenant>(&mut raw, &tenant_key)?
         .pop()
         .flatten();
     let mut w = GuardedWrite::new();

@@ -11,7 +11,7 @@ use lattice_apis::meta::{now, set_condition, Condition, ConditionStatus};
 use lattice_apis::{lifecycle, Allocation, AllocationPhase, AllocationStatus, Node, Tenant};
 use lattice_store::KvBackend;
 
-use crate::objects::{key_of, read_many, GuardedWrite, TxnError};
+use crate::objects::{decode_next, key_of, read_raw, GuardedWrite, TxnError};
 
 /// What to bind.
 #[derive(Debug, Clone)]
@@ -55,12 +55,20 @@ pub async fn bind_batch(
         .iter()
         .map(|b| key_of::<Allocation>(Some(&b.tenant), &b.name))
         .collect();
-    let allocs = read_many::<Allocation>(backend, &alloc_keys).await?;
     let node_names: Vec<&String> = bindings.iter().flat_map(|b| b.nodes.iter()).collect();
     let node_keys: Vec<String> = node_names.iter().map(|n| key_of::<Node>(None, n)).collect();
-    let nodes = read_many::<Node>(backend, &node_keys).await?;
-    let tenant_obj = read_many::<Tenant>(backend, &[key_of::<Tenant>(None, tenant)])
-        .await?
+    let tenant_key = [key_of::<Tenant>(None, tenant)];
+    // Allocations, nodes and tenant at one revision, in one read.
+    let all_keys: Vec<String> = alloc_keys
+        .iter()
+        .chain(&node_keys)
+        .chain(&tenant_key)
+        .cloned()
+        .collect();
+    let mut raw = read_raw(backend, &all_keys).await?.into_iter();
+    let allocs = decode_next::<Allocation>(&mut raw, &alloc_keys)?;
+    let nodes = decode_next::<Node>(&mut raw, &node_keys)?;
+    let tenant_obj = decode_next::<Tenant>(&mut raw, &tenant_key)?
         .pop()
         .flatten();
 
