@@ -92,6 +92,13 @@ pub trait KvBackend: Send + Sync + 'static {
 
     async fn status(&self) -> StoreResult<StoreStatus>;
 
+    /// Most operations (compares plus the ops of the branch taken) one transaction may
+    /// carry; longer transactions fail with `TooManyOps`. Writers that batch (the
+    /// scheduler's bindings) split their batches by it. etcd's default is 128.
+    fn max_txn_ops(&self) -> usize {
+        crate::mvcc::Limits::default().max_txn_ops
+    }
+
     /// Convenience: read one key at the latest revision.
     async fn get(&self, key: Bytes) -> StoreResult<Option<KeyValue>> {
         let resp = self.range(RangeRequest::key(key)).await?;

@@ -409,6 +409,10 @@ fn txn_response(resp: CommandResponse) -> StoreResult<TxnResponse> {
 
 #[async_trait]
 impl KvBackend for EmbeddedStore {
+    fn max_txn_ops(&self) -> usize {
+        self.shared.config.limits.max_txn_ops
+    }
+
     async fn range(&self, req: RangeRequest) -> StoreResult<RangeResponse> {
         self.check_failed()?;
         let published = self.revision();

@@ -31,6 +31,7 @@ const WATCH_BUFFER: usize = 256;
 #[derive(Clone)]
 pub struct EtcdBackend {
     client: Client,
+    max_txn_ops: usize,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -54,12 +55,21 @@ impl EtcdBackend {
         let client = Client::connect(endpoints, Some(opts))
             .await
             .map_err(|e| StoreError::Backend(format!("connect to etcd {endpoints:?}: {e}")))?;
-        Ok(Self { client })
+        Ok(Self::from_client(client))
     }
 
     /// Wrap an already configured client (TLS, auth, ...).
     pub fn from_client(client: Client) -> Self {
-        Self { client }
+        Self {
+            client,
+            max_txn_ops: crate::mvcc::Limits::default().max_txn_ops,
+        }
+    }
+
+    /// The external cluster's `--max-txn-ops` (etcd's default, 128, unless set here).
+    pub fn with_max_txn_ops(mut self, n: usize) -> Self {
+        self.max_txn_ops = n;
+        self
     }
 
     pub fn client(&self) -> &Client {
@@ -297,6 +307,10 @@ fn check_key(key: &Bytes) -> StoreResult<()> {
 
 #[async_trait]
 impl KvBackend for EtcdBackend {
+    fn max_txn_ops(&self) -> usize {
+        self.max_txn_ops
+    }
+
     async fn range(&self, req: RangeRequest) -> StoreResult<RangeResponse> {
         check_key(&req.range.key)?;
         let mut kv = self.client.kv_client();

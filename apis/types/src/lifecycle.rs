@@ -57,6 +57,10 @@ pub mod reason {
     pub const WAITING_FOR_DEPENDENCIES: &str = "waiting_for_dependencies";
     /// A dependency can never be satisfied.
     pub const DEPENDENCY_NEVER_SATISFIED: &str = "dependency_never_satisfied";
+    /// A claim of named nodes lost to an earlier claim (`OwnershipConflict`).
+    pub const OWNERSHIP_CONFLICT: &str = "ownership_conflict";
+    /// A claim of named nodes that can never be granted (unknown node, wrong pool, ...).
+    pub const INVALID_CLAIM: &str = "invalid_claim";
 }
 
 /// Node-entry reason codes (`status.nodeStates[*].reason`).

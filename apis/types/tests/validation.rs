@@ -189,6 +189,55 @@ fn node_count_forms() {
 }
 
 #[test]
+fn node_names_must_match_the_count_and_be_node_names() {
+    let ok = admit(
+        "Allocation",
+        alloc(
+            json!({"entrypoint": "x", "resources": {"nodes": 2, "nodeNames": ["sn-01", "sn-02"]}}),
+        ),
+    )
+    .expect("valid");
+    assert_eq!(
+        ok["spec"]["resources"]["nodeNames"],
+        json!(["sn-01", "sn-02"])
+    );
+    let (p, m) = one_error(admit(
+        "Allocation",
+        alloc(json!({"entrypoint": "x", "resources": {"nodeNames": ["sn-01", "sn-02"]}})),
+    ));
+    assert_eq!(p, "spec.resources.nodes");
+    assert!(m.contains("set nodes: 2"), "{m}");
+    let r = admit(
+        "Allocation",
+        alloc(
+            json!({"entrypoint": "x", "resources": {"nodes": 2, "nodeNames": ["sn-01", "sn-01"]}}),
+        ),
+    );
+    assert!(
+        has_error(&r, "spec.resources.nodeNames[1]", "listed twice"),
+        "{r:?}"
+    );
+    let r = admit(
+        "Allocation",
+        alloc(json!({"entrypoint": "x", "resources": {"nodes": 1, "nodeNames": ["Bad_Name"]}})),
+    );
+    assert!(
+        r.is_err() && has_error(&r, "spec.resources.nodeNames[0]", ""),
+        "{r:?}"
+    );
+    let r = admit(
+        "Allocation",
+        alloc(
+            json!({"entrypoint": "x", "resources": {"nodes": {"min": 1, "max": 2}, "nodeNames": ["a"]}}),
+        ),
+    );
+    assert!(
+        has_error(&r, "spec.resources.nodes", "exact count"),
+        "{r:?}"
+    );
+}
+
+#[test]
 fn walltime_formats() {
     for ok in ["24h", "1h30m", "72:00:00", "1-12:00:00", "30", "10m"] {
         admit(

@@ -21,6 +21,24 @@ pub struct VClusterLabel {
     pub vcluster: String,
 }
 
+/// `vcluster` and `reason` labels (`priority`, `reclaim`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PreemptionLabel {
+    /// `tenant/name`.
+    pub vcluster: String,
+    /// Why.
+    pub reason: &'static str,
+}
+
+/// `vcluster` and `result` labels (`granted`, `conflict`, `rejected`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClaimLabel {
+    /// `tenant/name`.
+    pub vcluster: String,
+    /// Outcome.
+    pub result: &'static str,
+}
+
 /// `state` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
@@ -42,7 +60,8 @@ pub struct SchedulerMetrics {
     proposals_accepted: Family<VClusterLabel, Counter>,
     proposals_rejected: Family<VClusterLabel, Counter>,
     backfills: Family<VClusterLabel, Counter>,
-    preemptions: Family<VClusterLabel, Counter>,
+    preemptions: Family<PreemptionLabel, Counter>,
+    claims: Family<ClaimLabel, Counter>,
     cycles: Family<VClusterLabel, Counter>,
 }
 
@@ -64,6 +83,7 @@ impl SchedulerMetrics {
             proposals_rejected: Family::default(),
             backfills: Family::default(),
             preemptions: Family::default(),
+            claims: Family::default(),
             cycles: Family::default(),
         }
     }
@@ -108,8 +128,13 @@ impl SchedulerMetrics {
         );
         r.register(
             "preemptions",
-            "Preemptions requested",
+            "Preemptions requested, by reason (priority: a higher class; reclaim: a lender takes back its home nodes)",
             self.preemptions.clone(),
+        );
+        r.register(
+            "claims",
+            "Claims of named nodes, by result (granted, conflict = OwnershipConflict, rejected)",
+            self.claims.clone(),
         );
         r.register("cycles", "Scheduling cycles run", self.cycles.clone());
     }
@@ -135,9 +160,30 @@ impl SchedulerMetrics {
             .get_or_create(&l)
             .inc_by(s.conflicts as u64);
         self.backfills.get_or_create(&l).inc_by(s.backfilled as u64);
-        self.preemptions
-            .get_or_create(&l)
-            .inc_by(s.preemptions as u64);
+        for (reason, n) in [("priority", s.preemptions), ("reclaim", s.reclaims)] {
+            if n > 0 {
+                self.preemptions
+                    .get_or_create(&PreemptionLabel {
+                        vcluster: vcluster.to_string(),
+                        reason,
+                    })
+                    .inc_by(n as u64);
+            }
+        }
+        for (result, n) in [
+            ("granted", s.claims_granted),
+            ("conflict", s.claims_conflicted),
+            ("rejected", s.claims_rejected),
+        ] {
+            if n > 0 {
+                self.claims
+                    .get_or_create(&ClaimLabel {
+                        vcluster: vcluster.to_string(),
+                        result,
+                    })
+                    .inc_by(n as u64);
+            }
+        }
     }
 }
 

@@ -1546,3 +1546,307 @@ async fn satisfied_dependencies_stay_satisfied_through_duplicates_deletion_and_r
         1
     );
 }
+
+/// A sensitive-pool node.
+async fn sensitive_node(env: &Env, name: &str) {
+    env.node(name, 0).await;
+    env.nodes()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"sensitive": true}})),
+        )
+        .await
+        .expect("mark sensitive");
+}
+
+fn claim(user: &str, nodes: &[&str]) -> serde_json::Value {
+    json!({
+        "metadata": {"annotations": {"lattice.dev/user": user}},
+        "spec": {"sensitive": true, "vcluster": "secure",
+                 "resources": {"nodes": nodes.len(), "nodeNames": nodes}},
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sensitive_claims_first_commit_wins_and_the_loser_names_the_holder() {
+    let mut env = env().await;
+    env.tenant("hospital", None).await;
+    env.vcluster("hospital", "secure", "sensitive-reservation")
+        .await;
+    let names = ["s1", "s2", "s3", "s4"];
+    for n in names {
+        sensitive_node(&env, n).await;
+    }
+    env.node("plain", 1).await;
+    let _hb = heartbeats(&env, &["s1", "s2", "s3", "s4", "plain"]);
+    // Two scheduler replicas race for every claim.
+    env.start_controllers(fast_config());
+    env.start_controllers(fast_config());
+
+    // Overlapping claims submitted together: exactly one gets s2.
+    let (a, b) = tokio::join!(
+        env.submit("hospital", "claim-a", 2, claim("alice", &["s1", "s2"])),
+        env.submit("hospital", "claim-b", 2, claim("bob", &["s2", "s3"])),
+    );
+    drop((a, b));
+    let settled = |a: &Allocation| {
+        a.phase() == AllocationPhase::Staging || a.phase() == AllocationPhase::Failed
+    };
+    let a = env
+        .wait_alloc("hospital", "claim-a", "bound or failed", settled)
+        .await;
+    let b = env
+        .wait_alloc("hospital", "claim-b", "bound or failed", settled)
+        .await;
+    let (won, lost, winner_user) = match (a.phase(), b.phase()) {
+        (AllocationPhase::Staging, AllocationPhase::Failed) => (a, b, "alice"),
+        (AllocationPhase::Failed, AllocationPhase::Staging) => (b, a, "bob"),
+        other => panic!("exactly one claim must win, got {other:?}"),
+    };
+    assert_eq!(won.status.as_ref().expect("status").assigned_nodes.len(), 2);
+    assert_eq!(reason_of(&lost), Some("ownership_conflict"));
+    let msg = message_of(&lost);
+    assert!(
+        msg.starts_with("OwnershipConflict: node s2 is already claimed")
+            && msg.contains(&format!("by user {winner_user}"))
+            && msg.contains(&format!("hospital/{}", won.name_any())),
+        "{msg}"
+    );
+    // The store records the claiming user with the ownership.
+    let s2 = env.nodes().get("s2").await.expect("s2");
+    let owner = s2.status.and_then(|s| s.owner).expect("owned");
+    assert_eq!(owner.user.as_deref(), Some(winner_user));
+    assert_eq!(owner.allocation.as_deref(), Some(won.name_any()));
+
+    // Claims that can never be granted fail at once, saying why.
+    env.submit("hospital", "ghost", 1, claim("carol", &["nope"]))
+        .await;
+    env.submit("hospital", "wrong-pool", 1, claim("carol", &["plain"]))
+        .await;
+    let ghost = env
+        .wait_phase("hospital", "ghost", AllocationPhase::Failed)
+        .await;
+    assert_eq!(reason_of(&ghost), Some("invalid_claim"));
+    assert!(message_of(&ghost).contains("node nope is not registered"));
+    let wrong = env
+        .wait_phase("hospital", "wrong-pool", AllocationPhase::Failed)
+        .await;
+    assert!(
+        message_of(&wrong).contains("node plain is not in the sensitive pool"),
+        "{}",
+        message_of(&wrong)
+    );
+    // A disjoint claim is granted beside the winner.
+    let free: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| {
+            !won.status
+                .as_ref()
+                .expect("status")
+                .assigned_nodes
+                .iter()
+                .any(|a| a == n)
+        })
+        .filter(|n| *n != "s3" || winner_user == "alice")
+        .take(1)
+        .collect();
+    env.submit("hospital", "claim-c", 1, claim("carol", &free))
+        .await;
+    env.wait_phase("hospital", "claim-c", AllocationPhase::Staging)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_outside_sensitive_vclusters_wait_for_their_nodes() {
+    let (env, _hb) = cluster(&["n1", "n2"]).await;
+    let on = |n: &str| json!({"spec": {"resources": {"nodeNames": [n]}}});
+    env.submit("t1", "holder", 1, on("n1")).await;
+    env.wait_phase("t1", "holder", AllocationPhase::Staging)
+        .await;
+    // A second claim of n1 waits for it (n2 is free, but not what it asked for).
+    env.submit("t1", "waiter", 1, on("n1")).await;
+    let w = env
+        .wait_alloc("t1", "waiter", "waiting for n1", |a| {
+            reason_of(a) == Some("nodes_occupied")
+        })
+        .await;
+    assert_eq!(w.phase(), AllocationPhase::Pending);
+    assert!(
+        message_of(&w).contains("waiting for claimed node n1 (by allocation t1/holder)"),
+        "{}",
+        message_of(&w)
+    );
+    // A claim of a cordoned node waits too, and says why.
+    env.nodes()
+        .patch(
+            "n2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .expect("cordon");
+    env.submit("t1", "wants-n2", 1, on("n2")).await;
+    let c = env
+        .wait_alloc("t1", "wants-n2", "explained", |a| {
+            reason_of(a) == Some("invalid_claim")
+        })
+        .await;
+    assert_eq!(c.phase(), AllocationPhase::Pending);
+    assert!(
+        message_of(&c).contains("node n2 is draining and cannot be claimed now"),
+        "{}",
+        message_of(&c)
+    );
+    env.nodes()
+        .patch(
+            "n2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": false}})),
+        )
+        .await
+        .expect("uncordon");
+    // Everything runs once its nodes are free.
+    let _runner = auto_runner(&env, "t1", |_| 0);
+    for (name, node) in [("holder", "n1"), ("waiter", "n1"), ("wants-n2", "n2")] {
+        let a = env.wait_phase("t1", name, AllocationPhase::Completed).await;
+        assert_eq!(
+            a.status.expect("status").assigned_nodes,
+            vec![node],
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lender_takes_back_the_nodes_it_lent() {
+    let mut env = env().await;
+    env.tenant("t1", None).await;
+    let vcs: Api<lattice_apis::VCluster> = Api::namespaced(env.client.clone(), "t1");
+    for (name, spec) in [
+        (
+            "lender",
+            // Preemption off: taking back lent nodes is not class-based preemption.
+            json!({"schedulerType": "service-binpack", "cycleInterval": "1s",
+                   "homeNodes": ["n1", "n2"], "preemption": {"mode": "never"}}),
+        ),
+        (
+            "guest",
+            json!({"schedulerType": "hpc-backfill", "cycleInterval": "1s"}),
+        ),
+    ] {
+        let v: lattice_apis::VCluster = serde_json::from_value(
+            json!({"metadata": {"name": name, "namespace": "t1"}, "spec": spec}),
+        )
+        .expect("vcluster");
+        vcs.create(&PostParams::default(), &v)
+            .await
+            .expect("vcluster");
+    }
+    for n in ["n1", "n2"] {
+        env.node(n, 0).await;
+    }
+    let _hb = heartbeats(&env, &["n1", "n2"]);
+    env.start_controllers(fast_config());
+
+    // The guest borrows both idle home nodes of the lender.
+    env.submit(
+        "t1",
+        "borrower",
+        2,
+        json!({"spec": {"vcluster": "guest", "preemptionClass": 9}}),
+    )
+    .await;
+    let b = env
+        .wait_phase("t1", "borrower", AllocationPhase::Staging)
+        .await;
+    assert_eq!(b.status.expect("status").assigned_nodes.len(), 2);
+    let owner = env
+        .nodes()
+        .get("n1")
+        .await
+        .expect("n1")
+        .status
+        .and_then(|s| s.owner)
+        .expect("owner");
+    assert!(owner.borrowed, "n1 is lent, not owned: {owner:?}");
+
+    // A class-0 job of the lender asks for one node back: the borrower is sent back
+    // although it outranks it.
+    env.submit(
+        "t1",
+        "home-job",
+        1,
+        json!({"spec": {"vcluster": "lender", "preemptionClass": 0}}),
+    )
+    .await;
+    let b = env
+        .wait_alloc(
+            "t1",
+            "borrower",
+            "preemption requested",
+            lifecycle::preempt_requested,
+        )
+        .await;
+    assert_eq!(
+        b.metadata
+            .annotations
+            .get(lifecycle::PREEMPT_ANNOTATION)
+            .map(String::as_str),
+        Some("home-job")
+    );
+    let h = env
+        .wait_alloc("t1", "home-job", "explained", |a| {
+            message_of(a).starts_with("reclaiming home nodes")
+        })
+        .await;
+    assert_eq!(h.phase(), AllocationPhase::Pending);
+    // The simulated agents stop the borrower; the lender's job gets its node.
+    let _runner = auto_runner(&env, "t1", |_| 0);
+    let h = env
+        .wait_phase("t1", "home-job", AllocationPhase::Completed)
+        .await;
+    let node = &h.status.expect("status").assigned_nodes[0];
+    assert!(node == "n1" || node == "n2");
+    let b = env.get("t1", "borrower").await;
+    assert!(b.status.expect("status").preemption_count >= 1);
+}
+
+/// Regression: a burst of bindings larger than one store transaction (the store's
+/// `max_txn_ops`, 128 here) once failed every cycle and wedged the scheduler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_larger_than_one_transaction_is_bound_in_batches() {
+    let mut env = env().await;
+    assert_eq!(env.backend.max_txn_ops(), 128);
+    env.tenant("t1", None).await;
+    env.vcluster("t1", "default", "hpc-backfill").await;
+    let names: Vec<String> = (0..100).map(|i| format!("n{i:03}")).collect();
+    for n in &names {
+        env.node(n, 0).await;
+    }
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let _hb = heartbeats(&env, &refs);
+    // All queued before the scheduler starts: its first cycle places them together
+    // (36 bindings = 146 operations as one transaction).
+    for i in 0..36 {
+        env.submit("t1", &format!("j{i:02}"), 1, json!({})).await;
+    }
+    // And one that cannot fit any transaction: 64 nodes = 132 operations.
+    env.submit("t1", "huge", 64, json!({})).await;
+    env.start_controllers(fast_config());
+    for i in 0..36 {
+        env.wait_phase("t1", &format!("j{i:02}"), AllocationPhase::Staging)
+            .await;
+    }
+    let huge = env
+        .wait_alloc("t1", "huge", "explained", |a| {
+            reason_of(a) == Some("too_large_for_one_transaction")
+        })
+        .await;
+    assert!(
+        message_of(&huge).contains("raise lattice-server --max-txn-ops to at least 132"),
+        "{}",
+        message_of(&huge)
+    );
+}

@@ -18,6 +18,7 @@ pub struct ClassKey {
     pub cxl_memory_gb: u32,
     pub unified_memory: bool,
     pub home: Option<VClusterId>,
+    pub private: bool,
     pub sensitive_pool: bool,
     gpu_link_bits: u64,
     memory_locality_bits: u64,
@@ -77,6 +78,7 @@ impl NodeCatalog {
                 cxl_memory_gb: n.cxl_memory_gb,
                 unified_memory: n.unified_memory,
                 home: n.owner.home,
+                private: n.owner.private,
                 sensitive_pool: n.sensitive_pool,
                 gpu_link_bits: n.gpu_link_fitness.to_bits(),
                 memory_locality_bits: n.memory_locality.to_bits(),
@@ -187,7 +189,7 @@ impl NodeCatalog {
             None => FilterOutcome::Feasible { borrowed: false },
             Some(h) if h == job.vcluster => FilterOutcome::Feasible { borrowed: false },
             // Borrowed nodes may be reclaimed, so non-preemptible work stays off them.
-            Some(_) if c.allow_borrowed && !job.non_preemptible() => {
+            Some(_) if c.allow_borrowed && !job.non_preemptible() && !k.private => {
                 FilterOutcome::Feasible { borrowed: true }
             }
             Some(_) => FilterOutcome::Ownership,

@@ -665,10 +665,11 @@ impl Scheduler {
                 continue;
             }
 
-            // Preemption: only downward, bounded attempts per cycle.
-            if cfg.preemption.enabled
-                && preempt_attempts < cfg.preemption.max_attempts_per_cycle
-                && job.preemption_class > 0
+            // Preemption: only downward, bounded attempts per cycle. A vCluster takes back
+            // its lent home nodes whatever its preemption policy.
+            let class_based = cfg.preemption.enabled && job.preemption_class > 0;
+            if preempt_attempts < cfg.preemption.max_attempts_per_cycle
+                && (class_based || lent_out(snap, catalog, job))
             {
                 preempt_attempts += 1;
                 if let Some(p) = preempt::try_preempt(
@@ -679,6 +680,7 @@ impl Scheduler {
                     &feas,
                     &victims_taken,
                     same_fp,
+                    class_based,
                 ) {
                     victims_taken.extend(p.victims.iter().copied());
                     state.commit_busy(&p.nodes, end);
@@ -688,7 +690,10 @@ impl Scheduler {
                         catalog,
                         job.id,
                         &p.nodes,
-                        ProposalKind::Preempt { victims: p.victims },
+                        ProposalKind::Preempt {
+                            victims: p.victims,
+                            reclaim: p.reclaim,
+                        },
                         score_value,
                         0,
                         p.groups,
@@ -727,6 +732,13 @@ impl Scheduler {
         }
         plan
     }
+}
+
+/// Whether some running job of another vCluster holds a node homed at `job`'s vCluster.
+fn lent_out(snap: &ClusterSnapshot<'_>, cat: &NodeCatalog, job: &PendingJob) -> bool {
+    snap.running
+        .iter()
+        .any(|r| preempt::reclaimable(cat, r, job))
 }
 
 fn proposal(

@@ -34,6 +34,7 @@
 //! ```
 
 pub mod catalog;
+pub mod claim;
 pub mod cycle;
 pub mod model;
 pub mod plan;
@@ -43,7 +44,8 @@ pub mod score;
 pub mod select;
 pub mod sim;
 
-pub use catalog::NodeCatalog;
+pub use catalog::{FilterOutcome, NodeCatalog};
+pub use claim::ClaimVerdict;
 pub use cycle::Scheduler;
 pub use model::*;
 pub use plan::{PendingExplanation, PendingReason, Plan, Proposal, ProposalKind, Reservation};

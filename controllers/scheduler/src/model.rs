@@ -39,6 +39,9 @@ pub enum NodeState {
 pub struct NodeOwner {
     /// Permanent assignment; `None` = shared pool usable by every vCluster.
     pub home: Option<VClusterId>,
+    /// The home vCluster does not lend its idle nodes (`borrowing.allowLend: false`).
+    #[serde(default)]
+    pub private: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -16,8 +16,13 @@ pub enum ProposalKind {
     Backfill,
     /// Sensitive node claim (sensitive-reservation scheduler).
     Claim,
-    /// Start after the victims have checkpointed and released their nodes.
-    Preempt { victims: Vec<JobId> },
+    /// Start after the victims have checkpointed and released their nodes. `reclaim`: every
+    /// victim borrowed the job's own home nodes and is being sent back.
+    Preempt {
+        victims: Vec<JobId>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        reclaim: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

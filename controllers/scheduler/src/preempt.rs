@@ -3,6 +3,7 @@
 //! decision, fewer larger victims preferred, and the total cost must stay below the value of
 //! the pending job.
 
+use crate::catalog::NodeCatalog;
 use crate::cycle::{merge_counts, CycleState, Feasible};
 use crate::model::{CheckpointMode, ClusterSnapshot, JobId, PendingJob, RunningJob, Time};
 use crate::profile::PreemptionConfig;
@@ -15,6 +16,21 @@ pub(crate) struct Preemption {
     pub victims: Vec<JobId>,
     pub nodes: Vec<u32>,
     pub groups: u32,
+    /// Every victim is a borrower reclaimed from the job's own home nodes.
+    pub reclaim: bool,
+}
+
+/// Whether `victim` runs on nodes borrowed from `job`'s vCluster, which may take them back
+/// whatever the classes (elastic borrowing: "if vCluster A needs them back: checkpoint +
+/// reclaim"). Sensitive work never borrows, and a victim already stopping is left alone.
+pub fn reclaimable(cat: &NodeCatalog, victim: &RunningJob, job: &PendingJob) -> bool {
+    victim.vcluster != job.vcluster
+        && !victim.sensitive
+        && !victim.checkpointing
+        && victim.nodes.iter().any(|id| {
+            cat.index_of(*id)
+                .is_some_and(|i| cat.node(i).owner.home == Some(job.vcluster))
+        })
 }
 
 /// Whether `victim` may be preempted for a job of class `class` at `now`.
@@ -70,6 +86,9 @@ pub fn job_value(job: &PendingJob) -> f64 {
         * (1.0 + f64::from(job.preemption_class))
 }
 
+/// Find victims whose nodes let `job` start. `class_based`: lower classes may be preempted
+/// (otherwise only borrowers of the job's home nodes are candidates).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn try_preempt(
     cfg: &PreemptionConfig,
     state: &mut CycleState<'_>,
@@ -78,6 +97,7 @@ pub(crate) fn try_preempt(
     feas: &Feasible,
     already: &[JobId],
     same_fp: bool,
+    class_based: bool,
 ) -> Option<Preemption> {
     let need = job.nodes.min;
     let free = state.free_counts(feas);
@@ -88,11 +108,17 @@ pub(crate) fn try_preempt(
     let deficit = need - free_total;
     let now = state.now;
     let cat = state.cat;
-    let mut cands: Vec<(u32, f64, JobId, Vec<u32>)> = snap
+    // (feasible nodes freed, cost, id, nodes, reclaim)
+    let mut cands: Vec<(u32, f64, JobId, Vec<u32>, bool)> = snap
         .running
         .iter()
-        .filter(|r| !already.contains(&r.id) && preemptible(cfg, r, job.preemption_class, now))
+        .filter(|r| !already.contains(&r.id))
         .filter_map(|r| {
+            let reclaim = reclaimable(cat, r, job);
+            let by_class = class_based && preemptible(cfg, r, job.preemption_class, now);
+            if !(reclaim || by_class) {
+                return None;
+            }
             let nodes: Vec<u32> = r
                 .nodes
                 .iter()
@@ -105,11 +131,18 @@ pub(crate) fn try_preempt(
                     preemption_cost(cfg, r, now),
                     r.id,
                     nodes,
+                    reclaim,
                 )
             })
         })
         .collect();
-    cands.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+    // Reclaims first (the nodes are the job's own), then larger victims, then cheaper ones.
+    cands.sort_by(|a, b| {
+        b.4.cmp(&a.4)
+            .then(b.0.cmp(&a.0))
+            .then(a.1.total_cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+    });
     cands.truncate(MAX_CANDIDATES);
     let can_checkpoint: Vec<bool> = cands
         .iter()
@@ -121,14 +154,18 @@ pub(crate) fn try_preempt(
         })
         .collect();
 
-    // Victims that can checkpoint lose no work; sets made only of them are tried first, and
-    // allocations without a checkpoint are considered only when no such set exists. Within a
-    // tier: fewest victims first, then the cheapest set.
+    // Tiers, first match wins: borrowers of the job's own nodes only; then victims that can
+    // checkpoint (they lose no work); then anyone. Within a tier: fewest victims first, then
+    // the cheapest set.
     let n = cands.len();
     let mut best: Option<(f64, Vec<usize>)> = None;
-    for checkpointable_only in [true, false] {
+    for tier in 0..3 {
         let allowed: Vec<usize> = (0..n)
-            .filter(|&i| !checkpointable_only || can_checkpoint[i])
+            .filter(|&i| match tier {
+                0 => cands[i].4,
+                1 => can_checkpoint[i],
+                _ => true,
+            })
             .collect();
         let m = allowed.len();
         for k in 1..=cfg.max_victims.min(3).min(m) {
@@ -159,7 +196,9 @@ pub(crate) fn try_preempt(
         }
     }
     let (cost, set) = best?;
-    if cost >= job_value(job) {
+    let reclaim = set.iter().all(|&i| cands[i].4);
+    // Taking back lent nodes is the lender's right; preempting for priority must be worth it.
+    if !reclaim && cost >= job_value(job) {
         return None;
     }
     let mut victim_nodes: Vec<u32> = set
@@ -196,5 +235,6 @@ pub(crate) fn try_preempt(
         victims,
         nodes,
         groups: sel.groups,
+        reclaim,
     })
 }

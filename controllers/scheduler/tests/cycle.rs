@@ -295,6 +295,71 @@ fn borrowing_needs_opt_in_and_preemptibility_and_sensitive_is_isolated() {
 }
 
 #[test]
+fn a_lender_reclaims_its_home_nodes_whatever_the_classes() {
+    // Nodes 0..4 are vCluster 7's home; vCluster 0 borrowed all four for a class-9 job.
+    let mut ns = nodes(4, 4);
+    for n in &mut ns {
+        n.owner.home = Some(VClusterId(7));
+    }
+    let borrower = running(10, 0..4, 900, 36_000, 9);
+    // The lender's job is class 0, in a vCluster whose preemption is switched off: the
+    // nodes are still its own to take back.
+    let mut home = job(1, 2, 0, 3600);
+    home.vcluster = VClusterId(7);
+    home.preemption_class = 0;
+    let mut cfg = SchedulerConfig::for_kind(SchedulerKind::ServiceBinpack);
+    cfg.preemption.enabled = false;
+    cfg.vcluster = Some(VClusterId(7));
+    let plan = cycle(
+        cfg.clone(),
+        ns.clone(),
+        std::slice::from_ref(&borrower),
+        &[home.clone()],
+        &[],
+    );
+    match &plan.proposals[0].kind {
+        ProposalKind::Preempt { victims, reclaim } => {
+            assert_eq!(victims, &vec![JobId(10)]);
+            assert!(reclaim);
+        }
+        k => panic!("expected a reclaim, got {k:?}"),
+    }
+    // Work of the same vCluster on its own nodes is not "borrowed": no reclaim.
+    let mut own = borrower.clone();
+    own.vcluster = VClusterId(7);
+    let plan = cycle(cfg.clone(), ns.clone(), &[own], &[home.clone()], &[]);
+    assert!(plan.proposals.is_empty(), "{:?}", plan.proposals);
+    // A borrower already stopping is not asked twice.
+    let mut stopping = borrower.clone();
+    stopping.checkpointing = true;
+    let plan = cycle(cfg, ns, &[stopping], &[home], &[]);
+    assert!(plan.proposals.is_empty(), "{:?}", plan.proposals);
+}
+
+#[test]
+fn a_vcluster_that_does_not_lend_keeps_its_idle_nodes() {
+    let mut ns = nodes(2, 2);
+    for n in &mut ns {
+        n.owner.home = Some(VClusterId(7));
+        n.owner.private = true;
+    }
+    let mut j = job(1, 1, 0, 100);
+    j.constraints.allow_borrowed = true;
+    let plan = cycle(
+        SchedulerConfig::default(),
+        ns.clone(),
+        &[],
+        &[j.clone()],
+        &[],
+    );
+    assert!(plan.proposals.is_empty());
+    // Its own jobs still use them.
+    j.vcluster = VClusterId(7);
+    let plan = cycle(SchedulerConfig::default(), ns, &[], &[j], &[]);
+    assert_eq!(plan.proposals.len(), 1);
+}
+
+#[test]
 fn preemption_moves_down_only_and_prefers_one_large_victim() {
     // 8 nodes, all busy: a class-2 job on 4 nodes, two class-1 jobs on 2 nodes each.
     let run = [
@@ -312,7 +377,7 @@ fn preemption_moves_down_only_and_prefers_one_large_victim() {
         &[],
     );
     match &plan.proposals[0].kind {
-        ProposalKind::Preempt { victims } => assert_eq!(victims, &vec![JobId(10)]),
+        ProposalKind::Preempt { victims, .. } => assert_eq!(victims, &vec![JobId(10)]),
         k => panic!("expected preemption, got {k:?}"),
     }
     // Same class cannot preempt.

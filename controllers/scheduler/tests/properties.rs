@@ -205,7 +205,7 @@ proptest! {
             let n = p.nodes.len() as u32;
             prop_assert!(n >= job.nodes.min && n <= job.nodes.max.max(job.nodes.min), "count {n} for {:?}", job.nodes);
             let allowed_victims: HashSet<JobId> = match &p.kind {
-                ProposalKind::Preempt { victims: v } => {
+                ProposalKind::Preempt { victims: v, .. } => {
                     prop_assert!(v.len() <= 3);
                     for vid in v {
                         let r = running.iter().find(|r| r.id == *vid).unwrap();

@@ -22,6 +22,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use lattice_store::grpc::{EtcdGrpcServer, ServerInfo};
 use lattice_store::{EmbeddedStore, KvBackend, Limits, StoreConfig};
 
+/// The embedded store's default `--max-txn-ops`: room for one binding of 2,046 nodes
+/// (etcd's 128 would cap a binding at 62 nodes).
+const EMBEDDED_MAX_TXN_OPS: usize = 4096;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "lattice-server",
@@ -92,9 +96,13 @@ struct ServeArgs {
     /// Largest value the store accepts, in bytes.
     #[arg(long, default_value_t = Limits::default().max_value_bytes)]
     max_value_bytes: usize,
-    /// Most operations in one transaction.
-    #[arg(long, default_value_t = Limits::default().max_txn_ops)]
-    max_txn_ops: usize,
+    /// Most operations (compares + ops) in one store transaction. Binding an allocation
+    /// of N nodes is one transaction of 2N+4 operations, so the embedded store's default
+    /// (4096) admits allocations of up to 2,046 nodes; raise it for larger ones. With
+    /// `--backend etcd`, set it to the etcd cluster's own `--max-txn-ops` (etcd's
+    /// default, 128, when omitted) so the scheduler splits its batches to fit.
+    #[arg(long)]
+    max_txn_ops: Option<usize>,
     /// A node whose agent has sent no heartbeat for this long goes Degraded (no new
     /// work; running work continues); also the TTL of the store lease behind each
     /// agent's heartbeat stream.
@@ -257,7 +265,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let limits = Limits {
         max_key_bytes: args.max_key_bytes,
         max_value_bytes: args.max_value_bytes,
-        max_txn_ops: args.max_txn_ops,
+        max_txn_ops: args.max_txn_ops.unwrap_or(match args.backend {
+            Backend::Etcd => Limits::default().max_txn_ops,
+            Backend::Embedded => EMBEDDED_MAX_TXN_OPS,
+        }),
     };
     let mut registry = prometheus_client::registry::Registry::default();
     let mut info = ServerInfo {
@@ -297,7 +308,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             if args.etcd_endpoints.is_empty() {
                 anyhow::bail!("--backend etcd needs --etcd-endpoints http://HOST:PORT[,...]");
             }
-            Arc::new(lattice_store::etcd_backend::EtcdBackend::connect(&args.etcd_endpoints).await?)
+            Arc::new(
+                lattice_store::etcd_backend::EtcdBackend::connect(&args.etcd_endpoints)
+                    .await?
+                    .with_max_txn_ops(limits.max_txn_ops),
+            )
         }
     };
 

@@ -1281,6 +1281,10 @@ fn txn_response(resp: CommandResponse) -> StoreResult<TxnResponse> {
 
 #[async_trait]
 impl KvBackend for RaftStore {
+    fn max_txn_ops(&self) -> usize {
+        self.inner.sm.limits.max_txn_ops
+    }
+
     async fn range(&self, req: RangeRequest) -> StoreResult<RangeResponse> {
         self.check_stopped()?;
         if !req.serializable {

@@ -179,6 +179,13 @@ pub struct Resources {
     /// Hardware and placement constraints.
     #[serde(default, skip_serializing_if = "Constraints::is_empty")]
     pub constraints: Constraints,
+    /// Claim exactly these nodes by name (`lattice submit --nodelist`). In a
+    /// `sensitive-reservation` vCluster (or for a sensitive allocation) the claim is
+    /// immediate or rejected: the first claim committed wins and a later one over the same
+    /// nodes fails with `OwnershipConflict` naming the holder. Elsewhere the allocation
+    /// waits until the named nodes are free. `nodes` must equal the number of names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_names: Vec<String>,
 }
 
 /// Node count: exact or a range. Serialized as an integer or `{min, max}`.
@@ -1945,6 +1952,7 @@ impl AllocationSpec {
             }
             _ => {}
         }
+        self.validate_node_names(p, errs);
         let c = &self.resources.constraints;
         let cp = format!("{p}.resources.constraints");
         if let Some(g) = c.gpu_count {
@@ -1981,6 +1989,47 @@ impl AllocationSpec {
                     format!("{f:?} is listed twice"),
                 );
             }
+        }
+    }
+
+    fn validate_node_names(&self, p: &str, errs: &mut Errors) {
+        let names = &self.resources.node_names;
+        if names.is_empty() {
+            return;
+        }
+        let np = format!("{p}.resources.nodeNames");
+        let mut seen = BTreeSet::new();
+        for (i, n) in names.iter().enumerate() {
+            let e = validate_dns1123_name(&format!("{np}[{i}]"), n);
+            if e.is_some() {
+                errs.extend(e);
+            } else if !seen.insert(n.as_str()) {
+                errs.push(format!("{np}[{i}]"), format!("{n:?} is listed twice"));
+            }
+        }
+        match self.resources.nodes {
+            NodeCount::Exact(n) if n as usize == names.len() => {}
+            NodeCount::Exact(n) => errs.push(
+                format!("{p}.resources.nodes"),
+                format!(
+                    "is {n} but resources.nodeNames names {} node(s); set nodes: {} or change the list",
+                    names.len(),
+                    names.len()
+                ),
+            ),
+            NodeCount::Range { .. } => errs.push(
+                format!("{p}.resources.nodes"),
+                format!(
+                    "must be an exact count with resources.nodeNames: set nodes: {}",
+                    names.len()
+                ),
+            ),
+        }
+        if self.task_group.is_some() {
+            errs.push(
+                np,
+                "cannot be combined with taskGroup (every element would claim the same nodes); submit one allocation per claim",
+            );
         }
     }
 

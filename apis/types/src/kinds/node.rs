@@ -218,6 +218,10 @@ pub struct NodeOwner {
     /// different owner).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation_uid: Option<String>,
+    /// The user who submitted the owning allocation (its `lattice.dev/user`), recorded in
+    /// the same transaction as the ownership: the claiming user of a sensitive node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// Agent build and endpoint.

@@ -1,7 +1,7 @@
 //! API objects → the scheduling core's model (`lattice_scheduler::model`). The core never
 //! sees API types; this is the only place that knows both.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use lattice_apis::kinds::vcluster::{PreemptionMode, SchedulerType};
@@ -192,6 +192,7 @@ pub fn inventory(
     vclusters: &mut Interner,
     tenants: &mut Interner,
     home_of: &HashMap<String, VClusterKey>,
+    private: &HashSet<String>,
     now: i64,
 ) -> Inventory {
     let mut sorted: Vec<&Arc<Node>> = nodes.iter().collect();
@@ -217,8 +218,11 @@ pub fn inventory(
                     None => format!("default/{h}"),
                 }
             })
-            .or_else(|| home_of.get(n.name_any()).map(|(t, v)| format!("{t}/{v}")))
-            .map(|k| VClusterId(vclusters.id(&k)));
+            .or_else(|| home_of.get(n.name_any()).map(|(t, v)| format!("{t}/{v}")));
+        let owner = NodeOwner {
+            private: home.as_ref().is_some_and(|k| private.contains(k)),
+            home: home.map(|k| VClusterId(vclusters.id(&k))),
+        };
         views.push(NodeView {
             id,
             state: node_state(n),
@@ -235,7 +239,7 @@ pub fn inventory(
             conformance_fingerprint: fingerprint(
                 st.and_then(|s| s.conformance_fingerprint.as_deref()),
             ),
-            owner: NodeOwner { home },
+            owner,
             sensitive_pool: n.spec.sensitive,
             gpu_link_fitness: 1.0,
             memory_locality: 1.0,

@@ -11,6 +11,7 @@ use lattice_apis::meta::{now, set_condition, Condition, ConditionStatus};
 use lattice_apis::{lifecycle, Allocation, AllocationPhase, AllocationStatus, Node, Tenant};
 use lattice_store::KvBackend;
 
+use crate::allocations::USER_ANNOTATION;
 use crate::objects::{decode_next, key_of, read_raw, GuardedWrite, TxnError};
 
 /// What to bind.
@@ -30,13 +31,61 @@ pub struct Binding {
     pub borrowed: bool,
 }
 
+/// Store operations a binding adds to its transaction: a compare and a put for the
+/// allocation and for each node.
+pub fn ops_of(b: &Binding) -> usize {
+    2 * (1 + b.nodes.len())
+}
+
+/// Operations every binding transaction carries besides its bindings: the tenant's usage
+/// counters (a compare and a put).
+pub const TENANT_OPS: usize = 2;
+
+/// Split one tenant's bindings into batches whose transactions stay within `max_ops`
+/// (the store's `--max-txn-ops`), keeping their order. Bindings that cannot fit even
+/// alone are returned apart, with the operations they would need.
+pub fn batches<T>(
+    bindings: Vec<T>,
+    binding: impl Fn(&T) -> &Binding,
+    max_ops: usize,
+) -> (Vec<Vec<T>>, Vec<(T, usize)>) {
+    let mut out: Vec<Vec<T>> = Vec::new();
+    let mut too_large = Vec::new();
+    let mut ops = TENANT_OPS;
+    for item in bindings {
+        let n = ops_of(binding(&item));
+        if n + TENANT_OPS > max_ops {
+            too_large.push((item, n + TENANT_OPS));
+            continue;
+        }
+        match out.last_mut() {
+            Some(batch) if ops + n <= max_ops => {
+                batch.push(item);
+                ops += n;
+            }
+            _ => {
+                out.push(vec![item]);
+                ops = TENANT_OPS + n;
+            }
+        }
+    }
+    (out, too_large)
+}
+
 /// Outcome of one binding attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BindOutcome {
     /// Committed.
     Bound,
-    /// Someone else changed one of the objects first (or a node is taken): retry next cycle.
+    /// Someone else changed one of the objects first: retry next cycle.
     Conflict(String),
+    /// A chosen node is owned by another allocation (the owner as stored).
+    Taken {
+        /// The node.
+        node: String,
+        /// Who holds it.
+        owner: NodeOwner,
+    },
     /// A hard quota would be exceeded (the authoritative check, on the counters read).
     Quota(String),
     /// The allocation is no longer schedulable (cancelled, bound, gone).
@@ -99,22 +148,27 @@ pub async fn bind_batch(
         let mut problem = None;
         for (name, n) in b.nodes.iter().zip(my_nodes) {
             let Some(n) = n else {
-                problem = Some(format!("node {name} is gone"));
+                problem = Some(BindOutcome::Conflict(format!("node {name} is gone")));
                 break;
             };
-            let owned = n
+            if let Some(owner) = n
                 .obj
                 .status
                 .as_ref()
                 .and_then(|s| s.owner.as_ref())
-                .is_some_and(|o| o.allocation.is_some());
-            if owned {
-                problem = Some(format!("node {name} is owned"));
+                .filter(|o| o.allocation.is_some())
+            {
+                problem = Some(BindOutcome::Taken {
+                    node: name.clone(),
+                    owner: owner.clone(),
+                });
                 break;
             }
             // The same rule the scheduling core was given (adapter::node_state).
             if super::adapter::node_state(&n.obj) != lattice_scheduler::NodeState::Ready {
-                problem = Some(format!("node {name} is not schedulable"));
+                problem = Some(BindOutcome::Conflict(format!(
+                    "node {name} is not schedulable"
+                )));
                 break;
             }
             let mut node = n.obj.clone();
@@ -126,6 +180,7 @@ pub async fn bind_batch(
                 borrowed: b.borrowed,
                 attempt: Some(attempt),
                 allocation_uid: a.metadata.uid.clone(),
+                user: a.metadata.annotations.get(USER_ANNOTATION).cloned(),
             });
             status.allocations = vec![b.name.clone()];
             if let Some(g) = node.spec.topology_group {
@@ -136,7 +191,7 @@ pub async fn bind_batch(
             node_writes.push((n, node));
         }
         if let Some(p) = problem {
-            outcomes[i] = BindOutcome::Conflict(p);
+            outcomes[i] = p;
             continue;
         }
         let n = b.nodes.len() as u32;
@@ -155,6 +210,15 @@ pub async fn bind_batch(
                     outcomes[i] = BindOutcome::Quota(format!(
                         "waiting for quota headroom (max_concurrent_allocations: current {}, requested 1, limit {max})",
                         usage.running_allocations
+                    ));
+                    continue;
+                }
+            }
+            if let (true, Some(max)) = (a.spec.sensitive, q.sensitive_pool_size) {
+                if usage.sensitive_nodes + n > max {
+                    outcomes[i] = BindOutcome::Quota(format!(
+                        "waiting for quota headroom (sensitive_pool_size: current {}, requested {n}, limit {max})",
+                        usage.sensitive_nodes
                     ));
                     continue;
                 }
@@ -234,4 +298,42 @@ pub async fn bind_batch(
         };
     }
     Ok(outcomes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(nodes: usize) -> Binding {
+        Binding {
+            tenant: "t".into(),
+            name: format!("a{nodes}"),
+            nodes: (0..nodes).map(|i| format!("n{i}")).collect(),
+            vcluster: "t/default".into(),
+            walltime_s: None,
+            borrowed: false,
+        }
+    }
+
+    #[test]
+    fn batches_fit_the_transaction_limit_and_keep_order() {
+        // 1-node bindings take 4 ops each; 128 = 2 + 31 * 4 + 2 → 31 per batch.
+        let items: Vec<Binding> = (0..70).map(|_| b(1)).collect();
+        let (runs, too_large) = batches(items, |x| x, 128);
+        assert!(too_large.is_empty());
+        assert_eq!(
+            runs.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![31, 31, 8]
+        );
+        for batch in &runs {
+            let ops: usize = TENANT_OPS + batch.iter().map(ops_of).sum::<usize>();
+            assert!(ops <= 128, "{ops}");
+        }
+        // A binding larger than any transaction is set apart with what it needs.
+        let (runs, too_large) = batches(vec![b(2), b(70), b(3)], |x| x, 128);
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].len(), 2);
+        assert_eq!(too_large.len(), 1);
+        assert_eq!(too_large[0].1, 2 * 71 + TENANT_OPS);
+    }
 }

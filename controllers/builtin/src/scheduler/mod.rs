@@ -8,8 +8,9 @@
 
 pub mod adapter;
 pub mod bind;
+pub mod claim;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -197,8 +198,16 @@ pub struct CycleStats {
     pub conflicts: usize,
     /// Bound by backfill.
     pub backfilled: usize,
-    /// Preemptions requested.
+    /// Preemptions requested for priority.
     pub preemptions: usize,
+    /// Borrowers sent back from this vCluster's home nodes.
+    pub reclaims: usize,
+    /// Claims of named nodes granted.
+    pub claims_granted: usize,
+    /// Claims failed with `OwnershipConflict`.
+    pub claims_conflicted: usize,
+    /// Claims failed for another reason (unknown node, wrong pool, quota, ...).
+    pub claims_rejected: usize,
     /// Nodes this vCluster could use.
     pub nodes: usize,
     /// Idle among those.
@@ -227,6 +236,12 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     let mut tenant_ids = Interner::default();
     let self_id = VClusterId(vc_ids.id(&format!("{}/{}", key.0, key.1)));
     let mut home_of: HashMap<String, VClusterKey> = HashMap::new();
+    // vClusters that keep their idle home nodes to themselves.
+    let private: HashSet<String> = vclusters_all
+        .iter()
+        .filter(|v| v.spec.borrowing.allow_lend == Some(false))
+        .map(|v| format!("{}/{}", v.namespace().unwrap_or_default(), v.name_any()))
+        .collect();
     for v in &vclusters_all {
         for n in &v.spec.home_nodes {
             home_of.insert(
@@ -241,12 +256,13 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     let nodes = shared.nodes.state();
     let allocs = &shared.allocations;
     let lookup = |t: &str, n: &str| allocs.get_named(Some(t), n);
-    let inv = adapter::inventory(
+    let mut inv = adapter::inventory(
         &nodes,
         &lookup,
         &mut vc_ids,
         &mut tenant_ids,
         &home_of,
+        &private,
         now_s,
     );
     stats.running = inv.running.iter().filter(|r| r.vcluster == self_id).count();
@@ -267,13 +283,32 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     }
     queued.sort_by(|a, b| (a.namespace(), a.name_any()).cmp(&(b.namespace(), b.name_any())));
     stats.pending = queued.len();
+    let mut job_of = |i: usize, a: &Allocation| {
+        let t = TenantId(tenant_ids.id(a.namespace().unwrap_or("default")));
+        adapter::pending_job(JobId(i as u64), a, t, self_id, Some(&vc), now_s)
+    };
+    // Claims of named nodes are judged and bound first, oldest first; the core places the rest.
+    let (claims, queued): (Vec<Arc<Allocation>>, Vec<Arc<Allocation>>) = queued
+        .into_iter()
+        .partition(|a| !a.spec.resources.node_names.is_empty());
+    if !claims.is_empty() {
+        let mut claims: Vec<(Arc<Allocation>, lattice_scheduler::PendingJob)> = claims
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let j = job_of(i, &a);
+                (a, j)
+            })
+            .collect();
+        claims.sort_by_key(|x| (x.1.submit_time, x.1.id));
+        let catalog = NodeCatalog::new(inv.views.clone());
+        let label = format!("{}/{}", key.0, key.1);
+        claim::process(shared, &vc, &label, &claims, &mut inv, &catalog, &mut stats).await?;
+    }
     let pending: Vec<lattice_scheduler::PendingJob> = queued
         .iter()
         .enumerate()
-        .map(|(i, a)| {
-            let t = TenantId(tenant_ids.id(a.namespace().unwrap_or("default")));
-            adapter::pending_job(JobId(i as u64), a, t, self_id, Some(&vc), now_s)
-        })
+        .map(|(i, a)| job_of(i, a))
         .collect();
     let busy: usize = inv.running.iter().map(|r| r.nodes.len()).sum();
     stats.idle_nodes = inv
@@ -308,26 +343,33 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     let plan = Scheduler::new(config).cycle(&catalog, &snap);
     stats.core_time = started.elapsed();
 
-    // Bindings, batched per tenant: one transaction per tenant per cycle.
+    // Bindings, batched per tenant: one transaction per tenant per cycle, split where a
+    // batch would exceed the store's operations per transaction.
     let mut by_tenant: BTreeMap<String, Vec<(Binding, bool)>> = BTreeMap::new();
     for p in &plan.proposals {
         let a = &queued[p.job.0 as usize];
         match &p.kind {
-            ProposalKind::Preempt { victims } => {
+            ProposalKind::Preempt { victims, reclaim } => {
                 for v in victims {
                     let (t, n) = &inv.running_refs[v.0 as usize];
                     if let Some(victim) = allocs.get_named(Some(t), n) {
                         request_preemption(shared, &victim, a.name_any()).await;
-                        stats.preemptions += 1;
+                        if *reclaim {
+                            stats.reclaims += 1;
+                        } else {
+                            stats.preemptions += 1;
+                        }
                     }
                 }
-                explain(
-                    shared,
-                    a,
-                    "waiting_for_preemption",
-                    &format!("preempting {} allocation(s) to make room", victims.len()),
-                )
-                .await;
+                let msg = if *reclaim {
+                    format!(
+                        "reclaiming home nodes lent to {} allocation(s) of other vClusters",
+                        victims.len()
+                    )
+                } else {
+                    format!("preempting {} allocation(s) to make room", victims.len())
+                };
+                explain(shared, a, "waiting_for_preemption", &msg).await;
             }
             _ => {
                 let tenant = a.namespace().unwrap_or("default").to_string();
@@ -349,7 +391,22 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
             }
         }
     }
+    let max_ops = shared.backend.max_txn_ops();
+    let mut batches = Vec::new();
     for (tenant, bindings) in by_tenant {
+        let (fit, too_large) = bind::batches(bindings, |(b, _)| b, max_ops);
+        for ((b, _), ops) in too_large {
+            if let Some(a) = allocs.get_named(Some(&b.tenant), &b.name) {
+                let msg = format!(
+                    "binding {} nodes takes {ops} store operations in one transaction, over the store's limit of {max_ops}; raise lattice-server --max-txn-ops to at least {ops}",
+                    b.nodes.len()
+                );
+                explain(shared, &a, "too_large_for_one_transaction", &msg).await;
+            }
+        }
+        batches.extend(fit.into_iter().map(|batch| (tenant.clone(), batch)));
+    }
+    for (tenant, bindings) in batches {
         let list: Vec<Binding> = bindings.iter().map(|(b, _)| b.clone()).collect();
         let outcomes = bind::bind_batch(&shared.backend, &tenant, &list).await?;
         for ((b, backfill), outcome) in bindings.iter().zip(outcomes) {
@@ -365,6 +422,11 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
                     stats.conflicts += 1;
                     stats.retry_soon = true;
                     tracing::debug!(allocation = %b.name, %why, "binding lost a race; retrying next cycle");
+                }
+                BindOutcome::Taken { node, .. } => {
+                    stats.conflicts += 1;
+                    stats.retry_soon = true;
+                    tracing::debug!(allocation = %b.name, %node, "node taken meanwhile; retrying next cycle");
                 }
                 BindOutcome::Quota(msg) => {
                     if let Some(a) = allocs.get_named(Some(&b.tenant), &b.name) {

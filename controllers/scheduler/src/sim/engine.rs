@@ -227,7 +227,7 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
             let Some(pj) = pending.iter().find(|x| x.id == p.job).cloned() else {
                 continue;
             };
-            if let ProposalKind::Preempt { victims } = &p.kind {
+            if let ProposalKind::Preempt { victims, .. } = &p.kind {
                 for v in victims {
                     let Some(&pos) = run_pos.get(v) else { continue };
                     let (r, meta) = remove_running(&mut running, &mut run_meta, &mut run_pos, pos);
