@@ -9,6 +9,7 @@
 #   etcd-client        /usr/bin/etcdctl, drives the etcd gRPC facade in tests
 #   prometheus         promtool, checks the /metrics exposition
 #   curl               readiness polling in hack/ scripts
+#   zsh, fish          the CLI's completion scripts are loaded by the real shells in tests
 #
 # Add a package: append a "command package" line to PACKAGES below.
 set -euo pipefail
@@ -22,6 +23,8 @@ PACKAGES=(
   "etcdctl etcd-client"
   "promtool prometheus"
   "curl curl"
+  "zsh zsh"
+  "fish fish"
 )
 
 missing=()

@@ -1,7 +1,9 @@
 //! The environment of a workload: a minimal base inherited from the agent, the
-//! allocation's `spec.env`, then the seed's `LATTICE_*` variables (and, with
-//! `--slurm-env`, the familiar `SLURM_*` ones). Later layers win, so a user cannot
-//! spoof `LATTICE_NODEID` but may change `PATH`.
+//! allocation's `spec.env`, then the seed's `LATTICE_*` variables (and the familiar
+//! `SLURM_*` ones when the agent runs with `--slurm-env` or the allocation carries the
+//! annotation `lattice.dev/set-slurm-env: "true"`, which `lattice submit` writes when the
+//! site's `lattice-compat.yaml` has `set_slurm_env: true`). Later layers win, so a user
+//! cannot spoof `LATTICE_NODEID` but may change `PATH`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,6 +12,12 @@ use lattice_apis::Allocation;
 
 /// Annotation with the task count (`LATTICE_NPROCS`, `SLURM_NTASKS`).
 pub const NTASKS_ANNOTATION: &str = "lattice.dev/ntasks";
+/// Annotation with the tasks per node (`SLURM_NTASKS_PER_NODE`; with the node count, the
+/// task count when [`NTASKS_ANNOTATION`] is absent).
+pub const NTASKS_PER_NODE_ANNOTATION: &str = "lattice.dev/ntasks-per-node";
+/// Annotation `"true"`: set `SLURM_*` for this allocation even without `--slurm-env`
+/// (written by `lattice submit` for sites with `compat.set_slurm_env: true`).
+pub const SET_SLURM_ENV_ANNOTATION: &str = "lattice.dev/set-slurm-env";
 /// Annotation with the submission directory (`LATTICE_SUBMIT_DIR`).
 pub const SUBMIT_DIR_ANNOTATION: &str = "lattice.dev/submit-dir";
 /// Label with the index of a task-group member (`LATTICE_TASK_INDEX`).
@@ -31,7 +39,8 @@ pub struct EnvInputs<'a> {
     pub attempt: u32,
     /// The scratch directory.
     pub scratch: &'a Path,
-    /// Also set `SLURM_*`.
+    /// Also set `SLURM_*` for every allocation (the agent's `--slurm-env`). Allocations
+    /// annotated [`SET_SLURM_ENV_ANNOTATION`]`: "true"` get them regardless.
     pub slurm: bool,
     /// The inherited base (see [`base_from_agent`]); `HOME`/`USER` are replaced when the
     /// workload runs as another user.
@@ -51,6 +60,15 @@ pub fn base_from_agent() -> BTreeMap<String, String> {
     m
 }
 
+/// Whether the allocation asks for the `SLURM_*` variables
+/// ([`SET_SLURM_ENV_ANNOTATION`] is `"true"`).
+pub fn wants_slurm_env(a: &Allocation) -> bool {
+    a.metadata
+        .annotations
+        .get(SET_SLURM_ENV_ANNOTATION)
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
 /// Build the workload's environment.
 pub fn build(i: &EnvInputs<'_>) -> BTreeMap<String, String> {
     let a = i.alloc;
@@ -63,12 +81,16 @@ pub fn build(i: &EnvInputs<'_>) -> BTreeMap<String, String> {
         .unwrap_or_default();
     let rank = nodes.iter().position(|n| n == i.node).unwrap_or(0);
     let nnodes = nodes.len().max(1);
+    let per_node = meta
+        .annotations
+        .get(NTASKS_PER_NODE_ANNOTATION)
+        .and_then(|v| v.trim().parse::<u64>().ok());
     let ntasks = meta
         .annotations
         .get(NTASKS_ANNOTATION)
         .filter(|v| !v.trim().is_empty())
         .cloned()
-        .unwrap_or_else(|| nnodes.to_string());
+        .unwrap_or_else(|| (per_node.unwrap_or(1) * nnodes as u64).to_string());
     let job_name = a
         .spec
         .tags
@@ -105,14 +127,28 @@ pub fn build(i: &EnvInputs<'_>) -> BTreeMap<String, String> {
     if let Some(d) = &submit_dir {
         set("LATTICE_SUBMIT_DIR", d.clone());
     }
-    if i.slurm {
-        set("SLURM_JOB_ID", name);
+    if i.slurm || wants_slurm_env(a) {
+        // The seed's table (Slurm Migration, "Environment Variables"), plus the long
+        // forms Slurm itself sets next to them. One process per node: PROCID = NODEID.
+        set("SLURM_JOB_ID", name.clone());
+        set("SLURM_JOBID", name);
         set("SLURM_JOB_NAME", job_name);
         set("SLURM_NNODES", nnodes.to_string());
-        set("SLURM_NODELIST", nodelist);
-        set("SLURM_NTASKS", ntasks);
+        set("SLURM_JOB_NUM_NODES", nnodes.to_string());
+        set("SLURM_NODELIST", nodelist.clone());
+        set("SLURM_JOB_NODELIST", nodelist);
+        set("SLURM_NTASKS", ntasks.clone());
+        set("SLURM_NPROCS", ntasks);
+        if let Some(t) = per_node {
+            set("SLURM_NTASKS_PER_NODE", t.to_string());
+        }
+        if let Some(v) = &a.spec.vcluster {
+            set("SLURM_JOB_PARTITION", v.clone());
+        }
+        set("SLURM_JOB_ACCOUNT", meta.namespace_str().to_string());
         set("SLURM_PROCID", rank.to_string());
         set("SLURM_NODEID", rank.to_string());
+        set("SLURM_LOCALID", "0".to_string());
         if let Some(d) = submit_dir {
             set("SLURM_SUBMIT_DIR", d);
         }
@@ -217,5 +253,70 @@ mod tests {
         assert_eq!(env["SLURM_ARRAY_JOB_ID"], "sweep");
         assert_eq!(env["SLURM_PROCID"], "2");
         assert_eq!(env["SLURM_NODEID"], "2");
+        assert_eq!(env["SLURM_LOCALID"], "0");
+        // The seed's aliases.
+        assert_eq!(env["SLURM_JOBID"], "train");
+        assert_eq!(env["SLURM_NPROCS"], "96");
+        assert_eq!(env["SLURM_JOB_NUM_NODES"], "3");
+        assert_eq!(env["SLURM_JOB_NODELIST"], "n0,n1,n2");
+        assert_eq!(env["SLURM_JOB_ACCOUNT"], "ml");
+        assert!(!env.contains_key("SLURM_JOB_PARTITION"));
+    }
+
+    fn slurm_of(a: &Allocation, agent_flag: bool) -> BTreeMap<String, String> {
+        build(&EnvInputs {
+            alloc: a,
+            node: "n0",
+            attempt: 1,
+            scratch: Path::new("/s"),
+            slurm: agent_flag,
+            base: BTreeMap::new(),
+        })
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("SLURM_"))
+        .collect()
+    }
+
+    #[test]
+    fn set_slurm_env_annotation_turns_slurm_variables_on() {
+        // `lattice submit` with `set_slurm_env: true` in lattice-compat.yaml writes the
+        // annotation; an agent without --slurm-env must honour it.
+        let mut a = alloc();
+        a.spec.vcluster = Some("hpc-batch".into());
+        a.metadata
+            .annotations
+            .insert(SET_SLURM_ENV_ANNOTATION.into(), "true".into());
+        a.metadata
+            .annotations
+            .insert(NTASKS_PER_NODE_ANNOTATION.into(), "4".into());
+        let env = slurm_of(&a, false);
+        assert_eq!(env["SLURM_JOB_ID"], "train");
+        assert_eq!(env["SLURM_JOBID"], "train");
+        assert_eq!(env["SLURM_NNODES"], "3");
+        assert_eq!(env["SLURM_NODELIST"], "n0,n1,n2");
+        // No ntasks annotation: tasks per node × nodes.
+        assert_eq!(env["SLURM_NTASKS"], "12");
+        assert_eq!(env["SLURM_NPROCS"], "12");
+        assert_eq!(env["SLURM_NTASKS_PER_NODE"], "4");
+        assert_eq!(env["SLURM_JOB_PARTITION"], "hpc-batch");
+        assert_eq!(env["SLURM_PROCID"], "0");
+        // The flag and the annotation give the same variables.
+        assert_eq!(env, slurm_of(&a, true));
+
+        // Any other value (or none) leaves them off unless the agent's flag is on.
+        for v in ["false", "", "yes"] {
+            a.metadata
+                .annotations
+                .insert(SET_SLURM_ENV_ANNOTATION.into(), v.into());
+            assert!(slurm_of(&a, false).is_empty(), "annotation {v:?}");
+            assert!(!slurm_of(&a, true).is_empty());
+        }
+        a.metadata
+            .annotations
+            .insert(SET_SLURM_ENV_ANNOTATION.into(), " TRUE ".into());
+        assert!(wants_slurm_env(&a));
+        a.metadata.annotations.remove(SET_SLURM_ENV_ANNOTATION);
+        assert!(!wants_slurm_env(&a));
+        assert!(slurm_of(&a, false).is_empty());
     }
 }

@@ -408,6 +408,8 @@ impl Supervisor {
             node: &ctx.cfg.node,
             attempt: self.rec.attempt,
             scratch: &self.rec.scratch_dir,
+            // --slurm-env; `env::build` also honours the allocation's
+            // `lattice.dev/set-slurm-env: "true"` (compat.set_slurm_env at submit).
             slurm: ctx.cfg.slurm_env,
             base,
         });

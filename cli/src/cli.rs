@@ -377,7 +377,14 @@ pub enum AdminCommand {
     /// vClusters: scheduler type, weights, configuration
     #[command(subcommand)]
     Vcluster(VClusterCommand),
-    /// Read or change configuration (the CLI config file; see the README)
+    /// Client-side defaults: read or change keys of this CLI's own config file (no server call)
+    ///
+    /// `get` and `set` only edit the local CLI config file (`--config`, `$LATTICE_CONFIG`,
+    /// `$XDG_CONFIG_HOME/lattice/config.yaml` or `~/.config/lattice/config.yaml`). The CLI
+    /// reads the keys api_url, token, token_file, tenant (default_tenant), default_vcluster
+    /// and output_format; any other key is stored but has no effect. Nothing is sent to the
+    /// server: there is no cluster-wide configuration resource, so cluster settings (the
+    /// seed's `accounting.enabled`, ...) cannot be changed here.
     #[command(subcommand)]
     Config(AdminConfigCommand),
     /// Raft / store status of the server
@@ -569,12 +576,13 @@ pub enum VClusterCommand {
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum AdminConfigCommand {
-    /// Print a setting (dotted key), or all settings
+    /// Print a key of the local CLI config file (dotted), or the whole file (token redacted)
     Get {
-        /// Dotted key, e.g. accounting.enabled
+        /// Dotted key, e.g. default_vcluster
         key: Option<String>,
     },
-    /// Change a setting: KEY=VALUE (or KEY VALUE)
+    /// Write KEY=VALUE (or KEY VALUE) into the local CLI config file; client-side only,
+    /// nothing changes on the server
     Set {
         /// KEY=VALUE or KEY
         assignment: String,

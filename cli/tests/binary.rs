@@ -213,6 +213,158 @@ fn completion_scripts_load() {
     assert!(out.stdout.is_empty() && out.stderr.is_empty());
 }
 
+/// True when `shell` runs here (zsh and fish are optional on build machines).
+fn have(shell: &str) -> bool {
+    Command::new(shell)
+        .args(["-c", "exit 0"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A stand-in `lattice` on PATH whose `__complete KIND` prints fixed names per kind.
+fn fake_lattice_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tmp");
+    let bin = dir.path().join("lattice");
+    std::fs::write(
+        &bin,
+        "#!/bin/sh\n[ \"$1\" = __complete ] || exit 1\ncase \"$2\" in\n  allocations) echo alloc-1; echo alloc-2 ;;\n  nodes) echo node-01 ;;\n  dags) echo dag-9 ;;\n  vclusters) echo hpc-batch ;;\nesac\n",
+    )
+    .expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    dir
+}
+
+fn with_path(dir: &std::path::Path) -> String {
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+#[test]
+fn zsh_and_fish_completion_complete_names() {
+    let zsh =
+        String::from_utf8(run_ok(lattice().args(["completion", "zsh"])).stdout).expect("utf8");
+    // clap's function is wrapped: `_lattice` asks `lattice __complete` for names.
+    assert!(zsh.starts_with("#compdef lattice\n"), "{}", &zsh[..40]);
+    assert!(zsh.contains("\n_lattice_clap() {\n"));
+    assert!(zsh.contains("\n_lattice() {\n"));
+    assert!(zsh.contains("__complete \"$kind\""));
+    assert!(zsh.contains("_lattice_clap \"$@\""));
+    let wrapper = zsh.find("\n_lattice() {\n").expect("wrapper");
+    assert!(
+        zsh.rfind("compdef _lattice lattice")
+            .is_some_and(|tail| tail > wrapper),
+        "the wrapper is defined before the script's final dispatch"
+    );
+    let fish =
+        String::from_utf8(run_ok(lattice().args(["completion", "fish"])).stdout).expect("utf8");
+    for hook in [
+        "__lattice_wants allocations",
+        "__lattice_wants nodes",
+        "__lattice_wants dags",
+        "(lattice __complete vclusters 2>/dev/null)",
+    ] {
+        assert!(fish.contains(hook), "fish script lacks {hook}");
+    }
+    // The parent subcommand decides: `node status` and `dag status` are not `status`.
+    assert!(!fish.contains("__fish_seen_subcommand_from status cancel logs watch"));
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let fake = fake_lattice_dir();
+    if have("zsh") {
+        let f = dir.path().join("lattice.zsh");
+        std::fs::write(&f, &zsh).expect("write");
+        let check = Command::new("zsh").arg("-n").arg(&f).output().expect("zsh");
+        assert!(
+            check.status.success(),
+            "{}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+        // Call the wrapper with stand-ins for zsh's completion builtins.
+        let harness = format!(
+            "compdef() {{ :; }}\nsource {}\ncompadd() {{ [[ $1 == -a ]] && print -rn -- \"${{(P)2}};\" }}\n\
+             _call_program() {{ shift; \"$@\"; }}\n_lattice_clap() {{ print -rn -- clap; }}\n\
+             t() {{ words=(\"$@\"); CURRENT=$#words; _lattice; print }}\n\
+             t lattice status ''\nt lattice node status ''\nt lattice node ''\nt lattice dag status ''\n\
+             t lattice -t x cancel ''\nt lattice submit --vcluster ''\nt lattice status --wa\n",
+            f.display()
+        );
+        let run = Command::new("zsh")
+            .args(["-f", "-c", &harness])
+            .env("PATH", with_path(fake.path()))
+            .output()
+            .expect("zsh");
+        assert_eq!(
+            String::from_utf8_lossy(&run.stdout),
+            "alloc-1 alloc-2;\nnode-01;\nclap\ndag-9;\nalloc-1 alloc-2;\nhpc-batch;\nclap\n",
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+    }
+    if have("fish") {
+        let f = dir.path().join("lattice.fish");
+        std::fs::write(&f, &fish).expect("write");
+        let check = Command::new("fish")
+            .arg("-n")
+            .arg(&f)
+            .output()
+            .expect("fish");
+        assert!(
+            check.status.success(),
+            "{}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+        for (line, want) in [
+            ("lattice status ", "alloc-1 alloc-2"),
+            ("lattice node status ", "node-01"),
+            ("lattice dag status ", "dag-9"),
+            ("lattice -t x cancel ", "alloc-1 alloc-2"),
+            ("lattice submit --vcluster ", "hpc-batch"),
+            ("lattice logs --node ", "node-01"),
+        ] {
+            let run = Command::new("fish")
+                .args([
+                    "--no-config",
+                    "-c",
+                    &format!("source {}; complete -C'{line}'", f.display()),
+                ])
+                .env("PATH", with_path(fake.path()))
+                .output()
+                .expect("fish");
+            let got: Vec<String> = String::from_utf8_lossy(&run.stdout)
+                .lines()
+                .map(|l| l.split('\t').next().unwrap_or_default().to_string())
+                .collect();
+            assert_eq!(
+                got.join(" "),
+                want,
+                "{line:?}: {}",
+                String::from_utf8_lossy(&run.stderr)
+            );
+        }
+    }
+}
+
+#[test]
+fn admin_config_help_says_it_is_client_side() {
+    let out = run_ok(lattice().args(["admin", "config", "--help"]));
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for claim in [
+        "Client-side defaults",
+        "only edit the local CLI config file",
+        "Nothing is sent to the",
+        "cannot be changed here",
+    ] {
+        assert!(help.contains(claim), "{claim:?} missing from:\n{help}");
+    }
+    let out = run_ok(lattice().args(["admin", "config", "set", "--help"]));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing changes on the server"));
+}
+
 #[test]
 fn compat_aliases_define_slurm_functions() {
     let out = run_ok(lattice().arg("compat-aliases"));

@@ -152,6 +152,77 @@ async fn status_watch_refreshes_until_interrupted() {
 }
 
 #[tokio::test]
+async fn status_watch_json_is_json_lines() {
+    let f = queue().await;
+    // The "cluster": after the first refresh eval-job starts and crashed is removed.
+    let state = f.state.clone();
+    let changer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let mut st = state.lock().expect("lock");
+        let key = |n: &str| {
+            (
+                "allocations".to_string(),
+                "default".to_string(),
+                n.to_string(),
+            )
+        };
+        if let Some(a) = st.objects.get_mut(&key("eval-job")) {
+            a["status"]["phase"] = json!("Running");
+            a["metadata"]["resourceVersion"] = json!("8");
+        }
+        st.objects.remove(&key("crashed"));
+    });
+    let shutdown: lattice_cli::Shutdown = Box::pin(tokio::time::sleep(Duration::from_millis(2600)));
+    let mut o = alice();
+    o.shutdown = Some(shutdown);
+    let r = run_opts(
+        &f.url,
+        &["status", "--watch", "--interval=1", "-o", "json"],
+        o,
+    )
+    .await;
+    changer.await.expect("changer");
+    assert_eq!(r.code, 0, "{}", r.err);
+    assert!(!r.out.contains("Every"), "no header on stdout: {}", r.out);
+    let events: Vec<(String, String, String)> = r
+        .out
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}"));
+            assert!(!l.contains('\n'));
+            (
+                v["type"].as_str().expect("type").to_string(),
+                v["object"]["metadata"]["name"]
+                    .as_str()
+                    .expect("name")
+                    .to_string(),
+                v["object"]["status"]["phase"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    let e = |t: &str, n: &str, p: &str| (t.to_string(), n.to_string(), p.to_string());
+    // First refresh: every allocation of alice's (creation order, then name), then only the changes;
+    // refreshes without changes print nothing.
+    assert_eq!(
+        events,
+        vec![
+            e("ADDED", "a1b2c3d4", "Running"),
+            e("ADDED", "crashed", "Failed"),
+            e("ADDED", "done-1", "Completed"),
+            e("ADDED", "eval-job", "Pending"),
+            e("ADDED", "sweep", "Running"),
+            e("MODIFIED", "eval-job", "Running"),
+            e("DELETED", "crashed", "Failed"),
+        ],
+        "{}",
+        r.out
+    );
+}
+
+#[tokio::test]
 async fn cancel_marks_and_keeps() {
     let f = queue().await;
     let r = run_alice(&f.url, &["cancel", "eval-job", "done-1", "ghost"]).await;
@@ -615,6 +686,125 @@ async fn submit_rejections_are_explained() {
     golden("error_quota.txt", &r.err);
 }
 
+#[tokio::test]
+async fn submit_over_the_hard_node_quota_is_refused_before_posting() {
+    let f = start().await;
+    f.insert(
+        "tenants",
+        json!({"apiVersion": GV, "kind": "Tenant", "metadata": {"name": "physics"},
+        "spec": {"quota": {"maxNodes": 200}}, "status": {"usage": {"nodes": 195}}}),
+    );
+    let d = tempfile::tempdir().expect("tmp");
+    let submit = |nodes: &'static str| {
+        let url = f.url.clone();
+        let cwd = d.path().to_path_buf();
+        async move {
+            run_opts(
+                &url,
+                &["-t", "physics", "submit", nodes, "--", "hostname"],
+                Opts::alice(&cwd),
+            )
+            .await
+        }
+    };
+    let r = submit("--nodes=250").await;
+    assert_eq!(r.code, 4, "{}", r.err);
+    golden("error_quota_limit.txt", &r.err);
+    assert!(
+        f.requests().iter().all(|q| q.method != "POST"),
+        "nothing posted"
+    );
+    assert!(f
+        .requests()
+        .iter()
+        .any(|q| q.method == "GET" && q.path == format!("{PREFIX}/tenants/physics")));
+    // A range counts by its minimum: 150-300 can run within 200.
+    let r = submit("--nodes=150-300").await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    let r = submit("--nodes=201-300").await;
+    assert_eq!(r.code, 4, "{}", r.err);
+    assert!(
+        r.err.contains("Requested: 201-300 additional nodes"),
+        "{}",
+        r.err
+    );
+    // Within the limit (even beyond the current headroom): posted, it waits in the queue.
+    let r = submit("--nodes=10").await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    // The tenant cannot be read (403) or does not exist (404): no check, the server decides.
+    f.state.lock().expect("lock").fail_on.insert(
+        "physics".into(),
+        (
+            403,
+            json!({"kind": "Status", "code": 403, "reason": "Forbidden", "message": "no"}),
+        ),
+    );
+    let r = submit("--nodes=250").await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    let r = run_opts(
+        &f.url,
+        &["-t", "chemistry", "submit", "--nodes=250", "--", "hostname"],
+        Opts::alice(d.path()),
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.err);
+}
+
+#[tokio::test]
+async fn submit_nodelist_dry_run_client() {
+    let d = tempfile::tempdir().expect("tmp");
+    let r = run_opts(
+        "http://127.0.0.1:9",
+        &[
+            "submit",
+            "--dry-run=client",
+            "-o",
+            "json",
+            "--nodelist=sn-[01-04],gpu7",
+            "--",
+            "hostname",
+        ],
+        Opts::alice(d.path()),
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    let v: Value = serde_json::from_str(&r.out).expect("json");
+    assert_eq!(
+        v["spec"]["resources"],
+        json!({"nodes": 5, "nodeNames": ["sn-01", "sn-02", "sn-03", "sn-04", "gpu7"]})
+    );
+    let r = run_opts(
+        "http://127.0.0.1:9",
+        &[
+            "submit",
+            "--dry-run=client",
+            "--nodes=4",
+            "--nodelist=sn-[01-04]",
+            "--",
+            "hostname",
+        ],
+        Opts::alice(d.path()),
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    assert!(r.out.contains("nodes: 4\n"), "{}", r.out);
+    let r = run_opts(
+        "http://127.0.0.1:9",
+        &[
+            "submit",
+            "--dry-run=client",
+            "--nodes=8",
+            "--nodelist=sn-[01-04]",
+            "--",
+            "hostname",
+        ],
+        Opts::alice(d.path()),
+    )
+    .await;
+    assert_eq!((r.code, r.out.as_str()), (1, ""));
+    golden("error_nodelist_count.txt", &r.err);
+}
+
 const SHORT_DAG: &str = r#"name: training-pipeline
 allocations:
   - name: preprocess
@@ -1041,6 +1231,163 @@ async fn slurm_front_end() {
     golden("sinfo.txt", &r.out);
     let r = alice_at(&c, &["compat", "sinfo", "-N", "-h"], d.path()).await;
     golden("sinfo_nodes.txt", &r.out);
+}
+
+/// The names of the allocations a run PATCHed (cancelled), in order.
+fn patched(f: &Fake, from: usize) -> Vec<String> {
+    f.requests()[from..]
+        .iter()
+        .filter(|q| q.method == "PATCH")
+        .map(|q| q.path.rsplit('/').next().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn scancel_filters_by_user_and_name() {
+    let f = queue().await;
+    let d = project();
+    // Someone else's jobs: refused, nothing cancelled (not "all of mine" instead).
+    let before = f.requests().len();
+    let r = alice_at(&f, &["compat", "scancel", "-u", "bob"], d.path()).await;
+    assert_eq!(r.code, 2, "{}", r.err);
+    golden("error_scancel_other_user.txt", &r.err);
+    assert!(patched(&f, before).is_empty());
+    // Yourself: your unfinished jobs, narrowed by -t.
+    let before = f.requests().len();
+    let r = alice_at(
+        &f,
+        &["compat", "scancel", "-u", "alice", "-t", "PD"],
+        d.path(),
+    )
+    .await;
+    assert_eq!((r.code, r.out.as_str()), (0, ""), "{}", r.err);
+    assert_eq!(patched(&f, before), ["eval-job"]);
+    // -n NAME: by job name (spec.tags.name), never looked up as a job id.
+    let before = f.requests().len();
+    let r = alice_at(&f, &["compat", "scancel", "-n", "train.sh"], d.path()).await;
+    assert_eq!((r.code, r.out.as_str()), (0, ""), "{}", r.err);
+    assert_eq!(patched(&f, before), ["a1b2c3d4"]);
+    assert!(
+        f.requests()[before..]
+            .iter()
+            .all(|q| !q.path.ends_with("/train.sh")),
+        "NAME was used as an id"
+    );
+    // Named ids with a name filter: only those that match.
+    let before = f.requests().len();
+    let r = alice_at(
+        &f,
+        &["compat", "scancel", "--name=sweep", "sweep", "bobs-job"],
+        d.path(),
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    assert_eq!(patched(&f, before), ["sweep"]);
+    // No match: silent, nothing cancelled.
+    let before = f.requests().len();
+    let r = alice_at(
+        &f,
+        &["compat", "scancel", "-n", "nothing-by-that-name"],
+        d.path(),
+    )
+    .await;
+    assert_eq!((r.code, r.out.as_str(), r.err.as_str()), (0, "", ""));
+    assert!(patched(&f, before).is_empty());
+    // A filter Lattice cannot apply is an error, not ignored.
+    let before = f.requests().len();
+    let r = alice_at(
+        &f,
+        &["compat", "scancel", "-u", "alice", "-p", "gpu"],
+        d.path(),
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}", r.err);
+    assert!(
+        r.err.contains("--partition=gpu is not supported"),
+        "{}",
+        r.err
+    );
+    assert!(patched(&f, before).is_empty());
+}
+
+#[tokio::test]
+async fn sacct_jobs_with_a_time_window() {
+    let f = queue().await;
+    let d = project();
+    let fmt = "--format=JobID,State";
+    // done-1 ended 09:30, crashed at 09:00:42: only done-1 was active after 09:15.
+    let r = alice_at(
+        &f,
+        &[
+            "compat",
+            "sacct",
+            "-j",
+            "done-1,crashed",
+            "-S",
+            "2026-01-01T09:15:00Z",
+            "-n",
+            "-P",
+            fmt,
+        ],
+        d.path(),
+    )
+    .await;
+    assert_eq!(
+        (r.code, r.out.as_str()),
+        (0, "done-1|COMPLETED|\n"),
+        "{}",
+        r.err
+    );
+    // Both were submitted before the end of the window; a running job is active until now.
+    let r = alice_at(
+        &f,
+        &[
+            "compat",
+            "sacct",
+            "-j",
+            "done-1,a1b2c3d4",
+            "-S",
+            "2026-01-01T11:00:00Z",
+            "-E",
+            "2026-01-02",
+            "-n",
+            "-P",
+            fmt,
+        ],
+        d.path(),
+    )
+    .await;
+    assert_eq!(
+        (r.code, r.out.as_str()),
+        (0, "a1b2c3d4|RUNNING|\n"),
+        "{}",
+        r.err
+    );
+    let r = alice_at(
+        &f,
+        &[
+            "compat",
+            "sacct",
+            "-j",
+            "done-1",
+            "-E",
+            "2025-12-31",
+            "-n",
+            "-P",
+            fmt,
+        ],
+        d.path(),
+    )
+    .await;
+    assert_eq!((r.code, r.out.as_str()), (0, ""), "{}", r.err);
+    let r = alice_at(
+        &f,
+        &["compat", "sacct", "-j", "done-1", "-S", "someday"],
+        d.path(),
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}", r.err);
+    assert!(r.err.contains("--starttime"), "{}", r.err);
 }
 
 #[tokio::test]

@@ -172,6 +172,7 @@ pub const SBATCH_OPTIONS: &[OptDef] = &[
 /// `lattice submit` flags usable in `#LATTICE` directives (exact names).
 pub const LATTICE_OPTIONS: &[OptDef] = &[
     o("nodes", Some('N'), R),
+    o("nodelist", None, R),
     o("walltime", None, R),
     o("constraint", None, R),
     o("uenv", None, R),

@@ -16,6 +16,10 @@ pub struct SubmitFlags {
     /// Node count `N` or range `MIN-MAX`.
     #[arg(long, short = 'N')]
     pub nodes: Option<String>,
+    /// Claim exactly these nodes (Slurm hostlist: `sn-[01-04],gpu7`); sets
+    /// `resources.nodeNames`, and `--nodes` to their count (an explicit `--nodes` must agree).
+    #[arg(long, value_name = "NODES")]
+    pub nodelist: Option<String>,
     /// Time limit: 24h, 30m, 1h30m, HH:MM:SS, D-HH:MM:SS, minutes.
     #[arg(long)]
     pub walltime: Option<String>,
@@ -137,6 +141,7 @@ impl SubmitFlags {
             }
         };
         one("nodes", &self.nodes);
+        one("nodelist", &self.nodelist);
         one("walltime", &self.walltime);
         one("constraint", &self.constraint);
         one("uenv", &self.uenv);

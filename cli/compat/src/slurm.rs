@@ -1,6 +1,8 @@
 //! Slurm front-end helpers (pure): `sbatch`/`squeue`/`scancel`/`sinfo`/`sacct`
-//! argument translation into `lattice` invocations, `squeue -o` formatting of
-//! Allocation JSON, and the `SLURM_*` environment mapping.
+//! argument translation into `lattice` invocations and `squeue -o` formatting of
+//! Allocation JSON. (The `SLURM_*` variables inside workloads are set by the node agent,
+//! `lattice-agent`'s `env` module, when the allocation carries
+//! [`crate::translate::annotations::SET_SLURM_ENV`] or the agent runs with `--slurm-env`.)
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -10,7 +12,7 @@ use crate::directives::{parse_args, Dialect, ParsedOption, SBATCH_OPTIONS};
 use crate::error::{Source, SubmitError};
 use crate::hostlist;
 use crate::translate::annotations;
-use crate::values::{parse_array, parse_slurm_dependency, parse_walltime, Walltime};
+use crate::values::{parse_slurm_dependency, parse_walltime, Walltime};
 
 /// A translated Slurm command line.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -27,6 +29,17 @@ pub struct Invocation {
     pub parsable: bool,
     /// `sbatch --wait`.
     pub wait: bool,
+    /// `scancel -u USER`: only this user's jobs. The argv says `--all-mine`; the caller must
+    /// check that USER is the current user (Lattice cancels by user only for yourself).
+    pub user: Option<String>,
+    /// `scancel -n NAME`: only jobs with this job name (`spec.tags.name`, else the id).
+    /// `lattice cancel` has no such filter: the caller applies it.
+    pub name: Option<String>,
+    /// `sacct -j IDS -S TIME`: the named jobs, only when they were active at or after
+    /// TIME (`lattice status` has no time window: the caller applies it).
+    pub since: Option<String>,
+    /// `sacct -j IDS -E TIME`: the named jobs, only when they were active before TIME.
+    pub until: Option<String>,
 }
 
 /// A translated `sbatch` command line.
@@ -348,6 +361,11 @@ pub fn squeue_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
 }
 
 /// Translate `scancel ID... | -u USER [-t STATE] | -n NAME`.
+///
+/// `-u USER` becomes `--all-mine` with [`Invocation::user`] set (the caller refuses another
+/// user's name); `-n NAME` sets [`Invocation::name`] (the caller filters by job name).
+/// Filters Lattice cannot apply (`-p`, `-q`, `-A`, `-w`, ...) and `--signal` are errors,
+/// never ignored: dropping a filter would cancel more jobs than asked for.
 pub fn scancel_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
     let mut inv = Invocation {
         argv: vec!["cancel".into()],
@@ -355,44 +373,101 @@ pub fn scancel_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
     };
     let mut c = Cursor { args, i: 0 };
     let mut ids = Vec::new();
-    let mut by_user = false;
+    let mut me = false;
     let mut state = None;
+    let refuse = |message: String, hint: &str| SubmitError::Syntax {
+        source_: Source::CommandLine,
+        message,
+        hint: hint.to_string(),
+    };
     while c.i < args.len() {
         let tok = args[c.i].clone();
         c.i += 1;
+        if tok.is_empty() {
+            continue;
+        }
         if let Some(v) = c.value(&tok, "-u", "--user") {
-            need(v, "--user")?;
-            by_user = true;
+            let u = need(v, "--user")?;
+            if u.trim().is_empty() || u.contains(',') {
+                return Err(refuse(
+                    format!("--user={u}: give exactly one user name"),
+                    "scancel -u $USER",
+                ));
+            }
+            inv.user = Some(u.trim().to_string());
         } else if tok == "--me" {
-            by_user = true;
+            me = true;
+        } else if let Some(v) = c
+            .value(&tok, "-n", "--name")
+            .or_else(|| c.value(&tok, "-n", "--jobname"))
+        {
+            let n = need(v, "--name")?;
+            if n.trim().is_empty() {
+                return Err(refuse("--name needs a job name".into(), "scancel -n NAME"));
+            }
+            inv.name = Some(n.trim().to_string());
         } else if let Some(v) = c.value(&tok, "-t", "--state") {
             state = states_arg(&need(v, "--state")?, &mut inv);
-        } else if tok == "-q"
-            || tok == "--quiet"
-            || tok == "-v"
-            || tok == "--verbose"
-            || tok == "-f"
-            || tok == "--full"
-        {
+        } else if matches!(
+            tok.as_str(),
+            "-Q" | "--quiet"
+                | "-v"
+                | "--verbose"
+                | "-f"
+                | "--full"
+                | "-b"
+                | "--batch"
+                | "-H"
+                | "--hurry"
+        ) {
         } else if let Some(v) = c.value(&tok, "-s", "--signal") {
-            inv.warnings.push(format!(
-                "--signal={} is not supported; the allocation is cancelled",
-                v.unwrap_or_default()
+            return Err(refuse(
+                format!(
+                    "--signal={} is not supported: Lattice cannot send a signal without cancelling",
+                    v.unwrap_or_default()
+                ),
+                "drop --signal to cancel the job; for a checkpoint before preemption submit with --checkpoint=signal",
             ));
-        } else if tok.starts_with('-') {
-            inv.warnings
-                .push(format!("scancel option {tok} is not supported; ignored"));
+        } else if let Some((opt, v)) = [
+            ("-A", "--account"),
+            ("-p", "--partition"),
+            ("-q", "--qos"),
+            ("-w", "--nodelist"),
+            ("-R", "--reservation"),
+            ("-M", "--clusters"),
+            ("", "--wckey"),
+        ]
+        .iter()
+        .find_map(|(s, l)| c.value(&tok, s, l).map(|v| (*l, v)))
+        {
+            return Err(refuse(
+                format!(
+                    "{opt}={} is not supported as a filter; nothing was cancelled",
+                    v.unwrap_or_default()
+                ),
+                "name the jobs instead: scancel $(squeue -h -o %i ...) or scancel JOBID...",
+            ));
+        } else if tok == "-i" || tok == "--interactive" {
+            return Err(refuse(
+                format!("{tok} (confirm each job) is not supported; nothing was cancelled"),
+                "list the jobs with squeue and name the ones to cancel: scancel JOBID...",
+            ));
+        } else if tok.starts_with('-') && tok != "-" {
+            return Err(refuse(
+                format!("unknown scancel option {tok}; nothing was cancelled"),
+                "scancel JOBID... | -u $USER [-t STATE] | -n NAME",
+            ));
         } else {
             ids.extend(job_ids(&tok, &mut inv));
         }
     }
     inv.argv.extend(ids.iter().cloned());
     if ids.is_empty() {
-        if !by_user && state.is_none() {
+        if !me && inv.user.is_none() && inv.name.is_none() && state.is_none() {
             return Err(SubmitError::Syntax {
                 source_: Source::CommandLine,
                 message: "no job id given".into(),
-                hint: "scancel JOBID [JOBID...] or scancel -u $USER".into(),
+                hint: "scancel JOBID [JOBID...], scancel -u $USER or scancel -n NAME".into(),
             });
         }
         inv.argv.push("--all-mine".into());
@@ -487,6 +562,7 @@ pub fn sacct_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
     let mut c = Cursor { args, i: 0 };
     let mut ids = Vec::new();
     let mut rest = Vec::new();
+    let (mut since, mut until) = (None, None);
     while c.i < args.len() {
         let tok = args[c.i].clone();
         c.i += 1;
@@ -508,9 +584,9 @@ pub fn sacct_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
         } else if let Some(v) = c.value(&tok, "-u", "--user") {
             rest.push(format!("--user={}", need(v, "--user")?));
         } else if let Some(v) = c.value(&tok, "-S", "--starttime") {
-            rest.push(format!("--since={}", need(v, "--starttime")?));
+            since = Some(need(v, "--starttime")?);
         } else if let Some(v) = c.value(&tok, "-E", "--endtime") {
-            rest.push(format!("--until={}", need(v, "--endtime")?));
+            until = Some(need(v, "--endtime")?);
         } else if let Some(v) = c.value(&tok, "-o", "--format") {
             inv.format = v;
         } else if let Some(v) = c.value(&tok, "-s", "--state") {
@@ -523,9 +599,20 @@ pub fn sacct_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
         }
     }
     if !ids.is_empty() {
-        // Specific jobs: `lattice status` shows them in any phase.
+        // Specific jobs: `lattice status` shows them in any phase. It has no time window,
+        // so -S/-E travel in `since`/`until` for the caller to apply.
         inv.argv = vec!["status".into()];
         inv.argv.extend(ids);
+        inv.since = since;
+        inv.until = until;
+    } else {
+        rest.splice(
+            0..0,
+            since
+                .map(|v| format!("--since={v}"))
+                .into_iter()
+                .chain(until.map(|v| format!("--until={v}"))),
+        );
     }
     inv.argv.extend(rest);
     inv.argv.extend(["-o".into(), "json".into()]);
@@ -879,130 +966,4 @@ pub fn sbatch_output(id: &str, parsable: bool) -> String {
     } else {
         format!("Submitted batch job {id}")
     }
-}
-
-// ---------------------------------------------------------------- environment
-
-/// Per-process context for [`slurm_env`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EnvContext {
-    /// Task-group index of this task (`SLURM_ARRAY_TASK_ID`).
-    pub task_index: Option<u64>,
-    /// Id of the task group's parent allocation (`SLURM_ARRAY_JOB_ID`); defaults to the allocation id.
-    pub array_job_id: Option<String>,
-    /// Global rank of this process (`SLURM_PROCID`).
-    pub procid: Option<u32>,
-    /// Rank on this node (`SLURM_LOCALID`).
-    pub localid: Option<u32>,
-    /// Index of this node in the allocation (`SLURM_NODEID`).
-    pub nodeid: Option<u32>,
-}
-
-fn ntasks(a: &Value, nnodes: usize) -> u64 {
-    let ann = |k: &str| st(a, &["metadata", "annotations", k]).and_then(|v| v.parse::<u64>().ok());
-    ann(annotations::NTASKS)
-        .or_else(|| ann(annotations::NTASKS_PER_NODE).map(|t| t * nnodes as u64))
-        .unwrap_or(nnodes as u64)
-}
-
-/// The `SLURM_*` variables for a process of an allocation (used by agents when
-/// `set_slurm_env` is on). `nodes` are the allocation's nodes in order.
-pub fn slurm_env(alloc: &Value, nodes: &[String], ctx: &EnvContext) -> Vec<(String, String)> {
-    let id = st(alloc, &["metadata", "name"]).unwrap_or("").to_string();
-    let name = st(alloc, &["spec", "tags", "name"])
-        .map(str::to_string)
-        .unwrap_or_else(|| id.clone());
-    let nodelist = hostlist::compress(nodes);
-    let mut v: Vec<(String, String)> = vec![
-        ("SLURM_JOB_ID".into(), id.clone()),
-        ("SLURM_JOBID".into(), id.clone()),
-        ("SLURM_JOB_NAME".into(), name),
-        ("SLURM_NNODES".into(), nodes.len().to_string()),
-        ("SLURM_JOB_NUM_NODES".into(), nodes.len().to_string()),
-        ("SLURM_NODELIST".into(), nodelist.clone()),
-        ("SLURM_JOB_NODELIST".into(), nodelist),
-    ];
-    let nt = ntasks(alloc, nodes.len()).to_string();
-    v.push(("SLURM_NTASKS".into(), nt.clone()));
-    v.push(("SLURM_NPROCS".into(), nt));
-    if let Some(t) = st(
-        alloc,
-        &["metadata", "annotations", annotations::NTASKS_PER_NODE],
-    ) {
-        v.push(("SLURM_NTASKS_PER_NODE".into(), t.to_string()));
-    }
-    if let Some(d) = st(alloc, &["metadata", "annotations", annotations::SUBMIT_DIR])
-        .or(st(alloc, &["spec", "workingDir"]))
-    {
-        v.push(("SLURM_SUBMIT_DIR".into(), d.to_string()));
-    }
-    if let Some(p) = st(alloc, &["spec", "vcluster"]) {
-        v.push(("SLURM_JOB_PARTITION".into(), p.to_string()));
-    }
-    if let Some(t) = st(alloc, &["metadata", "namespace"]) {
-        v.push(("SLURM_JOB_ACCOUNT".into(), t.to_string()));
-    }
-    if let Some(idx) = ctx.task_index {
-        v.push(("SLURM_ARRAY_TASK_ID".into(), idx.to_string()));
-        v.push((
-            "SLURM_ARRAY_JOB_ID".into(),
-            ctx.array_job_id.clone().unwrap_or(id),
-        ));
-        if let Some(r) =
-            st(alloc, &["spec", "taskGroup", "range"]).and_then(|r| parse_array(r).ok())
-        {
-            let idx = r.indices_capped(200_000);
-            if let (Some(min), Some(max)) = (idx.first(), idx.last()) {
-                v.push(("SLURM_ARRAY_TASK_COUNT".into(), idx.len().to_string()));
-                v.push(("SLURM_ARRAY_TASK_MIN".into(), min.to_string()));
-                v.push(("SLURM_ARRAY_TASK_MAX".into(), max.to_string()));
-            }
-            if let [(_, _, step)] = r.segments.as_slice() {
-                v.push(("SLURM_ARRAY_TASK_STEP".into(), step.to_string()));
-            }
-        }
-    }
-    if let Some(p) = ctx.procid {
-        v.push(("SLURM_PROCID".into(), p.to_string()));
-    }
-    if let Some(p) = ctx.localid {
-        v.push(("SLURM_LOCALID".into(), p.to_string()));
-    }
-    if let Some(p) = ctx.nodeid {
-        v.push(("SLURM_NODEID".into(), p.to_string()));
-    }
-    v
-}
-
-/// The `LATTICE_*` equivalents (always set by agents).
-pub fn lattice_env(alloc: &Value, nodes: &[String], ctx: &EnvContext) -> Vec<(String, String)> {
-    let id = st(alloc, &["metadata", "name"]).unwrap_or("").to_string();
-    let mut v = vec![
-        ("LATTICE_ALLOC_ID".to_string(), id.clone()),
-        (
-            "LATTICE_JOB_NAME".into(),
-            st(alloc, &["spec", "tags", "name"])
-                .map(str::to_string)
-                .unwrap_or_else(|| id.clone()),
-        ),
-        ("LATTICE_NODELIST".into(), nodes.join(",")),
-        ("LATTICE_NNODES".into(), nodes.len().to_string()),
-        (
-            "LATTICE_NPROCS".into(),
-            ntasks(alloc, nodes.len()).to_string(),
-        ),
-    ];
-    if let Some(d) = st(alloc, &["metadata", "annotations", annotations::SUBMIT_DIR])
-        .or(st(alloc, &["spec", "workingDir"]))
-    {
-        v.push(("LATTICE_SUBMIT_DIR".into(), d.to_string()));
-    }
-    if let Some(idx) = ctx.task_index {
-        v.push(("LATTICE_TASK_INDEX".into(), idx.to_string()));
-        v.push((
-            "LATTICE_TASK_GROUP_ID".into(),
-            ctx.array_job_id.clone().unwrap_or(id),
-        ));
-    }
-    v
 }

@@ -84,6 +84,8 @@ struct State {
     /// Where each option was last set: name -> (source, as written).
     origin: BTreeMap<String, (Source, String)>,
     nodes: Option<NodeCount>,
+    /// `--nodelist`: the node names, where and as written.
+    nodelist: Option<(Vec<String>, Source, String)>,
     ntasks: Option<(u32, Source, String)>,
     ntasks_per_node: Option<u32>,
     walltime: Option<(Walltime, Source, String)>,
@@ -221,6 +223,13 @@ fn apply(st: &mut State, opt: &ParsedOption, warns: &mut Vec<Warning>) -> Result
     }
     match (opt.dialect, opt.name.as_str()) {
         (_, "nodes") => st.nodes = Some(parse_nodes(v).map_err(|e| bad(opt, e))?),
+        (Dialect::Lattice, "nodelist") => {
+            st.nodelist = Some((
+                parse_nodelist(v).map_err(|e| bad(opt, e))?,
+                opt.source.clone(),
+                opt.written.clone(),
+            ))
+        }
         (Dialect::Slurm, "ntasks") => {
             st.ntasks = Some((
                 parse_count(v, "task count").map_err(|e| bad(opt, e))?,
@@ -886,6 +895,23 @@ fn finish(
     }
 
     // --- lifecycle
+    if let Some((_, _, written)) = &st.nodelist {
+        if st.reactive {
+            return Err(SubmitError::Conflict {
+                message: format!("{written} and --reactive were both given"),
+                hint: "a reactive service scales over nodes the scheduler picks; drop one".into(),
+            });
+        }
+        if st.array.is_some() {
+            return Err(SubmitError::Conflict {
+                message: format!(
+                    "{written} and a task group (--array / --task-group) were both given"
+                ),
+                hint: "every task would claim the same nodes; submit one allocation per claim"
+                    .into(),
+            });
+        }
+    }
     if st.service && st.reactive {
         return Err(SubmitError::Conflict {
             message: "--service and --reactive were both given".into(),
@@ -957,6 +983,35 @@ fn finish(
 
     // --- resources
     let mut resources = Map::new();
+    if let Some((names, _, written)) = &st.nodelist {
+        let listed = names.len();
+        let given = st
+            .origin
+            .get("nodes")
+            .map(|(src, w)| format!("{}{w} ({src})", src.prefix()))
+            .unwrap_or_else(|| "--nodes".into());
+        match st.nodes {
+            None => st.nodes = Some(NodeCount::Exact(listed as u32)),
+            Some(NodeCount::Exact(n)) if n as usize == listed => {}
+            Some(NodeCount::Exact(n)) => {
+                return Err(SubmitError::Conflict {
+                    message: format!("{given} asks for {n} nodes but {written} names {listed}"),
+                    hint: format!(
+                        "drop --nodes (the list sets it), or make them agree: --nodes={listed}"
+                    ),
+                })
+            }
+            Some(NodeCount::Range { min, max }) => {
+                return Err(SubmitError::Conflict {
+                    message: format!(
+                        "{given} asks for {min}-{max} nodes but {written} names exactly {listed}"
+                    ),
+                    hint: format!("drop --nodes (the list sets it), or write --nodes={listed}"),
+                })
+            }
+        }
+        resources.insert("nodeNames".into(), json!(names));
+    }
     let nodes = match st.nodes {
         Some(n) => n,
         None => match &st.ntasks {

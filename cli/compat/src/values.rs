@@ -372,6 +372,56 @@ pub fn parse_count(s: &str, what: &str) -> Result<u32, ValueError> {
     }
 }
 
+/// Most names one `--nodelist` may expand to.
+pub const MAX_NODELIST: usize = 100_000;
+
+/// Parse `--nodelist` (Slurm hostlist syntax: `sn-[01-04],gpu7`, `nid[001-003,007]`) into
+/// node names, in the order written. Names must be valid node (object) names; a node
+/// listed twice is an error.
+pub fn parse_nodelist(s: &str) -> Result<Vec<String>, ValueError> {
+    let hint = "write node names or Slurm hostlist ranges, e.g. sn-[01-04],gpu7";
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(ValueError::new("the node list is empty", hint));
+    }
+    let names = crate::hostlist::expand(t, MAX_NODELIST).ok_or_else(|| {
+        ValueError::new(
+            format!(
+                "{t:?} is not a valid hostlist (unbalanced brackets, a bad range, more than one \
+                 bracket group per name, or more than {MAX_NODELIST} nodes)"
+            ),
+            hint,
+        )
+    })?;
+    if names.is_empty() {
+        return Err(ValueError::new("the node list names no node", hint));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for n in &names {
+        let ok = n.len() <= 253
+            && n.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && n.as_bytes()[0].is_ascii_alphanumeric()
+            && n.as_bytes()[n.len() - 1].is_ascii_alphanumeric();
+        if !ok {
+            return Err(ValueError::new(
+                format!(
+                    "{n:?} is not a node name: use lower-case letters, digits, '-' and '.', \
+                     starting and ending with a letter or digit"
+                ),
+                "use the names `lattice nodes` shows",
+            ));
+        }
+        if !seen.insert(n.as_str()) {
+            return Err(ValueError::new(
+                format!("node {n:?} is listed twice"),
+                "list each node once",
+            ));
+        }
+    }
+    Ok(names)
+}
+
 /// A parsed GPU request (`--gres=gpu:[type:]N`, `--gpus-per-node=[type:]N`).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct GresSpec {

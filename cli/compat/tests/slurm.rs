@@ -1,4 +1,4 @@
-//! Slurm front-end: argument translation, squeue formatting, SLURM_* env, hostlists.
+//! Slurm front-end: argument translation, squeue formatting, SLURM_* annotations, hostlists.
 
 mod common;
 use common::*;
@@ -112,51 +112,26 @@ fn squeue_all_fields() {
     );
 }
 
+/// The agent sets `SLURM_*` from what the translator writes: the opt-in annotation (site
+/// `set_slurm_env: true`), the task counts, the job name and the submit directory
+/// (`lattice-agent`'s `env` module reads the same keys).
 #[test]
-fn slurm_env_mapping() {
-    let ctx = EnvContext {
-        task_index: Some(8),
-        procid: Some(3),
-        ..Default::default()
-    };
-    let nodes = h(&["nid001", "nid002", "nid003", "nid004", "nid007"]);
-    let env: std::collections::BTreeMap<_, _> =
-        slurm_env(&alloc(), &nodes, &ctx).into_iter().collect();
-    assert_eq!(env["SLURM_JOB_ID"], "a1b2c3d4");
-    assert_eq!(env["SLURM_JOBID"], "a1b2c3d4");
-    assert_eq!(env["SLURM_JOB_NAME"], "train.sh");
-    assert_eq!(env["SLURM_NNODES"], "5");
-    assert_eq!(env["SLURM_NODELIST"], "nid[001-004,007]");
-    assert_eq!(env["SLURM_NTASKS"], "20");
-    assert_eq!(env["SLURM_SUBMIT_DIR"], "/home/alice");
-    assert_eq!(env["SLURM_ARRAY_TASK_ID"], "8");
-    assert_eq!(env["SLURM_ARRAY_JOB_ID"], "a1b2c3d4");
-    assert_eq!(env["SLURM_ARRAY_TASK_COUNT"], "4");
-    assert_eq!(env["SLURM_ARRAY_TASK_MAX"], "12");
-    assert_eq!(env["SLURM_ARRAY_TASK_STEP"], "4");
-    assert_eq!(env["SLURM_PROCID"], "3");
-    assert_eq!(env["SLURM_JOB_PARTITION"], "hpc-batch");
-    let l: std::collections::BTreeMap<_, _> =
-        lattice_env(&alloc(), &nodes, &ctx).into_iter().collect();
-    assert_eq!(l["LATTICE_NODELIST"], "nid001,nid002,nid003,nid004,nid007");
-    assert_eq!(l["LATTICE_TASK_INDEX"], "8");
-}
-
-#[test]
-fn slurm_env_from_translated_manifest() {
+fn manifest_carries_what_the_agent_needs_for_slurm_env() {
     let t = tr(&script(
         "#SBATCH -J sim\n#SBATCH -n 8\n#SBATCH --ntasks-per-node=4",
     ));
-    let mut m = t.allocation.clone();
-    m["metadata"]["name"] = json!("77");
-    let env: std::collections::BTreeMap<_, _> =
-        slurm_env(&m, &h(&["n1", "n2"]), &EnvContext::default())
-            .into_iter()
-            .collect();
-    assert_eq!(env["SLURM_NTASKS"], "8");
-    assert_eq!(env["SLURM_JOB_NAME"], "sim");
-    assert_eq!(env["SLURM_SUBMIT_DIR"], "/home/alice/project");
-    assert!(!env.contains_key("SLURM_ARRAY_TASK_ID"));
+    let ann = &t.allocation["metadata"]["annotations"];
+    assert_eq!(ann["lattice.dev/set-slurm-env"], "true");
+    assert_eq!(ann["lattice.dev/ntasks"], "8");
+    assert_eq!(ann["lattice.dev/ntasks-per-node"], "4");
+    assert_eq!(ann["lattice.dev/submit-dir"], "/home/alice/project");
+    assert_eq!(t.allocation["spec"]["tags"]["name"], "sim");
+    // Without the site setting there is no annotation (agents' --slurm-env still applies).
+    let plain = lattice_compat::translate("#!/bin/sh\nhostname\n", &flags(), &Default::default())
+        .expect("translate");
+    assert!(plain.allocation["metadata"]["annotations"]
+        .get("lattice.dev/set-slurm-env")
+        .is_none());
 }
 
 #[test]
@@ -259,6 +234,55 @@ fn scancel_translation() {
 }
 
 #[test]
+fn scancel_keeps_the_user_and_the_name() {
+    // -u USER is kept for the caller to check against the current user.
+    let i = scancel_to_lattice(&a(&["-u", "bob"])).unwrap();
+    assert_eq!(i.user.as_deref(), Some("bob"));
+    let i = scancel_to_lattice(&a(&["--user=alice", "-t", "R"])).unwrap();
+    assert_eq!(i.user.as_deref(), Some("alice"));
+    assert_eq!(i.argv, a(&["cancel", "--all-mine", "--state=running"]));
+    assert!(scancel_to_lattice(&a(&["-u", "alice,bob"])).is_err());
+    // -n NAME is a job-name filter, never a job id.
+    for args in [
+        &["-n", "train.sh"][..],
+        &["--name=train.sh"],
+        &["--jobname", "train.sh"],
+        &["-ntrain.sh"],
+    ] {
+        let i = scancel_to_lattice(&a(args)).unwrap();
+        assert_eq!(i.name.as_deref(), Some("train.sh"), "{args:?}");
+        assert_eq!(i.argv, a(&["cancel", "--all-mine"]), "{args:?}");
+        assert!(i.user.is_none());
+    }
+    let i = scancel_to_lattice(&a(&["-n", "sim", "123"])).unwrap();
+    assert_eq!(
+        (i.name.as_deref(), i.argv),
+        (Some("sim"), a(&["cancel", "123"]))
+    );
+    assert!(scancel_to_lattice(&a(&["-n"])).is_err());
+    // -Q is quiet; filters Lattice cannot apply, --signal, -i and unknown options are errors
+    // (ignoring them would cancel more than asked).
+    assert_eq!(
+        scancel_to_lattice(&a(&["-Q", "123"])).unwrap().argv,
+        a(&["cancel", "123"])
+    );
+    for args in [
+        &["-p", "debug", "-u", "alice"][..],
+        &["-q", "high", "123"],
+        &["--account=physics", "--me"],
+        &["-w", "nid001"],
+        &["--signal=USR1", "123"],
+        &["-s", "KILL", "123"],
+        &["-i", "123"],
+        &["--bogus", "123"],
+    ] {
+        let e = scancel_to_lattice(&a(args)).expect_err(&format!("{args:?}"));
+        let text = e.to_string();
+        assert!(text.contains("Hint:"), "{args:?}: {text}");
+    }
+}
+
+#[test]
 fn sinfo_and_sacct_translation() {
     assert_eq!(sinfo_to_lattice(&[]).unwrap().argv, a(&["nodes"]));
     assert_eq!(
@@ -281,6 +305,14 @@ fn sinfo_and_sacct_translation() {
             .argv,
         a(&["status", "123", "-o", "json"])
     );
+    // -j with -S/-E: `lattice status` has no --since; the window travels separately.
+    let i = sacct_to_lattice(&a(&["-j", "123", "-S", "2026-03-01", "-E", "2026-03-02"])).unwrap();
+    assert_eq!(i.argv, a(&["status", "123", "-o", "json"]));
+    assert_eq!(i.since.as_deref(), Some("2026-03-01"));
+    assert_eq!(i.until.as_deref(), Some("2026-03-02"));
+    let i = sacct_to_lattice(&a(&["--starttime=2026-03-01", "--jobs=7,8", "-u", "bob"])).unwrap();
+    assert_eq!(i.argv, a(&["status", "7", "8", "--user=bob", "-o", "json"]));
+    assert_eq!((i.since.as_deref(), i.until), (Some("2026-03-01"), None));
     assert_eq!(
         sacct_to_lattice(&a(&["-S", "2026-03-01", "-E", "2026-03-02", "-u", "bob"]))
             .unwrap()

@@ -848,3 +848,123 @@ fn names_the_api_would_reject_are_errors_at_their_line() {
     let e = translate(&script("#SBATCH --uenv=\"a b\""), &flags(), &site()).unwrap_err();
     assert_eq!(e.line(), Some(2));
 }
+
+fn nodelist_flags(list: &str, nodes: Option<&str>) -> SubmitFlags {
+    SubmitFlags {
+        nodelist: Some(list.into()),
+        nodes: nodes.map(str::to_string),
+        ..flags()
+    }
+}
+
+#[test]
+fn nodelist_claims_nodes_and_sets_the_count() {
+    // Hostlist syntax; the count follows the list when --nodes is not given.
+    let t = tr_flags(
+        &script("srun ./app"),
+        &nodelist_flags("sn-[01-04],gpu7", None),
+    );
+    assert_eq!(
+        spec(&t)["resources"]["nodeNames"],
+        json!(["sn-01", "sn-02", "sn-03", "sn-04", "gpu7"])
+    );
+    assert_eq!(spec(&t)["resources"]["nodes"], json!(5));
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
+    admit(&t);
+    // An explicit --nodes that agrees is fine, also from the script.
+    let t = tr_flags(&script("srun ./app"), &nodelist_flags("n1,n2", Some("2")));
+    assert_eq!(spec(&t)["resources"]["nodes"], json!(2));
+    let t = tr_flags(&script("#SBATCH -N 2"), &nodelist_flags("n[1-2]", None));
+    assert_eq!(spec(&t)["resources"]["nodeNames"], json!(["n1", "n2"]));
+    admit(&t);
+    // #LATTICE --nodelist works like the flag.
+    let t = tr(&script("#LATTICE --nodelist=x[08-10]"));
+    assert_eq!(
+        spec(&t)["resources"]["nodeNames"],
+        json!(["x08", "x09", "x10"])
+    );
+    assert_eq!(spec(&t)["resources"]["nodes"], json!(3));
+    admit(&t);
+}
+
+#[test]
+fn nodelist_and_a_different_node_count_is_an_error_naming_both() {
+    let e = translate(
+        &script("srun ./app"),
+        &nodelist_flags("sn-[01-04]", Some("8")),
+        &site(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("asks for 8 nodes but --nodelist=sn-[01-04] names 4"),
+        "{e}"
+    );
+    assert!(e.contains("--nodes=4"), "{e}");
+    let e = translate(
+        &script("#SBATCH -N 3"),
+        &nodelist_flags("a,b", None),
+        &site(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("#SBATCH -N 3 (line 2 (#SBATCH)) asks for 3 nodes"),
+        "{e}"
+    );
+    assert!(e.contains("names 2"), "{e}");
+    let e = translate(
+        &script("srun ./app"),
+        &nodelist_flags("a,b", Some("1-4")),
+        &site(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("1-4 nodes") && e.contains("exactly 2"), "{e}");
+}
+
+#[test]
+fn nodelist_errors() {
+    for (list, want) in [
+        ("a[1-2", "not a valid hostlist"),
+        ("", "empty"),
+        ("n1,n2,n1", "listed twice"),
+        ("Node_1", "not a node name"),
+    ] {
+        let e = translate(&script("srun ./app"), &nodelist_flags(list, None), &site())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{list:?}: {e}");
+        assert!(e.contains("Hint:"), "{list:?}: {e}");
+    }
+    let reactive = SubmitFlags {
+        reactive: true,
+        min_nodes: Some("1".into()),
+        max_nodes: Some("4".into()),
+        scale_metric: Some("gpu_utilization".into()),
+        scale_target: Some("0.8".into()),
+        ..nodelist_flags("a,b", None)
+    };
+    assert!(matches!(
+        translate(&script("srun ./app"), &reactive, &site()),
+        Err(SubmitError::Conflict { .. })
+    ));
+    let array = SubmitFlags {
+        task_group: Some("0-3".into()),
+        ..nodelist_flags("a,b", None)
+    };
+    assert!(matches!(
+        translate(&script("srun ./app"), &array, &site()),
+        Err(SubmitError::Conflict { .. })
+    ));
+}
+
+#[test]
+fn sbatch_nodelist_directive_stays_a_warning() {
+    let t = tr(&script("#SBATCH --nodelist=nid[001-004]"));
+    assert_eq!(
+        warnings(&t),
+        ["#SBATCH --nodelist=nid[001-004] ignored (Lattice places allocations itself, packing them into dragonfly groups)"]
+    );
+    assert!(spec(&t)["resources"].get("nodeNames").is_none());
+}

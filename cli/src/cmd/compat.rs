@@ -13,7 +13,7 @@ use lattice_compat::slurm::{
 use lattice_compat::SubmitFlags;
 use serde_json::Value;
 
-use crate::cli::{Command, CompatArgs, HistoryArgs, LogsArgs, NodesArgs, StatusArgs};
+use crate::cli::{CancelArgs, Command, CompatArgs, HistoryArgs, LogsArgs, NodesArgs, StatusArgs};
 use crate::cmd::nodes;
 use crate::cmd::status::{self, Query};
 use crate::cmd::submit;
@@ -238,14 +238,138 @@ async fn scancel(
 ) -> Result<i32, CliError> {
     let inv = scancel_to_lattice(args).map_err(|e| slurm_err("scancel", &e))?;
     warn(ctx, "scancel", &inv, err)?;
+    if let Some(u) = &inv.user {
+        // Lattice cancels by user only for yourself; never fall back to "all mine".
+        match ctx.user() {
+            Some(me) if &me == u => {}
+            Some(me) => {
+                return Err(CliError::new(
+                    format!("scancel -u {u}"),
+                    format!("you are {me:?}; jobs can be cancelled by user only for yourself"),
+                )
+                .detail("Nothing was cancelled.")
+                .hint(format!(
+                    "name {u}'s jobs instead (scancel $(squeue -h -u {u} -o %i)); the server \
+                     decides whether you may cancel them"
+                ))
+                .exit_code(exit::USAGE))
+            }
+            None => {
+                return Err(CliError::new(
+                    format!("scancel -u {u}"),
+                    "cannot tell who you are: $USER is not set",
+                )
+                .hint("set USER, or name the jobs: scancel JOBID...")
+                .exit_code(exit::USAGE))
+            }
+        }
+    }
     let Command::Cancel(ca) = reparse(ctx, "scancel", &inv.argv)? else {
         return Ok(exit::ERROR);
     };
     // scancel is silent on success.
     let mut sink = std::io::sink();
-    let verbose = ctx.verbose;
-    let code = status::cancel(ctx, &ca, if verbose { out } else { &mut sink }, err).await?;
+    let out: &mut dyn Write = if ctx.verbose { out } else { &mut sink };
+    let filtered =
+        inv.name.is_some() || (!ca.ids.is_empty() && (inv.user.is_some() || !ca.state.is_empty()));
+    if !filtered {
+        return status::cancel(ctx, &ca, out, err).await;
+    }
+    cancel_matching(ctx, &ca, inv.user.is_some(), inv.name.as_deref(), out, err).await
+}
+
+/// `scancel` with filters `lattice cancel` lacks: the named jobs (or, without ids, your
+/// unfinished ones) that match the job name (`-n`), the user (`-u`, only yourself) and the
+/// states (`-t`).
+async fn cancel_matching(
+    ctx: &mut Ctx,
+    ca: &CancelArgs,
+    mine_only: bool,
+    job_name: Option<&str>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<i32, CliError> {
+    let tenant = ctx.tenant.clone();
+    let states = StateFilter::phases(&ca.state)?;
+    let mut code = 0;
+    let mut items = Vec::new();
+    let me = ctx.user();
+    if ca.ids.is_empty() {
+        let Some(me) = me.clone() else {
+            return Err(
+                CliError::new("scancel", "cannot tell who you are: $USER is not set")
+                    .hint("set USER, or name the jobs: scancel JOBID...")
+                    .exit_code(exit::USAGE),
+            );
+        };
+        items = workload::list_items(ctx, "allocations", Some(&tenant)).await?;
+        let owner = Owner::User(me);
+        items.retain(|a| {
+            owner.keeps(a) && !workload::is_terminal(phase(a)) && !workload::cancel_requested(a)
+        });
+        workload::sort_by_creation(&mut items);
+    } else {
+        for id in &ca.ids {
+            match workload::get_object(
+                ctx,
+                "allocations",
+                "allocation",
+                Some(&tenant),
+                id,
+                "lattice status",
+            )
+            .await
+            {
+                Ok(a) => items.push(a),
+                Err(e) if e.exit_code == exit::UNREACHABLE => return Err(e),
+                Err(e) => {
+                    writeln!(err, "{e}")?;
+                    code = code.max(e.exit_code);
+                }
+            }
+        }
+        if mine_only {
+            let owner = Owner::User(me.unwrap_or_default());
+            items.retain(|a| owner.keeps(a));
+        }
+    }
+    items.retain(|a| {
+        states.keeps(phase(a)) && job_name.is_none_or(|n| workload::display_name(a) == n)
+    });
+    if items.is_empty() && ctx.verbose {
+        writeln!(err, "No matching jobs to cancel in tenant {tenant:?}.")?;
+    }
+    for a in &items {
+        match status::cancel_one(ctx, &tenant, a).await {
+            Ok(line) => writeln!(out, "{line}")?,
+            Err(e) => {
+                writeln!(err, "{e}")?;
+                code = code.max(e.exit_code);
+            }
+        }
+    }
     Ok(code)
+}
+
+/// `sacct -j IDS -S/-E`: whether a job was pending or running inside the window (Slurm:
+/// "jobs in any state after START / before END").
+fn active_between(
+    a: &Value,
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    until: Option<chrono::DateTime<chrono::Utc>>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    let begin = workload::time(a, "/metadata/creationTimestamp")
+        .or_else(|| workload::time(a, "/status/startTime"));
+    let end = if workload::is_terminal(phase(a)) {
+        workload::time(a, "/status/endTime")
+            .or_else(|| workload::time(a, "/status/startTime"))
+            .or(begin)
+    } else {
+        Some(now)
+    };
+    since.is_none_or(|s| end.is_none_or(|e| e >= s))
+        && until.is_none_or(|u| begin.is_none_or(|b| b < u))
 }
 
 /// Slurm's node state name for a Lattice node.
@@ -447,7 +571,20 @@ async fn sacct(
         Command::Status(sa) => {
             let sa = StatusArgs { all: true, ..sa };
             let q = Query::from_status(ctx, &sa)?;
-            status::fetch(ctx, &q, err).await?.0
+            let mut items = status::fetch(ctx, &q, err).await?.0;
+            let now = ctx.now();
+            let since = inv
+                .since
+                .as_deref()
+                .map(|v| workload::parse_when("--starttime", v, now))
+                .transpose()?;
+            let until = inv
+                .until
+                .as_deref()
+                .map(|v| workload::parse_when("--endtime", v, now))
+                .transpose()?;
+            items.retain(|a| active_between(a, since, until, now));
+            items
         }
         Command::History(h) => {
             let HistoryArgs {

@@ -60,23 +60,155 @@ else
 fi
 "#;
 
+/// Zsh glue. clap's `_lattice` is renamed `_lattice_clap` (see [`zsh_script`]) and this
+/// `_lattice` wraps it: allocation, node, DAG and vCluster names come from
+/// `lattice __complete`, everything else (subcommands, flags) from clap's function. It works
+/// both when the script is sourced and when it is installed as `_lattice` on `$fpath`.
+const ZSH_DYNAMIC: &str = r#"
+# Dynamic names (allocations, nodes, DAGs, vClusters) from the server.
+_lattice() {
+    local cur="${words[CURRENT]}" prev="${words[CURRENT-1]}" w cmd="" sub="" kind=""
+    integer i pos=0 skip=0
+    for (( i = 2; i < CURRENT; i++ )); do
+        w="${words[i]}"
+        if (( skip )); then
+            skip=0
+            continue
+        fi
+        case "$w" in
+            --api-url|--token|--token-file|-n|-t|--tenant|--config|-o|--output|--vcluster|--certificate-authority)
+                skip=1; continue ;;
+            -*) continue ;;
+        esac
+        if [[ -z "$cmd" ]]; then cmd="$w"
+        elif [[ -z "$sub" ]]; then sub="$w"
+        fi
+        pos+=1
+    done
+    if [[ "$prev" == --vcluster ]]; then
+        kind=vclusters
+    elif [[ "$prev" == --node ]]; then
+        kind=nodes
+    elif [[ "$cur" != -* ]]; then
+        case "$cmd" in
+            status|cancel|logs|watch) kind=allocations ;;
+            nodes) kind=nodes ;;
+            node) (( pos >= 2 )) && kind=nodes ;;
+            dag) case "$sub" in status|cancel) (( pos >= 2 )) && kind=dags ;; esac ;;
+        esac
+    fi
+    if [[ -n "$kind" ]]; then
+        local -a names
+        names=( ${(f)"$(_call_program lattice-names "${words[1]}" __complete "$kind" 2>/dev/null)"} )
+        if (( ${#names} )); then
+            compadd -a names && return 0
+        fi
+    fi
+    _lattice_clap "$@"
+}
+"#;
+
+/// Fish glue. The conditions look at the command words (options skipped), so `status`
+/// means `lattice status`, not `lattice node status` or `lattice dag status`.
 const FISH_DYNAMIC: &str = r#"
 # Dynamic names from the server.
-complete -c lattice -n '__fish_seen_subcommand_from status cancel logs watch' -f -a '(lattice __complete allocations 2>/dev/null)'
-complete -c lattice -n '__fish_seen_subcommand_from nodes drain undrain disable enable' -f -a '(lattice __complete nodes 2>/dev/null)'
-complete -c lattice -l vcluster -f -a '(lattice __complete vclusters 2>/dev/null)'
+# The command words typed so far, without options and the values of the global options
+# that take one: `lattice -t x node status n1` -> node status n1.
+function __lattice_command_words
+    set -l words (commandline -opc)
+    set -e words[1]
+    set -l skip 0
+    for w in $words
+        if test $skip = 1
+            set skip 0
+            continue
+        end
+        switch $w
+            case --api-url --token --token-file -n -t --tenant --config -o --output --vcluster --certificate-authority
+                set skip 1
+            case '-*'
+            case '*'
+                echo $w
+        end
+    end
+end
+
+# Which names the next word takes: allocations, nodes or dags (none: exit 1).
+function __lattice_dynamic_kind
+    set -l w (__lattice_command_words)
+    switch "$w[1]"
+        case status cancel logs watch
+            echo allocations
+        case nodes
+            echo nodes
+        case node
+            if set -q w[2]; and contains -- $w[2] drain undrain disable enable status
+                echo nodes
+                return 0
+            end
+            return 1
+        case dag
+            if set -q w[2]; and contains -- $w[2] status cancel
+                echo dags
+                return 0
+            end
+            return 1
+        case '*'
+            return 1
+    end
+end
+
+# True when the next word takes names of kind $argv[1].
+function __lattice_wants
+    test (__lattice_dynamic_kind; or echo none) = $argv[1]
+end
+
+# True when the command (first command word) is $argv[1].
+function __lattice_command_is
+    set -l w (__lattice_command_words)
+    test "$w[1]" = "$argv[1]"
+end
+
+complete -c lattice -n '__lattice_wants allocations' -f -a '(lattice __complete allocations 2>/dev/null)'
+complete -c lattice -n '__lattice_wants nodes' -f -a '(lattice __complete nodes 2>/dev/null)'
+complete -c lattice -n '__lattice_wants dags' -f -a '(lattice __complete dags 2>/dev/null)'
+complete -c lattice -n '__lattice_command_is logs' -l node -r -f -a '(lattice __complete nodes 2>/dev/null)'
+complete -c lattice -l vcluster -r -f -a '(lattice __complete vclusters 2>/dev/null)'
 "#;
+
+/// How clap's zsh script starts its main function.
+const ZSH_CLAP_MAIN: &str = "\n_lattice() {\n";
+/// How clap's zsh script ends: call `_lattice` when autoloaded, else `compdef` it.
+const ZSH_CLAP_TAIL: &str = "\nif [ \"$funcstack[1]\" = \"_lattice\" ]";
+
+/// clap's zsh script with its `_lattice` renamed `_lattice_clap`, and [`ZSH_DYNAMIC`]'s
+/// `_lattice` inserted before the script's final dispatch (`_lattice "$@"` when autoloaded
+/// from `$fpath`, `compdef _lattice lattice` when sourced).
+pub fn zsh_script(generated: &str) -> String {
+    let renamed = generated.replacen(ZSH_CLAP_MAIN, "\n_lattice_clap() {\n", 1);
+    let dynamic = ZSH_DYNAMIC.trim_start_matches('\n');
+    match renamed.rfind(ZSH_CLAP_TAIL) {
+        Some(at) => format!("{}\n{dynamic}{}", &renamed[..at], &renamed[at..]),
+        None => format!("{renamed}\n{dynamic}\ncompdef _lattice lattice\n"),
+    }
+}
 
 /// Runs `completion SHELL`.
 pub fn run(args: &CompletionArgs, out: &mut dyn Write) -> Result<i32, CliError> {
     let mut cmd = Cli::command();
     let mut buf = Vec::new();
     clap_complete::generate(args.shell, &mut cmd, "lattice", &mut buf);
-    out.write_all(&buf)?;
     match args.shell {
-        Shell::Bash => out.write_all(BASH_DYNAMIC.as_bytes())?,
-        Shell::Fish => out.write_all(FISH_DYNAMIC.as_bytes())?,
-        _ => {}
+        Shell::Zsh => out.write_all(zsh_script(&String::from_utf8_lossy(&buf)).as_bytes())?,
+        Shell::Bash => {
+            out.write_all(&buf)?;
+            out.write_all(BASH_DYNAMIC.as_bytes())?;
+        }
+        Shell::Fish => {
+            out.write_all(&buf)?;
+            out.write_all(FISH_DYNAMIC.as_bytes())?;
+        }
+        _ => out.write_all(&buf)?,
     }
     Ok(0)
 }

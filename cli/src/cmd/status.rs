@@ -230,12 +230,20 @@ pub async fn run(
 ) -> Result<i32, CliError> {
     let q = Query::from_status(ctx, args)?;
     let mut first = true;
+    // `--watch -o json`: JSON Lines, one event per change (see `WatchLines`).
+    let mut lines = (args.watch && !args.count && ctx.output == Some(OutputFormat::Json))
+        .then(WatchLines::default);
     loop {
         let (items, missing) = fetch(ctx, &q, err).await?;
-        if args.count {
+        if let Some(lines) = &mut lines {
+            lines.emit(&items, out)?;
+        } else if args.count {
             writeln!(out, "{}", items.len())?;
         } else {
-            if args.watch {
+            if args.watch && ctx.output == Some(OutputFormat::Yaml) {
+                // A YAML stream: one document per refresh.
+                out.write_all(b"---\n")?;
+            } else if args.watch {
                 if ctx.tty {
                     out.write_all(b"\x1b[H\x1b[2J")?;
                 } else if !first {
@@ -286,6 +294,51 @@ pub async fn run(
             _ = &mut shutdown => return Ok(0),
             _ = tokio::time::sleep(Duration::from_secs(args.interval.max(1))) => {}
         }
+    }
+}
+
+/// `status --watch -o json` output: JSON Lines, one compact object per change, shaped
+/// like the API's watch events: `{"type":"ADDED","object":{...}}` for each allocation on
+/// the first refresh and whenever one joins the selection, `MODIFIED` when it changed
+/// since the previous refresh, `DELETED` (with its last known state) when it left the
+/// selection (deleted, or no longer matching `--state`). Nothing is printed for a refresh
+/// without changes, and there is no header.
+#[derive(Debug, Default)]
+pub struct WatchLines {
+    /// `namespace/name` -> the object as last printed.
+    seen: std::collections::BTreeMap<String, Value>,
+}
+
+impl WatchLines {
+    /// Prints the events that turn the previous refresh into `items`.
+    pub fn emit(&mut self, items: &[Value], out: &mut dyn Write) -> std::io::Result<()> {
+        let key = |a: &Value| {
+            format!(
+                "{}/{}",
+                s(a, "/metadata/namespace").unwrap_or_default(),
+                name(a)
+            )
+        };
+        let mut next = std::collections::BTreeMap::new();
+        for a in items {
+            let k = key(a);
+            let ty = match self.seen.get(&k) {
+                None => Some("ADDED"),
+                Some(before) if before != a => Some("MODIFIED"),
+                Some(_) => None,
+            };
+            if let Some(ty) = ty {
+                writeln!(out, "{}", json!({"type": ty, "object": a}))?;
+            }
+            next.insert(k, a.clone());
+        }
+        for (k, a) in &self.seen {
+            if !next.contains_key(k) {
+                writeln!(out, "{}", json!({"type": "DELETED", "object": a}))?;
+            }
+        }
+        self.seen = next;
+        Ok(())
     }
 }
 

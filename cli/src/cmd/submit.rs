@@ -284,10 +284,20 @@ pub fn print_warnings(ctx: &Ctx, t: &Translation, err: &mut dyn Write) -> std::i
 }
 
 /// POSTs an Allocation; returns the created object.
+///
+/// First reads the tenant (best effort: a 404, a 403 or any other failure skips the check)
+/// and refuses, without posting, an allocation that needs more nodes than the tenant's
+/// hard `spec.quota.maxNodes` allows at all: it could never run. (One that only exceeds the
+/// current headroom is posted and waits, `waiting for quota headroom`.) A quota rejection
+/// by the server gets the same numbers.
 pub async fn post(ctx: &Ctx, alloc: &Value, dry_run: bool) -> Result<Value, CliError> {
     let ns = s(alloc, "/metadata/namespace")
         .unwrap_or(&ctx.tenant)
         .to_string();
+    let tenant = read_tenant(ctx, &ns).await;
+    if let Some(e) = tenant.as_ref().and_then(|t| over_quota(alloc, &ns, t)) {
+        return Err(e);
+    }
     ctx.client
         .create(
             &collection("allocations", Some(&ns)),
@@ -295,11 +305,66 @@ pub async fn post(ctx: &Ctx, alloc: &Value, dry_run: bool) -> Result<Value, CliE
             &WriteOptions { dry_run },
         )
         .await
-        .map_err(|e| rejected(ctx, alloc, e))
+        .map_err(|e| rejected(alloc, tenant.as_ref(), e))
+}
+
+/// The cluster-scoped Tenant object, when it can be read within 5 s.
+async fn read_tenant(ctx: &Ctx, name: &str) -> Option<Value> {
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        ctx.client.get(&workload::object("tenants", None, name)),
+    )
+    .await
+    .ok()?
+    .ok()
+}
+
+/// The smallest number of nodes the allocation can run on (per task for task groups).
+fn min_nodes(alloc: &Value) -> u64 {
+    match alloc.pointer("/spec/resources/nodes") {
+        Some(Value::Number(n)) => n.as_u64().unwrap_or(1),
+        Some(Value::Object(o)) => o.get("min").and_then(Value::as_u64).unwrap_or(1),
+        _ => 1,
+    }
+}
+
+/// The seed's quota error: what was rejected, then `Current:` (the tenant's
+/// `status.usage.nodes`), `Requested:`, `Limit:` (`spec.quota.maxNodes`) and a hint.
+fn quota_error(why: String, alloc: &Value, tenant: Option<&Value>, hint: String) -> CliError {
+    let mut err = CliError::new("allocation rejected", why).exit_code(exit::DENIED);
+    let num = |p: &str| tenant.and_then(|t| t.pointer(p)).and_then(Value::as_u64);
+    if let Some(u) = num("/status/usage/nodes") {
+        err = err.detail(format!("Current: {u} nodes in use"));
+    }
+    err = err.detail(format!(
+        "Requested: {} additional nodes",
+        workload::node_count(alloc)
+    ));
+    if let Some(l) = num("/spec/quota/maxNodes") {
+        err = err.detail(format!("Limit: {l} nodes"));
+    }
+    err.hint(hint)
+}
+
+/// The client-side check: more nodes than the hard quota allows at all.
+fn over_quota(alloc: &Value, tenant_name: &str, tenant: &Value) -> Option<CliError> {
+    let limit = tenant.pointer("/spec/quota/maxNodes")?.as_u64()?;
+    if min_nodes(alloc) <= limit {
+        return None;
+    }
+    Some(quota_error(
+        format!("request exceeds tenant \"{tenant_name}\" max_nodes quota"),
+        alloc,
+        Some(tenant),
+        format!(
+            "Request at most {limit} nodes (--nodes={limit}), or ask your tenant admin for a \
+             quota increase."
+        ),
+    ))
 }
 
 /// A rejected submission, with the tenant's quota numbers when the server mentions quotas.
-fn rejected(_ctx: &Ctx, alloc: &Value, e: ClientError) -> CliError {
+fn rejected(alloc: &Value, tenant: Option<&Value>, e: ClientError) -> CliError {
     match &e {
         ClientError::Status { status, .. } => {
             let msg = status.message_or_reason();
@@ -310,46 +375,22 @@ fn rejected(_ctx: &Ctx, alloc: &Value, e: ClientError) -> CliError {
                 );
             }
             if msg.to_lowercase().contains("quota") {
-                err.why = msg;
-                err = err.detail(format!(
-                    "Requested: {} additional nodes",
-                    workload::node_count(alloc)
-                ));
-                err.hint = Some(
+                let q = quota_error(
+                    msg,
+                    alloc,
+                    tenant,
                     "Cancel running allocations or request a quota increase from your tenant admin."
                         .into(),
                 );
+                err = CliError {
+                    exit_code: err.exit_code,
+                    ..q
+                };
             }
             err
         }
         _ => CliError::from_client("submit allocation", e),
     }
-}
-
-/// Adds the tenant's quota usage to a quota rejection (best effort).
-async fn quota_details(ctx: &Ctx, ns: &str, mut err: CliError) -> CliError {
-    if !err.why.to_lowercase().contains("quota") {
-        return err;
-    }
-    let Ok(Ok(t)) = tokio::time::timeout(
-        Duration::from_secs(5),
-        ctx.client.get(&workload::object("tenants", None, ns)),
-    )
-    .await
-    else {
-        return err;
-    };
-    let req = err.details.pop();
-    if let Some(u) = t.pointer("/status/usage/nodes").and_then(Value::as_u64) {
-        err = err.detail(format!("Current: {u} nodes in use"));
-    }
-    if let Some(r) = req {
-        err = err.detail(r);
-    }
-    if let Some(l) = t.pointer("/spec/quota/maxNodes").and_then(Value::as_u64) {
-        err = err.detail(format!("Limit: {l} nodes"));
-    }
-    err
 }
 
 /// Polls an allocation until it reaches a terminal phase; `on_change` sees every new phase.
@@ -458,10 +499,7 @@ pub async fn run(
     let ns = s(&t.allocation, "/metadata/namespace")
         .unwrap_or(&ctx.tenant)
         .to_string();
-    let created = match post(ctx, &t.allocation, false).await {
-        Ok(v) => v,
-        Err(e) => return Err(quota_details(ctx, &ns, e).await),
-    };
+    let created = post(ctx, &t.allocation, false).await?;
     let name = workload::name(&created).to_string();
     match fmt {
         OutputFormat::Json if ctx.output.is_some() => {
