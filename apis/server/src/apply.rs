@@ -137,10 +137,27 @@ fn item_key(e: &Value, keys: &[String]) -> Option<String> {
     serde_json::to_string(&m).ok()
 }
 
-fn key_matches(e: &Value, k: &str) -> bool {
-    match serde_json::from_str::<Value>(k) {
-        Ok(Value::Object(km)) => km.iter().all(|(kk, kv)| e.get(kk) == Some(kv)),
-        _ => false,
+/// A list-map item key (`{"name":"a"}`), parsed once per lookup rather than once per
+/// item compared.
+struct ItemKey(Option<Map<String, Value>>);
+
+impl ItemKey {
+    fn parse(k: &str) -> Self {
+        match serde_json::from_str::<Value>(k) {
+            Ok(Value::Object(km)) => ItemKey(Some(km)),
+            _ => ItemKey(None),
+        }
+    }
+
+    fn matches(&self, e: &Value) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|km| km.iter().all(|(kk, kv)| e.get(kk) == Some(kv)))
+    }
+
+    /// Position of the item with this key in `a`.
+    fn position(&self, a: &[Value]) -> Option<usize> {
+        a.iter().position(|e| self.matches(e))
     }
 }
 
@@ -259,7 +276,10 @@ pub fn get_path<'a>(v: &'a Value, p: &[Seg]) -> Option<&'a Value> {
     for seg in p {
         cur = match seg {
             Seg::F(f) => cur.as_object()?.get(f)?,
-            Seg::K(k) => cur.as_array()?.iter().find(|e| key_matches(e, k))?,
+            Seg::K(k) => {
+                let a = cur.as_array()?;
+                &a[ItemKey::parse(k).position(a)?]
+            }
         };
     }
     Some(cur)
@@ -287,7 +307,7 @@ pub fn set_path(v: &mut Value, p: &[Seg], val: Value) {
                 *v = Value::Array(Vec::new());
             }
             if let Value::Array(a) = v {
-                let idx = match a.iter().position(|e| key_matches(e, k)) {
+                let idx = match ItemKey::parse(k).position(a) {
                     Some(i) => i,
                     None => {
                         a.push(
@@ -334,7 +354,7 @@ pub fn remove_path(v: &mut Value, p: &[Seg]) -> bool {
             let Some(a) = v.as_array_mut() else {
                 return false;
             };
-            let Some(i) = a.iter().position(|e| key_matches(e, k)) else {
+            let Some(i) = ItemKey::parse(k).position(a) else {
                 return false;
             };
             if p.len() == 1 {
@@ -350,12 +370,31 @@ pub fn remove_path(v: &mut Value, p: &[Seg]) -> bool {
     }
 }
 
-fn related(a: &Path, b: &Path) -> bool {
-    a.starts_with(b) || b.starts_with(a)
+/// Whether `set` holds `p` or one of its ancestors: one lookup per prefix of `p`.
+fn has_prefix_of(set: &FieldSet, p: &[Seg]) -> bool {
+    (0..=p.len()).any(|n| set.contains(&p[..n]))
 }
 
+/// The paths of `set` that are `p` or below it: a contiguous run in the set's order,
+/// starting at `p`.
+fn under<'a>(set: &'a FieldSet, p: &'a [Seg]) -> impl Iterator<Item = &'a Path> + 'a {
+    use std::ops::Bound;
+    set.range::<[Seg], _>((Bound::Included(p), Bound::Unbounded))
+        .take_while(move |q| q.starts_with(p))
+}
+
+/// Whether `set` holds a path related to `p` (an ancestor, `p` itself or a descendant),
+/// in O(depth · log n) rather than a scan of the set: status writes of large objects
+/// (a Dag with a thousand steps) compare thousands of paths against each other.
 fn owns_related(set: &FieldSet, p: &Path) -> bool {
-    set.iter().any(|q| related(p, q))
+    has_prefix_of(set, p) || under(set, p).next().is_some()
+}
+
+/// The paths of `set` related to `q`, in set order.
+fn related_in<'a>(set: &'a FieldSet, q: &'a Path) -> impl Iterator<Item = &'a Path> + 'a {
+    (0..q.len())
+        .filter_map(move |n| set.get(&q[..n]))
+        .chain(under(set, q))
 }
 
 /// `{"f:a":{"f:b":{}}}` for the set (`k:{...}` for list-map items).
@@ -522,7 +561,7 @@ pub fn apply(
             continue;
         }
         for q in &e.fields {
-            for p in new_set.iter().filter(|p| related(p, q)) {
+            for p in related_in(&new_set, q) {
                 let (lp, ap) = if p.len() >= q.len() { (p, p) } else { (q, q) };
                 let live_v = get_path(live, lp);
                 let applied_v = get_path(applied, ap);
@@ -625,11 +664,16 @@ pub fn record_update(
     let old_set = old
         .map(|o| field_set(o, subresource, lists))
         .unwrap_or_default();
-    let changed: FieldSet = new_set
-        .iter()
-        .filter(|p| old.and_then(|o| get_path(o, p)) != get_path(new, p))
-        .cloned()
-        .collect();
+    // On create every field is new: no per-path lookups (a list-map lookup is linear
+    // in the list, so comparing path by path is quadratic for a 1,000-step Dag).
+    let changed: FieldSet = match old {
+        None => new_set.clone(),
+        Some(o) => new_set
+            .iter()
+            .filter(|p| get_path(o, p) != get_path(new, p))
+            .cloned()
+            .collect(),
+    };
     let removed: FieldSet = old_set.difference(&new_set).cloned().collect();
     if changed.is_empty() && removed.is_empty() {
         write_entries(new, &entries);
@@ -639,7 +683,7 @@ pub fn record_update(
         let before = e.fields.len();
         e.fields.retain(|q| {
             // drop changed fields (and related paths) and removed subtrees
-            !(changed.iter().any(|p| related(p, q)) || removed.iter().any(|r| q.starts_with(r)))
+            !(owns_related(&changed, q) || has_prefix_of(&removed, q))
         });
         if e.fields.len() != before {
             e.time = Some(now_rfc3339());
@@ -661,6 +705,33 @@ pub fn record_update(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn arb_path() -> impl Strategy<Value = Path> {
+        proptest::collection::vec(
+            prop_oneof![
+                (0..3u8).prop_map(|i| Seg::F(format!("f{i}"))),
+                (0..2u8).prop_map(|i| Seg::K(format!("k{i}"))),
+            ],
+            0..4,
+        )
+    }
+
+    proptest! {
+        /// The indexed prefix queries agree with a scan of the set.
+        #[test]
+        fn prefix_queries_match_a_scan(
+            set in proptest::collection::btree_set(arb_path(), 0..24),
+            p in arb_path(),
+        ) {
+            let related = |a: &Path, b: &Path| a.starts_with(b) || b.starts_with(a);
+            prop_assert_eq!(owns_related(&set, &p), set.iter().any(|q| related(&p, q)));
+            prop_assert_eq!(has_prefix_of(&set, &p), set.iter().any(|q| p.starts_with(q)));
+            let fast: Vec<&Path> = related_in(&set, &p).collect();
+            let slow: Vec<&Path> = set.iter().filter(|q| related(q, &p)).collect();
+            prop_assert_eq!(fast, slow);
+        }
+    }
 
     fn p(s: &str) -> Path {
         s.split('.').map(|x| Seg::F(x.to_string())).collect()

@@ -14,7 +14,7 @@
 //!   it is rebuilt from the Dag and its children (replaying their states), so the
 //!   controller is restartable from the store alone.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,23 +55,59 @@ struct DagRun {
     requeues: HashMap<String, u32>,
     cancelled: bool,
     started_at: Option<lattice_apis::meta::Time>,
-    /// When the Dag's status was last written (status writes are coalesced: the object
-    /// carries every step's spec, so writing it per step would be quadratic).
+    /// When the Dag's status was last handed to the writer (status writes are coalesced:
+    /// the object carries every step's spec, so writing it per step would be quadratic).
     last_status_write: Option<Instant>,
+    /// Writes non-terminal statuses in the background, so a large Dag's status write
+    /// never sits between a predecessor's end and its successor's release.
+    writer: Option<StatusWriter>,
     /// `<dag>-<step>` of every step, by position in `spec.allocations`.
     child_names: Vec<String>,
+    /// Step position by step name.
+    step_index: HashMap<String, usize>,
     /// Built from scratch (restart, leader change, error): replay what the record says.
     rebuilt: bool,
+    /// When every child was last looked at (between full passes only the steps that
+    /// changed, and those the engine acted on, are).
+    last_full: Option<Instant>,
 }
 
-/// Least time between two status writes of one Dag while its phase does not change.
-const STATUS_EVERY: Duration = Duration::from_secs(1);
+/// A full pass over every child at least this often (a safety net: the event filter
+/// marks each changed step, and deletions force a full pass).
+const FULL_EVERY: Duration = Duration::from_secs(30);
+
+/// Steps noted by the event filter since their Dag's last reconcile, by Dag uid.
+#[derive(Default)]
+struct Dirty {
+    names: HashMap<String, HashSet<String>>,
+    full: HashSet<String>,
+}
+
+impl Dirty {
+    /// Take what changed for `uid`: (whether a full pass is needed, changed child names).
+    fn take(m: &Mutex<Dirty>, uid: &str) -> (bool, HashSet<String>) {
+        let Ok(mut g) = m.lock() else {
+            return (true, HashSet::new());
+        };
+        let full = g.full.remove(uid);
+        (full, g.names.remove(uid).unwrap_or_default())
+    }
+}
+
+/// Least time between two status writes of one Dag while its phase does not change:
+/// a second, and 5 ms more per step, because a write costs O(size of the Dag) (the
+/// object carries every step's spec and state) and must not crowd out the releases.
+/// Steps show their own state live on their Allocations.
+fn status_every(steps: usize) -> Duration {
+    Duration::from_secs(1).max(Duration::from_millis(5) * steps as u32)
+}
 
 struct Ctx {
     api: Api<Allocation>,
     dags: Api<Dag>,
     allocations: Store<Allocation>,
     runs: Mutex<HashMap<String, Arc<tokio::sync::Mutex<DagRun>>>>,
+    dirty: Arc<Mutex<Dirty>>,
     limits: Limits,
     metrics: ControllerMetrics,
 }
@@ -85,18 +121,113 @@ pub fn register(
     host.register("dag", move |hc: HostContext| {
         let metrics = metrics.clone();
         async move {
-            let controller = hc.controller::<Dag>().owns::<Allocation>();
+            // A step's change matters only when something the engine or the children's
+            // reconciliation reads changed (phase, hold, cancel, requeues); a pending
+            // reason or a node report of a step does not wake its Dag. Neither does a
+            // status write of the Dag itself.
+            let digests: Mutex<HashMap<(String, String), u64>> = Mutex::new(HashMap::new());
+            let dirty = Arc::new(Mutex::new(Dirty::default()));
+            let noted = dirty.clone();
+            let controller = hc
+                .controller::<Dag>()
+                .predicate(dag_predicate)
+                .watches_events::<Allocation, _>(&Default::default(), move |ev| {
+                    step_event(&digests, &noted, ev)
+                });
             let ctx = Arc::new(Ctx {
                 api: Api::all(hc.client.clone()),
                 dags: Api::all(hc.client.clone()),
                 allocations: hc.factory.all::<Allocation>().store(),
                 runs: Mutex::new(HashMap::new()),
+                dirty,
                 limits,
                 metrics,
             });
             controller.run(reconcile, ctx).await;
         }
     });
+}
+
+/// What of a Dag wakes its reconcile: spec, deletion, finalizers and a cancel request
+/// (not its status, which this controller writes).
+fn dag_predicate(d: &Dag) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (
+        d.metadata.generation,
+        d.is_deleting(),
+        &d.metadata.finalizers,
+        d.metadata.annotations.get(CANCEL_ANNOTATION),
+    )
+        .hash(&mut h);
+    Some(h.finish())
+}
+
+/// The part of a step Allocation the DAG controller acts on.
+fn step_digest(a: &Allocation) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let st = a.status.as_ref();
+    (
+        a.phase(),
+        st.and_then(|s| s.exit_code),
+        st.map(|s| s.requeue_count + s.preemption_count),
+        a.metadata.annotations.contains_key(HOLD_ANNOTATION),
+        lifecycle::cancel_requested(a),
+        a.is_deleting(),
+        a.metadata.uid.as_deref(),
+    )
+        .hash(&mut h);
+    h.finish()
+}
+
+/// The Dag to reconcile for a step event, if the step changed in a way that matters.
+fn step_event(
+    digests: &Mutex<HashMap<(String, String), u64>>,
+    dirty: &Mutex<Dirty>,
+    ev: &lattice_runtime::informer::InformerEvent<Allocation>,
+) -> Vec<lattice_runtime::ObjectRef> {
+    use lattice_runtime::informer::InformerEvent;
+    let a = ev.object();
+    let Some(owner) = a
+        .controller_owner()
+        .filter(|o| o.kind == <Dag as lattice_apis::Resource>::KIND)
+    else {
+        return Vec::new();
+    };
+    let key = (
+        a.namespace().unwrap_or_default().to_string(),
+        a.name_any().to_string(),
+    );
+    let Ok(mut seen) = digests.lock() else {
+        return vec![lattice_runtime::ObjectRef::from_owner(owner, a.namespace())];
+    };
+    // Noted before the Dag is queued, so the reconcile this event causes sees it.
+    match ev {
+        InformerEvent::Deleted(_) => {
+            seen.remove(&key);
+            if let Ok(mut d) = dirty.lock() {
+                d.full.insert(owner.uid.clone());
+            }
+        }
+        InformerEvent::Applied(_) => {
+            let d = step_digest(a);
+            if seen.insert(key.clone(), d) == Some(d) {
+                return Vec::new();
+            }
+            if let Ok(mut d) = dirty.lock() {
+                d.names.entry(owner.uid.clone()).or_default().insert(key.1);
+            }
+        }
+    }
+    vec![lattice_runtime::ObjectRef::from_owner(owner, a.namespace())]
+}
+
+/// The cached child `name` of the Dag `uid`, if it is one.
+fn owned_child(ctx: &Ctx, ns: Option<&str>, name: &str, uid: &str) -> Option<Arc<Allocation>> {
+    ctx.allocations
+        .get_named(ns, name)
+        .filter(|c| c.owner_references().iter().any(|o| o.uid == uid))
 }
 
 fn step_of(a: &Allocation) -> Option<(String, Option<u64>)> {
@@ -125,6 +256,7 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
         if let Ok(mut g) = ctx.runs.lock() {
             g.remove(&uid);
         }
+        let _ = Dirty::take(&ctx.dirty, &uid);
         return Ok(Action::await_change());
     }
     let existing = ctx.runs.lock().ok().and_then(|g| g.get(&uid).cloned());
@@ -166,13 +298,22 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
                 cancelled: false,
                 started_at: dag.status.as_ref().and_then(|s| s.start_time),
                 last_status_write: None,
+                writer: None,
                 child_names: dag
                     .spec
                     .allocations
                     .iter()
                     .map(|t| child_name(&dag, &t.name, None))
                     .collect(),
+                step_index: dag
+                    .spec
+                    .allocations
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (t.name.clone(), i))
+                    .collect(),
                 rebuilt: true,
+                last_full: None,
             }));
             if let Ok(mut g) = ctx.runs.lock() {
                 g.entry(uid.clone()).or_insert(r).clone()
@@ -214,18 +355,49 @@ async fn drive(
     // Roots (idempotent: only the first call releases anything).
     let mut actions = run.engine.start();
     run.started_at.get_or_insert_with(now);
+    let dag_cancelled = dag
+        .metadata
+        .annotations
+        .get(CANCEL_ANNOTATION)
+        .is_some_and(|v| v == "true");
+
+    // Which children to look at: all of them in a full pass (after a rebuild, a deleted
+    // step, a cancel, or every FULL_EVERY), otherwise only those the event filter noted
+    // as changed, so one step's transition costs O(its edges), not O(steps).
+    let (forced, changed) = Dirty::take(&ctx.dirty, uid);
+    let full = forced
+        || run.rebuilt
+        || dag_cancelled
+        || run.last_full.is_none_or(|t| t.elapsed() >= FULL_EVERY);
+    let ns = dag.namespace();
+    let children: Vec<Arc<Allocation>> = if full {
+        run.last_full = Some(Instant::now());
+        ctx.allocations.by_owner_uid(uid)
+    } else {
+        changed
+            .iter()
+            .filter_map(|n| owned_child(ctx, ns, n, uid))
+            .collect()
+    };
+    let by_name: HashMap<&str, &Arc<Allocation>> =
+        children.iter().map(|c| (c.name_any(), c)).collect();
+    // A child by name: in a full pass `by_name` has them all; otherwise from the cache.
+    let lookup = |name: &str| -> Option<Arc<Allocation>> {
+        match by_name.get(name) {
+            Some(c) => Some((*c).clone()),
+            None if full => None,
+            None => owned_child(ctx, ns, name, uid),
+        }
+    };
 
     // Feed each child's transitions to the engine, once each. After a restart the engine
     // starts from scratch: children are replayed in passes until nothing more applies (a
     // step's events only apply once its predecessors' have). A step whose child is gone
     // but whose end the Dag's status recorded is replayed from that record.
-    let children = ctx.allocations.by_owner_uid(uid);
-    let by_name: HashMap<&str, &Arc<Allocation>> =
-        children.iter().map(|c| (c.name_any(), c)).collect();
     let recorded = dag.status.as_ref().map(|s| &s.tasks);
     // Replaying from the record is only needed after a rebuild, or when a child we saw
     // has disappeared; otherwise every step's child is there to be fed.
-    let mut check_missing = run.rebuilt || run.seen.len() > children.len();
+    let mut check_missing = full && (run.rebuilt || run.seen.len() > children.len());
     run.rebuilt = false;
     loop {
         let mut progress = false;
@@ -276,18 +448,13 @@ async fn drive(
         if !progress {
             break;
         }
-        check_missing = true;
+        check_missing = full;
     }
     for c in &children {
         if !run.seen.contains_key(c.name_any()) {
             run.seen.insert(c.name_any().to_string(), Seen::Created);
         }
     }
-    let dag_cancelled = dag
-        .metadata
-        .annotations
-        .get(CANCEL_ANNOTATION)
-        .is_some_and(|v| v == "true");
     if dag_cancelled && !run.cancelled {
         actions.extend(run.engine.cancel_dag());
         run.cancelled = true;
@@ -305,7 +472,20 @@ async fn drive(
             released += 1;
         }
     }
-    released += ensure_children(ctx, dag, run, &by_name).await?;
+    // The steps to reconcile: all of them in a full pass, otherwise the changed
+    // children's steps and those the engine acted on.
+    let steps: Option<HashSet<usize>> = (!full).then(|| {
+        let named = children
+            .iter()
+            .filter_map(|c| c.labels().get(DAG_STEP_LABEL))
+            .chain(actions.iter().map(|a| match a {
+                DagAction::Release { step, .. } | DagAction::Cancel { step, .. } => step,
+            }));
+        named
+            .filter_map(|step| run.step_index.get(step.as_str()).copied())
+            .collect()
+    });
+    released += ensure_children(ctx, dag, run, uid, steps.as_ref(), &lookup).await?;
     // Steps that were running when the engine cancelled them: stop them (their terminal
     // event then completes the cancellation). A cancelled DAG stops every child.
     let api = ctx.api.within(dag.namespace());
@@ -316,8 +496,8 @@ async fn drive(
             reason,
         } = a
         {
-            if let Some(c) = by_name.get(child_name(dag, step, *index).as_str()) {
-                cancel_child(&api, c, &cancel_message(reason)).await?;
+            if let Some(c) = lookup(child_name(dag, step, *index).as_str()) {
+                cancel_child(&api, &c, &cancel_message(reason)).await?;
             }
         }
     }
@@ -332,26 +512,92 @@ async fn drive(
             .dag_release_latency
             .observe(begun.elapsed().as_secs_f64());
     }
-    // The status: at once when the phase changes, otherwise at most every STATUS_EVERY.
+    // The status: at once when the phase changes, otherwise at most every status_every.
+    let every = status_every(dag.spec.allocations.len());
     let phase_now = status_phase(run);
     let phase_before = dag.status.as_ref().map(|s| s.phase);
     if phase_before == Some(phase_now) {
         if let Some(at) = run.last_status_write {
             let since = at.elapsed();
-            if since < STATUS_EVERY {
-                return Ok((false, Some(STATUS_EVERY - since)));
+            if since < every {
+                return Ok((false, Some(every - since)));
             }
         }
     }
-    let status = status_of(run, dag, &children);
+    let status = status_of(run, dag, &lookup);
     let terminal = matches!(
         status.phase,
         DagPhase::Completed | DagPhase::Failed | DagPhase::Cancelled
     );
-    if write_status(ctx, dag, status).await? {
-        run.last_status_write = Some(Instant::now());
+    if terminal {
+        // The last word: let a background write in flight land first, then write this
+        // one here, so a stale Running status can never follow it.
+        if let Some(w) = run.writer.take() {
+            w.finish().await;
+        }
+        write_status(ctx, dag, status).await?;
+    } else {
+        let writer = run
+            .writer
+            .get_or_insert_with(|| StatusWriter::start(ctx.dags.within(dag.namespace()), dag));
+        writer.send(status);
     }
+    run.last_status_write = Some(Instant::now());
     Ok((terminal, None))
+}
+
+/// A background task writing a Dag's latest status; values sent while a write is in
+/// flight are coalesced into the next one.
+struct StatusWriter {
+    tx: tokio::sync::watch::Sender<Option<DagStatus>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StatusWriter {
+    fn start(api: Api<Dag>, dag: &Dag) -> Self {
+        let (tx, mut rx) = tokio::sync::watch::channel::<Option<DagStatus>>(None);
+        let name = dag.name_any().to_string();
+        let mut written = dag.status.clone();
+        let task = tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let Some(status) = rx.borrow_and_update().clone() else {
+                    continue;
+                };
+                if written.as_ref() == Some(&status) {
+                    continue;
+                }
+                let patch = match serde_json::to_value(&status) {
+                    Ok(v) => Patch::Merge(json!({ "status": v })),
+                    Err(e) => {
+                        tracing::warn!(dag = %name, error = %e, "DAG status not serializable");
+                        continue;
+                    }
+                };
+                match api
+                    .patch_status(&name, &PatchParams::default(), &patch)
+                    .await
+                {
+                    Ok(_) => written = Some(status),
+                    Err(e) if e.is_not_found() => return,
+                    // The next status sent (every reconcile of a running DAG sends one)
+                    // carries the same or newer content.
+                    Err(e) => tracing::debug!(dag = %name, error = %e, "DAG status write failed"),
+                }
+            }
+        });
+        StatusWriter { tx, task }
+    }
+
+    fn send(&self, status: DagStatus) {
+        self.tx.send_replace(Some(status));
+    }
+
+    /// Stop after the write in flight (if any); pending values are dropped.
+    async fn finish(self) {
+        self.tx.send_replace(None);
+        drop(self.tx);
+        let _ = self.task.await;
+    }
 }
 
 /// Make every child match the engine: a released plain step exists without hold, a
@@ -361,29 +607,35 @@ async fn ensure_children(
     ctx: &Ctx,
     dag: &Dag,
     run: &DagRun,
-    children: &HashMap<&str, &Arc<Allocation>>,
+    uid: &str,
+    steps: Option<&HashSet<usize>>,
+    lookup: &(dyn Fn(&str) -> Option<Arc<Allocation>> + Sync),
 ) -> Result<u64, anyhow::Error> {
     use futures::future::BoxFuture;
     use futures::{FutureExt, StreamExt};
     let api = ctx.api.within(dag.namespace());
     let mut work: Vec<BoxFuture<'_, Result<u64, anyhow::Error>>> = Vec::new();
     for (i, task) in dag.spec.allocations.iter().enumerate() {
+        if steps.is_some_and(|s| !s.contains(&i)) {
+            continue;
+        }
         let state = run.engine.state(&task.name);
         if task.spec.task_group.is_some() {
             if let Some(StepState::Cancelled { reason }) = state {
-                for c in children.values() {
-                    if c.labels().get(DAG_STEP_LABEL) == Some(&task.name) {
-                        let (api, c, why) = (api.clone(), (*c).clone(), cancel_message(reason));
-                        work.push(
-                            async move { cancel_child(&api, &c, &why).await.map(|_| 0) }.boxed(),
-                        );
-                    }
+                let elements = ctx.allocations.by_label(DAG_STEP_LABEL, &task.name);
+                for c in elements
+                    .into_iter()
+                    .filter(|c| c.owner_references().iter().any(|o| o.uid == uid))
+                {
+                    let (api, why) = (api.clone(), cancel_message(reason));
+                    work.push(async move { cancel_child(&api, &c, &why).await.map(|_| 0) }.boxed());
                 }
             }
             continue;
         }
         let name = run.child_names[i].as_str();
-        let child = children.get(name);
+        let child = lookup(name);
+        let child = child.as_ref();
         match state {
             Some(StepState::Pending | StepState::Running) => match child {
                 None if !run.seen.contains_key(name) => {
@@ -677,10 +929,12 @@ fn cancel_message(r: &CancelReason) -> String {
     }
 }
 
-fn status_of(run: &DagRun, dag: &Dag, children: &[Arc<Allocation>]) -> DagStatus {
+fn status_of(
+    run: &DagRun,
+    dag: &Dag,
+    lookup: &dyn Fn(&str) -> Option<Arc<Allocation>>,
+) -> DagStatus {
     let engine = run.engine.status();
-    let by_name: HashMap<&str, &Arc<Allocation>> =
-        children.iter().map(|c| (c.name_any(), c)).collect();
     let mut tasks = BTreeMap::new();
     let mut counts = DagCounts {
         total: engine.counts.total,
@@ -688,11 +942,14 @@ fn status_of(run: &DagRun, dag: &Dag, children: &[Arc<Allocation>]) -> DagStatus
     };
     for s in &engine.steps {
         let alloc_name = child_name(dag, &s.name, None);
-        let child = if s.elements.is_none() {
-            by_name.get(alloc_name.as_str()).copied()
-        } else {
-            None
+        // Only running steps show their child's phase and message.
+        let child = match s.state {
+            StepState::Pending | StepState::Running if s.elements.is_none() => {
+                lookup(alloc_name.as_str())
+            }
+            _ => None,
         };
+        let child = child.as_ref();
         let (phase, reason, message) = match &s.state {
             StepState::Waiting | StepState::Queued => (DagTaskPhase::Waiting, None, None),
             StepState::Pending | StepState::Running => {

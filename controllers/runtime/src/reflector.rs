@@ -14,13 +14,15 @@ use tokio::sync::watch;
 
 use crate::resource::{ObjectRef, ResourceExt};
 
-type Index = HashMap<String, HashSet<ObjectRef>>;
+/// Index key → the objects under it (the same `Arc`s as the cache, so a lookup is one
+/// hash probe plus clones, not a second probe per object).
+type Index<K> = HashMap<String, HashMap<ObjectRef, Arc<K>>>;
 
 struct Inner<K> {
     objects: HashMap<ObjectRef, Arc<K>>,
-    by_owner: Index,
-    by_node: Index,
-    by_label: Index,
+    by_owner: Index<K>,
+    by_node: Index<K>,
+    by_label: Index<K>,
 }
 
 impl<K> Default for Inner<K> {
@@ -65,13 +67,15 @@ fn label_key(k: &str, v: &str) -> String {
     format!("{k}={v}")
 }
 
-fn index_add(idx: &mut Index, keys: &[String], r: &ObjectRef) {
+fn index_add<K>(idx: &mut Index<K>, keys: &[String], r: &ObjectRef, obj: &Arc<K>) {
     for k in keys {
-        idx.entry(k.clone()).or_default().insert(r.clone());
+        idx.entry(k.clone())
+            .or_default()
+            .insert(r.clone(), obj.clone());
     }
 }
 
-fn index_remove(idx: &mut Index, keys: &[String], r: &ObjectRef) {
+fn index_remove<K>(idx: &mut Index<K>, keys: &[String], r: &ObjectRef) {
     for k in keys {
         if let Some(set) = idx.get_mut(k) {
             set.remove(r);
@@ -171,15 +175,11 @@ impl<K: Resource + Send + Sync + 'static> Store<K> {
         self.len() == 0
     }
 
-    fn lookup(&self, pick: impl Fn(&Inner<K>) -> &Index, key: &str) -> Vec<Arc<K>> {
+    fn lookup(&self, pick: impl Fn(&Inner<K>) -> &Index<K>, key: &str) -> Vec<Arc<K>> {
         let g = read(&self.inner);
         pick(&g)
             .get(key)
-            .map(|set| {
-                set.iter()
-                    .filter_map(|r| g.objects.get(r).cloned())
-                    .collect()
-            })
+            .map(|set| set.values().cloned().collect())
             .unwrap_or_default()
     }
 
@@ -252,9 +252,9 @@ impl<K: Resource + Send + Sync + 'static> Writer<K> {
             index_remove(&mut g.by_node, &k.nodes, &r);
             index_remove(&mut g.by_label, &k.labels, &r);
         }
-        index_add(&mut g.by_owner, &new_keys.owners, &r);
-        index_add(&mut g.by_node, &new_keys.nodes, &r);
-        index_add(&mut g.by_label, &new_keys.labels, &r);
+        index_add(&mut g.by_owner, &new_keys.owners, &r, &obj);
+        index_add(&mut g.by_node, &new_keys.nodes, &r, &obj);
+        index_add(&mut g.by_label, &new_keys.labels, &r, &obj);
         Applied::Upserted(obj)
     }
 

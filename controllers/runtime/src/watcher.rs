@@ -260,8 +260,9 @@ impl<K: Resource + Send + Sync + 'static> Run<K> {
                 None => break,
             }
         }
-        self.send(Event::InitDone).await?;
+        // Counted before InitDone goes out: a consumer that saw InitDone sees the count.
         self.health.send_modify(|h| h.lists += 1);
+        self.send(Event::InitDone).await?;
         Ok(rv.unwrap_or_default())
     }
 
