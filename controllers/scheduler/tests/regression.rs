@@ -48,12 +48,22 @@ fn unfair_tenant_is_held_to_its_share() {
         fair.max_share_deviation,
         easy.max_share_deviation
     );
+    // The bar: Jain's index over actual/target shares >= 0.95, with utilization
+    // within 2 % of EASY.
+    assert!(fair.jain_index >= 0.95, "Jain {:.4}", fair.jain_index);
+    assert!(
+        fair.utilization >= easy.utilization - 0.02,
+        "utilization {:.4} vs EASY {:.4}",
+        fair.utilization,
+        easy.utilization
+    );
     // The trace really is unfair: plain EASY lets the heavy tenant take far more.
     assert!(
         easy.max_share_deviation > 0.2,
         "EASY deviation {:.4}",
         easy.max_share_deviation
     );
+    assert!(easy.jain_index < 0.8, "EASY Jain {:.4}", easy.jain_index);
 }
 
 #[test]

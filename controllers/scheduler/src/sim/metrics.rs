@@ -29,8 +29,13 @@ pub struct Report {
     pub avg_wait_s: f64,
     pub avg_bounded_slowdown: f64,
     pub wait_by_class: BTreeMap<u8, WaitStats>,
-    /// Jain's index over tenants' mean bounded slowdowns (1 = all tenants treated alike).
+    /// Jain's index over tenants' actual/target share ratios (the seed's "actual share
+    /// vs. target share per tenant"; shares as for `max_share_deviation`). 1 = every
+    /// tenant got exactly its target.
     pub jain_index: f64,
+    /// Jain's index over tenants' mean bounded slowdowns (1 = every tenant waited alike
+    /// relative to its job lengths).
+    pub slowdown_jain_index: f64,
     /// max |contended share − target share| over tenants (see README).
     pub max_share_deviation: f64,
     pub backfilled: u64,
@@ -124,7 +129,8 @@ impl Report {
                 0.0
             },
             wait_by_class,
-            jain_index: jain(&tenant_bsld),
+            jain_index: jain(&share_ratios(w, &r.contended_node_seconds)),
+            slowdown_jain_index: jain(&tenant_bsld),
             max_share_deviation: share_deviation(w, &r.contended_node_seconds),
             backfilled: r.backfills,
             preemptions: r.preemptions,
@@ -151,7 +157,8 @@ impl Report {
                 w.jobs, w.p50_s, w.p95_s, w.p99_s
             );
         }
-        let _ = writeln!(s, "jain index (tenants)   {:.4}", self.jain_index);
+        let _ = writeln!(s, "jain index (shares)    {:.4}", self.jain_index);
+        let _ = writeln!(s, "jain index (slowdown)  {:.4}", self.slowdown_jain_index);
         let _ = writeln!(s, "max share deviation    {:.4}", self.max_share_deviation);
         let _ = writeln!(s, "backfilled             {}", self.backfilled);
         let _ = writeln!(s, "preemptions            {}", self.preemptions);
@@ -164,9 +171,26 @@ impl Report {
 /// Targets are the tenants' `target_share`s, renormalised over tenants that ran work; without
 /// targets every such tenant's target is an equal share.
 fn share_deviation(w: &Workload, contended: &HashMap<TenantId, f64>) -> f64 {
+    shares(w, contended)
+        .into_iter()
+        .map(|(actual, target)| (actual - target).abs())
+        .fold(0.0, f64::max)
+}
+
+/// actual / target share per tenant (the inputs of the share Jain index).
+fn share_ratios(w: &Workload, contended: &HashMap<TenantId, f64>) -> Vec<f64> {
+    shares(w, contended)
+        .into_iter()
+        .filter(|(_, target)| *target > 0.0)
+        .map(|(actual, target)| actual / target)
+        .collect()
+}
+
+/// (actual, target) share per tenant that ran work while others waited, by tenant id.
+fn shares(w: &Workload, contended: &HashMap<TenantId, f64>) -> Vec<(f64, f64)> {
     let total: f64 = contended.values().sum();
     if total <= 0.0 {
-        return 0.0;
+        return Vec::new();
     }
     let mut ids: Vec<TenantId> = contended.keys().copied().collect();
     ids.sort_unstable();
@@ -185,7 +209,7 @@ fn share_deviation(w: &Workload, contended: &HashMap<TenantId, f64>) -> f64 {
             } else {
                 1.0 / ids.len() as f64
             };
-            (actual - target).abs()
+            (actual, target)
         })
-        .fold(0.0, f64::max)
+        .collect()
 }
