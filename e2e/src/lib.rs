@@ -346,3 +346,13 @@ impl Cluster {
         out
     }
 }
+
+/// The `p` quantile (0..=1) of `v` by nearest rank on the sorted values; 0 when empty.
+/// Sorts `v` in place.
+pub fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}

@@ -106,26 +106,50 @@ fn user_env(cmd: &mut Command, home: &Path) {
     cmd.env("HOME", home).env("USER", "tester");
 }
 
-/// The `lattice` binary pointed at one cluster, with its own HOME and working directory.
+/// The `lattice` binary pointed at one cluster (one this test started with [`Cluster`],
+/// or one `lattice up --detach` started), with its own HOME and working directory.
 struct Cli<'a> {
-    c: &'a Cluster,
+    url: String,
+    token: String,
+    /// The cluster's process logs, for failure messages.
+    logs_fn: Box<dyn Fn() -> String + 'a>,
     home: PathBuf,
     work: PathBuf,
 }
 
 impl<'a> Cli<'a> {
     fn new(c: &'a Cluster) -> Cli<'a> {
-        let home = c.dir.join("home");
-        let work = c.dir.join("work");
+        Cli::at(&c.dir, c.url(), c.token(), Box::new(|| c.logs()))
+    }
+
+    /// A user of the cluster at `url`, with HOME and working directory under `dir`.
+    fn at(
+        dir: &Path,
+        url: String,
+        token: String,
+        logs_fn: Box<dyn Fn() -> String + 'a>,
+    ) -> Cli<'a> {
+        let home = dir.join("home");
+        let work = dir.join("work");
         std::fs::create_dir_all(&home).expect("home");
         std::fs::create_dir_all(&work).expect("work");
-        Cli { c, home, work }
+        Cli {
+            url,
+            token,
+            logs_fn,
+            home,
+            work,
+        }
+    }
+
+    fn logs(&self) -> String {
+        (self.logs_fn)()
     }
 
     fn env(&self, cmd: &mut Command) {
         user_env(cmd, &self.home);
-        cmd.env("LATTICE_API_URL", self.c.url())
-            .env("LATTICE_TOKEN", self.c.token())
+        cmd.env("LATTICE_API_URL", &self.url)
+            .env("LATTICE_TOKEN", &self.token)
             .current_dir(&self.work);
     }
 
@@ -143,7 +167,7 @@ impl<'a> Cli<'a> {
             panic!(
                 "lattice {args:?} still running after {limit:?}:\n{}\n{}",
                 r.show(),
-                self.c.logs()
+                self.logs()
             );
         }
         r
@@ -157,7 +181,7 @@ impl<'a> Cli<'a> {
     fn ok(&self, args: &[&str]) -> String {
         let r = self.run(args);
         if r.code != Some(0) {
-            panic!("lattice {args:?} failed:\n{}\n{}", r.show(), self.c.logs());
+            panic!("lattice {args:?} failed:\n{}\n{}", r.show(), self.logs());
         }
         r.out
     }
@@ -177,7 +201,7 @@ impl<'a> Cli<'a> {
             panic!(
                 "bash script timed out:\n{script}\n{}\n{}",
                 r.show(),
-                self.c.logs()
+                self.logs()
             );
         }
         r
@@ -190,7 +214,7 @@ impl<'a> Cli<'a> {
             panic!(
                 "bash script failed:\n{script}\n{}\n{}",
                 r.show(),
-                self.c.logs()
+                self.logs()
             );
         }
         r.out
@@ -212,7 +236,7 @@ impl<'a> Cli<'a> {
             if Instant::now() > deadline {
                 panic!(
                     "timed out after {limit:?} waiting for {what}\n{}",
-                    self.c.logs()
+                    self.logs()
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -237,7 +261,7 @@ impl<'a> Cli<'a> {
                 panic!(
                     "{id}: timed out after {limit:?} waiting for {what}; status {}\n{}",
                     a["status"],
-                    self.c.logs()
+                    self.logs()
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -557,11 +581,24 @@ fn batch_scripts_with_sbatch_directives() {
 #[test]
 fn slurm_aliases_sbatch_squeue_scancel_sacct_dependencies_arrays() {
     let dir = tempfile::tempdir().unwrap();
-    // Four nodes, so that a concurrency limit of 2 is the scheduler's doing, not the
-    // cluster's size; SLURM_* variables on.
-    let c = Cluster::start(dir.path(), 4, &[], &["--slurm-env"]);
-    let cli = Cli::new(&c);
+    // A cluster from `lattice up --detach` (stopped by `lattice down` when `up` drops),
+    // with four nodes, so that a concurrency limit of 2 is the scheduler's doing, not the
+    // cluster's size. Its agents run without `--slurm-env`: the SLURM_* variables come
+    // from the site's lattice-compat.yaml (`set_slurm_env: true`), through the
+    // `lattice.dev/set-slurm-env` annotation `sbatch` writes on each job.
+    let up = up_detached(dir.path(), 4);
+    let cli = Cli::at(
+        dir.path(),
+        up.url.clone(),
+        up.token.clone(),
+        Box::new(|| logs_of(&up.data)),
+    );
     cli.wait_nodes_ready(4);
+    cli.write(
+        "lattice-compat.yaml",
+        "# site mapping\nset_slurm_env: true\n",
+    );
+    cli.write("off.yaml", "set_slurm_env: false\n");
     let marks = dir.path().join("marks");
     std::fs::create_dir_all(&marks).unwrap();
     let m = marks.display().to_string();
@@ -623,25 +660,41 @@ fn slurm_aliases_sbatch_squeue_scancel_sacct_dependencies_arrays() {
         "first.sh",
         &format!(
             "#!/bin/sh\n#SBATCH --job-name=first\n\
-             date +%s.%N > {m}/first.start\nsleep 3\ndate +%s.%N > {m}/first.end\n"
+             date +%s.%N > {m}/first.start\n\
+             echo \"${{SLURM_JOB_ID:-unset}} ${{SLURM_JOBID:-unset}} ${{SLURM_NNODES:-unset}} ${{SLURM_JOB_NAME:-unset}}\" > {m}/first.env\n\
+             sleep 3\ndate +%s.%N > {m}/first.end\n"
         ),
     );
     cli.write(
         "second.sh",
         &format!("#!/bin/sh\n#SBATCH --job-name=second\ndate +%s.%N > {m}/second.start\n"),
     );
+    // A control job submitted with a site file that leaves SLURM_* off: the agents do
+    // not set them by themselves.
+    cli.write(
+        "plain.sh",
+        &format!(
+            "#!/bin/sh\n#SBATCH --job-name=plain\n\
+             echo \"${{SLURM_JOB_ID:-unset}} ${{SLURM_NNODES:-unset}} ${{LATTICE_ALLOC_ID:-unset}}\" > {m}/plain.env\n"
+        ),
+    );
     let out = cli.slurm_ok(
         "a=$(sbatch --parsable first.sh)\n\
          b=$(sbatch --parsable --dependency=afterok:$a second.sh)\n\
-         echo \"$a $b\"\n\
+         p=$(LATTICE_COMPAT_CONFIG=off.yaml sbatch --parsable plain.sh)\n\
+         echo \"$a $b $p\"\n\
          squeue -h -o '%i %t'",
     );
-    let (a, b) = out
+    let (a, b, p) = match out
         .lines()
         .next()
-        .and_then(|l| l.split_once(' '))
-        .map(|(a, b)| (a.to_string(), b.trim().to_string()))
-        .unwrap_or_else(|| panic!("{out}"));
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect::<Vec<_>>()[..]
+    {
+        [a, b, p] => (a.to_string(), b.to_string(), p.to_string()),
+        _ => panic!("{out}"),
+    };
     assert!(
         out.lines().any(|l| l.trim() == format!("{b} PD")),
         "the dependent job is pending while the first runs:\n{out}"
@@ -664,6 +717,25 @@ fn slurm_aliases_sbatch_squeue_scancel_sacct_dependencies_arrays() {
             "sacct:\n{out}"
         );
     }
+    // SLURM_* came from the annotation the site file had `sbatch` write.
+    let ann =
+        |id: &str| cli.alloc(id)["metadata"]["annotations"]["lattice.dev/set-slurm-env"].clone();
+    assert_eq!(ann(&a), "true", "{}", cli.alloc(&a)["metadata"]);
+    let env = std::fs::read_to_string(marks.join("first.env")).expect("first.env");
+    assert_eq!(
+        env.trim(),
+        format!("{a} {a} 1 first"),
+        "SLURM_JOB_ID SLURM_JOBID SLURM_NNODES SLURM_JOB_NAME of {a}"
+    );
+    let plain = cli.wait_terminal(&p);
+    assert_eq!(phase(&plain), "Completed", "{}", plain["status"]);
+    assert_eq!(ann(&p), Value::Null, "{}", plain["metadata"]);
+    let env = std::fs::read_to_string(marks.join("plain.env")).expect("plain.env");
+    assert_eq!(
+        env.trim(),
+        format!("unset unset {p}"),
+        "SLURM_JOB_ID SLURM_NNODES LATTICE_ALLOC_ID of {p}, submitted with set_slurm_env: false"
+    );
 
     // --- a job array: 6 elements, at most 2 at a time, with their indices.
     cli.write(
@@ -686,7 +758,7 @@ fn slurm_aliases_sbatch_squeue_scancel_sacct_dependencies_arrays() {
     for i in 0..6 {
         let p = marks.join(format!("task.{i}"));
         let t = std::fs::read_to_string(&p)
-            .unwrap_or_else(|e| panic!("array element {i} left no marker ({e})\n{}", c.logs()));
+            .unwrap_or_else(|e| panic!("array element {i} left no marker ({e})\n{}", cli.logs()));
         let f: Vec<&str> = t.split_whitespace().collect();
         assert_eq!(f.len(), 5, "{t:?}");
         assert_eq!(
@@ -977,6 +1049,81 @@ fn up_cmd(home: &Path, cwd: &Path, args: &[&str]) -> Command {
     user_env(&mut cmd, home);
     cmd.env("PATH", "/usr/local/bin:/usr/bin:/bin");
     cmd
+}
+
+/// A cluster `lattice up --detach` started; `lattice down` stops it when this drops.
+struct Up {
+    data: PathBuf,
+    url: String,
+    token: String,
+    _down: Down,
+}
+
+/// `lattice up --detach --agents N` with its data in `DIR/cluster`, run as a user with
+/// HOME `DIR/home` from `DIR`; returns once it reports the cluster up.
+fn up_detached(dir: &Path, agents: usize) -> Up {
+    let home = dir.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let data = dir.join("cluster");
+    let down = Down(data.clone());
+    let addr = format!("127.0.0.1:{}", free_port());
+    let (data_s, n) = (data.display().to_string(), agents.to_string());
+    let r = exec(
+        up_cmd(
+            &home,
+            dir,
+            &[
+                "up",
+                "--agents",
+                &n,
+                "--detach",
+                "--data-dir",
+                &data_s,
+                "--api-addr",
+                &addr,
+                "--timeout",
+                "120",
+            ],
+        ),
+        Duration::from_secs(180),
+    );
+    assert_eq!(r.code, Some(0), "{}\n{}", r.show(), logs_of(&data));
+    let up: Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("up.json")).expect("up.json"))
+            .expect("up.json is JSON");
+    let url = up["api_url"].as_str().expect("api_url").to_string();
+    assert_eq!(url, format!("http://{addr}"), "{up}");
+    let token_file = up["token_file"].as_str().expect("token_file");
+    let token = std::fs::read_to_string(token_file)
+        .unwrap_or_else(|e| panic!("{token_file}: {e}"))
+        .trim()
+        .to_string();
+    // The agents run with `lattice up`'s arguments only (no `--slurm-env`, say).
+    let agent_pids: Vec<i64> = up["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with("node-")))
+        .filter_map(|p| p["pid"].as_i64())
+        .collect();
+    assert_eq!(agent_pids.len(), agents, "{up}");
+    for pid in agent_pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<_> = cmdline
+            .split(|b| *b == 0)
+            .map(String::from_utf8_lossy)
+            .collect();
+        assert!(
+            args.iter().any(|a| a == "--node-id") && !args.iter().any(|a| a.contains("slurm")),
+            "agent {pid}: {args:?}"
+        );
+    }
+    Up {
+        data,
+        url,
+        token,
+        _down: down,
+    }
 }
 
 fn logs_of(data: &Path) -> String {

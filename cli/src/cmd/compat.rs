@@ -573,16 +573,11 @@ async fn sacct(
             let q = Query::from_status(ctx, &sa)?;
             let mut items = status::fetch(ctx, &q, err).await?.0;
             let now = ctx.now();
-            let since = inv
-                .since
-                .as_deref()
-                .map(|v| workload::parse_when("--starttime", v, now))
-                .transpose()?;
-            let until = inv
-                .until
-                .as_deref()
-                .map(|v| workload::parse_when("--endtime", v, now))
-                .transpose()?;
+            let (since, until) = workload::parse_window(
+                ("--starttime", inv.since.as_deref()),
+                ("--endtime", inv.until.as_deref()),
+                now,
+            )?;
             items.retain(|a| active_between(a, since, until, now));
             items
         }

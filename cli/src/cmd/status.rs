@@ -626,16 +626,11 @@ pub async fn history(
     err: &mut dyn Write,
 ) -> Result<i32, CliError> {
     let now = ctx.now();
-    let since = args
-        .since
-        .as_deref()
-        .map(|v| workload::parse_when("--since", v, now))
-        .transpose()?;
-    let until = args
-        .until
-        .as_deref()
-        .map(|v| workload::parse_when("--until", v, now))
-        .transpose()?;
+    let (since, until) = workload::parse_window(
+        ("--since", args.since.as_deref()),
+        ("--until", args.until.as_deref()),
+        now,
+    )?;
     let states = StateFilter::parse(&args.state, &["completed", "failed", "cancelled"], &[])?;
     let owner = Owner::from_flags(args.all, args.user.as_deref(), ctx.user());
     let items = history_items(ctx, &owner, &states, since, until).await?;

@@ -256,6 +256,20 @@ impl StateFilter {
 
 /// Parses a point in time: RFC 3339, a date `YYYY-MM-DD` (midnight UTC), `now`, or a
 /// duration ago (`10m`, `2h`, `7d`).
+/// A time window `[since, until]` from two optional flags (`(flag name, value)`), each
+/// parsed with [`parse_when`].
+pub type Window = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+
+/// Parse both ends of a time window.
+pub fn parse_window(
+    since: (&str, Option<&str>),
+    until: (&str, Option<&str>),
+    now: DateTime<Utc>,
+) -> Result<Window, CliError> {
+    let one = |(flag, v): (&str, Option<&str>)| v.map(|v| parse_when(flag, v, now)).transpose();
+    Ok((one(since)?, one(until)?))
+}
+
 pub fn parse_when(flag: &str, v: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, CliError> {
     let t = v.trim();
     if t.eq_ignore_ascii_case("now") {

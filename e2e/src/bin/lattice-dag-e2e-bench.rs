@@ -79,14 +79,6 @@ fn fan(name: &str, tenant: &str, n: usize) -> Value {
            "metadata": {"name": name, "namespace": tenant}, "spec": {"allocations": steps}})
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Args::parse().mode {
@@ -148,11 +140,11 @@ async fn in_process(n: usize) -> anyhow::Result<()> {
     println!("RESULT release_controller_steps={n}");
     println!(
         "RESULT release_controller_p50_ms={:.2}",
-        pct(&mut lat, 0.50)
+        lattice_e2e::percentile(&mut lat, 0.50)
     );
     println!(
         "RESULT release_controller_p99_ms={:.2}",
-        pct(&mut lat, 0.99)
+        lattice_e2e::percentile(&mut lat, 0.99)
     );
     println!(
         "RESULT release_controller_total_s={:.2}",

@@ -34,14 +34,6 @@ struct Args {
     clients: usize,
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -193,11 +185,11 @@ async fn main() -> anyhow::Result<()> {
     println!("RESULT placements_total_s_{tag}={took:.2}");
     println!(
         "RESULT bind_latency_p50_ms_{tag}={:.1}",
-        pct(&mut lat, 0.50)
+        lattice_e2e::percentile(&mut lat, 0.50)
     );
     println!(
         "RESULT bind_latency_p99_ms_{tag}={:.1}",
-        pct(&mut lat, 0.99)
+        lattice_e2e::percentile(&mut lat, 0.99)
     );
     Ok(())
 }
