@@ -946,6 +946,62 @@ async fn dag_validation_and_apply_short_form() {
     assert_eq!(r.code, 0, "{}", r.err);
 }
 
+/// The DAG size limit is the server's (`lattice-server --max-dag-size`): the CLI posts a
+/// DAG over the default 1,000 steps and lets the server decide; offline it only warns.
+#[tokio::test]
+async fn dag_submit_leaves_the_size_limit_to_the_server() {
+    let f = start().await;
+    let big = |name: &str, n: usize| {
+        let mut y = format!("name: {name}\nallocations:\n");
+        for i in 0..n {
+            y.push_str(&format!("  - name: s{i}\n    entrypoint: /bin/true\n"));
+            if i > 0 {
+                y.push_str(&format!("    depends_on: [{{s{}: success}}]\n", i - 1));
+            }
+        }
+        y
+    };
+    let r = run_with(&f.url, &["dag", "submit", "-"], &big("big", 1001), None).await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    assert_eq!(r.out, "Submitted DAG big with 1001 allocations\n");
+    assert!(f.get("dags", "default", "big").is_some());
+    // --dry-run=client: no server to ask, a warning against the default limit.
+    let r = run_with(
+        "http://127.0.0.1:9",
+        &["dag", "submit", "--dry-run=client", "-", "-o", "json"],
+        &big("big", 1001),
+        None,
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    assert!(
+        r.err
+            .starts_with("Warning: DAG exceeds maximum size (1001 allocations, limit: 1000)"),
+        "{}",
+        r.err
+    );
+    // The server's rejection is shown with its numbers and the hint.
+    let msg = "DAG exceeds maximum size (1001 allocations, limit: 1000). Hint: Split the workflow into smaller DAGs or increase the limit via system configuration.";
+    f.state.lock().expect("lock").fail_on.insert(
+        "huge".into(),
+        (
+            422,
+            json!({"kind": "Status", "code": 422, "reason": "Invalid",
+                "message": format!("Dag.lattice.dev \"huge\" is invalid: spec.allocations: {msg}"),
+                "details": {"causes": [{"reason": "FieldValueInvalid", "field": "spec.allocations", "message": msg}]}}),
+        ),
+    );
+    let r = run_with(&f.url, &["dag", "submit", "-"], &big("huge", 1001), None).await;
+    assert_eq!(r.code, 1, "{}", r.out);
+    assert!(
+        r.err
+            .contains("spec.allocations: DAG exceeds maximum size (1001 allocations, limit: 1000)"),
+        "{}",
+        r.err
+    );
+    assert!(r.err.contains("Hint: split the workflow into smaller DAGs, or ask the administrator to raise the limit (lattice-server --max-dag-size)"), "{}", r.err);
+}
+
 #[tokio::test]
 async fn admin_tenants_and_vclusters() {
     let f = start().await;

@@ -10,6 +10,7 @@
 //!   `lattice.dev/cancel-requested: "true"` (the controllers stop the work and finish
 //!   the allocation); the object is kept for its history. `DELETE /v1/dags/{id}` does
 //!   the same for a DAG.
+//! * `GET /v1/dags/{id}/graph` (`?tenant=`): the DAG's structure, see [`dag_graph`].
 //! * `GET /v1/nodes`, `/v1/tenants`, `/v1/vclusters` list those kinds.
 
 use std::sync::Arc;
@@ -203,4 +204,107 @@ pub async fn item(
     }
     .await;
     r.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `GET /v1/dags/{id}/graph[?tenant=T]`: the DAG's structure (the seed's "allocations
+/// and edges") with each step's phase from the Dag's status:
+///
+/// ```json
+/// {"kind": "DagGraph", "dag": "pipeline", "tenant": "t", "phase": "Running",
+///  "nodes": [{"name": "train", "allocation": "pipeline-train", "phase": "Running"}],
+///  "edges": [{"from": "preprocess", "to": "train", "condition": "success"}]}
+/// ```
+///
+/// Nodes are in declaration order; edges follow each step's `dependsOn` in order
+/// (`from` is the predecessor). A step the controller has not reported yet is `Waiting`.
+/// Without `?tenant=` the DAG is looked up by name across the tenants the caller may read
+/// (or as `tenant/name`); 404 names the DAG when there is none.
+pub async fn dag_graph(
+    State(inner): State<Arc<Inner>>,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    let r = async {
+        let k = kind("dags")?;
+        let user = authenticate(&inner, &headers).await?;
+        let params = Params::from_uri(&uri)?;
+        let obj = match params.get("tenant") {
+            Some(t) => {
+                authorize(&user, Access::Read, k, Some(t))?;
+                inner
+                    .resources
+                    .get(k, Some(t), &id)
+                    .await
+                    .map_err(|e| match e.code {
+                        404 => ApiError::new(
+                            404,
+                            "NotFound",
+                            format!("DAG {id:?} not found in tenant {t:?}"),
+                        )
+                        .with_details(json!({"name": id, "group": "lattice.dev", "kind": "dags"})),
+                        _ => e,
+                    })?
+            }
+            None => {
+                let obj = find(&inner, k, &id).await.map_err(|e| match e.code {
+                    404 => ApiError::new(404, "NotFound", format!("DAG {id:?} not found"))
+                        .with_details(json!({"name": id, "group": "lattice.dev", "kind": "dags"})),
+                    _ => e,
+                })?;
+                authorize(
+                    &user,
+                    Access::Read,
+                    k,
+                    obj.pointer("/metadata/namespace").and_then(Value::as_str),
+                )?;
+                obj
+            }
+        };
+        let dag: lattice_apis::Dag = serde_json::from_value(obj).map_err(|e| {
+            ApiError::internal(format!("the stored DAG {id:?} cannot be read: {e}"))
+        })?;
+        Ok::<_, ApiError>(json_response(StatusCode::OK, &graph_of(&dag)))
+    }
+    .await;
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The graph document of [`dag_graph`].
+pub fn graph_of(dag: &lattice_apis::Dag) -> Value {
+    let name = dag.metadata.name.as_deref().unwrap_or_default();
+    let status = dag.status.as_ref();
+    let nodes: Vec<Value> = dag
+        .spec
+        .allocations
+        .iter()
+        .map(|t| {
+            let st = status.and_then(|s| s.tasks.get(&t.name));
+            json!({
+                "name": t.name,
+                "allocation": st
+                    .and_then(|s| s.allocation.clone())
+                    .unwrap_or_else(|| t.allocation_name(name)),
+                "phase": st.map(|s| s.phase).unwrap_or_default(),
+            })
+        })
+        .collect();
+    let edges: Vec<Value> = dag
+        .spec
+        .allocations
+        .iter()
+        .flat_map(|t| {
+            t.depends_on.iter().map(
+                move |d| json!({"from": d.ref_, "to": t.name, "condition": d.condition.as_str()}),
+            )
+        })
+        .collect();
+    json!({
+        "kind": "DagGraph",
+        "dag": name,
+        "tenant": dag.metadata.namespace,
+        "phase": status.map(|s| s.phase).unwrap_or_default(),
+        "nodes": nodes,
+        "edges": edges,
+    })
 }

@@ -64,6 +64,10 @@ pub struct ApiConfig {
     /// TTL of the store lease behind a node's heartbeat stream: a node whose agent sends
     /// nothing for this long loses its heartbeat Lease (the controllers' heartbeat timeout).
     pub heartbeat_ttl: Duration,
+    /// Most tasks (`spec.allocations`) a `Dag` may have; larger ones are rejected at
+    /// admission with 422 (`lattice-server --max-dag-size`, the seed's
+    /// `scheduling.max_dag_size`; default 1000).
+    pub max_dag_size: usize,
 }
 
 impl Default for ApiConfig {
@@ -76,6 +80,7 @@ impl Default for ApiConfig {
             bookmark_interval: Duration::from_secs(10),
             default_watch_timeout: Duration::from_secs(30 * 60),
             heartbeat_ttl: Duration::from_secs(30),
+            max_dag_size: lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE,
         }
     }
 }
@@ -159,7 +164,7 @@ impl ApiServer {
                 config.watch_cache_size,
                 metrics.clone(),
             ),
-            resources: resources::Resources::new(backend),
+            resources: resources::Resources::new(backend).with_max_dag_size(config.max_dag_size),
             config,
             metrics,
             authenticator,
@@ -217,6 +222,7 @@ impl ApiServer {
             )
             .route("/v1/{plural}", any(intent::collection))
             .route("/v1/{plural}/{id}", any(intent::item))
+            .route("/v1/dags/{id}/graph", get(intent::dag_graph))
             .fallback(not_found)
             .layer(tower_http::trace::TraceLayer::new_for_http())
             .with_state(self.inner.clone())

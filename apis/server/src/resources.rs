@@ -89,6 +89,8 @@ pub struct Resources {
     pub backend: Arc<dyn KvBackend>,
     /// Per kind: the lists its schema merges by key (server-side apply).
     lists: Arc<std::collections::HashMap<&'static str, apply::ListMaps>>,
+    /// Most tasks (`spec.allocations`) a `Dag` may have (`lattice-server --max-dag-size`).
+    max_dag_size: usize,
 }
 
 enum WriteOutcome {
@@ -106,6 +108,46 @@ impl Resources {
         Self {
             backend,
             lists: Arc::new(lists),
+            max_dag_size: lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE,
+        }
+    }
+
+    /// The administrator's limit on tasks per `Dag` (default
+    /// [`DEFAULT_MAX_DAG_SIZE`](lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE)).
+    pub fn with_max_dag_size(mut self, max_dag_size: usize) -> Self {
+        self.max_dag_size = max_dag_size;
+        self
+    }
+
+    /// The limit on tasks per `Dag` enforced at admission.
+    pub fn max_dag_size(&self) -> usize {
+        self.max_dag_size
+    }
+
+    /// Admission checks that depend on the server's configuration (the kinds' own
+    /// `admit` takes none): a `Dag` may have at most `max_dag_size` tasks. On update the
+    /// limit applies only when the task count grows, so a Dag admitted under a higher
+    /// limit keeps accepting status writes and shrinking edits after the limit is lowered.
+    fn admit_configured(&self, kind: &KindInfo, new: &Value, old: Option<&Value>) -> ApiResult<()> {
+        if kind.kind != "Dag" {
+            return Ok(());
+        }
+        let tasks = |v: &Value| {
+            v.pointer("/spec/allocations")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len)
+        };
+        let n = tasks(new);
+        if old.is_some_and(|o| n <= tasks(o)) {
+            return Ok(());
+        }
+        match lattice_apis::kinds::dag::dag_size_error(n, self.max_dag_size) {
+            None => Ok(()),
+            Some(msg) => Err(ApiError::invalid(
+                kind.kind,
+                name_of(new),
+                vec![("spec.allocations".into(), msg)],
+            )),
         }
     }
 
@@ -340,6 +382,7 @@ impl Resources {
         if !keep_managed {
             apply::record_update(None, &mut obj, opts.manager(), None, self.lists(kind));
         }
+        self.admit_configured(kind, &obj, None)?;
         let obj = admit(kind, obj)?;
         if name_of(&obj) != name {
             return Err(ApiError::internal("admission changed the object's name"));
@@ -492,6 +535,7 @@ impl Resources {
                 self.lists(kind),
             );
         }
+        self.admit_configured(kind, &result, Some(old))?;
         let mut result = admit(kind, result)?;
         let old_gen = old
             .pointer("/metadata/generation")

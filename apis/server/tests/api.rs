@@ -1127,6 +1127,193 @@ async fn intent_api() {
     assert_eq!(s.get("/v1/widgets").await.0, 404);
 }
 
+/// A Dag of `n` steps chained by `success` edges, built programmatically.
+fn chain_dag(name: &str, ns: &str, n: usize) -> Value {
+    let tasks: Vec<Value> = (0..n)
+        .map(|i| {
+            let mut t = json!({
+                "name": format!("s{i}"),
+                "spec": {"entrypoint": "/bin/true", "lifecycle": {"walltime": "1h"}},
+            });
+            if i > 0 {
+                t["dependsOn"] = json!([{"ref": format!("s{}", i - 1), "condition": "success"}]);
+            }
+            t
+        })
+        .collect();
+    json!({
+        "apiVersion": "lattice.dev/v1alpha1",
+        "kind": "Dag",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"allocations": tasks},
+    })
+}
+
+fn assert_dag_too_large(c: u16, e: &Value, steps: usize, limit: usize) {
+    assert_eq!((c, e["reason"].as_str()), (422, Some("Invalid")), "{e}");
+    let cause = &e["details"]["causes"][0];
+    assert_eq!(cause["field"], "spec.allocations", "{e}");
+    let want = format!("DAG exceeds maximum size ({steps} allocations, limit: {limit})");
+    let msg = cause["message"].as_str().unwrap_or_default();
+    assert!(msg.contains(&want), "{e}");
+    assert!(
+        msg.contains(
+            "Split the workflow into smaller DAGs or increase the limit via system configuration."
+        ),
+        "{e}"
+    );
+    assert!(
+        e["message"].as_str().unwrap_or_default().contains(&want),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn dag_size_limit_is_the_configured_one() {
+    let s = start_with(ApiConfig {
+        max_dag_size: 3,
+        ..Default::default()
+    })
+    .await;
+    let dags = format!("{API}/namespaces/t1/dags");
+    let (c, e) = s.post(&dags, &chain_dag("big", "t1", 4)).await;
+    assert_dag_too_large(c, &e, 4, 3);
+    // dryRun and the Intent API go through the same admission.
+    let (c, e) = s
+        .post(&format!("{dags}?dryRun=All"), &chain_dag("big", "t1", 4))
+        .await;
+    assert_dag_too_large(c, &e, 4, 3);
+    let (c, e) = s.post("/v1/dags", &chain_dag("big", "t1", 4)).await;
+    assert_dag_too_large(c, &e, 4, 3);
+    // At the limit: accepted.
+    let (c, v) = s.post(&dags, &chain_dag("ok", "t1", 3)).await;
+    assert_eq!(c, 201, "{v}");
+    // Growing it past the limit is rejected; status writes and shrinking are not.
+    let mut four = chain_dag("ok", "t1", 4);
+    four["metadata"]["resourceVersion"] = v["metadata"]["resourceVersion"].clone();
+    let (c, e) = s.put(&format!("{dags}/ok"), &four).await;
+    assert_dag_too_large(c, &e, 4, 3);
+    let mut st = v.clone();
+    st["status"] = json!({"phase": "Running"});
+    let (c, v) = s.put(&format!("{dags}/ok/status"), &st).await;
+    assert_eq!(c, 200, "{v}");
+    let mut two = chain_dag("ok", "t1", 2);
+    two["metadata"]["resourceVersion"] = v["metadata"]["resourceVersion"].clone();
+    let (c, v) = s.put(&format!("{dags}/ok"), &two).await;
+    assert_eq!(c, 200, "{v}");
+}
+
+#[tokio::test]
+async fn dag_over_1000_steps_needs_a_raised_limit() {
+    let dags = format!("{API}/namespaces/t1/dags");
+    // Default: 1000.
+    let s = start().await;
+    let (c, e) = s.post(&dags, &chain_dag("big", "t1", 1001)).await;
+    assert_dag_too_large(c, &e, 1001, 1000);
+    let (c, v) = s.post(&dags, &chain_dag("max", "t1", 1000)).await;
+    assert_eq!(c, 201, "{v}");
+    // `lattice-server --max-dag-size 2000`.
+    let s = start_with(ApiConfig {
+        max_dag_size: 2000,
+        ..Default::default()
+    })
+    .await;
+    let (c, v) = s.post(&dags, &chain_dag("big", "t1", 1200)).await;
+    assert_eq!(c, 201, "{}", v["message"]);
+    assert_eq!(
+        v["spec"]["allocations"].as_array().map(Vec::len),
+        Some(1200)
+    );
+    let (c, e) = s.post(&dags, &chain_dag("huge", "t1", 2001)).await;
+    assert_dag_too_large(c, &e, 2001, 2000);
+}
+
+#[tokio::test]
+async fn intent_dag_graph() {
+    let s = start().await;
+    let step = |name: &str, deps: Value| json!({"name": name, "dependsOn": deps, "spec": {"entrypoint": "/bin/true", "lifecycle": {"walltime": "1h"}}});
+    let (c, v) = s
+        .post(
+            "/v1/dags?tenant=t1",
+            &json!({"name": "pipe", "allocations": [
+                step("preprocess", json!([])),
+                step("train", json!([{"ref": "preprocess", "condition": "success"}])),
+                step("evaluate", json!([{"ref": "train"}])),
+                step("notify-failure", json!([{"ref": "train", "condition": "failure"}, {"ref": "evaluate", "condition": "failure"}])),
+            ]}),
+        )
+        .await;
+    assert_eq!(c, 201, "{v}");
+    // Progress as the DAG controller writes it.
+    let mut st = v.clone();
+    st["status"] = json!({"phase": "Running", "tasks": {
+        "preprocess": {"phase": "Completed", "allocation": "pipe-preprocess"},
+        "train": {"phase": "Running", "allocation": "pipe-train"},
+    }});
+    let (c, v) = s
+        .put(&format!("{API}/namespaces/t1/dags/pipe/status"), &st)
+        .await;
+    assert_eq!(c, 200, "{v}");
+
+    let (c, g) = s.get("/v1/dags/pipe/graph?tenant=t1").await;
+    assert_eq!(c, 200, "{g}");
+    assert_eq!(
+        g,
+        json!({
+            "kind": "DagGraph",
+            "dag": "pipe",
+            "tenant": "t1",
+            "phase": "Running",
+            "nodes": [
+                {"name": "preprocess", "allocation": "pipe-preprocess", "phase": "Completed"},
+                {"name": "train", "allocation": "pipe-train", "phase": "Running"},
+                {"name": "evaluate", "allocation": "pipe-evaluate", "phase": "Waiting"},
+                {"name": "notify-failure", "allocation": "pipe-notify-failure", "phase": "Waiting"},
+            ],
+            "edges": [
+                {"from": "preprocess", "to": "train", "condition": "success"},
+                {"from": "train", "to": "evaluate", "condition": "success"},
+                {"from": "train", "to": "notify-failure", "condition": "failure"},
+                {"from": "evaluate", "to": "notify-failure", "condition": "failure"},
+            ],
+        })
+    );
+    // Without ?tenant=: found by name.
+    let (c, g2) = s.get("/v1/dags/pipe/graph").await;
+    assert_eq!((c, &g2), (200, &g));
+    // Missing: 404 naming the DAG (and the tenant when given).
+    for (path, want) in [
+        (
+            "/v1/dags/ghost/graph?tenant=t1",
+            "DAG \"ghost\" not found in tenant \"t1\"",
+        ),
+        (
+            "/v1/dags/pipe/graph?tenant=t2",
+            "DAG \"pipe\" not found in tenant \"t2\"",
+        ),
+        ("/v1/dags/ghost/graph", "DAG \"ghost\" not found"),
+    ] {
+        let (c, e) = s.get(path).await;
+        assert_eq!(
+            (c, e["reason"].as_str()),
+            (404, Some("NotFound")),
+            "{path}: {e}"
+        );
+        assert_eq!(e["message"], want, "{path}");
+    }
+    assert_eq!(s.get("/v1/dags/pipe/graph?tenant=t1").await.0, 200);
+    assert_eq!(
+        s.client
+            .post(s.url("/v1/dags/pipe/graph"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        405
+    );
+}
+
 #[tokio::test]
 async fn metrics_pass_promtool() {
     let s = start().await;

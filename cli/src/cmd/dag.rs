@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Write};
 
+use lattice_apis::kinds::dag::{dag_size_error, DEFAULT_MAX_DAG_SIZE};
 use lattice_dag::graph::{validate, DagDef, Limits};
 use serde_json::{json, Value};
 
@@ -30,8 +31,14 @@ pub fn to_manifest(source: &str, text: &str) -> Result<(Value, usize), CliError>
 }
 
 /// Validates a parsed DAG and renders it as a manifest; returns it and its step count.
+/// The size limit is not checked here: it is the server's (`lattice-server
+/// --max-dag-size`), which the client cannot know, and the server enforces it at admission.
 pub fn manifest_of(source: &str, def: &DagDef) -> Result<(Value, usize), CliError> {
-    if let Err(errs) = validate(def, &Limits::default()) {
+    let limits = Limits {
+        max_dag_size: usize::MAX,
+        ..Limits::default()
+    };
+    if let Err(errs) = validate(def, &limits) {
         let mut it = errs.0.iter();
         let first = it.next();
         let label = match &def.name {
@@ -368,6 +375,14 @@ pub async fn run(
                 }
             };
             if *dry_run == Some(SubmitDryRun::Client) {
+                // Offline: the server's limit is unknown, so only warn against the default.
+                if let Some(msg) = dag_size_error(n, DEFAULT_MAX_DAG_SIZE) {
+                    writeln!(
+                        err,
+                        "Warning: {msg} (the default limit; a server started with a larger \
+                         --max-dag-size accepts it)"
+                    )?;
+                }
                 print(out, &m)?;
                 return Ok(0);
             }
@@ -383,7 +398,13 @@ pub async fn run(
                 .await
                 .map_err(|e| {
                     let mut e = CliError::from_client(format!("submit DAG {file}"), e);
-                    if e.why.contains("(422)") {
+                    if e.why.contains("DAG exceeds maximum size") {
+                        e.hint = Some(
+                            "split the workflow into smaller DAGs, or ask the administrator to \
+                             raise the limit (lattice-server --max-dag-size)"
+                                .into(),
+                        );
+                    } else if e.why.contains("(422)") {
                         e.hint = Some("fix the fields listed above in the DAG file".into());
                     }
                     e

@@ -14,15 +14,26 @@
 //! | `{ref: A, condition: success}` | `afterok:A` | A Completed | A Failed or Cancelled |
 //! | `{ref: A, condition: failure}` | `afternotok:A` | A Failed | A Completed or Cancelled |
 //! | `{ref: A, condition: any}` | `afterany:A` | A ended, however | — |
-//! | `{ref: A, condition: corresponding}` | `aftercorr:A` | as `success` (task groups) | as `success` |
+//! | `{ref: A, condition: corresponding}` on an element *i* of a job array | `aftercorr:A` | element *i* of A Completed, or A has no index *i* | element *i* of A Failed or Cancelled, or A ended without creating it |
 //! | `{ref: A, condition: started}` | `after:A` | A Running, or ended after starting | A ended without ever starting |
 //! | `{beginTime: T}` | `begin-time:T`, `--begin` | wall time ≥ T (epoch seconds) | — |
 //! | `{symbol: S, type: in}` | `string:S?type=in` | every current writer of S Completed | a current writer Failed or was Cancelled |
 //! | `{symbol: S, type: out}` | `string:S?type=out` | at once (declares a writer) | — |
 //! | `{symbol: S, type: inout}` | `string:S?type=inout` | as `in`; then it is the writer (chains) | as `in` |
-//! | `{singleton: true}` | `singleton` | no earlier non-terminal allocation with the same job name and user | — |
+//! | `{singleton: true}` | `singleton` | no earlier non-terminal holder of the lock named like its job name, same user | — |
+//! | `{ref: L, condition: mutex}` | `singleton` on the name `L` | no earlier non-terminal holder of the lock `L`, same user | — |
 //!
-//! `ref` names an allocation of the same tenant by name, or else by uid.
+//! `ref` names an allocation of the same tenant by name, or else by uid (for `mutex`: a
+//! lock name).
+//!
+//! **aftercorr** (job arrays, Slurm `aftercorr`, the seed's `Corresponding`). On the
+//! array B (the parent) the entry holds as soon as the job array A exists; B's elements
+//! carry it and each one waits for its own index: B\[i\] starts once A\[i\] Completed and
+//! is cancelled (`dependency_never_satisfied`) when A\[i\] Failed or was Cancelled (or A
+//! ended without ever creating it), while the other indices go on. Indices of B that A
+//! does not have hold at once, as if they had no such dependency (the seed: "extra
+//! indices ... enter the scheduler queue as if they were root nodes"). When A is not a
+//! job array, the entry means `success` on A as a whole.
 //!
 //! **Order.** "Earlier" is the order in which the store created the objects (the key's
 //! `create_revision`), which is the submission order and never changes; it is read from
@@ -37,12 +48,27 @@
 //! current). X holds when all of them Completed; when one of them fails or is cancelled,
 //! X is cancelled (RFC 26's fatal exception) with a message naming that writer.
 //!
-//! **Singleton** (Slurm): the job name is `spec.tags.name`, else the allocation name;
-//! the user is the `lattice.dev/user` annotation.
+//! **Scope rule** (RFC 26: "A non-instance owner can only create a dependency with the
+//! type in within this scope"): an allocation declaring `out` or `inout` in scope
+//! `global` whose user is not an instance owner — for a tenant, a user listed in the
+//! Tenant's `spec.admins` — is cancelled before it runs, with reason
+//! `dependency_not_permitted` and a message naming the rule and the fix (`type: in`,
+//! `scope: user`, or submit as a tenant admin). Such a declaration never makes it a
+//! writer, so it cannot hold or cancel anyone's `global` readers.
+//!
+//! **Locks** (Slurm `singleton`, DAG and standalone `mutex`): an allocation holds the
+//! lock named like its job name (`spec.tags.name`, else the allocation name) and every
+//! lock it declares with `mutex`; the scope is the tenant and the user (the
+//! `lattice.dev/user` annotation). A `singleton` or `mutex` entry waits until every
+//! holder of that lock submitted earlier has ended, so holders run one at a time in
+//! submission order, whichever way they declare the lock: a DAG step's `mutex` (which the
+//! DAG controller puts on the step's Allocation) excludes other DAGs' steps, standalone
+//! `mutex` allocations and `singleton` jobs of that name. Elements of one job array or
+//! DAG task group share their group's lock and do not wait for each other.
 //!
 //! **Bookkeeping** (RFC 26 `dependency-add` / `dependency-remove`). Each entry has a
 //! description (`afterok:prep`, `after:prep`, `begin-time:1767225600`,
-//! `string:ckpt?scope=user&type=inout`, `singleton`) and a record in
+//! `string:ckpt?scope=user&type=inout`, `singleton`, `mutex:gpu-lock`) and a record in
 //! `status.dependencies`. A satisfied dependency stays satisfied, through the RFC's
 //! duplicate rules (`lattice_dag::flux::DependencyTracker`): re-evaluating it (a
 //! restarted controller, a duplicate event) never posts it again, and a dependency that
@@ -51,7 +77,8 @@
 //!
 //! Level-triggered: every decision is recomputed from the cached objects and the
 //! allocation's own status. Dependents are woken through an index keyed by what they wait
-//! on (allocation name and uid, symbol, job name) when one of those objects changes phase;
+//! on (allocation name and uid, array element, symbol, lock) when one of those objects
+//! changes phase;
 //! `beginTime` requeues the allocation at that time.
 
 use std::collections::{HashMap, HashSet};
@@ -59,13 +86,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use lattice_apis::kinds::allocation::TASK_INDEX_LABEL;
 use lattice_apis::lifecycle::{self, reason};
 use lattice_apis::meta::{now, set_condition, Condition, ConditionStatus};
 use lattice_apis::{
     Allocation, AllocationPhase, DependencyCondition, DependencyKind, DependencyStatus,
-    SymbolScope, SymbolType,
+    SymbolScope, SymbolType, TaskRange, Tenant,
 };
-use lattice_dag::flux::{DependencyTracker, EventError};
+use lattice_dag::deps::{SymbolAccess, SymbolScope as FluxScope};
+use lattice_dag::flux::{scope_permits, DependencyTracker, EventError, FluxError};
 use lattice_runtime::informer::{InformerEvent, InformerParams};
 use lattice_runtime::reflector::Store;
 use lattice_runtime::{Action, Api, HostContext, ObjectRef, ResourceExt};
@@ -80,6 +109,9 @@ pub const DEPENDENCIES_MET: &str = "DependenciesMet";
 pub const USER_ANNOTATION: &str = "lattice.dev/user";
 /// `spec.tags` key holding the job name (Slurm `--job-name`), used by `singleton`.
 pub const JOB_NAME_TAG: &str = "name";
+/// Reason of an allocation cancelled because it declares a dependency its user may not
+/// (Flux RFC 26: `out`/`inout` in scope `global` by a non-owner).
+pub const DEPENDENCY_NOT_PERMITTED: &str = "dependency_not_permitted";
 
 /// Longest a reconcile waiting for a `beginTime` sleeps before looking again.
 const MAX_TIMER: Duration = Duration::from_secs(600);
@@ -110,6 +142,37 @@ pub fn job_name_of(a: &Allocation) -> &str {
         .map(String::as_str)
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| a.name_any())
+}
+
+/// Whether `a` holds the lock `lock`: its job name is `lock`, or it declares
+/// `{ref: lock, condition: mutex}`.
+fn holds_lock(a: &Allocation, lock: &str) -> bool {
+    job_name_of(a) == lock
+        || a.spec
+            .depends_on
+            .iter()
+            .any(|d| d.kind() == Some(DependencyKind::Mutex(lock)))
+}
+
+/// The index of a job-array element (DAG task-group elements included); `None` for
+/// anything else.
+fn element_index(a: &Allocation) -> Option<u64> {
+    if a.spec.task_group.is_some() {
+        return None;
+    }
+    a.labels().get(TASK_INDEX_LABEL)?.parse().ok()
+}
+
+/// Whether `a` and `b` are elements of the same job array or DAG task group.
+fn siblings(a: &Allocation, b: &Allocation) -> bool {
+    let group = |x: &Allocation| {
+        element_index(x)?;
+        Some((
+            x.labels().get(crate::dag::TASK_GROUP_LABEL)?.clone(),
+            x.controller_owner()?.uid.clone(),
+        ))
+    };
+    group(a).is_some_and(|g| Some(g) == group(b))
 }
 
 /// Whether the allocation has started running (now or in a past attempt that ended).
@@ -168,10 +231,14 @@ enum WakeKey {
     Name(String, String),
     /// allocation uid
     Uid(String),
-    /// (tenant, user, job name): `singleton`
+    /// (tenant, user, lock name): `singleton` (the job name) and `mutex`
     Job(String, String, String),
     /// (tenant, symbol): `string` scheme
     Symbol(String, String),
+    /// (tenant, job array name, index): an element, for `corresponding`
+    Element(String, String, u64),
+    /// (job array uid, index): an element, for `corresponding` by uid
+    ElementUid(String, u64),
 }
 
 /// The keys a waiting allocation listens on.
@@ -180,9 +247,14 @@ fn wait_keys(a: &Allocation) -> Vec<WakeKey> {
     let mut keys = Vec::new();
     for d in &a.spec.depends_on {
         match d.kind() {
-            Some(DependencyKind::Allocation { target, .. }) => {
+            Some(DependencyKind::Allocation { target, condition }) => {
                 keys.push(WakeKey::Name(ns.clone(), target.to_string()));
                 keys.push(WakeKey::Uid(target.to_string()));
+                if let (DependencyCondition::Corresponding, Some(i)) = (condition, element_index(a))
+                {
+                    keys.push(WakeKey::Element(ns.clone(), target.to_string(), i));
+                    keys.push(WakeKey::ElementUid(target.to_string(), i));
+                }
             }
             Some(DependencyKind::Symbol { name, type_, .. }) if type_.reads() => {
                 keys.push(WakeKey::Symbol(ns.clone(), name.to_string()));
@@ -191,6 +263,11 @@ fn wait_keys(a: &Allocation) -> Vec<WakeKey> {
                 ns.clone(),
                 user_of(a).to_string(),
                 job_name_of(a).to_string(),
+            )),
+            Some(DependencyKind::Mutex(lock)) => keys.push(WakeKey::Job(
+                ns.clone(),
+                user_of(a).to_string(),
+                lock.to_string(),
             )),
             _ => {}
         }
@@ -212,11 +289,25 @@ fn emit_keys(a: &Allocation) -> Vec<WakeKey> {
     if let Some(uid) = a.uid() {
         keys.push(WakeKey::Uid(uid.to_string()));
     }
+    if let Some(i) = element_index(a) {
+        if let Some(g) = a.labels().get(crate::dag::TASK_GROUP_LABEL) {
+            keys.push(WakeKey::Element(ns.clone(), g.clone(), i));
+        }
+        if let Some(o) = a.controller_owner() {
+            keys.push(WakeKey::ElementUid(o.uid.clone(), i));
+        }
+    }
     for d in &a.spec.depends_on {
-        if let Some(DependencyKind::Symbol { name, type_, .. }) = d.kind() {
-            if type_.writes() {
+        match d.kind() {
+            Some(DependencyKind::Symbol { name, type_, .. }) if type_.writes() => {
                 keys.push(WakeKey::Symbol(ns.clone(), name.to_string()));
             }
+            Some(DependencyKind::Mutex(lock)) => keys.push(WakeKey::Job(
+                ns.clone(),
+                user_of(a).to_string(),
+                lock.to_string(),
+            )),
+            _ => {}
         }
     }
     keys
@@ -305,11 +396,31 @@ impl Shared {
 struct Ctx {
     api: Api<Allocation>,
     store: Store<Allocation>,
+    tenants: Store<Tenant>,
+    tenant_api: Api<Tenant>,
     backend: Arc<dyn KvBackend>,
     shared: Arc<Shared>,
 }
 
 impl Ctx {
+    /// The instance owners of a tenant in the sense of Flux RFC 26: its admins
+    /// (`Tenant.spec.admins`).
+    async fn owners(&self, tenant: Option<&str>) -> Result<Vec<String>, anyhow::Error> {
+        let Some(ns) = tenant else {
+            return Ok(Vec::new());
+        };
+        Ok(match self.tenants.get_named(None, ns) {
+            Some(t) => t.spec.admins.clone(),
+            // Not cached (yet): ask the store.
+            None => self
+                .tenant_api
+                .get_opt(ns)
+                .await?
+                .map(|t| t.spec.admins)
+                .unwrap_or_default(),
+        })
+    }
+
     /// The store `create_revision` of each allocation (by uid; absent when it is gone).
     async fn create_revisions(
         &self,
@@ -377,6 +488,8 @@ pub fn register(host: &mut lattice_runtime::ControllerHost, backend: Arc<dyn KvB
             let ctx = Arc::new(Ctx {
                 api: Api::all(hc.client.clone()),
                 store,
+                tenants: hc.factory.all::<Tenant>().store(),
+                tenant_api: Api::all(hc.client.clone()),
                 backend,
                 shared: shared.clone(),
             });
@@ -430,6 +543,11 @@ fn allocation_state(
     }
     let name = dep.name_any();
     let phase = dep.phase();
+    if condition == DependencyCondition::Corresponding {
+        if let Some(state) = corresponding_state(store, a, &dep) {
+            return state;
+        }
+    }
     if condition == DependencyCondition::Started {
         return if started(&dep) {
             DepState::Holds
@@ -443,9 +561,11 @@ fn allocation_state(
         return DepState::Waiting(format!("{name} ({condition})"));
     }
     let holds = match condition {
-        DependencyCondition::Success | DependencyCondition::Corresponding => {
-            phase == AllocationPhase::Completed
-        }
+        // (`corresponding` on something that is not a job array; `mutex` is a lock, see
+        // `lock_state`.)
+        DependencyCondition::Success
+        | DependencyCondition::Corresponding
+        | DependencyCondition::Mutex => phase == AllocationPhase::Completed,
         DependencyCondition::Failure => phase == AllocationPhase::Failed,
         DependencyCondition::Any | DependencyCondition::Started => true,
     };
@@ -454,6 +574,51 @@ fn allocation_state(
     } else {
         DepState::Never(format!("{name} ({condition}) ended {phase}"))
     }
+}
+
+/// `corresponding` (Slurm `aftercorr`) on the job array `dep`: `None` when `dep` is not
+/// a job array (then it means `success` on `dep` as a whole).
+fn corresponding_state(
+    store: &Store<Allocation>,
+    a: &Allocation,
+    dep: &Allocation,
+) -> Option<DepState> {
+    let tg = dep.spec.task_group.as_ref()?;
+    if dep.labels().contains_key(TASK_INDEX_LABEL) {
+        return None;
+    }
+    let Some(i) = element_index(a) else {
+        // The array itself: each of its elements waits for its own index.
+        return a.spec.task_group.is_some().then_some(DepState::Holds);
+    };
+    let name = dep.name_any();
+    let range = TaskRange::parse(&tg.range).ok()?;
+    if !range.contains(i) {
+        // No matching element: as if there were no such dependency (the seed).
+        return Some(DepState::Holds);
+    }
+    let element = format!("{name}-{i}");
+    let index = i.to_string();
+    let found = store.get_named(a.namespace(), &element).filter(|e| {
+        e.labels().get(TASK_INDEX_LABEL) == Some(&index)
+            && e.owner_references()
+                .iter()
+                .any(|o| Some(o.uid.as_str()) == dep.uid())
+    });
+    Some(match found {
+        Some(e) => match e.phase() {
+            AllocationPhase::Completed => DepState::Holds,
+            p if p.is_terminal() => {
+                DepState::Never(format!("element {i} of {name} ({element}) ended {p}"))
+            }
+            _ => DepState::Waiting(format!("{element} (corresponding)")),
+        },
+        None if dep.phase().is_terminal() => DepState::Never(format!(
+            "element {i} of {name} never ran ({name} ended {})",
+            dep.phase()
+        )),
+        None => DepState::Waiting(format!("{name}[{i}] (corresponding, not created yet)")),
+    })
 }
 
 fn names(v: &[&Allocation]) -> String {
@@ -467,15 +632,23 @@ fn names(v: &[&Allocation]) -> String {
     s
 }
 
-async fn singleton_state(ctx: &Ctx, a: &Allocation) -> Result<DepState, anyhow::Error> {
+/// `singleton` (`what`, on the job name) and `mutex` (on `lock`): holds when no holder
+/// of the lock of the same tenant and user that was submitted earlier is still active.
+async fn lock_state(
+    ctx: &Ctx,
+    a: &Allocation,
+    what: &str,
+    lock: &str,
+) -> Result<DepState, anyhow::Error> {
     let ns = a.namespace();
-    let (user, job) = (user_of(a), job_name_of(a));
+    let user = user_of(a);
     let others = ctx.store.find(|o| {
         o.namespace() == ns
             && o.uid() != a.uid()
             && !o.phase().is_terminal()
             && user_of(o) == user
-            && job_name_of(o) == job
+            && holds_lock(o, lock)
+            && !siblings(a, o)
     });
     if others.is_empty() {
         return Ok(DepState::Holds);
@@ -484,9 +657,9 @@ async fn singleton_state(ctx: &Ctx, a: &Allocation) -> Result<DepState, anyhow::
     objs.push(a);
     let revs = ctx.create_revisions(&objs).await?;
     let Some(mine) = a.uid().and_then(|u| revs.get(u)) else {
-        return Ok(DepState::Waiting(
-            "singleton (allocation not stored yet)".into(),
-        ));
+        return Ok(DepState::Waiting(format!(
+            "{what} (allocation not stored yet)"
+        )));
     };
     let mut earlier: Vec<(i64, &Allocation)> = others
         .iter()
@@ -499,7 +672,7 @@ async fn singleton_state(ctx: &Ctx, a: &Allocation) -> Result<DepState, anyhow::
     earlier.sort_by_key(|(r, _)| *r);
     let e: Vec<&Allocation> = earlier.into_iter().map(|(_, o)| o).collect();
     Ok(DepState::Waiting(format!(
-        "singleton {job:?}{}: {} still active",
+        "{what} {lock:?}{}: {} still active",
         if user.is_empty() {
             String::new()
         } else {
@@ -521,12 +694,17 @@ async fn symbol_state(
     }
     let ns = a.namespace();
     let user = user_of(a);
-    let writers = ctx.store.find(|o| {
+    let mut writers = ctx.store.find(|o| {
         o.namespace() == ns
             && o.uid() != a.uid()
             && (scope == SymbolScope::Global || user_of(o) == user)
             && declares(o, symbol, scope).is_some_and(SymbolType::writes)
     });
+    if scope == SymbolScope::Global && !writers.is_empty() {
+        // A global writer whose user may not write there (RFC 26) is not a writer.
+        let owners = ctx.owners(ns).await?;
+        writers.retain(|w| owners.iter().any(|o| o == user_of(w)));
+    }
     if writers.is_empty() {
         return Ok(DepState::Holds);
     }
@@ -608,7 +786,8 @@ async fn dependency_state(
         DependencyKind::Symbol { name, type_, scope } => {
             symbol_state(ctx, a, name, type_, scope).await?
         }
-        DependencyKind::Singleton => singleton_state(ctx, a).await?,
+        DependencyKind::Singleton => lock_state(ctx, a, "singleton", job_name_of(a)).await?,
+        DependencyKind::Mutex(lock) => lock_state(ctx, a, "mutex", lock).await?,
     })
 }
 
@@ -752,37 +931,33 @@ async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, anyhow::
         ctx.shared.index().unregister(&me);
         return Ok(Action::await_change());
     }
+    if let Some(msg) = scope_violation(&ctx, &a).await? {
+        ctx.shared.index().unregister(&me);
+        cancel_unsatisfiable(
+            &api,
+            &a,
+            (DEPENDENCY_NOT_PERMITTED, "NotPermitted"),
+            &msg,
+            Vec::new(),
+        )
+        .await?;
+        return Ok(Action::await_change());
+    }
     // Listen before looking: a change after the read below wakes this allocation again.
     ctx.shared.index().register(&me, wait_keys(&a));
     let v = evaluate(&ctx, &a).await?;
 
     if let Some(fatal) = &v.fatal {
         let msg = format!("dependency can never be satisfied: {fatal}");
-        let records = v.records.clone();
-        api.update_status_with_retry(a.name_any(), 5, |cur| {
-            if cur.phase().is_terminal() || !unbound(cur) || dependencies_met(cur) {
-                return false;
-            }
-            let st = cur.status.get_or_insert_with(Default::default);
-            st.dependencies = merge_records(&st.dependencies, records.clone());
-            st.phase = AllocationPhase::Cancelled;
-            st.reason = Some(reason::DEPENDENCY_NEVER_SATISFIED.into());
-            st.message = Some(msg.clone());
-            st.end_time = Some(now());
-            set_condition(
-                &mut st.conditions,
-                Condition::new(
-                    DEPENDENCIES_MET,
-                    ConditionStatus::False,
-                    "NeverSatisfied",
-                    &msg,
-                ),
-            );
-            true
-        })
+        cancel_unsatisfiable(
+            &api,
+            &a,
+            (reason::DEPENDENCY_NEVER_SATISFIED, "NeverSatisfied"),
+            &msg,
+            v.records.clone(),
+        )
         .await?;
         ctx.shared.index().unregister(&me);
-        tracing::info!(allocation = %a.object_ref(), %msg, "cancelled");
         return Ok(Action::await_change());
     }
     let met = v.ready;
@@ -832,6 +1007,82 @@ async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, anyhow::
         }
         None => Action::await_change(),
     })
+}
+
+/// Flux RFC 26's scope rule: the message for an allocation declaring `out`/`inout` in
+/// scope `global` when its user is not an instance owner (a tenant admin).
+async fn scope_violation(ctx: &Ctx, a: &Allocation) -> Result<Option<String>, anyhow::Error> {
+    let global_writes: Vec<(String, SymbolAccess)> = a
+        .spec
+        .depends_on
+        .iter()
+        .filter_map(|d| match d.kind() {
+            Some(DependencyKind::Symbol {
+                type_,
+                scope: SymbolScope::Global,
+                ..
+            }) if type_.writes() => Some((
+                d.description(),
+                match type_ {
+                    SymbolType::In => SymbolAccess::In,
+                    SymbolType::Out => SymbolAccess::Out,
+                    SymbolType::Inout => SymbolAccess::Inout,
+                },
+            )),
+            _ => None,
+        })
+        .collect();
+    if global_writes.is_empty() {
+        return Ok(None);
+    }
+    let user = user_of(a);
+    let owner = ctx.owners(a.namespace()).await?.iter().any(|o| o == user);
+    let Some((desc, _)) = global_writes
+        .into_iter()
+        .find(|(_, access)| !scope_permits(*access, FluxScope::Global, owner))
+    else {
+        return Ok(None);
+    };
+    let tenant = a.namespace().unwrap_or_default();
+    let who = if user.is_empty() {
+        "this allocation names no user (annotation lattice.dev/user)".to_string()
+    } else {
+        format!("{user:?} is not one")
+    };
+    Ok(Some(format!(
+        "{} (Flux RFC 26 scope rule: the instance owners of tenant {tenant:?} are the users in its Tenant's spec.admins, and {who}), or have a tenant admin submit it",
+        FluxError::GlobalScopeDenied(desc)
+    )))
+}
+
+/// Cancel an unbound allocation whose dependencies can never be satisfied (or are not
+/// permitted): `reason` is (status reason, `DependenciesMet` condition reason).
+async fn cancel_unsatisfiable(
+    api: &Api<Allocation>,
+    a: &Allocation,
+    reason: (&str, &str),
+    msg: &str,
+    records: Vec<DependencyStatus>,
+) -> Result<(), anyhow::Error> {
+    api.update_status_with_retry(a.name_any(), 5, |cur| {
+        if cur.phase().is_terminal() || !unbound(cur) || dependencies_met(cur) {
+            return false;
+        }
+        let st = cur.status.get_or_insert_with(Default::default);
+        st.dependencies = merge_records(&st.dependencies, records.clone());
+        st.phase = AllocationPhase::Cancelled;
+        st.reason = Some(reason.0.into());
+        st.message = Some(msg.to_string());
+        st.end_time = Some(now());
+        set_condition(
+            &mut st.conditions,
+            Condition::new(DEPENDENCIES_MET, ConditionStatus::False, reason.1, msg),
+        );
+        true
+    })
+    .await?;
+    tracing::info!(allocation = %a.object_ref(), %msg, "cancelled");
+    Ok(())
 }
 
 /// A deleted allocation keeps `lattice.dev/nodes` until no node runs its processes any

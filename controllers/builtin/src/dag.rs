@@ -7,6 +7,14 @@
 //!   yet carry the annotation `lattice.dev/hold: dependencies` (reason
 //!   `waiting_for_dependencies`), which keeps them out of every queue. Task-group steps
 //!   get their elements `<dag>-<step>-<i>` created lazily, within their concurrency.
+//! * `mutex` (`{gpu-lock: mutex}`, Slurm `singleton`): the engine releases the holders of
+//!   a lock one at a time within the Dag, and each holder's Allocation (or each element
+//!   of a task-group holder) carries `{ref: gpu-lock, condition: mutex}`, so the
+//!   allocation controller also serialises it against every other holder of the lock of
+//!   the same tenant and user: other Dags' steps, standalone `mutex` allocations and
+//!   Slurm `singleton` jobs named `gpu-lock`. Holders are created only when the engine
+//!   releases them (never held in advance), so the store's creation order, which orders
+//!   holders there, is the order in which their dependencies came to hold.
 //! * Each child's transitions (started, requeued, terminal) are fed to the engine once;
 //!   its `Release` actions lift the hold (or create the element), its `Cancel` actions
 //!   cancel the child (with the cascade's reason).
@@ -272,7 +280,14 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
             }
             let def = DagDef::from_value(&serde_json::to_value(dag.as_ref())?)
                 .map_err(|e| anyhow::anyhow!("{}: {} ({})", e.path, e.message, e.hint))?;
-            let validated = match validate(&def, &ctx.limits) {
+            // The API server admits at most `max_dag_size` tasks (the same
+            // `--max-dag-size`); a Dag that already started under a higher limit keeps
+            // running after the limit is lowered, as admission lets it keep its size.
+            let mut limits = ctx.limits;
+            if dag.status.as_ref().is_some_and(|s| s.start_time.is_some()) {
+                limits.max_dag_size = limits.max_dag_size.max(def.steps.len());
+            }
+            let validated = match validate(&def, &limits) {
                 Ok(v) => v,
                 Err(errs) => {
                     let msg = errs.to_string();
@@ -468,7 +483,7 @@ async fn drive(
             index: Some(i),
         } = a
         {
-            create_step(ctx, dag, step, Some(*i), false).await?;
+            create_step(ctx, dag, step, Some(*i), false, step_locks(run, step)).await?;
             released += 1;
         }
     }
@@ -640,9 +655,14 @@ async fn ensure_children(
             Some(StepState::Pending | StepState::Running) => match child {
                 None if !run.seen.contains_key(name) => {
                     let step = task.name.clone();
+                    let locks = step_locks(run, &step);
                     work.push(
-                        async move { create_step(ctx, dag, &step, None, false).await.map(|_| 1) }
-                            .boxed(),
+                        async move {
+                            create_step(ctx, dag, &step, None, false, locks)
+                                .await
+                                .map(|_| 1)
+                        }
+                        .boxed(),
                     );
                 }
                 Some(c) if c.metadata.annotations.contains_key(HOLD_ANNOTATION) => {
@@ -662,13 +682,20 @@ async fn ensure_children(
                 }
                 _ => {}
             },
+            // Lock holders are created on release only (see the module docs).
             Some(StepState::Waiting | StepState::Queued)
-                if child.is_none() && !run.seen.contains_key(name) =>
+                if child.is_none()
+                    && !run.seen.contains_key(name)
+                    && step_locks(run, &task.name).is_empty() =>
             {
                 let step = task.name.clone();
                 work.push(
-                    async move { create_step(ctx, dag, &step, None, true).await.map(|_| 0) }
-                        .boxed(),
+                    async move {
+                        create_step(ctx, dag, &step, None, true, Vec::new())
+                            .await
+                            .map(|_| 0)
+                    }
+                    .boxed(),
                 );
             }
             Some(StepState::Cancelled { reason }) => {
@@ -822,16 +849,36 @@ fn child_name(dag: &Dag, step: &str, index: Option<u64>) -> String {
     }
 }
 
+/// The locks (`mutex`) a step holds while it runs, as the engine sees them: those it
+/// declares, and its own name when another step uses it as a lock.
+fn step_locks(run: &DagRun, step: &str) -> Vec<String> {
+    let dag = run.engine.dag();
+    dag.step_index(step)
+        .map(|s| {
+            dag.step_mutexes[s]
+                .iter()
+                .map(|m| dag.mutexes[*m as usize].clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 async fn create_step(
     ctx: &Ctx,
     dag: &Dag,
     step: &str,
     index: Option<u64>,
     hold: bool,
+    locks: Vec<String>,
 ) -> Result<(), anyhow::Error> {
     let Some(mut spec) = step_spec(dag, step) else {
         return Ok(());
     };
+    spec.depends_on.extend(
+        locks
+            .into_iter()
+            .map(|l| lattice_apis::Dependency::on(l, lattice_apis::DependencyCondition::Mutex)),
+    );
     let name = child_name(dag, step, index);
     let mut meta = ObjectMeta::named(&name, dag.namespace());
     meta.labels

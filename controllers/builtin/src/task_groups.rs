@@ -4,6 +4,11 @@
 //! owned by the parent) are created lazily so that at most `concurrency` are pending or
 //! running at once; the parent's status aggregates them (`status.tasks`, shown as `1×20`).
 //!
+//! The parent's `dependsOn` holds the whole array (no element is created before it is
+//! met), except `corresponding` (Slurm `aftercorr`): each element carries those entries
+//! and the allocation controller evaluates them for the element's own index (element
+//! *i* waits for element *i* of the other array, and is cancelled if that one fails).
+//!
 //! Elements of a DAG step that is a task group are created by the DAG controller instead
 //! (its engine handles `corresponding` edges per index).
 
@@ -12,7 +17,10 @@ use std::sync::Arc;
 
 use lattice_apis::lifecycle::{self, reason, CANCEL_ANNOTATION};
 use lattice_apis::meta::now;
-use lattice_apis::{Allocation, AllocationPhase, ObjectMeta, TaskGroupStatus, TaskRange};
+use lattice_apis::{
+    Allocation, AllocationPhase, DependencyCondition, DependencyKind, ObjectMeta, TaskGroupStatus,
+    TaskRange,
+};
 use lattice_runtime::reflector::Store;
 use lattice_runtime::{Action, Api, HostContext, Patch, PatchParams, PostParams, ResourceExt};
 use serde_json::json;
@@ -204,7 +212,16 @@ async fn create_element(
     }
     let mut spec = parent.spec.clone();
     spec.task_group = None;
-    spec.depends_on.clear();
+    // Per-index dependencies stay on the element; the others held the whole array.
+    spec.depends_on.retain(|d| {
+        matches!(
+            d.kind(),
+            Some(DependencyKind::Allocation {
+                condition: DependencyCondition::Corresponding,
+                ..
+            })
+        )
+    });
     let a = Allocation {
         metadata: meta,
         spec,

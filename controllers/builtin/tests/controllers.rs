@@ -1370,7 +1370,9 @@ async fn flux_string_symbols_chain_and_fail() {
     env.wait_phase("t1", "r-user", AllocationPhase::Completed)
         .await;
 
-    // A global writer of another user holds a global reader.
+    // A global writer of another user holds a global reader (bob is a tenant admin: only
+    // instance owners may write in scope global).
+    set_admins(&env, &["bob"]).await;
     plans.set("g-bob", Run::Hold);
     env.submit(
         "t1",
@@ -1849,4 +1851,300 @@ async fn a_burst_larger_than_one_transaction_is_bound_in_batches() {
         "{}",
         message_of(&huge)
     );
+}
+
+async fn set_admins(env: &Env, admins: &[&str]) {
+    let patch = Patch::Merge(json!({"spec": {"admins": admins}}));
+    Api::<lattice_apis::Tenant>::all(env.client.clone())
+        .patch("t1", &PatchParams::default(), &patch)
+        .await
+        .expect("tenant admins");
+}
+
+/// DAG `mutex` (the seed: "Only one allocation with this mutex name runs at a time"):
+/// the holders of a lock run one at a time within a DAG, across DAGs, and against
+/// standalone `mutex` and Slurm `singleton` jobs of that name (same tenant and user).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dag_mutex_steps_never_run_at_once() {
+    let (env, _hb) = cluster(&["n1", "n2", "n3", "n4"]).await;
+    let plans = Plans::default();
+    let _runner = scripted_runner(&env, "t1", plans.clone());
+    let (mon, _m) = monitor(&env, "t1", |a| {
+        let holds = a.spec.tags.get("name").map(String::as_str) == Some("gpu")
+            || a.spec
+                .depends_on
+                .iter()
+                .any(|d| d.kind() == Some(lattice_apis::DependencyKind::Mutex("gpu")));
+        holds.then(|| lattice_controllers::allocations::user_of(a).to_string())
+    });
+    let user = |u: &str| json!({"lattice.dev/user": u});
+    // A Slurm singleton job named like the lock holds it first.
+    plans.set("s0", Run::Hold);
+    env.submit(
+        "t1",
+        "s0",
+        1,
+        json!({"metadata": {"annotations": user("alice")},
+               "spec": {"tags": {"name": "gpu"}, "dependsOn": [{"singleton": true}]}}),
+    )
+    .await;
+    env.wait_phase("t1", "s0", AllocationPhase::Running).await;
+    for n in ["m1-a", "m1-b", "m1-c", "m2-x", "m3"] {
+        plans.set(n, Run::Exit(0, Duration::from_millis(300)));
+    }
+    let step = |name: &str, deps: serde_json::Value| {
+        json!({"name": name, "dependsOn": deps,
+               "spec": {"entrypoint": "/bin/true", "lifecycle": {"walltime": "1h"}}})
+    };
+    let dags: Api<Dag> = Api::namespaced(env.client.clone(), "t1");
+    let m1: Dag = serde_json::from_value(json!({
+        "metadata": {"name": "m1", "namespace": "t1", "annotations": user("alice")},
+        "spec": {"allocations": [
+            step("a", json!([{"gpu": "mutex"}])),
+            step("b", json!([{"gpu": "mutex"}])),
+            step("free", json!([])),
+            step("c", json!([{"a": "success"}, {"gpu": "mutex"}])),
+        ]},
+    }))
+    .expect("dag");
+    let m2: Dag = serde_json::from_value(json!({
+        "metadata": {"name": "m2", "namespace": "t1", "annotations": user("alice")},
+        "spec": {"allocations": [step("x", json!([{"ref": "gpu", "condition": "mutex"}]))]},
+    }))
+    .expect("dag");
+    dags.create(&PostParams::default(), &m1).await.expect("m1");
+    dags.create(&PostParams::default(), &m2).await.expect("m2");
+    // A step without the lock runs at once; the holders wait for the singleton job.
+    env.wait_phase("t1", "m1-free", AllocationPhase::Completed)
+        .await;
+    let x = wait_waiting(&env, "m2-x").await;
+    assert!(
+        message_of(&x).contains("mutex \"gpu\" of alice") && message_of(&x).contains("s0"),
+        "{}",
+        message_of(&x)
+    );
+    assert_eq!(records(&x), [("mutex:gpu".to_string(), false)]);
+    // Standalone: a mutex allocation of alice, and one of bob (another scope).
+    env.submit(
+        "t1",
+        "m3",
+        1,
+        json!({"metadata": {"annotations": user("alice")},
+               "spec": {"dependsOn": [{"gpu": "mutex"}]}}),
+    )
+    .await;
+    env.submit(
+        "t1",
+        "bob-gpu",
+        1,
+        json!({"metadata": {"annotations": user("bob")},
+               "spec": {"dependsOn": [{"gpu": "mutex"}]}}),
+    )
+    .await;
+    env.wait_phase("t1", "bob-gpu", AllocationPhase::Completed)
+        .await;
+    assert_eq!(env.get("t1", "s0").await.phase(), AllocationPhase::Running);
+    for n in ["m1-a", "m1-b", "m1-c", "m2-x", "m3"] {
+        if let Ok(Some(a)) = env.allocations("t1").get_opt(n).await {
+            assert!(!a.phase().is_terminal(), "{n} ran while s0 held the lock");
+        }
+    }
+    plans.set("s0", Run::Exit(0, Duration::ZERO));
+    for d in ["m1", "m2"] {
+        let d = wait_dag(&env, d).await;
+        assert_eq!(
+            format!("{:?}", d.status.as_ref().unwrap().phase),
+            "Completed",
+            "{:?}",
+            task_phases(&d)
+        );
+    }
+    env.wait_phase("t1", "m3", AllocationPhase::Completed).await;
+    for n in ["m1-a", "m1-b", "m1-c", "m2-x", "m3"] {
+        assert_eq!(env.get("t1", n).await.status.unwrap().attempt, 1, "{n}");
+    }
+    let max = mon.max_active.lock().unwrap().clone();
+    assert_eq!(
+        max.get("alice"),
+        Some(&1),
+        "mutex holders overlapped: {max:?}"
+    );
+    let order = mon.started.lock().unwrap().clone();
+    let pos = |n: &str| order.iter().position(|o| o == n).expect(n);
+    // Holders run in the order their dependencies came to hold: s0, then m1-a and m2-x
+    // (released at once), m3; m1's b and c only after m1-a.
+    assert!(
+        pos("s0") < pos("m1-a") && pos("s0") < pos("m2-x"),
+        "{order:?}"
+    );
+    assert!(
+        pos("m1-a") < pos("m1-b") && pos("m1-a") < pos("m1-c"),
+        "{order:?}"
+    );
+}
+
+/// Slurm `aftercorr` between two job arrays: element i waits for element i of the other
+/// array, is cancelled when that one fails, and indices the other array lacks run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aftercorr_between_job_arrays_is_per_index() {
+    let (env, _hb) = cluster(&["n1", "n2", "n3", "n4"]).await;
+    let plans = Plans::default();
+    let _runner = scripted_runner(&env, "t1", plans.clone());
+    plans.set("pre-1", Run::Exit(3, Duration::ZERO));
+    plans.set("pre-2", Run::Hold);
+    env.submit(
+        "t1",
+        "pre",
+        1,
+        json!({"spec": {"taskGroup": {"range": "0-3"}}}),
+    )
+    .await;
+    env.submit(
+        "t1",
+        "train",
+        1,
+        json!({"spec": {"taskGroup": {"range": "0-5"},
+                        "dependsOn": [{"pre": "corresponding"}]}}),
+    )
+    .await;
+    env.wait_phase("t1", "pre-2", AllocationPhase::Running)
+        .await;
+    // Matched indices follow their own element; extra indices (4, 5) do not wait.
+    for i in [0, 3, 4, 5] {
+        let t = env
+            .wait_phase("t1", &format!("train-{i}"), AllocationPhase::Completed)
+            .await;
+        assert_eq!(records(&t), [("aftercorr:pre".to_string(), true)], "{i}");
+    }
+    wait_never(&env, "train-1", "element 1 of pre (pre-1) ended Failed").await;
+    let t2 = wait_waiting(&env, "train-2").await;
+    assert!(
+        message_of(&t2).contains("pre-2 (corresponding)"),
+        "{}",
+        message_of(&t2)
+    );
+    assert_eq!(
+        env.get("t1", "pre-2").await.phase(),
+        AllocationPhase::Running
+    );
+    plans.set("pre-2", Run::Exit(0, Duration::ZERO));
+    env.wait_phase("t1", "train-2", AllocationPhase::Completed)
+        .await;
+    let train = env.wait_phase("t1", "train", AllocationPhase::Failed).await;
+    let tasks = train.status.unwrap().tasks.unwrap();
+    assert_eq!((tasks.total, tasks.completed, tasks.failed), (6, 5, 0));
+
+    // A predecessor array cancelled before creating some elements: their successors
+    // are cancelled too (they can never run), each for its own reason.
+    plans.set("p2-0", Run::Hold);
+    env.submit(
+        "t1",
+        "p2",
+        1,
+        json!({"spec": {"taskGroup": {"range": "0-2", "concurrency": 1}}}),
+    )
+    .await;
+    env.submit(
+        "t1",
+        "q2",
+        1,
+        json!({"spec": {"taskGroup": {"range": "0-2"},
+                        "dependsOn": [{"ref": "p2", "condition": "corresponding"}]}}),
+    )
+    .await;
+    env.wait_phase("t1", "p2-0", AllocationPhase::Running).await;
+    wait_waiting(&env, "q2-1").await;
+    annotate(&env, "p2", lifecycle::CANCEL_ANNOTATION, json!("true")).await;
+    wait_never(&env, "q2-0", "element 0 of p2 (p2-0) ended").await;
+    wait_never(&env, "q2-1", "element 1 of p2 never ran").await;
+    wait_never(&env, "q2-2", "element 2 of p2 never ran").await;
+}
+
+/// Flux RFC 26: "A non-instance owner can only create a dependency with the type in
+/// within this scope" (global). Instance owners of a tenant are its admins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_symbol_writers_must_be_instance_owners() {
+    let (env, _hb) = cluster(&["n1", "n2", "n3"]).await;
+    let plans = Plans::default();
+    let _runner = scripted_runner(&env, "t1", plans.clone());
+    set_admins(&env, &["root"]).await;
+    let sym = |user: &str, deps: serde_json::Value| json!({"metadata": {"annotations": {"lattice.dev/user": user}}, "spec": {"dependsOn": deps}});
+    for (name, ty) in [("alice-out", "out"), ("alice-inout", "inout")] {
+        env.submit(
+            "t1",
+            name,
+            1,
+            sym(
+                "alice",
+                json!([{"symbol": "ds", "type": ty, "scope": "global"}]),
+            ),
+        )
+        .await;
+        let a = env.wait_phase("t1", name, AllocationPhase::Cancelled).await;
+        assert_eq!(reason_of(&a), Some("dependency_not_permitted"), "{name}");
+        let m = message_of(&a);
+        for needle in [
+            &format!("string:ds?scope=global&type={ty}"),
+            "only the instance owner may create out/inout dependencies in global scope",
+            "use type=in or scope=user",
+            "Flux RFC 26",
+            "spec.admins",
+            "\"alice\" is not one",
+        ] {
+            assert!(m.contains(needle), "{name}: {m}");
+        }
+        assert_eq!(a.status.unwrap().attempt, 0, "{name} never ran");
+    }
+    // The refused declarations are no writers: a global reader does not wait for them.
+    env.submit(
+        "t1",
+        "carol-in",
+        1,
+        sym(
+            "carol",
+            json!([{"symbol": "ds", "type": "in", "scope": "global"}]),
+        ),
+    )
+    .await;
+    env.wait_phase("t1", "carol-in", AllocationPhase::Completed)
+        .await;
+    // In scope user anyone may write.
+    env.submit(
+        "t1",
+        "alice-user-out",
+        1,
+        sym("alice", json!([{"symbol": "ds", "type": "out"}])),
+    )
+    .await;
+    env.wait_phase("t1", "alice-user-out", AllocationPhase::Completed)
+        .await;
+    // The instance owner may write in scope global, and global readers wait for it.
+    plans.set("root-out", Run::Hold);
+    env.submit(
+        "t1",
+        "root-out",
+        1,
+        sym(
+            "root",
+            json!([{"symbol": "ds", "type": "out", "scope": "global"}]),
+        ),
+    )
+    .await;
+    env.wait_phase("t1", "root-out", AllocationPhase::Running)
+        .await;
+    env.submit(
+        "t1",
+        "carol-in-2",
+        1,
+        sym(
+            "carol",
+            json!([{"symbol": "ds", "type": "in", "scope": "global"}]),
+        ),
+    )
+    .await;
+    let w = wait_waiting(&env, "carol-in-2").await;
+    assert!(message_of(&w).contains("root-out"), "{}", message_of(&w));
+    plans.set("root-out", Run::Exit(0, Duration::ZERO));
+    env.wait_phase("t1", "carol-in-2", AllocationPhase::Completed)
+        .await;
 }

@@ -141,6 +141,13 @@ pub enum FluxError {
     Unsupported(String),
 }
 
+/// RFC 26's scope rule: "The instance owner can create a dependency of any type within
+/// this scope. A non-instance owner can only create a dependency with the type `in`
+/// within this scope" (scope `global`); in scope `user` any type is allowed.
+pub fn scope_permits(access: SymbolAccess, scope: SymbolScope, owner: bool) -> bool {
+    owner || scope == SymbolScope::User || access == SymbolAccess::In
+}
+
 /// Writers of `string`-scheme symbols.
 #[derive(Debug, Clone, Default)]
 pub struct SymbolRegistry {
@@ -302,7 +309,7 @@ impl FluxDeps {
                     }
                 }
                 Dependency::Symbol { access, scope, .. } => {
-                    if *scope == SymbolScope::Global && *access != SymbolAccess::In && !owner {
+                    if !scope_permits(*access, *scope, owner) {
                         return Err(FluxError::GlobalScopeDenied(uri));
                     }
                 }

@@ -115,8 +115,10 @@ struct ServeArgs {
     /// Grace period of sensitive nodes.
     #[arg(long, default_value = "5m", value_parser = parse_duration_arg)]
     sensitive_grace_period: Duration,
-    /// Largest DAG accepted (steps).
-    #[arg(long, default_value_t = 1000)]
+    /// Largest DAG accepted (steps, the seed's `scheduling.max_dag_size`): the API server
+    /// rejects a larger Dag at admission (422 on spec.allocations), and the DAG
+    /// controller applies the same limit.
+    #[arg(long, default_value_t = lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE)]
     max_dag_size: usize,
 }
 
@@ -353,6 +355,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             jwt_secret: jwt_secret.clone(),
             auth: true,
             heartbeat_ttl: args.heartbeat_timeout,
+            max_dag_size: args.max_dag_size,
             ..Default::default()
         },
     );

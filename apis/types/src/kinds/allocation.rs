@@ -29,6 +29,9 @@ pub const MAX_MAX_REQUEUE: u32 = 100;
 pub const MAX_TASKS: u64 = 100_000;
 /// Most nodes one allocation may ask for.
 pub const MAX_NODES: u32 = 100_000;
+/// Label of a job-array element: its index (`$LATTICE_TASK_INDEX`). An element may
+/// carry its array's `corresponding` dependencies (evaluated for its own index).
+pub const TASK_INDEX_LABEL: &str = "lattice.dev/task-index";
 
 /// An allocation: what to run, on how many nodes, for how long, and how it
 /// may be preempted, requeued and checkpointed.
@@ -535,11 +538,17 @@ pub enum DependencyCondition {
     /// `after`). A dependency that ends without ever starting can never satisfy it.
     /// Standalone allocations only (not DAG edges).
     Started,
+    /// `ref` names a lock, not an allocation (Slurm `singleton` on that name): at most
+    /// one allocation of the same user and tenant holding the lock runs at a time. An
+    /// allocation holds the locks it declares with `mutex` and its job name
+    /// (`spec.tags.name`, else its name), so a mutex also excludes Slurm `singleton`
+    /// jobs of that name. Holders run in submission order.
+    Mutex,
 }
 
 impl DependencyCondition {
     /// The allowed values, for messages.
-    pub const ALLOWED: &'static str = "success, failure, any, corresponding, started";
+    pub const ALLOWED: &'static str = "success, failure, any, corresponding, started, mutex";
 
     /// Parse a condition name (`success`, ...).
     pub fn parse(s: &str) -> Option<Self> {
@@ -549,6 +558,7 @@ impl DependencyCondition {
             "any" => Some(Self::Any),
             "corresponding" => Some(Self::Corresponding),
             "started" => Some(Self::Started),
+            "mutex" => Some(Self::Mutex),
             _ => None,
         }
     }
@@ -561,10 +571,12 @@ impl DependencyCondition {
             Self::Any => "any",
             Self::Corresponding => "corresponding",
             Self::Started => "started",
+            Self::Mutex => "mutex",
         }
     }
 
-    /// The Slurm/Flux spelling (`afterok`, `afternotok`, `afterany`, `aftercorr`, `after`).
+    /// The Slurm/Flux spelling (`afterok`, `afternotok`, `afterany`, `aftercorr`, `after`,
+    /// `singleton`).
     pub fn slurm_name(self) -> &'static str {
         match self {
             Self::Success => "afterok",
@@ -572,6 +584,7 @@ impl DependencyCondition {
             Self::Any => "afterany",
             Self::Corresponding => "aftercorr",
             Self::Started => "after",
+            Self::Mutex => "singleton",
         }
     }
 }
@@ -641,7 +654,8 @@ impl SymbolScope {
 /// * `ref` (+ `condition`): another allocation of the tenant, by name or uid —
 ///   `{ref: preprocess, condition: success}`; the seed's short form
 ///   `{preprocess: success}` and the CLI's `"preprocess:success"` are accepted on input
-///   and normalized to the long form;
+///   and normalized to the long form; with `condition: mutex`, `ref` is a lock name
+///   (`{gpu-lock: mutex}`), see [`DependencyCondition::Mutex`];
 /// * `beginTime`: not before this wall-clock time, in seconds since the UNIX epoch
 ///   (Flux `begin-time`, Slurm `--begin`) — `{beginTime: 1767225600}`;
 /// * `symbol` (+ `type`, `scope`): a Flux RFC 26 `string` dependency —
@@ -656,7 +670,7 @@ pub struct Dependency {
     /// Name or uid of the allocation (or DAG task) depended on; empty for the other
     /// kinds of dependency. Alias: `allocation`.
     pub ref_: String,
-    /// With `ref`: success (default) | failure | any | corresponding | started.
+    /// With `ref`: success (default) | failure | any | corresponding | started | mutex.
     pub condition: DependencyCondition,
     /// Not before this time (seconds since the UNIX epoch).
     pub begin_time: Option<f64>,
@@ -693,6 +707,8 @@ pub enum DependencyKind<'a> {
     },
     /// Slurm `singleton`.
     Singleton,
+    /// A lock by name (`{ref: NAME, condition: mutex}`).
+    Mutex(&'a str),
 }
 
 impl Dependency {
@@ -756,6 +772,9 @@ impl Dependency {
             return None;
         }
         if !self.ref_.is_empty() {
+            if self.condition == DependencyCondition::Mutex {
+                return Some(DependencyKind::Mutex(&self.ref_));
+            }
             return Some(DependencyKind::Allocation {
                 target: &self.ref_,
                 condition: self.condition,
@@ -776,7 +795,8 @@ impl Dependency {
 
     /// The RFC 26 description of this dependency (how its `dependency-add` and
     /// `dependency-remove` events are matched): `afterok:prep`, `after:prep`,
-    /// `begin-time:1767225600`, `string:ckpt?scope=user&type=inout`, `singleton`.
+    /// `begin-time:1767225600`, `string:ckpt?scope=user&type=inout`, `singleton`,
+    /// `mutex:gpu-lock`.
     pub fn description(&self) -> String {
         match self.kind() {
             Some(DependencyKind::Allocation { target, condition }) => {
@@ -789,6 +809,7 @@ impl Dependency {
                 type_.as_str()
             ),
             Some(DependencyKind::Singleton) => "singleton".to_string(),
+            Some(DependencyKind::Mutex(name)) => format!("mutex:{name}"),
             None => format!("invalid:{}", self.kinds_set().join("+")),
         }
     }
@@ -820,7 +841,11 @@ impl Dependency {
                 return;
             }
         }
-        if !self.ref_.is_empty() {
+        if !self.ref_.is_empty() && self.condition == DependencyCondition::Mutex {
+            if let Some(msg) = lock_name_error(&self.ref_) {
+                errs.push(format!("{dp}.ref"), msg);
+            }
+        } else if !self.ref_.is_empty() {
             if let Some(e) = validate_dns1123_name(&format!("{dp}.ref"), &self.ref_) {
                 errs.0.push(e);
             } else if Some(self.ref_.as_str()) == self_name {
@@ -870,6 +895,22 @@ impl Dependency {
 /// Largest accepted `beginTime` (year 9999).
 const MAX_BEGIN_TIME: f64 = 253_402_300_799.0;
 
+/// Why `name` is not a valid lock name (`mutex`), if it is not: 1-253 letters, digits,
+/// `-`, `_` or `.` (what a job name used with Slurm `singleton` usually is).
+pub(crate) fn lock_name_error(name: &str) -> Option<String> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    (!ok).then(|| {
+        format!(
+            "{:?} is not a lock name: use 1-253 letters, digits, '-', '_' or '.', e.g. \"gpu-lock\"",
+            truncate(name, 60)
+        )
+    })
+}
+
 impl Serialize for Dependency {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
@@ -909,7 +950,7 @@ impl JsonSchema for Dependency {
                 {
                     "type": "object",
                     "properties": {
-                        "ref": { "type": "string", "description": "Name or uid of the allocation (or DAG task) depended on." },
+                        "ref": { "type": "string", "description": "Name or uid of the allocation (or DAG task) depended on; with condition mutex, the lock name." },
                         "allocation": { "type": "string", "description": "Alias of ref." },
                         "condition": cond.clone(),
                         "beginTime": { "type": "number", "minimum": 0, "description": "Not before this time, in seconds since the UNIX epoch (Flux begin-time, Slurm --begin)." },
@@ -938,7 +979,7 @@ impl<'de> Deserialize<'de> for Dependency {
         impl<'de> Visitor<'de> for V {
             type Value = Dependency;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a dependency {ref: NAME, condition: success|failure|any|corresponding|started}, {NAME: CONDITION}, {beginTime: EPOCH_SECONDS}, {symbol: NAME, type: in|out|inout, scope: user|global} or {singleton: true}")
+                f.write_str("a dependency {ref: NAME, condition: success|failure|any|corresponding|started|mutex}, {NAME: CONDITION}, {beginTime: EPOCH_SECONDS}, {symbol: NAME, type: in|out|inout, scope: user|global} or {singleton: true}")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Dependency, E> {
                 // "name" or "name:condition" (the CLI's --depends-on form).
@@ -1043,7 +1084,7 @@ impl<'de> Deserialize<'de> for Dependency {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DependencyStatus {
     /// `afterok:prep`, `after:prep`, `begin-time:1767225600`,
-    /// `string:ckpt?scope=user&type=inout`, `singleton`.
+    /// `string:ckpt?scope=user&type=inout`, `singleton`, `mutex:gpu-lock`.
     pub description: String,
     /// The dependency holds.
     #[serde(default)]
@@ -1132,6 +1173,13 @@ impl TaskRange {
             return bound;
         }
         self.indices().len() as u64
+    }
+
+    /// Whether `i` is one of the indices (without expanding the range).
+    pub fn contains(&self, i: u64) -> bool {
+        self.segments
+            .iter()
+            .any(|&(a, b, s)| (a..=b).contains(&i) && (i - a) % s.max(1) == 0)
     }
 
     /// All indices in ascending order, deduplicated.
@@ -1550,6 +1598,20 @@ impl AllocationSpec {
         namespace: Option<&str>,
         errs: &mut Errors,
     ) {
+        self.validate_as(p, self_name, namespace, false, errs)
+    }
+
+    /// [`Self::validate`]; `element`: the allocation is an element of a job array
+    /// (labelled [`TASK_INDEX_LABEL`]), which may carry its array's `corresponding`
+    /// dependencies without a `taskGroup` of its own.
+    pub(crate) fn validate_as(
+        &self,
+        p: &str,
+        self_name: Option<&str>,
+        namespace: Option<&str>,
+        element: bool,
+        errs: &mut Errors,
+    ) {
         if let (Some(t), Some(ns)) = (&self.tenant, namespace) {
             if t != ns {
                 errs.push(
@@ -1780,7 +1842,7 @@ impl AllocationSpec {
         let mut seen_singleton = false;
         for (i, d) in self.depends_on.iter().enumerate().take(1000) {
             let dp = format!("{p}.dependsOn[{i}]");
-            d.validate(&dp, self_name, self.task_group.is_some(), errs);
+            d.validate(&dp, self_name, self.task_group.is_some() || element, errs);
             let duplicate = match d.kind() {
                 Some(DependencyKind::Allocation { target, .. }) => (!seen
                     .insert(format!("ref:{target}")))
@@ -1813,6 +1875,16 @@ impl AllocationSpec {
                     }),
                 Some(DependencyKind::Singleton) => std::mem::replace(&mut seen_singleton, true)
                     .then(|| ("singleton", "is given twice; keep one".to_string())),
+                Some(DependencyKind::Mutex(name)) => (!seen.insert(format!("mutex:{name}")))
+                    .then(|| {
+                        (
+                            "ref",
+                            format!(
+                                "mutex {:?} is listed twice; keep one entry per lock",
+                                truncate(name, 63)
+                            ),
+                        )
+                    }),
                 None => None,
             };
             if let Some((field, msg)) = duplicate {
@@ -2145,10 +2217,11 @@ impl Resource for Allocation {
     }
 
     fn validate_fields(&self, errs: &mut Errors) {
-        self.spec.validate(
+        self.spec.validate_as(
             "spec",
             self.metadata.name.as_deref(),
             self.metadata.namespace.as_deref(),
+            self.metadata.labels.contains_key(TASK_INDEX_LABEL),
             errs,
         );
         if let Some(st) = &self.status {
@@ -2159,4 +2232,127 @@ impl Resource for Allocation {
 
 fn is_zero(v: &u32) -> bool {
     *v == 0
+}
+
+#[cfg(test)]
+mod dependency_tests {
+    use super::*;
+    use crate::kinds::dag::Dag;
+    use serde_json::json;
+
+    fn errors<T: Resource + serde::de::DeserializeOwned>(v: serde_json::Value) -> Vec<String> {
+        let mut o: T = serde_json::from_value(v).expect("parses");
+        o.fill_type_meta();
+        match o.validate() {
+            Ok(()) => Vec::new(),
+            Err(e) => e.to_string().lines().map(String::from).collect(),
+        }
+    }
+
+    fn alloc(labels: serde_json::Value, spec: serde_json::Value) -> serde_json::Value {
+        let mut spec = spec;
+        spec["entrypoint"] = json!("/bin/true");
+        json!({"metadata": {"name": "b", "namespace": "t1", "labels": labels}, "spec": spec})
+    }
+
+    #[test]
+    fn mutex_names_a_lock() {
+        let v = alloc(
+            json!({}),
+            json!({"dependsOn": [{"gpu_lock.v2": "mutex"}, "other-lock:mutex", {"ref": "prep"}]}),
+        );
+        assert!(errors::<Allocation>(v.clone()).is_empty());
+        let a: Allocation = serde_json::from_value(v).unwrap();
+        assert_eq!(
+            a.spec.depends_on[0].kind(),
+            Some(DependencyKind::Mutex("gpu_lock.v2"))
+        );
+        assert_eq!(a.spec.depends_on[1].description(), "mutex:other-lock");
+        assert_eq!(
+            serde_json::to_value(&a.spec.depends_on[0]).unwrap(),
+            json!({"ref": "gpu_lock.v2", "condition": "mutex"})
+        );
+        // A lock and an allocation of the same name are different entries.
+        let both = alloc(
+            json!({}),
+            json!({"dependsOn": [{"x": "mutex"}, {"x": "success"}]}),
+        );
+        assert!(errors::<Allocation>(both).is_empty());
+        let bad = alloc(
+            json!({}),
+            json!({"dependsOn": [{"ref": "a lock", "condition": "mutex"}]}),
+        );
+        let e = errors::<Allocation>(bad);
+        assert!(e.iter().any(|l| l.contains("is not a lock name")), "{e:?}");
+        let twice = alloc(json!({}), json!({"dependsOn": ["l:mutex", {"l": "mutex"}]}));
+        let e = errors::<Allocation>(twice);
+        assert!(e.iter().any(|l| l.contains("listed twice")), "{e:?}");
+    }
+
+    #[test]
+    fn corresponding_needs_a_task_group_or_an_element() {
+        let dep = json!({"dependsOn": [{"a": "corresponding"}]});
+        let e = errors::<Allocation>(alloc(json!({}), dep.clone()));
+        assert!(
+            e.iter().any(|l| l.contains("needs spec.taskGroup")),
+            "{e:?}"
+        );
+        let mut group = dep.clone();
+        group["taskGroup"] = json!({"range": "0-3"});
+        assert!(errors::<Allocation>(alloc(json!({}), group)).is_empty());
+        // An element of a job array carries its array's corresponding entries.
+        let element = alloc(json!({TASK_INDEX_LABEL: "2"}), dep);
+        assert!(errors::<Allocation>(element).is_empty());
+    }
+
+    #[test]
+    fn task_range_contains_without_expanding() {
+        let r = TaskRange::parse("0-9,20-30:5,99999").unwrap();
+        for i in [0, 9, 20, 25, 30, 99999] {
+            assert!(r.contains(i), "{i}");
+        }
+        for i in [10, 19, 21, 31, 100000] {
+            assert!(!r.contains(i), "{i}");
+        }
+    }
+
+    fn dag(tasks: serde_json::Value) -> serde_json::Value {
+        json!({"metadata": {"name": "d", "namespace": "t1"}, "spec": {"allocations": tasks}})
+    }
+
+    #[test]
+    fn dag_mutex_edges_are_locks_not_tasks() {
+        let spec = json!({"entrypoint": "/bin/true"});
+        let ok = dag(json!([
+            {"name": "a", "dependsOn": [{"gpu": "mutex"}], "spec": spec},
+            {"name": "b", "dependsOn": [{"gpu": "mutex"}, {"a": "success"}], "spec": spec},
+            // A lock named like a task (even this one) is no edge: no cycle, no self edge.
+            {"name": "c", "dependsOn": [{"c": "mutex"}, {"d": "mutex"}], "spec": spec},
+            {"name": "d", "dependsOn": [{"c": "success"}], "spec": spec},
+        ]));
+        assert!(errors::<Dag>(ok).is_empty());
+        let bad = dag(json!([
+            {"name": "a", "dependsOn": [{"ref": "no such lock!", "condition": "mutex"}], "spec": spec},
+            {"name": "b", "dependsOn": [{"l": "mutex"}, {"l": "mutex"}], "spec": spec},
+            {"name": "c", "dependsOn": [{"a": "started"}], "spec": spec},
+        ]));
+        let e = errors::<Dag>(bad);
+        assert!(
+            e.iter()
+                .any(|l| l.contains("spec.allocations[0].dependsOn[0].ref")
+                    && l.contains("not a lock name")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|l| l.contains("spec.allocations[1].dependsOn[1].ref")
+                    && l.contains("listed twice")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter().any(|l| l.contains("corresponding or mutex")),
+            "{e:?}"
+        );
+        assert_eq!(e.len(), 3, "{e:?}");
+    }
 }

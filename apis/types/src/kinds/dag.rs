@@ -8,13 +8,31 @@ use std::collections::{BTreeMap, BTreeSet};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::allocation::{AllocationSpec, Dependency, DependencyCondition};
+use super::allocation::{lock_name_error, AllocationSpec, Dependency, DependencyCondition};
 use crate::meta::{Condition, ObjectMeta, Time};
 use crate::resource::{impl_resource_meta, Resource};
 use crate::validation::{truncate, validate_dns1123_label, Errors};
 
-/// Default limit on tasks per DAG (the seed: "Maximum 1000 allocations per DAG").
-pub const MAX_DAG_TASKS: usize = 1000;
+/// Default limit on tasks per DAG (the seed: "Maximum 1000 allocations per DAG
+/// (configurable by admin)"). The limit is enforced at admission by the API server
+/// (`lattice-server --max-dag-size`, see [`dag_size_error`]), not by [`Resource::validate`],
+/// which takes no configuration.
+pub const DEFAULT_MAX_DAG_SIZE: usize = 1000;
+
+/// The seed's hint for a DAG over the size limit.
+pub const DAG_SIZE_HINT: &str =
+    "Split the workflow into smaller DAGs or increase the limit via system configuration.";
+
+/// `Some(message)` when `count` tasks exceed `limit`: the seed's
+/// `DAG exceeds maximum size (1234 allocations, limit: 1000)` and its hint, for the
+/// field `spec.allocations`.
+pub fn dag_size_error(count: usize, limit: usize) -> Option<String> {
+    (count > limit).then(|| {
+        format!(
+            "DAG exceeds maximum size ({count} allocations, limit: {limit}). Hint: {DAG_SIZE_HINT}"
+        )
+    })
+}
 
 /// A DAG workflow.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -54,7 +72,7 @@ pub enum DagFailurePolicy {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DagSpec {
-    /// The tasks (at most 1000), each becoming one Allocation.
+    /// The tasks (at most `--max-dag-size`, default 1000), each becoming one Allocation.
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub allocations: Vec<DagTask>,
@@ -266,7 +284,9 @@ impl DagSpec {
                 if *next < deps.len() {
                     let d = &deps[*next];
                     *next += 1;
-                    if let Some(&j) = index.get(d.ref_.as_str()) {
+                    // A mutex names a lock, not a task: no edge.
+                    let edge = d.condition != DependencyCondition::Mutex;
+                    if let Some(&j) = index.get(d.ref_.as_str()).filter(|_| edge) {
                         match state[j] {
                             0 => {
                                 state[j] = 1;
@@ -320,16 +340,6 @@ impl DagSpec {
                 "spec.allocations",
                 "must list at least one task: [{name: step-1, spec: {entrypoint: /bin/sh, args: [-c, 'echo hi']}}]",
             );
-        }
-        if self.allocations.len() > MAX_DAG_TASKS {
-            errs.push(
-                "spec.allocations",
-                format!(
-                    "has {} tasks, the limit is {MAX_DAG_TASKS}; split the workflow into several DAGs",
-                    self.allocations.len()
-                ),
-            );
-            return;
         }
         if self.max_parallel == Some(0) {
             errs.push(
@@ -395,8 +405,21 @@ impl DagSpec {
                 if d.condition == DependencyCondition::Started {
                     errs.push(
                         format!("{dp}.condition"),
-                        "`started` (Slurm/Flux `after`) is for standalone allocations; DAG edges use success, failure, any or corresponding",
+                        "`started` (Slurm/Flux `after`) is for standalone allocations; DAG edges use success, failure, any, corresponding or mutex",
                     );
+                    continue;
+                }
+                if d.condition == DependencyCondition::Mutex {
+                    // `ref` names a lock (Slurm singleton), not a task: at most one
+                    // holder of it runs at a time, in this DAG and across the tenant.
+                    if let Some(msg) = lock_name_error(&d.ref_) {
+                        errs.push(format!("{dp}.ref"), msg);
+                    } else if !seen.insert(("mutex", d.ref_.as_str())) {
+                        errs.push(
+                            format!("{dp}.ref"),
+                            format!("mutex {:?} is listed twice", d.ref_),
+                        );
+                    }
                     continue;
                 }
                 match names.get(d.ref_.as_str()) {
@@ -413,7 +436,7 @@ impl DagSpec {
                         "a task cannot depend on itself; remove this entry",
                     ),
                     Some(&j) => {
-                        if !seen.insert(d.ref_.as_str()) {
+                        if !seen.insert(("ref", d.ref_.as_str())) {
                             errs.push(format!("{dp}.ref"), format!("{:?} is listed twice", d.ref_));
                         }
                         if d.condition == DependencyCondition::Corresponding
