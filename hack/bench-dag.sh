@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # DAG benchmarks, printing `RESULT name=value` lines:
 #  1. the pure engine (lattice-dag-bench): validation of a 10,000-step DAG
-#     (target validate_10000_ms < 20) and dispatch latency (release_p99_ms);
+#     (target validate_10000_ms < 20) and one dispatch decision (engine_release_p99_ms);
 #  2. the DAG controller in-process on an embedded store: from a predecessor's terminal
 #     status write to its successor's release, over a BENCH_DAG_STEPS-step chain
-#     (release_controller_p99_ms; target < 5 ms);
+#     (release_p99_ms; target < 5 ms);
 #  3. end to end on a local cluster (release lattice-server --dev + 4 agents): a
 #     BENCH_DAG_STEPS-step chain and a BENCH_DAG_STEPS-wide fan-out/fan-in of /bin/true
 #     steps, total time and overhead per step.

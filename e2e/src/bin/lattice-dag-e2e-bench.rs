@@ -4,7 +4,7 @@
 //!   embedded store, in this process. A chain of `--steps` steps; each predecessor's
 //!   terminal status is written through the API and the time until its successor is
 //!   released (its hold lifted, i.e. schedulable) is measured. Prints
-//!   `RESULT release_controller_p50_ms` / `_p99_ms`.
+//!   `RESULT release_p50_ms` / `release_p99_ms` (the figure).
 //! * `cluster`: against a running cluster (`--url`, `--token-file`) with real agents: a
 //!   `--steps`-step chain and a `--steps`-wide fan-out/fan-in of `/bin/true` steps, each
 //!   run to completion. Prints the wall time and the overhead per step.
@@ -137,17 +137,17 @@ async fn in_process(n: usize) -> anyhow::Result<()> {
             })
             .await?;
     }
-    println!("RESULT release_controller_steps={n}");
+    println!("RESULT release_steps={n}");
     println!(
-        "RESULT release_controller_p50_ms={:.2}",
+        "RESULT release_p50_ms={:.2}",
         lattice_e2e::percentile(&mut lat, 0.50)
     );
     println!(
-        "RESULT release_controller_p99_ms={:.2}",
+        "RESULT release_p99_ms={:.2}",
         lattice_e2e::percentile(&mut lat, 0.99)
     );
     println!(
-        "RESULT release_controller_total_s={:.2}",
+        "RESULT release_total_s={:.2}",
         started.elapsed().as_secs_f64()
     );
     Ok(())
