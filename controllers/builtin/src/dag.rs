@@ -565,7 +565,17 @@ async fn drive(
 /// flight are coalesced into the next one.
 struct StatusWriter {
     tx: tokio::sync::watch::Sender<Option<DagStatus>>,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// A run dropped without `finish` (error, leadership lost, Dag deleted) stops its writer
+/// at once, so a write of the old run can never land after the rebuilt run's.
+impl Drop for StatusWriter {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
 }
 
 impl StatusWriter {
@@ -600,7 +610,10 @@ impl StatusWriter {
                 }
             }
         });
-        StatusWriter { tx, task }
+        StatusWriter {
+            tx,
+            task: Some(task),
+        }
     }
 
     fn send(&self, status: DagStatus) {
@@ -608,10 +621,14 @@ impl StatusWriter {
     }
 
     /// Stop after the write in flight (if any); pending values are dropped.
-    async fn finish(self) {
+    async fn finish(mut self) {
         self.tx.send_replace(None);
-        drop(self.tx);
-        let _ = self.task.await;
+        if let Some(t) = self.task.take() {
+            // Ends after the write in flight: the loop sees `None`, then the closed channel.
+            let closed = std::mem::replace(&mut self.tx, tokio::sync::watch::channel(None).0);
+            drop(closed);
+            let _ = t.await;
+        }
     }
 }
 

@@ -20,14 +20,17 @@ pub(crate) struct Preemption {
     pub reclaim: bool,
 }
 
-/// Whether `victim` runs on nodes borrowed from `job`'s vCluster, which may take them back
-/// whatever the classes (elastic borrowing: "if vCluster A needs them back: checkpoint +
-/// reclaim"). Sensitive work never borrows, and a victim already stopping is left alone.
+/// Whether `victim` runs only on nodes borrowed from `job`'s vCluster, which may take them
+/// back whatever the classes (elastic borrowing: "if vCluster A needs them back:
+/// checkpoint + reclaim"). A victim that also holds other nodes is preempted only by the
+/// class rules: the reclaim right covers the lender's own nodes, not the rest of the
+/// victim. Sensitive work never borrows, and a victim already stopping is left alone.
 pub fn reclaimable(cat: &NodeCatalog, victim: &RunningJob, job: &PendingJob) -> bool {
     victim.vcluster != job.vcluster
         && !victim.sensitive
         && !victim.checkpointing
-        && victim.nodes.iter().any(|id| {
+        && !victim.nodes.is_empty()
+        && victim.nodes.iter().all(|id| {
             cat.index_of(*id)
                 .is_some_and(|i| cat.node(i).owner.home == Some(job.vcluster))
         })

@@ -329,6 +329,13 @@ fn a_lender_reclaims_its_home_nodes_whatever_the_classes() {
     own.vcluster = VClusterId(7);
     let plan = cycle(cfg.clone(), ns.clone(), &[own], &[home.clone()], &[]);
     assert!(plan.proposals.is_empty(), "{:?}", plan.proposals);
+    // A borrower that also holds a shared-pool node is not covered by the reclaim right
+    // (only the class rules could preempt it, and they are off here).
+    let mut wider = ns.clone();
+    wider.push(NodeView::slot(4));
+    let spread = running(10, 0..5, 900, 36_000, 9);
+    let plan = cycle(cfg.clone(), wider, &[spread], &[home.clone()], &[]);
+    assert!(plan.proposals.is_empty(), "{:?}", plan.proposals);
     // A borrower already stopping is not asked twice.
     let mut stopping = borrower.clone();
     stopping.checkpointing = true;

@@ -100,7 +100,9 @@ struct ServeArgs {
     /// of N nodes is one transaction of 2N+4 operations, so the embedded store's default
     /// (4096) admits allocations of up to 2,046 nodes; raise it for larger ones. With
     /// `--backend etcd`, set it to the etcd cluster's own `--max-txn-ops` (etcd's
-    /// default, 128, when omitted) so the scheduler splits its batches to fit.
+    /// default, 128, when omitted) so the scheduler splits its batches to fit. Every
+    /// member of a replicated store must use the same value (it is checked when an entry
+    /// is applied).
     #[arg(long)]
     max_txn_ops: Option<usize>,
     /// A node whose agent has sent no heartbeat for this long goes Degraded (no new

@@ -41,6 +41,11 @@ pub fn ops_of(b: &Binding) -> usize {
 /// counters (a compare and a put).
 pub const TENANT_OPS: usize = 2;
 
+/// Operations of a transaction binding one allocation of `nodes` nodes.
+pub fn ops_for_nodes(nodes: usize) -> usize {
+    2 * (1 + nodes) + TENANT_OPS
+}
+
 /// Split one tenant's bindings into batches whose transactions stay within `max_ops`
 /// (the store's `--max-txn-ops`), keeping their order. Bindings that cannot fit even
 /// alone are returned apart, with the operations they would need.

@@ -305,6 +305,17 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         let label = format!("{}/{}", key.0, key.1);
         claim::process(shared, &vc, &label, &claims, &mut inv, &catalog, &mut stats).await?;
     }
+    // Allocations no store transaction can bind are told so and kept out of the plan, so
+    // nodes are not held for them cycle after cycle.
+    let max_ops = shared.backend.max_txn_ops();
+    let (queued, too_large): (Vec<Arc<Allocation>>, Vec<Arc<Allocation>>) = queued
+        .into_iter()
+        .partition(|a| bind::ops_for_nodes(a.spec.resources.nodes.min() as usize) <= max_ops);
+    for a in &too_large {
+        let n = a.spec.resources.nodes.min() as usize;
+        let msg = too_large_message(n, bind::ops_for_nodes(n), max_ops);
+        explain(shared, a, "too_large_for_one_transaction", &msg).await;
+    }
     let pending: Vec<lattice_scheduler::PendingJob> = queued
         .iter()
         .enumerate()
@@ -391,16 +402,12 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
             }
         }
     }
-    let max_ops = shared.backend.max_txn_ops();
     let mut batches = Vec::new();
     for (tenant, bindings) in by_tenant {
         let (fit, too_large) = bind::batches(bindings, |(b, _)| b, max_ops);
         for ((b, _), ops) in too_large {
             if let Some(a) = allocs.get_named(Some(&b.tenant), &b.name) {
-                let msg = format!(
-                    "binding {} nodes takes {ops} store operations in one transaction, over the store's limit of {max_ops}; raise lattice-server --max-txn-ops to at least {ops}",
-                    b.nodes.len()
-                );
+                let msg = too_large_message(b.nodes.len(), ops, max_ops);
                 explain(shared, &a, "too_large_for_one_transaction", &msg).await;
             }
         }
@@ -459,6 +466,12 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         explain(shared, a, code, &msg).await;
     }
     Ok(stats)
+}
+
+fn too_large_message(nodes: usize, ops: usize, max_ops: usize) -> String {
+    format!(
+        "binding {nodes} nodes takes {ops} store operations in one transaction, over the store's limit of {max_ops}; raise lattice-server --max-txn-ops to at least {ops}"
+    )
 }
 
 fn reason_code(r: &PendingReason) -> &'static str {
