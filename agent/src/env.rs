@@ -90,7 +90,12 @@ pub fn build(i: &EnvInputs<'_>) -> BTreeMap<String, String> {
         .get(NTASKS_ANNOTATION)
         .filter(|v| !v.trim().is_empty())
         .cloned()
-        .unwrap_or_else(|| (per_node.unwrap_or(1) * nnodes as u64).to_string());
+        .unwrap_or_else(|| {
+            per_node
+                .unwrap_or(1)
+                .saturating_mul(nnodes as u64)
+                .to_string()
+        });
     let job_name = a
         .spec
         .tags

@@ -294,9 +294,11 @@ pub fn graph_of(dag: &lattice_apis::Dag) -> Value {
         .allocations
         .iter()
         .flat_map(|t| {
-            t.depends_on.iter().map(
-                move |d| json!({"from": d.ref_, "to": t.name, "condition": d.condition.as_str()}),
-            )
+            // A `mutex` entry names a lock, not a step: it is not an edge of the graph.
+            t.depends_on
+                .iter()
+                .filter(|d| d.condition != lattice_apis::DependencyCondition::Mutex)
+                .map(move |d| json!({"from": d.ref_, "to": t.name, "condition": d.condition.as_str()}))
         })
         .collect();
     json!({
