@@ -310,16 +310,7 @@ async fn cancel_matching(
         workload::sort_by_creation(&mut items);
     } else {
         for id in &ca.ids {
-            match workload::get_object(
-                ctx,
-                "allocations",
-                "allocation",
-                Some(&tenant),
-                id,
-                "lattice status",
-            )
-            .await
-            {
+            match workload::get_allocation(ctx, &tenant, id).await {
                 Ok(a) => items.push(a),
                 Err(e) if e.exit_code == exit::UNREACHABLE => return Err(e),
                 Err(e) => {

@@ -430,16 +430,7 @@ pub async fn cancel(
         return Ok(code);
     }
     for id in &args.ids {
-        let a = match workload::get_object(
-            ctx,
-            "allocations",
-            "allocation",
-            Some(&tenant),
-            id,
-            "lattice status",
-        )
-        .await
-        {
+        let a = match workload::get_allocation(ctx, &tenant, id).await {
             Ok(a) => a,
             Err(e) => {
                 if e.exit_code == exit::UNREACHABLE {

@@ -355,6 +355,19 @@ pub fn not_found(kind: &str, id: &str, tenant: Option<&str>, list_cmd: &str) -> 
 }
 
 /// GET an object; a 404 becomes [`not_found`].
+/// An allocation by name or id in `tenant` (the not-found hint points at `lattice status`).
+pub async fn get_allocation(ctx: &Ctx, tenant: &str, id: &str) -> Result<Value, CliError> {
+    get_object(
+        ctx,
+        "allocations",
+        "allocation",
+        Some(tenant),
+        id,
+        "lattice status",
+    )
+    .await
+}
+
 pub async fn get_object(
     ctx: &Ctx,
     plural: &str,
