@@ -1776,6 +1776,13 @@ async fn a_lender_takes_back_the_nodes_it_lent() {
 
     // A class-0 job of the lender asks for one node back: the borrower is sent back
     // although it outranks it.
+    // Every change of the lender's job, from before it exists (its explanation may be
+    // replaced once the borrower is stopping).
+    let mut changes = env
+        .allocations("t1")
+        .watch(&WatchParams::default())
+        .await
+        .expect("watch");
     env.submit(
         "t1",
         "home-job",
@@ -1798,11 +1805,19 @@ async fn a_lender_takes_back_the_nodes_it_lent() {
             .map(String::as_str),
         Some("home-job")
     );
-    let h = env
-        .wait_alloc("t1", "home-job", "explained", |a| {
-            message_of(a).starts_with("reclaiming home nodes")
-        })
-        .await;
+    let h = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(ev) = changes.next().await {
+            if let Ok(WatchEvent::Added(a) | WatchEvent::Modified(a)) = ev {
+                if a.name_any() == "home-job" && message_of(&a).starts_with("reclaiming home nodes")
+                {
+                    return a;
+                }
+            }
+        }
+        panic!("watch ended");
+    })
+    .await
+    .expect("home-job explained as reclaiming");
     assert_eq!(h.phase(), AllocationPhase::Pending);
     // The simulated agents stop the borrower; the lender's job gets its node.
     let _runner = auto_runner(&env, "t1", |_| 0);

@@ -468,14 +468,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         dev::bootstrap(api_addr, &admin_token).await?;
     }
-    let token_path = data_dir.join("admin.token");
-    write_private(&token_path, admin_token.as_bytes())?;
+    // The kubeconfig before the token: once `admin.token` exists, everything is written.
     if let (Some(url), Some(ca)) = (&tls_url, &ca_file) {
         write_private(
             &data_dir.join("kubeconfig"),
             kubeconfig(url, ca, &admin_token).as_bytes(),
         )?;
     }
+    let token_path = data_dir.join("admin.token");
+    write_private(&token_path, admin_token.as_bytes())?;
     if args.dev {
         eprintln!(
             "\nLattice dev server ready.\n  API:   http://{api_addr}{}\n  etcd:  {}\n  token: {}\n\n  export LATTICE_API_URL=http://{api_addr}\n  export LATTICE_TOKEN=$(cat {})\n  lattice get vclusters\n{}",
