@@ -152,21 +152,24 @@ pub fn comparable(v: &Value) -> Value {
     v
 }
 
+/// Whether the apply changed the object, judged by content without its status: a
+/// controller's status write between the read and the apply bumps the resourceVersion
+/// without the apply having changed anything.
 fn outcome(before: Option<&Value>, after: &Value) -> Outcome {
     let Some(before) = before else {
         return Outcome::Created;
     };
-    let rv = |v: &Value| {
-        v.pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .map(str::to_string)
+    let content = |v: &Value| {
+        let mut c = comparable(v);
+        if let Some(o) = c.as_object_mut() {
+            o.remove("status");
+        }
+        c
     };
-    match (rv(before), rv(after)) {
-        (Some(a), Some(b)) if a != b => Outcome::Configured,
-        _ if comparable(before) == comparable(after) => Outcome::Unchanged,
-        // Dry runs keep the old resourceVersion: compare content.
-        (Some(_), Some(_)) => Outcome::Configured,
-        _ => Outcome::Configured,
+    if content(before) == content(after) {
+        Outcome::Unchanged
+    } else {
+        Outcome::Configured
     }
 }
 
