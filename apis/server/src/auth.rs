@@ -1,15 +1,25 @@
 //! Authentication (pluggable: HS256 JWT bearer tokens today; OIDC or mTLS can implement
-//! [`Authenticator`] later) and authorization by role and tenant.
+//! [`Authenticator`] later), authorization by role and tenant, and the submitting-user
+//! rule of [`USER_ANNOTATION`] (see [`admit_user_on_create`]).
 
+use std::cell::RefCell;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use axum::extract::Request;
 use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::Response;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use lattice_apis::KindInfo;
 use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
 
 use crate::errors::{ApiError, ApiResult};
+use crate::objects::name_of;
+
+/// The name [`UserInfo::anonymous_admin`] goes by.
+pub const ANONYMOUS: &str = "system:anonymous";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -47,10 +57,16 @@ pub struct UserInfo {
 impl UserInfo {
     pub fn anonymous_admin() -> Self {
         Self {
-            name: "system:anonymous".into(),
+            name: ANONYMOUS.into(),
             tenants: None,
             role: Role::Admin,
         }
+    }
+
+    /// The caller of a server without authentication (`auth: false`), or a request
+    /// without credentials to one.
+    pub fn is_anonymous(&self) -> bool {
+        self.name == ANONYMOUS
     }
 
     pub fn in_tenant(&self, t: &str) -> bool {
@@ -216,6 +232,180 @@ pub fn authorize(
     }
 }
 
+/// Annotation naming the user who submitted an `Allocation` or `Dag`. The node agent
+/// runs the workload as that local Unix user, the controllers scope `scope=user`
+/// dependency symbols and mutexes by it, and the CLI's `--all-mine` filters on it, so the
+/// server does not take a caller's word for it: see [`admit_user_on_create`] and
+/// [`admit_user_on_update`].
+pub const USER_ANNOTATION: &str = "lattice.dev/user";
+
+/// The field path of [`USER_ANNOTATION`] in `Status` causes.
+const USER_FIELD: &str = "metadata.annotations[lattice.dev/user]";
+
+/// Kinds whose [`USER_ANNOTATION`] names the user the work belongs to and runs as.
+fn names_submitter(kind: &KindInfo) -> bool {
+    matches!(kind.kind, "Allocation" | "Dag")
+}
+
+/// The object's [`USER_ANNOTATION`]; `None` when absent (or `null`).
+fn user_annotation(obj: &Value) -> Option<&Value> {
+    obj.pointer("/metadata/annotations")?
+        .get(USER_ANNOTATION)
+        .filter(|v| !v.is_null())
+}
+
+/// A value as the messages show it: quoted text, or its JSON.
+fn shown(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("{s:?}"),
+        other => other.to_string(),
+    }
+}
+
+fn forbidden_user_change(kind: &KindInfo, obj: &Value, why: String) -> ApiError {
+    let name = name_of(obj);
+    ApiError::forbidden(format!(
+        "{}.lattice.dev {name:?} is forbidden: {why}",
+        kind.plural
+    ))
+    .with_details(json!({
+        "name": name,
+        "group": "lattice.dev",
+        "kind": kind.plural,
+        "causes": [{"reason": "FieldValueForbidden", "field": USER_FIELD, "message": why}],
+    }))
+}
+
+/// Create of an `Allocation` or `Dag` by `user` (`None`: an in-process caller such as
+/// the built-in controllers, trusted as is). The [`USER_ANNOTATION`] must name the
+/// caller:
+///
+/// * a non-admin who omits it gets it set to their name; one who sends another value
+///   gets 403 Forbidden naming the annotation, the value and the fix;
+/// * an admin may set any value (submitting on behalf of a user, like `kubectl --as`);
+///   when absent it is set to the admin's name, except for the anonymous admin of a
+///   server without authentication, which leaves it absent.
+pub fn admit_user_on_create(
+    user: Option<&UserInfo>,
+    kind: &KindInfo,
+    obj: &mut Value,
+) -> ApiResult<()> {
+    let Some(user) = user else {
+        return Ok(());
+    };
+    if !names_submitter(kind) {
+        return Ok(());
+    }
+    let sent = user_annotation(obj);
+    if user.role == Role::Admin {
+        if sent.is_some() || user.is_anonymous() || user.name.is_empty() {
+            return Ok(());
+        }
+    } else if user.name.is_empty() {
+        let why = format!(
+            "the credentials name no user (an empty subject), and metadata.annotations[{USER_ANNOTATION:?}] \
+             must name the submitting user; use credentials whose subject is your user name"
+        );
+        return Err(forbidden_user_change(kind, obj, why));
+    } else if let Some(v) = sent {
+        if v.as_str() == Some(user.name.as_str()) {
+            return Ok(());
+        }
+        let why = format!(
+            "user {:?} cannot create it with metadata.annotations[{USER_ANNOTATION:?}] = {}: \
+             the annotation names the submitting user, whom the work runs as, and must be \
+             the authenticated user {:?} (only admins may submit as another user); \
+             omit the annotation or set it to {:?}",
+            user.name,
+            shown(v),
+            user.name,
+            user.name
+        );
+        return Err(forbidden_user_change(kind, obj, why));
+    }
+    let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return Ok(());
+    };
+    let annotations = meta
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if annotations.is_null() {
+        *annotations = Value::Object(Map::new());
+    }
+    // Anything but a map is left to admission, which rejects it (422).
+    if let Some(a) = annotations.as_object_mut() {
+        a.insert(USER_ANNOTATION.into(), Value::String(user.name.clone()));
+    }
+    Ok(())
+}
+
+/// Update (replace, patch, apply) of an existing `Allocation` or `Dag` from `old` to
+/// `new` by `user` (`None`: in-process, trusted): a non-admin may not add, change or
+/// remove the [`USER_ANNOTATION`] (403 Forbidden naming the annotation, both values
+/// and the fix); admins may.
+pub fn admit_user_on_update(
+    user: Option<&UserInfo>,
+    kind: &KindInfo,
+    old: &Value,
+    new: &Value,
+) -> ApiResult<()> {
+    let Some(user) = user else {
+        return Ok(());
+    };
+    if !names_submitter(kind) || user.role == Role::Admin {
+        return Ok(());
+    }
+    let (before, after) = (user_annotation(old), user_annotation(new));
+    if before == after {
+        return Ok(());
+    }
+    let field = format!("metadata.annotations[{USER_ANNOTATION:?}]");
+    let what = match (before, after) {
+        (Some(b), Some(a)) => format!("change {field} from {} to {}", shown(b), shown(a)),
+        (Some(b), None) => format!("remove {field} (it is {})", shown(b)),
+        (None, Some(a)) => format!(
+            "set {field} to {} on an object that names no user",
+            shown(a)
+        ),
+        (None, None) => return Ok(()),
+    };
+    let fix = match before {
+        Some(b) => format!("keep it as {}", shown(b)),
+        None => "leave it unset".to_string(),
+    };
+    let why = format!(
+        "user {:?} cannot {what}: the annotation names the submitting user, whom the work \
+         runs as, and only admins may change it; {fix}",
+        user.name
+    );
+    Err(forbidden_user_change(kind, old, why))
+}
+
+tokio::task_local! {
+    /// The authenticated caller of the HTTP request being served, recorded by
+    /// [`crate::routes::authenticate`] inside the scope [`request_scope`] opens.
+    static REQUEST_USER: RefCell<Option<UserInfo>>;
+}
+
+/// Middleware around every route: opens the scope in which [`crate::routes::authenticate`]
+/// records the request's caller, so that the verbs of [`crate::resources::Resources`]
+/// apply the caller's rules (see [`request_user`]) even on paths that do not pass the
+/// caller along, such as the Intent API.
+pub async fn request_scope(req: Request, next: Next) -> Response {
+    REQUEST_USER.scope(RefCell::new(None), next.run(req)).await
+}
+
+/// Record the caller of the request being served (no-op outside [`request_scope`]).
+pub(crate) fn record_request_user(user: &UserInfo) {
+    let _ = REQUEST_USER.try_with(|u| *u.borrow_mut() = Some(user.clone()));
+}
+
+/// The authenticated caller of the HTTP request being served; `None` outside one (the
+/// built-in controllers calling [`crate::resources::Resources`] in process).
+pub fn request_user() -> Option<UserInfo> {
+    REQUEST_USER.try_with(|u| u.borrow().clone()).ok().flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,5 +438,76 @@ mod tests {
             JwtAuthenticator::new(b"s3cret").verify(&t).unwrap().tenants,
             None
         );
+    }
+
+    fn kind(k: &str) -> &'static KindInfo {
+        lattice_apis::kinds().iter().find(|i| i.kind == k).unwrap()
+    }
+
+    fn user(name: &str, role: Role) -> UserInfo {
+        UserInfo {
+            name: name.into(),
+            tenants: None,
+            role,
+        }
+    }
+
+    fn annotated(v: Value) -> Value {
+        serde_json::json!({"metadata": {"name": "a", "annotations": {USER_ANNOTATION: v}}})
+    }
+
+    #[test]
+    fn user_annotation_rules() {
+        let alloc = kind("Allocation");
+        let alice = user("alice", Role::User);
+        // In process: trusted, untouched.
+        let mut o = annotated("bob".into());
+        admit_user_on_create(None, alloc, &mut o).unwrap();
+        assert_eq!(o, annotated("bob".into()));
+        // Only Allocations and Dags carry it.
+        let mut o = annotated("bob".into());
+        admit_user_on_create(Some(&alice), kind("VCluster"), &mut o).unwrap();
+        admit_user_on_update(Some(&alice), kind("VCluster"), &o, &annotated(Value::Null)).unwrap();
+        // A value that is not text is another user's, never the caller's.
+        let mut o = annotated(serde_json::json!(["alice"]));
+        let e = admit_user_on_create(Some(&alice), kind("Dag"), &mut o).unwrap_err();
+        assert_eq!(e.code, 403);
+        assert!(e.message.contains(r#"= ["alice"]"#), "{}", e.message);
+        // Credentials without a name cannot submit as anybody.
+        let mut o = serde_json::json!({"metadata": {"name": "a"}});
+        let e = admit_user_on_create(Some(&user("", Role::User)), alloc, &mut o).unwrap_err();
+        assert_eq!(e.code, 403);
+        assert!(e.message.contains("empty subject"), "{}", e.message);
+        // The anonymous admin leaves it absent; a named admin fills in their name.
+        let mut o = serde_json::json!({"metadata": {"name": "a"}});
+        admit_user_on_create(Some(&UserInfo::anonymous_admin()), alloc, &mut o).unwrap();
+        assert!(o["metadata"].get("annotations").is_none(), "{o}");
+        admit_user_on_create(Some(&user("ops", Role::Admin)), alloc, &mut o).unwrap();
+        assert_eq!(o["metadata"]["annotations"][USER_ANNOTATION], "ops");
+        // Annotations that are not a map are left to admission (422).
+        let mut o = serde_json::json!({"metadata": {"name": "a", "annotations": "x"}});
+        admit_user_on_create(Some(&alice), alloc, &mut o).unwrap();
+        assert_eq!(o["metadata"]["annotations"], "x");
+        // Update: null and absent are the same; admins may change it.
+        let old = annotated("alice".into());
+        admit_user_on_update(Some(&alice), alloc, &old, &annotated("alice".into())).unwrap();
+        admit_user_on_update(
+            Some(&alice),
+            alloc,
+            &annotated(Value::Null),
+            &serde_json::json!({}),
+        )
+        .unwrap();
+        admit_user_on_update(
+            Some(&user("ops", Role::Admin)),
+            alloc,
+            &old,
+            &annotated("bob".into()),
+        )
+        .unwrap();
+        let e =
+            admit_user_on_update(Some(&alice), alloc, &old, &serde_json::json!({})).unwrap_err();
+        assert_eq!(e.code, 403);
+        assert!(e.message.contains(r#"keep it as "alice""#), "{}", e.message);
     }
 }

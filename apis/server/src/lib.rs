@@ -224,6 +224,7 @@ impl ApiServer {
             .route("/v1/{plural}/{id}", any(intent::item))
             .route("/v1/dags/{id}/graph", get(intent::dag_graph))
             .fallback(not_found)
+            .layer(axum::middleware::from_fn(auth::request_scope))
             .layer(tower_http::trace::TraceLayer::new_for_http())
             .with_state(self.inner.clone())
     }

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::apply;
+use crate::auth::{self, UserInfo};
 use crate::errors::{ApiError, ApiResult};
 use crate::objects::*;
 use crate::patch::{apply_patch, PatchType};
@@ -91,6 +92,8 @@ pub struct Resources {
     lists: Arc<std::collections::HashMap<&'static str, apply::ListMaps>>,
     /// Most tasks (`spec.allocations`) a `Dag` may have (`lattice-server --max-dag-size`).
     max_dag_size: usize,
+    /// Whom the writes are for (see [`acting_as`](Self::acting_as)).
+    caller: Option<UserInfo>,
 }
 
 enum WriteOutcome {
@@ -109,7 +112,25 @@ impl Resources {
             backend,
             lists: Arc::new(lists),
             max_dag_size: lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE,
+            caller: None,
         }
+    }
+
+    /// These verbs on behalf of an authenticated caller: writes of `Allocation`s and
+    /// `Dag`s follow the caller's rules for the `lattice.dev/user` annotation
+    /// ([`auth::admit_user_on_create`], [`auth::admit_user_on_update`]). Without it the
+    /// caller is the HTTP request's ([`auth::request_user`]), and outside a request
+    /// (in-process callers such as the built-in controllers) the writes are trusted.
+    pub fn acting_as(&self, user: &UserInfo) -> Self {
+        Self {
+            caller: Some(user.clone()),
+            ..self.clone()
+        }
+    }
+
+    /// The caller the writes are checked for; `None`: trusted in-process caller.
+    fn caller(&self) -> Option<UserInfo> {
+        self.caller.clone().or_else(auth::request_user)
     }
 
     /// The administrator's limit on tasks per `Dag` (default
@@ -382,6 +403,9 @@ impl Resources {
         if !keep_managed {
             apply::record_update(None, &mut obj, opts.manager(), None, self.lists(kind));
         }
+        // After the managed fields: a `lattice.dev/user` the server fills in belongs to
+        // no field manager, so a later apply that omits it keeps it.
+        auth::admit_user_on_create(self.caller().as_ref(), kind, &mut obj)?;
         self.admit_configured(kind, &obj, None)?;
         let obj = admit(kind, obj)?;
         if name_of(&obj) != name {
@@ -517,6 +541,7 @@ impl Resources {
             }
             r
         };
+        auth::admit_user_on_update(self.caller().as_ref(), kind, old, &result)?;
         if is_terminating(old) {
             let old_f = finalizers(old);
             if finalizers(&result).iter().any(|f| !old_f.contains(f)) {

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use lattice_apis::KindInfo;
 use serde_json::Value;
 
-use crate::auth::{authorize, Access, UserInfo};
+use crate::auth::{authorize, record_request_user, Access, UserInfo};
 use crate::errors::{ApiError, ApiResult};
 use crate::objects::parse_body;
 use crate::patch::PatchType;
@@ -161,14 +161,20 @@ pub async fn read_body(inner: &Inner, headers: &HeaderMap, body: Body) -> ApiRes
         .map_err(|_| ApiError::too_large(limit))
 }
 
+/// The request's caller (401 without valid credentials when authentication is on). Also
+/// records it as the request's caller for [`crate::auth::request_user`].
 pub async fn authenticate(inner: &Inner, headers: &HeaderMap) -> ApiResult<UserInfo> {
-    match inner.authenticator.authenticate(headers).await? {
-        Some(u) => Ok(u),
-        None if !inner.config.auth => Ok(UserInfo::anonymous_admin()),
-        None => Err(ApiError::unauthorized(
-            "authentication required: send 'Authorization: Bearer <token>'",
-        )),
-    }
+    let user = match inner.authenticator.authenticate(headers).await? {
+        Some(u) => u,
+        None if !inner.config.auth => UserInfo::anonymous_admin(),
+        None => {
+            return Err(ApiError::unauthorized(
+                "authentication required: send 'Authorization: Bearer <token>'",
+            ))
+        }
+    };
+    record_request_user(&user);
+    Ok(user)
 }
 
 fn content_type(headers: &HeaderMap) -> &str {
@@ -265,7 +271,7 @@ async fn dispatch(
     let kind = t.kind;
     let ns = t.namespace.as_deref();
     let sub = t.subresource.as_deref();
-    let res = &inner.resources;
+    let res = &inner.resources.acting_as(&user);
     let tbl = table::wants_table(accept(headers))
         .then(|| IncludeObject::parse(params.get("includeObject")));
     let ok = |v: Value| -> ApiResult<Response> {
