@@ -18,18 +18,34 @@
 //! * Each child's transitions (started, requeued, terminal) are fed to the engine once;
 //!   its `Release` actions lift the hold (or create the element), its `Cancel` actions
 //!   cancel the child (with the cascade's reason).
+//! * `spec.failurePolicy: fail_fast`: the first step that fails with nothing to catch it
+//!   (the DAG would end Failed) makes the engine cancel every unfinished step; the
+//!   children are cancelled the way `lattice dag cancel` cancels them (the cancel
+//!   annotation with a reason naming the failed step), and the Dag ends Failed with a
+//!   message naming that step. `propagate` (default) lets unrelated branches run on.
+//! * `spec.maxParallel: N`: the engine releases at most N steps at once (a task group
+//!   counts once while it has elements in flight); further ready steps stay held with
+//!   reason `waiting_for_max_parallel` (`waiting: maxParallel 4 reached (4 steps running
+//!   or pending)`) and are released in definition order as others finish.
 //! * The engine lives in memory, keyed by the Dag's uid; after a restart or leader change
 //!   it is rebuilt from the Dag and its children (replaying their states), so the
-//!   controller is restartable from the store alone.
+//!   controller is restartable from the store alone. The replay runs under `propagate`
+//!   and `fail_fast` is switched on after it, so the replay order cannot cancel steps
+//!   that had finished.
+//! * A running Dag is looked at in full at least every `FULL_EVERY`, even when nothing
+//!   changes; the state of a deleted Dag is dropped.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lattice_apis::kinds::dag::{DagCounts, DagPhase, DagStatus, DagTaskPhase, DagTaskStatus};
+use lattice_apis::kinds::dag::{
+    DagCounts, DagFailurePolicy, DagPhase, DagStatus, DagTaskPhase, DagTaskStatus,
+};
 use lattice_apis::lifecycle::{self, CANCEL_ANNOTATION};
 use lattice_apis::meta::now;
 use lattice_apis::{Allocation, AllocationPhase, Dag, ObjectMeta};
+use lattice_dag::dispatch::{FailurePolicy, Policy};
 use lattice_dag::graph::{validate, DagDef, Limits};
 use lattice_dag::{Action as DagAction, CancelReason, Engine, Outcome, StepState};
 use lattice_runtime::reflector::Store;
@@ -46,6 +62,8 @@ pub const DAG_LABEL: &str = "lattice.dev/dag";
 pub const DAG_STEP_LABEL: &str = "lattice.dev/dag-step";
 /// Label: the task group (parent) an element belongs to.
 pub const TASK_GROUP_LABEL: &str = "lattice.dev/task-group";
+/// Status reason of a step held because `spec.maxParallel` steps are released.
+pub const WAITING_FOR_MAX_PARALLEL: &str = "waiting_for_max_parallel";
 
 /// What the controller knows of one child, as last fed to the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,11 +96,20 @@ struct DagRun {
     /// When every child was last looked at (between full passes only the steps that
     /// changed, and those the engine acted on, are).
     last_full: Option<Instant>,
+    /// `fail_fast` is switched on after the first pass's replay (see the module docs).
+    arm_fail_fast: bool,
 }
 
 /// A full pass over every child at least this often (a safety net: the event filter
 /// marks each changed step, and deletions force a full pass).
 const FULL_EVERY: Duration = Duration::from_secs(30);
+
+/// How long until a running Dag's next full pass is due (at least a second).
+fn until_full(last_full: Option<Instant>) -> Duration {
+    FULL_EVERY
+        .saturating_sub(last_full.map_or(FULL_EVERY, |t| t.elapsed()))
+        .max(Duration::from_secs(1))
+}
 
 /// Steps noted by the event filter since their Dag's last reconcile, by Dag uid.
 #[derive(Default)]
@@ -100,6 +127,14 @@ impl Dirty {
         let full = g.full.remove(uid);
         (full, g.names.remove(uid).unwrap_or_default())
     }
+
+    /// Drop what was noted for a Dag that is gone.
+    fn forget(m: &Mutex<Dirty>, uid: &str) {
+        if let Ok(mut g) = m.lock() {
+            g.full.remove(uid);
+            g.names.remove(uid);
+        }
+    }
 }
 
 /// Least time between two status writes of one Dag while its phase does not change:
@@ -114,7 +149,7 @@ struct Ctx {
     api: Api<Allocation>,
     dags: Api<Dag>,
     allocations: Store<Allocation>,
-    runs: Mutex<HashMap<String, Arc<tokio::sync::Mutex<DagRun>>>>,
+    runs: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<DagRun>>>>>,
     dirty: Arc<Mutex<Dirty>>,
     limits: Limits,
     metrics: ControllerMetrics,
@@ -135,18 +170,32 @@ pub fn register(
             // status write of the Dag itself.
             let digests: Mutex<HashMap<(String, String), u64>> = Mutex::new(HashMap::new());
             let dirty = Arc::new(Mutex::new(Dirty::default()));
+            let runs: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<DagRun>>>>> = Arc::default();
             let noted = dirty.clone();
+            let dag_cache = hc.factory.all::<Dag>().store();
+            let (gone_dirty, gone_runs) = (dirty.clone(), runs.clone());
             let controller = hc
                 .controller::<Dag>()
                 .predicate(dag_predicate)
                 .watches_events::<Allocation, _>(&Default::default(), move |ev| {
-                    step_event(&digests, &noted, ev)
+                    step_event(&digests, &noted, &dag_cache, ev)
+                })
+                // A Dag deleted outright (no finalizer) is never reconciled again: drop
+                // its engine and what the event filter noted for it.
+                .on_deleted(move |r| {
+                    if let Some(uid) = r.uid.as_deref() {
+                        Dirty::forget(&gone_dirty, uid);
+                        if let Ok(mut g) = gone_runs.lock() {
+                            g.remove(uid);
+                        }
+                    }
+                    std::future::ready(())
                 });
             let ctx = Arc::new(Ctx {
                 api: Api::all(hc.client.clone()),
                 dags: Api::all(hc.client.clone()),
                 allocations: hc.factory.all::<Allocation>().store(),
-                runs: Mutex::new(HashMap::new()),
+                runs,
                 dirty,
                 limits,
                 metrics,
@@ -193,6 +242,7 @@ fn step_digest(a: &Allocation) -> u64 {
 fn step_event(
     digests: &Mutex<HashMap<(String, String), u64>>,
     dirty: &Mutex<Dirty>,
+    dags: &Store<Dag>,
     ev: &lattice_runtime::informer::InformerEvent<Allocation>,
 ) -> Vec<lattice_runtime::ObjectRef> {
     use lattice_runtime::informer::InformerEvent;
@@ -210,6 +260,16 @@ fn step_event(
     let Ok(mut seen) = digests.lock() else {
         return vec![lattice_runtime::ObjectRef::from_owner(owner, a.namespace())];
     };
+    // Steps of a Dag that is gone (e.g. collected after it) note nothing: no reconcile
+    // would ever take it. (A Dag not cached yet is looked at in full when it is.)
+    let owner_ref = lattice_runtime::ObjectRef::from_owner(owner, a.namespace());
+    let live = dags
+        .get(&owner_ref)
+        .is_some_and(|d| d.uid() == Some(owner.uid.as_str()));
+    if !live {
+        seen.remove(&key);
+        return Vec::new();
+    }
     // Noted before the Dag is queued, so the reconcile this event causes sees it.
     match ev {
         InformerEvent::Deleted(_) => {
@@ -276,6 +336,8 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
                 phase,
                 DagPhase::Completed | DagPhase::Failed | DagPhase::Cancelled
             ) {
+                // Finished: what its steps' late events noted is of no use.
+                Dirty::forget(&ctx.dirty, &uid);
                 return Ok(Action::await_change());
             }
             let def = DagDef::from_value(&serde_json::to_value(dag.as_ref())?)
@@ -306,8 +368,13 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
                     return Ok(Action::await_change());
                 }
             };
+            // Replayed under `propagate`; `fail_fast` is armed after the first pass.
+            let policy = Policy {
+                failure_policy: FailurePolicy::Propagate,
+                max_parallel: dag.spec.max_parallel,
+            };
             let r = Arc::new(tokio::sync::Mutex::new(DagRun {
-                engine: Engine::new(validated),
+                engine: Engine::with_policy(validated, policy),
                 seen: HashMap::new(),
                 requeues: HashMap::new(),
                 cancelled: false,
@@ -329,6 +396,7 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
                     .collect(),
                 rebuilt: true,
                 last_full: None,
+                arm_fail_fast: dag.spec.failure_policy == DagFailurePolicy::FailFast,
             }));
             if let Ok(mut g) = ctx.runs.lock() {
                 g.entry(uid.clone()).or_insert(r).clone()
@@ -350,6 +418,9 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
         if let Ok(mut g) = ctx.runs.lock() {
             g.remove(&uid);
         }
+        if matches!(outcome, Ok((true, _))) {
+            Dirty::forget(&ctx.dirty, &uid);
+        }
     }
     outcome.map(|(_, again)| match again {
         Some(d) => Action::requeue(d),
@@ -359,7 +430,8 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
 
 /// One pass: feed the children's states to the engine, make the children match the
 /// engine (level-triggered), write the status. Returns whether the DAG is terminal, and
-/// when to come back for a status write that was held back.
+/// when to come back: for a status write that was held back, and for the next full
+/// pass of a running DAG (every `FULL_EVERY`, even when nothing changes).
 async fn drive(
     dag: &Dag,
     ctx: &Ctx,
@@ -470,6 +542,9 @@ async fn drive(
             run.seen.insert(c.name_any().to_string(), Seen::Created);
         }
     }
+    if std::mem::take(&mut run.arm_fail_fast) {
+        actions.extend(run.engine.set_failure_policy(FailurePolicy::FailFast));
+    }
     if dag_cancelled && !run.cancelled {
         actions.extend(run.engine.cancel_dag());
         run.cancelled = true;
@@ -483,27 +558,39 @@ async fn drive(
             index: Some(i),
         } = a
         {
-            create_step(ctx, dag, step, Some(*i), false, step_locks(run, step)).await?;
-            released += 1;
+            // Released just before the group was stopped (same pass): born cancelled.
+            let hold = match run.engine.cancelling(step) {
+                Some(r) => Hold::Cancelled(cancel_message(r)),
+                None => {
+                    released += 1;
+                    Hold::Released
+                }
+            };
+            create_step(ctx, dag, step, Some(*i), hold, step_locks(run, step)).await?;
         }
     }
+    // Steps that started waiting for a maxParallel slot: their held children say so.
+    let parked = run.engine.take_parked();
     // The steps to reconcile: all of them in a full pass, otherwise the changed
-    // children's steps and those the engine acted on.
+    // children's steps, those the engine acted on and those it parked.
     let steps: Option<HashSet<usize>> = (!full).then(|| {
         let named = children
             .iter()
             .filter_map(|c| c.labels().get(DAG_STEP_LABEL))
             .chain(actions.iter().map(|a| match a {
                 DagAction::Release { step, .. } | DagAction::Cancel { step, .. } => step,
-            }));
+            }))
+            .chain(parked.iter());
         named
             .filter_map(|step| run.step_index.get(step.as_str()).copied())
             .collect()
     });
     released += ensure_children(ctx, dag, run, uid, steps.as_ref(), &lookup).await?;
-    // Steps that were running when the engine cancelled them: stop them (their terminal
-    // event then completes the cancellation). A cancelled DAG stops every child.
+    // Steps that were running when the engine cancelled them (a fail-fast stop, a DAG
+    // cancel): stop them the way a cancelled DAG stops its children; their terminal
+    // events then complete the cancellation. A cancelled task group stops its elements.
     let api = ctx.api.within(dag.namespace());
+    let mut stop: Vec<(Arc<Allocation>, String)> = Vec::new();
     for a in &actions {
         if let DagAction::Cancel {
             step,
@@ -511,16 +598,34 @@ async fn drive(
             reason,
         } = a
         {
-            if let Some(c) = lookup(child_name(dag, step, *index).as_str()) {
-                cancel_child(&api, &c, &cancel_message(reason)).await?;
+            let group = run
+                .step_index
+                .get(step.as_str())
+                .is_some_and(|i| dag.spec.allocations[*i].spec.task_group.is_some());
+            if group && index.is_none() {
+                for c in ctx.allocations.by_label(DAG_STEP_LABEL, step) {
+                    if c.owner_references().iter().any(|o| o.uid == uid) {
+                        stop.push((c, cancel_message(reason)));
+                    }
+                }
+            } else if let Some(c) = lookup(child_name(dag, step, *index).as_str()) {
+                stop.push((c, cancel_message(reason)));
             }
+        }
+    }
+    // Children that showed up (or changed) while their step is being cancelled, e.g. an
+    // element released just before a fail-fast stop, or after a rebuild: stop them too.
+    for c in &children {
+        if let Some(r) = step_of(c).and_then(|(step, _)| run.engine.cancelling(&step)) {
+            stop.push((c.clone(), cancel_message(r)));
         }
     }
     if run.cancelled {
         for c in by_name.values() {
-            cancel_child(&api, c, &cancel_message(&CancelReason::DagCancelled)).await?;
+            stop.push(((*c).clone(), cancel_message(&CancelReason::DagCancelled)));
         }
     }
+    cancel_children(&api, stop).await?;
     if released > 0 {
         ctx.metrics.dag_releases.inc_by(released);
         ctx.metrics
@@ -531,11 +636,13 @@ async fn drive(
     let every = status_every(dag.spec.allocations.len());
     let phase_now = status_phase(run);
     let phase_before = dag.status.as_ref().map(|s| s.phase);
+    // The next full pass of a running DAG: its safety net needs a wake-up of its own.
+    let until_full = until_full(run.last_full);
     if phase_before == Some(phase_now) {
         if let Some(at) = run.last_status_write {
             let since = at.elapsed();
             if since < every {
-                return Ok((false, Some(every - since)));
+                return Ok((false, Some((every - since).min(until_full))));
             }
         }
     }
@@ -558,7 +665,7 @@ async fn drive(
         writer.send(status);
     }
     run.last_status_write = Some(Instant::now());
-    Ok((terminal, None))
+    Ok((terminal, (!terminal).then_some(until_full)))
 }
 
 /// A background task writing a Dag's latest status; values sent while a write is in
@@ -668,21 +775,31 @@ async fn ensure_children(
         let name = run.child_names[i].as_str();
         let child = lookup(name);
         let child = child.as_ref();
+        // Released but being cancelled (e.g. a fail-fast stop in the same pass): never
+        // made schedulable; the cancel completes it.
+        let cancelling = run.engine.cancelling(&task.name);
         match state {
             Some(StepState::Pending | StepState::Running) => match child {
                 None if !run.seen.contains_key(name) => {
                     let step = task.name.clone();
                     let locks = step_locks(run, &step);
+                    let (hold, n) = match cancelling {
+                        Some(r) => (Hold::Cancelled(cancel_message(r)), 0),
+                        None => (Hold::Released, 1),
+                    };
                     work.push(
                         async move {
-                            create_step(ctx, dag, &step, None, false, locks)
+                            create_step(ctx, dag, &step, None, hold, locks)
                                 .await
-                                .map(|_| 1)
+                                .map(|_| n)
                         }
                         .boxed(),
                     );
                 }
-                Some(c) if c.metadata.annotations.contains_key(HOLD_ANNOTATION) => {
+                Some(c)
+                    if c.metadata.annotations.contains_key(HOLD_ANNOTATION)
+                        && cancelling.is_none() =>
+                {
                     // One write: lifting the hold is what makes it schedulable. Its stale
                     // pending reason is replaced by the scheduler's (or cleared on binding).
                     let api = api.clone();
@@ -706,14 +823,52 @@ async fn ensure_children(
                     && step_locks(run, &task.name).is_empty() =>
             {
                 let step = task.name.clone();
+                let hold = if run.engine.waiting_for_slot(&step) {
+                    Hold::MaxParallel(slot_message(run))
+                } else {
+                    Hold::Dependencies
+                };
                 work.push(
                     async move {
-                        create_step(ctx, dag, &step, None, true, Vec::new())
+                        create_step(ctx, dag, &step, None, hold, Vec::new())
                             .await
                             .map(|_| 0)
                     }
                     .boxed(),
                 );
+            }
+            // Its dependencies came to hold while maxParallel steps were released: its
+            // held child says what it waits for now.
+            Some(StepState::Queued) if run.engine.waiting_for_slot(&task.name) => {
+                let message = slot_message(run);
+                let stale = child.is_some_and(|c| {
+                    let st = c.status.as_ref();
+                    c.metadata.annotations.contains_key(HOLD_ANNOTATION)
+                        && !c.phase().is_terminal()
+                        && !lifecycle::cancel_requested(c)
+                        && (st.and_then(|s| s.reason.as_deref()) != Some(WAITING_FOR_MAX_PARALLEL)
+                            || st.and_then(|s| s.message.as_deref()) != Some(message.as_str()))
+                });
+                if stale {
+                    let api = api.clone();
+                    work.push(
+                        async move {
+                            let patch = Patch::Merge(json!({"status": {
+                                "reason": WAITING_FOR_MAX_PARALLEL,
+                                "message": message,
+                            }}));
+                            match api
+                                .patch_status(name, &PatchParams::default(), &patch)
+                                .await
+                            {
+                                Ok(_) => Ok(0),
+                                Err(e) if e.is_not_found() => Ok(0),
+                                Err(e) => Err(e.into()),
+                            }
+                        }
+                        .boxed(),
+                    );
+                }
             }
             Some(StepState::Cancelled { reason }) => {
                 if let Some(c) = child {
@@ -757,6 +912,25 @@ async fn cancel_child(
         Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Cancel children (concurrently, each once, with the first reason given for it).
+async fn cancel_children(
+    api: &Api<Allocation>,
+    stop: Vec<(Arc<Allocation>, String)>,
+) -> Result<(), anyhow::Error> {
+    use futures::StreamExt;
+    let mut once = HashSet::new();
+    let work: Vec<_> = stop
+        .into_iter()
+        .filter(|(c, _)| once.insert(c.name_any().to_string()))
+        .map(|(c, why)| async move { cancel_child(api, &c, &why).await })
+        .collect();
+    let results: Vec<Result<(), anyhow::Error>> = futures::stream::iter(work)
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    results.into_iter().collect()
 }
 
 /// Feed one child's state to the engine. Returns (whether the engine took something,
@@ -880,12 +1054,34 @@ fn step_locks(run: &DagRun, step: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// How a step's child is created.
+enum Hold {
+    /// Released: schedulable at once.
+    Released,
+    /// Held until its dependencies hold (its status names them).
+    Dependencies,
+    /// Held: its dependencies hold, but `maxParallel` steps are released (the message).
+    MaxParallel(String),
+    /// Its step was cancelled (the reason) before the child existed: created held and
+    /// cancelled, so that its end reaches the engine.
+    Cancelled(String),
+}
+
+/// Why a step whose dependencies hold is not released yet.
+fn slot_message(run: &DagRun) -> String {
+    format!(
+        "waiting: maxParallel {} reached ({} steps running or pending)",
+        run.engine.policy().max_parallel.unwrap_or_default(),
+        run.engine.slots_used()
+    )
+}
+
 async fn create_step(
     ctx: &Ctx,
     dag: &Dag,
     step: &str,
     index: Option<u64>,
-    hold: bool,
+    hold: Hold,
     locks: Vec<String>,
 ) -> Result<(), anyhow::Error> {
     let Some(mut spec) = step_spec(dag, step) else {
@@ -914,9 +1110,15 @@ async fn create_step(
             meta.annotations.insert(k.into(), v.clone());
         }
     }
-    if hold {
+    if !matches!(hold, Hold::Released) {
         meta.annotations
             .insert(HOLD_ANNOTATION.into(), "dependencies".into());
+    }
+    if let Hold::Cancelled(why) = &hold {
+        meta.annotations
+            .insert(CANCEL_ANNOTATION.into(), "true".into());
+        meta.annotations
+            .insert(CANCEL_REASON_ANNOTATION.into(), why.clone());
     }
     if let Some(owner) = dag.owner_ref(true) {
         meta.owner_references.push(owner);
@@ -944,7 +1146,14 @@ async fn create_step(
         }
         Err(e) => return Err(e.into()),
     }
-    if hold {
+    if let Hold::MaxParallel(message) = hold {
+        let patch = Patch::Merge(json!({"status": {
+            "reason": WAITING_FOR_MAX_PARALLEL,
+            "message": message,
+        }}));
+        api.patch_status(&name, &PatchParams::default(), &patch)
+            .await?;
+    } else if matches!(hold, Hold::Dependencies) {
         let deps: Vec<String> = dag
             .spec
             .allocations
@@ -990,6 +1199,9 @@ fn cancel_message(r: &CancelReason) -> String {
         }
         CancelReason::UserRequested => "cancelled by user".into(),
         CancelReason::DagCancelled => "the DAG was cancelled".into(),
+        CancelReason::FailFast { failed } => {
+            format!("cancelled: step {failed} failed and the DAG's failurePolicy is fail_fast")
+        }
     }
 }
 
@@ -1014,7 +1226,13 @@ fn status_of(
             _ => None,
         };
         let child = child.as_ref();
+        let waiting_for_slot = run.engine.waiting_for_slot(&s.name);
         let (phase, reason, message) = match &s.state {
+            StepState::Waiting | StepState::Queued if waiting_for_slot => (
+                DagTaskPhase::Waiting,
+                Some("MaxParallel".to_string()),
+                Some(slot_message(run)),
+            ),
             StepState::Waiting | StepState::Queued => (DagTaskPhase::Waiting, None, None),
             StepState::Pending | StepState::Running => {
                 let p = child.map(|c| c.phase()).unwrap_or(AllocationPhase::Pending);
@@ -1060,6 +1278,8 @@ fn status_of(
             DagTaskPhase::Skipped => counts.skipped += 1,
         }
         let message = match &s.elements {
+            // A task group with nothing in flight, waiting for a maxParallel slot.
+            Some(_) if waiting_for_slot => Some(slot_message(run)),
             Some(e) => Some(format!(
                 "{} elements: {} completed, {} failed, {} running",
                 e.total, e.succeeded, e.failed, e.running
@@ -1104,9 +1324,29 @@ fn status_of(
             DagPhase::Cancelled => Some("Cancelled".into()),
             _ => None,
         },
-        message: None,
+        message: dag_message(run, phase),
         observed_generation: dag.metadata.generation,
         conditions: prev.conditions,
+    }
+}
+
+/// The Dag's message: the step that made it fail (and a fail-fast stop in progress).
+fn dag_message(run: &DagRun, phase: DagPhase) -> Option<String> {
+    let failed = |s: &str| match run.engine.state(s) {
+        Some(StepState::Failed { exit }) => format!("step {s} failed (exit code {exit})"),
+        _ => format!("step {s} failed"),
+    };
+    match (phase, run.engine.aborted_by()) {
+        (DagPhase::Failed, Some(s)) => Some(format!(
+            "{}; failurePolicy fail_fast cancelled the steps that had not finished",
+            failed(s)
+        )),
+        (DagPhase::Running, Some(s)) => Some(format!(
+            "{}; failurePolicy fail_fast: stopping the steps that have not finished",
+            failed(s)
+        )),
+        (DagPhase::Failed, None) => run.engine.first_failure().map(failed),
+        _ => None,
     }
 }
 
@@ -1130,5 +1370,102 @@ fn status_phase(run: &DagRun) -> DagPhase {
         lattice_dag::DagPhase::Failed => DagPhase::Failed,
         // Shown as Running until the running steps stopped (see `status_of`).
         lattice_dag::DagPhase::Cancelled => DagPhase::Cancelled,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lattice_runtime::informer::InformerEvent;
+    use lattice_runtime::reflector;
+
+    fn dag(name: &str, uid: &str) -> Dag {
+        let mut d = Dag {
+            metadata: ObjectMeta::named(name, Some("t1")),
+            ..Default::default()
+        };
+        d.metadata.uid = Some(uid.into());
+        d
+    }
+
+    fn step_of_dag(d: &Dag, step: &str) -> Arc<Allocation> {
+        let mut a = Allocation {
+            metadata: ObjectMeta::named(format!("{}-{step}", d.name_any()), Some("t1")),
+            ..Default::default()
+        };
+        a.metadata.owner_references.extend(d.owner_ref(true));
+        Arc::new(a)
+    }
+
+    fn noted(dirty: &Mutex<Dirty>) -> (usize, usize) {
+        let g = dirty.lock().unwrap();
+        (g.names.len(), g.full.len())
+    }
+
+    #[test]
+    fn step_events_of_gone_dags_note_nothing_and_deleted_dags_are_forgotten() {
+        let (cache, mut writer) = reflector::store::<Dag>();
+        let live = dag("live", "u-live");
+        writer.apply_for_test(live.clone());
+        let digests = Mutex::new(HashMap::new());
+        let dirty = Mutex::new(Dirty::default());
+
+        // A step of a cached Dag wakes it and is noted.
+        let a = step_of_dag(&live, "a");
+        let refs = step_event(&digests, &dirty, &cache, &InformerEvent::Applied(a.clone()));
+        assert_eq!(refs.len(), 1);
+        assert_eq!(noted(&dirty), (1, 0));
+        // The same state again is filtered out.
+        assert!(
+            step_event(&digests, &dirty, &cache, &InformerEvent::Applied(a.clone())).is_empty()
+        );
+        let refs = step_event(&digests, &dirty, &cache, &InformerEvent::Deleted(a));
+        assert_eq!(refs.len(), 1);
+        assert_eq!(noted(&dirty), (1, 1));
+
+        // Steps of a Dag that is gone (or a former Dag of the same name) note nothing.
+        let gone = dag("gone", "u-gone");
+        for ev in [
+            InformerEvent::Applied(step_of_dag(&gone, "a")),
+            InformerEvent::Deleted(step_of_dag(&gone, "b")),
+            InformerEvent::Applied(step_of_dag(&dag("live", "u-old"), "c")),
+        ] {
+            assert!(step_event(&digests, &dirty, &cache, &ev).is_empty());
+        }
+        assert_eq!(noted(&dirty), (1, 1));
+        assert_eq!(digests.lock().unwrap().len(), 0, "no digest kept for them");
+
+        // Deleting the Dag (the controller's on_deleted hook) drops what was noted.
+        Dirty::forget(&dirty, "u-live");
+        assert_eq!(noted(&dirty), (0, 0));
+        assert_eq!(Dirty::take(&dirty, "u-live"), (false, HashSet::new()));
+    }
+
+    #[test]
+    fn a_running_dag_comes_back_for_its_next_full_pass() {
+        assert_eq!(until_full(None), Duration::from_secs(1));
+        let d = until_full(Some(Instant::now()));
+        assert!(
+            d <= FULL_EVERY && d > FULL_EVERY - Duration::from_secs(5),
+            "{d:?}"
+        );
+        let long_ago = Instant::now().checked_sub(FULL_EVERY * 2);
+        if let Some(t) = long_ago {
+            assert_eq!(until_full(Some(t)), Duration::from_secs(1));
+        }
+    }
+
+    #[test]
+    fn the_fail_fast_reason_names_the_failed_step() {
+        assert_eq!(
+            cancel_message(&CancelReason::FailFast {
+                failed: "train".into()
+            }),
+            "cancelled: step train failed and the DAG's failurePolicy is fail_fast"
+        );
+        assert_eq!(
+            CancelReason::FailFast { failed: "x".into() }.code(),
+            "FailFast"
+        );
     }
 }

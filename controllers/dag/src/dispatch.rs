@@ -22,14 +22,29 @@
 //! `notify_failure` (`train: failure`, `evaluate: failure`) runs if train or
 //! evaluate fails. `mutex` is not an edge: holders of the same mutex name
 //! are released one at a time, in the order they became ready.
+//!
+//! A [`Policy`] adds two DAG-wide rules (`spec.failurePolicy`, `spec.maxParallel`):
+//!
+//! * `fail_fast`: the first step that fails with no `failure`/`any` edge to catch
+//!   it (a failure that makes the DAG end `Failed`) cancels every step that has
+//!   not finished, with [`CancelReason::FailFast`] naming it; nothing is released
+//!   afterwards and the DAG still ends `Failed`. A task group aborts on its first
+//!   failed element. `propagate` (default) lets unrelated branches run on.
+//! * `max_parallel: N`: at most N steps are released (pending or running) at
+//!   once. Further steps whose dependencies hold wait in state `Queued`
+//!   ([`Engine::waiting_for_slot`]) and are released in definition order as
+//!   released steps finish. A task group takes one slot while it has elements
+//!   in flight (its own concurrency limits the elements). A mutex holder takes
+//!   its mutex before its slot and a slot holder never waits for a mutex, so
+//!   the two limits cannot deadlock each other.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::deps::Condition;
-use crate::graph::ValidatedDag;
+use crate::graph::{DagDef, ValidatedDag};
 use crate::taskgroup::{TaskGroupError, TaskGroupRun, TaskGroupStatus};
 use crate::Outcome;
 
@@ -63,6 +78,12 @@ pub enum CancelReason {
     UserRequested,
     /// The whole DAG was cancelled.
     DagCancelled,
+    /// `failurePolicy: fail_fast`: a step failed with nothing to catch it, and
+    /// every step that had not finished was cancelled.
+    FailFast {
+        /// The step whose failure stopped the DAG.
+        failed: String,
+    },
 }
 
 impl CancelReason {
@@ -75,6 +96,7 @@ impl CancelReason {
             Self::CorrespondingElement { .. } => "CorrespondingElementNotSucceeded",
             Self::UserRequested => "UserRequested",
             Self::DagCancelled => "DagCancelled",
+            Self::FailFast { .. } => "FailFast",
         }
     }
 }
@@ -169,6 +191,52 @@ pub enum DagPhase {
     Cancelled,
 }
 
+/// What happens to the rest of the DAG when a step fails with nothing to catch it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailurePolicy {
+    /// The edge rules only (default): the failed step's `success` successors are
+    /// cancelled, unrelated branches run on.
+    #[default]
+    Propagate,
+    /// Cancel every step that has not finished as soon as one fails uncaught.
+    FailFast,
+}
+
+/// DAG-wide dispatch rules (`spec.failurePolicy`, `spec.maxParallel`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Policy {
+    /// `propagate` (default) or `fail_fast`.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+    /// Most steps released (pending or running) at once; `None`: no limit.
+    /// `Some(0)` is treated as 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel: Option<u32>,
+}
+
+impl Policy {
+    /// The policy a parsed DAG asks for (`failurePolicy`, `maxParallel` of its
+    /// spec; admission validates them, values that do not parse are ignored).
+    pub fn from_def(def: &DagDef) -> Self {
+        let failure_policy = match def.extra.get("failurePolicy").and_then(|v| v.as_str()) {
+            Some("fail_fast" | "failFast" | "fail-fast") => FailurePolicy::FailFast,
+            _ => FailurePolicy::Propagate,
+        };
+        let max_parallel = def
+            .extra
+            .get("maxParallel")
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| *n > 0);
+        Self {
+            failure_policy,
+            max_parallel,
+        }
+    }
+}
+
 /// Errors for events that do not fit the DAG's state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DispatchError {
@@ -261,6 +329,10 @@ struct StepRt {
     propagated: bool,
     /// Reason recorded for a cancellation that completes later.
     pending_reason: Option<CancelReason>,
+    /// Holds one of the `max_parallel` slots.
+    holds_slot: bool,
+    /// Queued for a `max_parallel` slot.
+    waiting_slot: bool,
 }
 
 /// The dispatch engine for one DAG.
@@ -276,14 +348,36 @@ pub struct Engine {
     started: bool,
     terminal: usize,
     uncaught_failures: usize,
+    policy: Policy,
+    /// The first step that failed with nothing to catch it.
+    first_failure: Option<u32>,
+    /// The step whose failure stopped the DAG (`fail_fast`).
+    aborted_by: Option<u32>,
+    /// `max_parallel` slots in use.
+    slots_used: u32,
+    /// Steps waiting for a slot, served in definition order (lowest index first).
+    slot_waiters: BTreeSet<u32>,
+    /// Steps that started waiting for a slot since [`Engine::take_parked`].
+    parked: Vec<u32>,
     // Scratch buffers reused between events.
     work: Vec<(u32, Outcome)>,
 }
 
 impl Engine {
-    /// Build an engine; nothing is released until [`start`](Self::start).
+    /// Build an engine with the default [`Policy`] (`propagate`, no parallelism
+    /// limit); nothing is released until [`start`](Self::start).
     pub fn new(dag: impl Into<Arc<ValidatedDag>>) -> Self {
+        Self::with_policy(dag, Policy::default())
+    }
+
+    /// Build an engine following `policy`; nothing is released until
+    /// [`start`](Self::start).
+    pub fn with_policy(dag: impl Into<Arc<ValidatedDag>>, policy: Policy) -> Self {
         let dag: Arc<ValidatedDag> = dag.into();
+        let policy = Policy {
+            max_parallel: policy.max_parallel.map(|n| n.max(1)),
+            ..policy
+        };
         let n = dag.len();
         let mut steps: Vec<StepRt> = (0..n)
             .map(|i| {
@@ -302,6 +396,8 @@ impl Engine {
                     stop_pumping: false,
                     propagated: false,
                     pending_reason: None,
+                    holds_slot: false,
+                    waiting_slot: false,
                 }
             })
             .collect();
@@ -337,8 +433,36 @@ impl Engine {
             started: false,
             terminal: 0,
             uncaught_failures: 0,
+            policy,
+            first_failure: None,
+            aborted_by: None,
+            slots_used: 0,
+            slot_waiters: BTreeSet::new(),
+            parked: Vec::new(),
             work: Vec::new(),
         }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Change the failure policy. Switching to `fail_fast` after a step already
+    /// failed uncaught stops the DAG now (returns the cancellations). A controller
+    /// that rebuilds an engine by replaying recorded events replays under
+    /// `propagate` and switches afterwards, so the replay order cannot cancel
+    /// steps that had in fact finished.
+    pub fn set_failure_policy(&mut self, failure_policy: FailurePolicy) -> Vec<Action> {
+        self.policy.failure_policy = failure_policy;
+        let mut actions = Vec::new();
+        if failure_policy == FailurePolicy::FailFast {
+            if let Some(f) = self.first_failure {
+                self.abort(f as usize, &mut actions);
+                self.drain(&mut actions);
+            }
+        }
+        actions
     }
 
     /// The DAG this engine runs.
@@ -374,10 +498,25 @@ impl Engine {
         self.dag.names[s].clone()
     }
 
-    /// A released step (or element) started running.
+    /// A released step (or element) started running. A plain step still waiting
+    /// for a `max_parallel` slot (its dependencies hold) is taken as released: the
+    /// record says it ran, e.g. when a controller replays events in another order
+    /// than they happened. It takes a slot even if that exceeds the limit for a while.
     pub fn on_started(&mut self, step: &str, index: Option<u64>) -> Result<(), DispatchError> {
         let s = self.idx(step)?;
         self.check_index(s, index)?;
+        if self.steps[s].group.is_none()
+            && self.steps[s].waiting_slot
+            && self.steps[s].state == StepState::Queued
+        {
+            let st = &mut self.steps[s];
+            st.waiting_slot = false;
+            st.holds_slot = true;
+            st.state = StepState::Running;
+            self.slots_used += 1;
+            self.slot_waiters.remove(&(s as u32));
+            return Ok(());
+        }
         let st = &mut self.steps[s];
         match (&mut st.group, index) {
             (Some(g), Some(i)) => {
@@ -464,8 +603,15 @@ impl Engine {
                     return Ok(actions);
                 }
                 self.element_done(s, i, outcome, &mut actions);
+                if matches!(outcome, Outcome::Failed { .. }) && !self.catches[s] {
+                    // The group will end Failed with nothing to catch it.
+                    self.first_failure.get_or_insert(s as u32);
+                    if self.policy.failure_policy == FailurePolicy::FailFast {
+                        self.abort(s, &mut actions);
+                    }
+                }
                 self.pump(s, &mut actions);
-                self.maybe_drop_group_mutexes(s, &mut actions);
+                self.settle_group(s, &mut actions);
                 self.check_group_done(s);
             }
         }
@@ -570,6 +716,7 @@ impl Engine {
         }
         if matches!(state, StepState::Failed { .. }) && !self.catches[s] {
             self.uncaught_failures += 1;
+            self.first_failure.get_or_insert(s as u32);
         }
         self.steps[s].state = state;
         self.terminal += 1;
@@ -660,7 +807,7 @@ impl Engine {
     /// A task group holds its mutexes only while it has elements in flight,
     /// so a group waiting for corresponding elements never blocks others.
     fn pump(&mut self, s: usize, actions: &mut Vec<Action>) {
-        if self.steps[s].stop_pumping || self.dag_cancelled {
+        if self.steps[s].stop_pumping || self.halted() {
             return;
         }
         let has_eligible = self.steps[s]
@@ -673,6 +820,10 @@ impl Engine {
             && !self.steps[s].holds_mutexes
             && !self.try_acquire(s)
         {
+            return;
+        }
+        // The slot after the mutexes: a slot holder never waits for a mutex.
+        if has_eligible && !self.try_slot(s) {
             return;
         }
         let st = &mut self.steps[s];
@@ -710,17 +861,100 @@ impl Engine {
     /// All dependencies of `s` hold: release it (plain steps first acquire
     /// their mutexes or queue on them).
     fn open_gate(&mut self, s: usize, actions: &mut Vec<Action>) {
-        if self.dag_cancelled {
-            self.cancel_waiting(s, CancelReason::DagCancelled, actions);
+        if let Some(reason) = self.halt_reason() {
+            self.cancel_waiting(s, reason, actions);
             return;
         }
-        if self.steps[s].group.is_some()
-            || self.dag.step_mutexes[s].is_empty()
-            || self.try_acquire(s)
-        {
+        if self.steps[s].group.is_some() {
+            self.release(s, actions);
+        } else if self.dag.step_mutexes[s].is_empty() || self.try_acquire(s) {
+            self.admit(s, actions);
+        } else {
+            self.steps[s].state = StepState::Queued;
+        }
+    }
+
+    /// A plain step whose dependencies and mutexes hold: release it if a
+    /// `max_parallel` slot is free, else queue it for one.
+    fn admit(&mut self, s: usize, actions: &mut Vec<Action>) {
+        if self.try_slot(s) {
             self.release(s, actions);
         } else {
             self.steps[s].state = StepState::Queued;
+        }
+    }
+
+    /// Take a `max_parallel` slot for `s` (always succeeds without a limit), or
+    /// queue `s` for one.
+    fn try_slot(&mut self, s: usize) -> bool {
+        let Some(max) = self.policy.max_parallel else {
+            return true;
+        };
+        let st = &mut self.steps[s];
+        if st.holds_slot {
+            return true;
+        }
+        // Waiters exist only while every slot is taken (a freed slot goes to
+        // them at once), so a free slot never jumps the queue.
+        if self.slots_used < max {
+            self.slots_used += 1;
+            st.holds_slot = true;
+            st.waiting_slot = false;
+            return true;
+        }
+        if !std::mem::replace(&mut st.waiting_slot, true) {
+            self.slot_waiters.insert(s as u32);
+            self.parked.push(s as u32);
+        }
+        false
+    }
+
+    /// Give back `s`'s slot (if it holds one) and hand free slots to the waiters.
+    fn release_slot(&mut self, s: usize, actions: &mut Vec<Action>) {
+        if !std::mem::take(&mut self.steps[s].holds_slot) {
+            return;
+        }
+        self.slots_used = self.slots_used.saturating_sub(1);
+        self.grant_slots(actions);
+    }
+
+    /// Serve the slot waiters, lowest step index first, while slots are free.
+    fn grant_slots(&mut self, actions: &mut Vec<Action>) {
+        let Some(max) = self.policy.max_parallel else {
+            return;
+        };
+        while self.slots_used < max {
+            let Some(w) = self.slot_waiters.pop_first() else {
+                break;
+            };
+            let w = w as usize;
+            let st = &mut self.steps[w];
+            if !std::mem::take(&mut st.waiting_slot) || st.state.is_terminal() {
+                continue;
+            }
+            let plain = st.group.is_none();
+            if plain {
+                if let Some(reason) = self.halt_reason() {
+                    self.cancel_waiting(w, reason, actions);
+                    continue;
+                }
+                self.steps[w].holds_slot = true;
+                self.slots_used += 1;
+                self.release(w, actions);
+            } else {
+                st.holds_slot = true;
+                self.slots_used += 1;
+                self.pump(w, actions);
+                // Nothing went out (its mutex is taken, or nothing is eligible any
+                // more): the slot goes to the next waiter, without recursion.
+                let idle = self.steps[w]
+                    .group
+                    .as_ref()
+                    .is_some_and(|g| g.in_flight() == 0);
+                if idle && std::mem::take(&mut self.steps[w].holds_slot) {
+                    self.slots_used -= 1;
+                }
+            }
         }
     }
 
@@ -744,14 +978,17 @@ impl Engine {
         }
     }
 
-    /// A task group with nothing in flight gives its mutexes back.
-    fn maybe_drop_group_mutexes(&mut self, s: usize, actions: &mut Vec<Action>) {
+    /// A task group with nothing in flight gives its mutexes and its slot back.
+    fn settle_group(&mut self, s: usize, actions: &mut Vec<Action>) {
         let idle = self.steps[s]
             .group
             .as_ref()
             .is_some_and(|g| g.in_flight() == 0);
-        if idle && self.steps[s].holds_mutexes {
-            self.release_mutexes(s, actions);
+        if idle {
+            if self.steps[s].holds_mutexes {
+                self.release_mutexes(s, actions);
+            }
+            self.release_slot(s, actions);
         }
     }
 
@@ -782,13 +1019,13 @@ impl Engine {
                     }
                     self.steps[w].holds_mutexes = true;
                     self.steps[w].waiting_mutex = false;
-                    if self.dag_cancelled {
-                        self.cancel_waiting(w, CancelReason::DagCancelled, actions);
+                    if let Some(reason) = self.halt_reason() {
+                        self.cancel_waiting(w, reason, actions);
                     } else if self.steps[w].group.is_some() {
                         self.pump(w, actions);
-                        self.maybe_drop_group_mutexes(w, actions);
+                        self.settle_group(w, actions);
                     } else {
-                        self.release(w, actions);
+                        self.admit(w, actions);
                     }
                 }
                 break;
@@ -818,6 +1055,7 @@ impl Engine {
             };
             self.finish(s, state);
             self.release_mutexes(s, actions);
+            self.release_slot(s, actions);
             let from = &dag.names[s];
             for &eid in dag.outgoing(s) {
                 let e = dag.edges[eid as usize];
@@ -868,20 +1106,103 @@ impl Engine {
                     None => {}
                 }
             }
+            // After its own edges (its direct successors name it as the failed
+            // dependency), a fail-fast failure stops everything else.
+            if matches!(outcome, Outcome::Failed { .. })
+                && !self.catches[s]
+                && self.policy.failure_policy == FailurePolicy::FailFast
+            {
+                self.abort(s, actions);
+            }
         }
+    }
+
+    /// `fail_fast`: cancel every step that has not finished because `s` failed
+    /// (once; the caller drains). O(steps), at most once per DAG.
+    fn abort(&mut self, s: usize, actions: &mut Vec<Action>) {
+        if self.aborted_by.is_some() || self.dag_cancelled {
+            return;
+        }
+        self.aborted_by = Some(s as u32);
+        let reason = CancelReason::FailFast {
+            failed: self.name(s),
+        };
+        for t in 0..self.steps.len() {
+            self.cancel_one(t, reason.clone(), actions);
+        }
+    }
+
+    /// Why nothing may be released any more, if so.
+    fn halt_reason(&self) -> Option<CancelReason> {
+        if self.dag_cancelled {
+            Some(CancelReason::DagCancelled)
+        } else {
+            self.aborted_by.map(|s| CancelReason::FailFast {
+                failed: self.name(s as usize),
+            })
+        }
+    }
+
+    fn halted(&self) -> bool {
+        self.dag_cancelled || self.aborted_by.is_some()
     }
 
     fn group_cancel_reason(&self, s: usize) -> CancelReason {
         match &self.steps[s].pending_reason {
             Some(r) => r.clone(),
-            None if self.dag_cancelled => CancelReason::DagCancelled,
-            None => CancelReason::UserRequested,
+            None => self.halt_reason().unwrap_or(CancelReason::UserRequested),
         }
     }
 
     /// State of one step.
     pub fn state(&self, step: &str) -> Option<&StepState> {
         self.dag.step_index(step).map(|s| &self.steps[s].state)
+    }
+
+    /// True while `step` waits for a `max_parallel` slot (its dependencies and
+    /// mutexes hold). For a plain step its state is then `Queued`.
+    pub fn waiting_for_slot(&self, step: &str) -> bool {
+        self.dag
+            .step_index(step)
+            .is_some_and(|s| self.steps[s].waiting_slot && !self.steps[s].state.is_terminal())
+    }
+
+    /// `max_parallel` slots in use: released plain steps not yet terminal, and task
+    /// groups with elements in flight. Never more than the limit, except for
+    /// steps [`on_started`](Self::on_started) took as released while they waited.
+    pub fn slots_used(&self) -> u32 {
+        self.slots_used
+    }
+
+    /// Steps that started waiting for a `max_parallel` slot since the last call, in
+    /// the order they did (for a controller that shows why they wait).
+    pub fn take_parked(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.parked)
+            .into_iter()
+            .map(|s| self.name(s as usize))
+            .collect()
+    }
+
+    /// Why a step that has not finished yet is being cancelled (a `Cancel` action
+    /// went out for it and its terminal event is awaited), if it is.
+    pub fn cancelling(&self, step: &str) -> Option<&CancelReason> {
+        let st = &self.steps[self.dag.step_index(step)?];
+        if st.state.is_terminal() || !st.stop_pumping {
+            return None;
+        }
+        st.pending_reason.as_ref()
+    }
+
+    /// The first step that failed with no `failure`/`any` edge to catch it (what
+    /// makes the DAG end `Failed`).
+    pub fn first_failure(&self) -> Option<&str> {
+        self.first_failure
+            .map(|s| self.dag.names[s as usize].as_str())
+    }
+
+    /// The step whose failure stopped the DAG under `fail_fast`, once it has.
+    pub fn aborted_by(&self) -> Option<&str> {
+        self.aborted_by.map(|s| self.dag.names[s as usize].as_str())
     }
 
     /// Element counts of a task-group step.

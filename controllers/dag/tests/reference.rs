@@ -329,3 +329,81 @@ proptest! {
         prop_assert!(e.phase() != DagPhase::Running, "engine stalled: {:?}", e.status());
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
+
+    /// `maxParallel` only delays steps: the same steps run with the same outcomes as
+    /// without a limit (the naive reference), never more than the limit of steps are
+    /// in flight at once, and the engine never stalls (mutexes, task groups and
+    /// corresponding edges included).
+    #[test]
+    fn max_parallel_only_delays(
+        g in gen_dag(),
+        limit in 1u32..4,
+        picks in proptest::collection::vec(0usize..1000, 64),
+    ) {
+        use lattice_dag::dispatch::Policy;
+        let mut e = Engine::with_policy(dag(build(&g)), Policy { max_parallel: Some(limit), ..Default::default() });
+        let mut k = 0usize;
+        let mut pick = |n: usize| { k += 1; picks[k % picks.len()] % n };
+        let mut violation = None;
+        let mut check = |e: &Engine, in_flight: &[Item]| {
+            let steps: BTreeSet<&str> = in_flight.iter().map(|(s, _)| s.as_str()).collect();
+            if steps.len() > limit as usize || e.slots_used() > limit {
+                violation = Some(format!("{} steps in flight ({:?}), {} slots used, limit {limit}", steps.len(), steps, e.slots_used()));
+            }
+        };
+        let gg = g.clone();
+        let run = drive(&mut e, &move |s, i| outcome_of(&gg, s, i), &mut pick, false, &mut check);
+        prop_assert_eq!(violation, None);
+        let (refst, refphase) = reference(&g);
+        let mut ref_ran = BTreeMap::new();
+        for (i, els) in refst.iter().enumerate() {
+            for (idx, r) in els {
+                if let R::Ran(o) = r {
+                    ref_ran.insert((format!("s{i}"), *idx), *o);
+                }
+            }
+        }
+        prop_assert_eq!(&run.ran, &ref_ran, "ran sets differ for {:?}", g);
+        prop_assert_eq!(e.phase(), refphase, "phase for {:?}: {:?}", g, e.status());
+        prop_assert_eq!(e.slots_used(), 0);
+    }
+
+    /// `fail_fast` ends in the same phase as `propagate` (Failed exactly when some
+    /// failure goes uncaught), releases nothing after the failure that stopped it,
+    /// and never stalls.
+    #[test]
+    fn fail_fast_stops_releasing_and_ends_like_propagate(
+        g in gen_dag(),
+        limit in proptest::option::of(1u32..4),
+        picks in proptest::collection::vec(0usize..1000, 64),
+    ) {
+        use lattice_dag::dispatch::{FailurePolicy, Policy};
+        let policy = Policy { failure_policy: FailurePolicy::FailFast, max_parallel: limit };
+        let mut e = Engine::with_policy(dag(build(&g)), policy);
+        let mut k = 0usize;
+        let mut pick = |n: usize| { k += 1; picks[k % picks.len()] % n };
+        let mut at_abort: Option<BTreeSet<Item>> = None;
+        let mut violation = None;
+        let mut check = |e: &Engine, in_flight: &[Item]| {
+            let now: BTreeSet<Item> = in_flight.iter().cloned().collect();
+            match &at_abort {
+                Some(before) => {
+                    if let Some(x) = now.iter().find(|i| !before.contains(*i)) {
+                        violation = Some(format!("{x:?} released after {:?} failed", e.aborted_by()));
+                    }
+                }
+                None if e.aborted_by().is_some() => at_abort = Some(now),
+                None => {}
+            }
+        };
+        let gg = g.clone();
+        drive(&mut e, &move |s, i| outcome_of(&gg, s, i), &mut pick, false, &mut check);
+        prop_assert_eq!(violation, None);
+        let (_, refphase) = reference(&g);
+        prop_assert_eq!(e.phase(), refphase, "phase for {:?}: {:?}", g, e.status());
+        prop_assert_eq!(e.aborted_by().is_some(), refphase == DagPhase::Failed);
+    }
+}
