@@ -47,6 +47,39 @@ pub struct EnvInputs<'a> {
     pub base: BTreeMap<String, String>,
 }
 
+/// Where a job step's tasks run on one node: the first global rank there and how many.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskSlots {
+    /// Global rank of the node's first task.
+    pub first: u64,
+    /// Tasks on the node (0 when there are more nodes than tasks).
+    pub count: u64,
+}
+
+/// The tasks of a job step on the node at `rank` of `nnodes`: `per_node` on each node
+/// in node order when given (the last ones may get fewer), else spread as evenly as
+/// possible with the remainder on the first nodes (Slurm's default block distribution:
+/// `-N3 -n4` is 2, 1, 1).
+pub fn step_tasks(ntasks: u64, nnodes: u64, per_node: Option<u64>, rank: u64) -> TaskSlots {
+    let nnodes = nnodes.max(1);
+    match per_node {
+        Some(k) => {
+            let first = rank.saturating_mul(k);
+            TaskSlots {
+                first,
+                count: k.min(ntasks.saturating_sub(first)),
+            }
+        }
+        None => {
+            let (base, extra) = (ntasks / nnodes, ntasks % nnodes);
+            TaskSlots {
+                first: rank * base + rank.min(extra),
+                count: base + u64::from(rank < extra),
+            }
+        }
+    }
+}
+
 /// [`INHERITED`] from the agent's environment (PATH defaults to a sane value).
 pub fn base_from_agent() -> BTreeMap<String, String> {
     let mut m = BTreeMap::new();
@@ -107,12 +140,31 @@ pub fn build(i: &EnvInputs<'_>) -> BTreeMap<String, String> {
     let task_index = meta.labels.get(TASK_INDEX_LABEL).cloned();
     let task_group = meta.labels.get(TASK_GROUP_LABEL).cloned();
 
+    // A job step belongs to its allocation: the job id is the allocation's, and the
+    // tasks are spread over the step's nodes (see [`step_tasks`]).
+    let step = a.spec.step_of.as_ref().map(|parent| {
+        let n = ntasks.trim().parse::<u64>().unwrap_or(nnodes as u64);
+        let slots = step_tasks(n, nnodes as u64, per_node, rank as u64);
+        let id = name.rsplit('.').next().unwrap_or(&name).to_string();
+        (parent.clone(), name.clone(), id, slots)
+    });
+    let job_id = step
+        .as_ref()
+        .map(|(parent, ..)| parent.clone())
+        .unwrap_or_else(|| name.clone());
+
     let mut env = i.base.clone();
     env.extend(a.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     let mut set = |k: &str, v: String| {
         env.insert(k.to_string(), v);
     };
-    set("LATTICE_ALLOC_ID", name.clone());
+    set("LATTICE_ALLOC_ID", job_id.clone());
+    if let Some((_, step_name, _, slots)) = &step {
+        set("LATTICE_STEP_ID", step_name.clone());
+        set("LATTICE_PROCID", slots.first.to_string());
+        set("LATTICE_LOCALID", "0".to_string());
+        set("LATTICE_LOCAL_TASKS", slots.count.to_string());
+    }
     set("LATTICE_ALLOC_UID", meta.uid.clone().unwrap_or_default());
     set("LATTICE_JOB_NAME", job_name.clone());
     set("LATTICE_TENANT", meta.namespace_str().to_string());
@@ -135,15 +187,15 @@ pub fn build(i: &EnvInputs<'_>) -> BTreeMap<String, String> {
     if i.slurm || wants_slurm_env(a) {
         // The seed's table (Slurm Migration, "Environment Variables"), plus the long
         // forms Slurm itself sets next to them. One process per node: PROCID = NODEID.
-        set("SLURM_JOB_ID", name.clone());
-        set("SLURM_JOBID", name);
+        set("SLURM_JOB_ID", job_id.clone());
+        set("SLURM_JOBID", job_id);
         set("SLURM_JOB_NAME", job_name);
         set("SLURM_NNODES", nnodes.to_string());
         set("SLURM_JOB_NUM_NODES", nnodes.to_string());
         set("SLURM_NODELIST", nodelist.clone());
-        set("SLURM_JOB_NODELIST", nodelist);
+        set("SLURM_JOB_NODELIST", nodelist.clone());
         set("SLURM_NTASKS", ntasks.clone());
-        set("SLURM_NPROCS", ntasks);
+        set("SLURM_NPROCS", ntasks.clone());
         if let Some(t) = per_node {
             set("SLURM_NTASKS_PER_NODE", t.to_string());
         }
@@ -151,9 +203,19 @@ pub fn build(i: &EnvInputs<'_>) -> BTreeMap<String, String> {
             set("SLURM_JOB_PARTITION", v.clone());
         }
         set("SLURM_JOB_ACCOUNT", meta.namespace_str().to_string());
-        set("SLURM_PROCID", rank.to_string());
         set("SLURM_NODEID", rank.to_string());
         set("SLURM_LOCALID", "0".to_string());
+        match &step {
+            Some((_, _, id, slots)) => {
+                set("SLURM_STEP_ID", id.clone());
+                set("SLURM_STEPID", id.clone());
+                set("SLURM_PROCID", slots.first.to_string());
+                set("SLURM_STEP_NUM_NODES", nnodes.to_string());
+                set("SLURM_STEP_NODELIST", nodelist.clone());
+                set("SLURM_STEP_NUM_TASKS", ntasks.clone());
+            }
+            None => set("SLURM_PROCID", rank.to_string()),
+        }
         if let Some(d) = submit_dir {
             set("SLURM_SUBMIT_DIR", d);
         }
@@ -266,6 +328,48 @@ mod tests {
         assert_eq!(env["SLURM_JOB_NODELIST"], "n0,n1,n2");
         assert_eq!(env["SLURM_JOB_ACCOUNT"], "ml");
         assert!(!env.contains_key("SLURM_JOB_PARTITION"));
+    }
+
+    #[test]
+    fn step_tasks_spread_like_slurm() {
+        let counts = |n, nodes, per| {
+            (0..nodes)
+                .map(|r| step_tasks(n, nodes, per, r))
+                .map(|s| (s.first, s.count))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(counts(4, 3, None), vec![(0, 2), (2, 1), (3, 1)]);
+        assert_eq!(counts(6, 2, None), vec![(0, 3), (3, 3)]);
+        assert_eq!(counts(2, 3, None), vec![(0, 1), (1, 1), (2, 0)]);
+        assert_eq!(counts(5, 2, Some(4)), vec![(0, 4), (4, 1)]);
+        assert_eq!(counts(8, 2, Some(4)), vec![(0, 4), (4, 4)]);
+    }
+
+    #[test]
+    fn a_step_runs_as_part_of_its_allocation() {
+        let mut a = alloc();
+        a.metadata.name = Some("job.3".into());
+        a.spec.step_of = Some("job".into());
+        a.metadata
+            .annotations
+            .insert(NTASKS_ANNOTATION.into(), "5".into());
+        let env = build(&EnvInputs {
+            alloc: &a,
+            node: "n1",
+            attempt: 1,
+            scratch: Path::new("/s"),
+            slurm: true,
+            base: BTreeMap::new(),
+        });
+        assert_eq!(env["LATTICE_ALLOC_ID"], "job");
+        assert_eq!(env["LATTICE_STEP_ID"], "job.3");
+        // 5 tasks on 3 nodes: 2, 2, 1; node n1 has ranks 2 and 3.
+        assert_eq!(env["LATTICE_PROCID"], "2");
+        assert_eq!(env["LATTICE_LOCAL_TASKS"], "2");
+        assert_eq!(env["SLURM_JOB_ID"], "job");
+        assert_eq!(env["SLURM_STEP_ID"], "3");
+        assert_eq!(env["SLURM_PROCID"], "2");
+        assert_eq!(env["SLURM_STEP_NUM_TASKS"], "5");
     }
 
     fn slurm_of(a: &Allocation, agent_flag: bool) -> BTreeMap<String, String> {

@@ -210,6 +210,44 @@ pub fn run_as(alloc: &Allocation) -> Option<RunAs> {
     }
 }
 
+/// Runs a job step's tasks on one node: `LATTICE_LOCAL_TASKS` copies of `"$@"`, each
+/// with its own `LATTICE_PROCID`/`LATTICE_LOCALID` (and `SLURM_PROCID`/`SLURM_LOCALID`
+/// when the Slurm variables are set), in the run's process group; exits with the
+/// highest exit status.
+const STEP_FANOUT: &str = r#"n=${LATTICE_LOCAL_TASKS:-1}; first=${LATTICE_PROCID:-0}; i=0; pids=
+while [ "$i" -lt "$n" ]; do
+  r=$((first + i))
+  ( LATTICE_PROCID=$r; LATTICE_LOCALID=$i; export LATTICE_PROCID LATTICE_LOCALID
+    if [ -n "${SLURM_JOB_ID:-}" ]; then SLURM_PROCID=$r; SLURM_LOCALID=$i; export SLURM_PROCID SLURM_LOCALID; fi
+    exec "$@" ) &
+  pids="$pids $!"
+  i=$((i + 1))
+done
+rc=0
+for p in $pids; do wait "$p"; c=$?; if [ "$c" -gt "$rc" ]; then rc=$c; fi; done
+exit "$rc""#;
+
+/// A job step with other than one task on this node runs under [`STEP_FANOUT`].
+pub fn fan_out(
+    alloc: &Allocation,
+    env: &std::collections::BTreeMap<String, String>,
+    program: String,
+    args: Vec<String>,
+) -> (String, Vec<String>) {
+    let local = env.get("LATTICE_LOCAL_TASKS").map(String::as_str);
+    if alloc.spec.step_of.is_none() || local == Some("1") || local.is_none() {
+        return (program, args);
+    }
+    let mut wrapped = vec![
+        "-c".to_string(),
+        STEP_FANOUT.to_string(),
+        "lattice-step".to_string(),
+        program,
+    ];
+    wrapped.extend(args);
+    ("/bin/sh".to_string(), wrapped)
+}
+
 /// Start a new run of `alloc` and supervise it to the end.
 pub async fn run_new(ctx: Arc<Ctx>, alloc: Arc<Allocation>, rx: watch::Receiver<AllocView>) {
     let Some(st) = alloc.status.as_ref() else {
@@ -413,6 +451,7 @@ impl Supervisor {
             slurm: ctx.cfg.slurm_env,
             base,
         });
+        let (program, args) = fan_out(alloc, &vars, program, args);
         let cwd = alloc
             .spec
             .working_dir
@@ -836,6 +875,39 @@ mod tests {
         let (p, args) = command_line(&a, dir.path(), None).unwrap();
         assert_eq!(p, "/bin/sh");
         assert!(args[0].ends_with(SCRIPT_FILE));
+    }
+
+    #[test]
+    fn a_step_with_several_local_tasks_fans_out() {
+        let mut a = Allocation::default();
+        let mut env = std::collections::BTreeMap::new();
+        env.insert("LATTICE_LOCAL_TASKS".to_string(), "3".to_string());
+        let same = fan_out(&a, &env, "/bin/echo".into(), vec!["x".into()]);
+        assert_eq!(same.0, "/bin/echo", "not a step");
+        a.spec.step_of = Some("job".into());
+        let (p, args) = fan_out(&a, &env, "/bin/echo".into(), vec!["x".into()]);
+        assert_eq!(p, "/bin/sh");
+        assert_eq!(args[2..], ["lattice-step", "/bin/echo", "x"]);
+        // Run it: three ranks, exit status is the highest.
+        let out = std::process::Command::new(&p)
+            .args(&args[..2])
+            .args([
+                "lattice-step",
+                "/bin/sh",
+                "-c",
+                "echo rank=$LATTICE_PROCID/$LATTICE_LOCALID; exit $LATTICE_PROCID",
+            ])
+            .env("LATTICE_LOCAL_TASKS", "3")
+            .env("LATTICE_PROCID", "4")
+            .output()
+            .unwrap();
+        let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(String::from)
+            .collect();
+        lines.sort();
+        assert_eq!(lines, ["rank=4/0", "rank=5/1", "rank=6/2"]);
+        assert_eq!(out.status.code(), Some(6));
     }
 
     #[test]

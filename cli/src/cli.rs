@@ -113,6 +113,10 @@ pub enum Command {
     Watch(WatchArgs),
     /// Print an allocation's output (stdout and stderr)
     Logs(LogsArgs),
+    /// Run a command inside a running allocation (a job step, like srun in an allocation)
+    Launch(LaunchArgs),
+    /// Hold nodes for interactive work and open a shell with them (like salloc)
+    Session(Box<SessionArgs>),
     /// List the cluster's nodes, or show one
     Nodes(NodesArgs),
     /// Drain, undrain, disable, enable or show one node
@@ -231,6 +235,53 @@ pub struct WatchArgs {
 }
 
 #[derive(Debug, Clone, Default, Args)]
+pub struct LaunchArgs {
+    /// Allocation to run in [default: $LATTICE_ALLOC_ID, then $SLURM_JOB_ID]
+    #[arg(long, value_name = "ID")]
+    pub alloc: Option<String>,
+    /// Tasks in all (`-n N` also works here; use -t/--tenant for the tenant) [default: one
+    /// per node, or nodes × --tasks-per-node]
+    #[arg(long, value_name = "N")]
+    pub ntasks: Option<u32>,
+    /// Nodes to use, the allocation's first ones [default: all, or as many as the tasks need]
+    #[arg(short = 'N', long, value_name = "N")]
+    pub nodes: Option<u32>,
+    /// Tasks on each node
+    #[arg(long, visible_alias = "ntasks-per-node", value_name = "K")]
+    pub tasks_per_node: Option<u32>,
+    /// Prefix output lines with the node name
+    #[arg(short = 'l', long)]
+    pub label: bool,
+    /// Extra environment variable for the tasks (repeatable)
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Working directory on the nodes [default: the current directory]
+    #[arg(short = 'D', long, value_name = "DIR")]
+    pub chdir: Option<String>,
+    /// Interactive terminal (not supported; use lattice session)
+    #[arg(long)]
+    pub pty: bool,
+    /// Command and arguments
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct SessionArgs {
+    /// Resources as for submit (--nodes, --walltime, --constraint, --vcluster, --uenv, ...)
+    #[command(flatten)]
+    pub flags: lattice_compat::SubmitFlags,
+    /// Command to run instead of $SHELL (after `--`)
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Args)]
 pub struct LogsArgs {
     /// Allocation ID (name)
     pub id: String,
@@ -258,6 +309,18 @@ pub struct LogsArgs {
     /// Prefix each line with its timestamp
     #[arg(long)]
     pub timestamps: bool,
+    /// With several nodes, print their lines as they are (no `<node>| ` prefix)
+    #[arg(long)]
+    pub no_prefix: bool,
+    /// Prefix lines with `<node>| ` even with one node (`launch -l`, `srun -l`)
+    #[arg(skip)]
+    pub label: bool,
+    /// Write the output to files instead: stdout to the submission's `--output` path
+    /// (default `slurm-%j.out`), stderr to its `--error` path (default: the same file);
+    /// relative paths are taken from the submission directory; Slurm's `%j %x %u %A %a %N
+    /// %%` patterns are expanded
+    #[arg(long, conflicts_with_all = ["follow", "stderr", "stdout", "tail", "node", "since", "until"])]
+    pub download: bool,
 }
 
 #[derive(Debug, Clone, Default, Args)]

@@ -83,6 +83,11 @@ impl Env {
             "HOME",
             "USER",
             "LOGNAME",
+            "SHELL",
+            // Inside an allocation (`lattice session`, a batch script): `lattice launch`
+            // and `srun` run there.
+            "LATTICE_ALLOC_ID",
+            "SLURM_JOB_ID",
         ];
         Env {
             vars: keys

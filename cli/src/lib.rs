@@ -126,7 +126,40 @@ where
         }
         return Ok(cli);
     }
-    Cli::try_parse_from(argv)
+    Cli::try_parse_from(launch_ntasks(argv))
+}
+
+/// In `lattice launch`, `-n N` is the task count (as in the seed and in srun), not the
+/// global tenant flag: it is rewritten to `--ntasks N` before the command starts.
+fn launch_ntasks(argv: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let Some(at) = argv.iter().position(|a| a == "launch") else {
+        return argv;
+    };
+    // Only when `launch` is the subcommand (every word before it is an option).
+    if argv[1..at]
+        .iter()
+        .any(|a| !a.to_string_lossy().starts_with('-'))
+    {
+        return argv;
+    }
+    let mut out: Vec<std::ffi::OsString> = argv[..=at].to_vec();
+    let mut rest = argv[at + 1..].iter();
+    while let Some(a) = rest.next() {
+        let t = a.to_string_lossy();
+        if t == "--" || !t.starts_with('-') {
+            out.push(a.clone());
+            out.extend(rest.cloned());
+            break;
+        }
+        if t == "-n" {
+            out.push("--ntasks".into());
+        } else if let Some(v) = t.strip_prefix("-n").filter(|v| !v.is_empty()) {
+            out.push(format!("--ntasks={}", v.trim_start_matches('=')).into());
+        } else {
+            out.push(a.clone());
+        }
+    }
+    out
 }
 
 /// Runs a parsed command line; errors are printed to `err`. Returns the exit code.
@@ -232,6 +265,8 @@ async fn dispatch(
         Command::History(a) => cmd::status::history(&mut ctx, &a, out, err).await,
         Command::Usage(a) => cmd::usage::run(&mut ctx, &a, out).await,
         Command::Logs(a) => cmd::logs::run(&mut ctx, &a, out, err, shutdown).await,
+        Command::Launch(a) => cmd::launch::launch(&ctx, &a, out, err, shutdown).await,
+        Command::Session(a) => cmd::launch::session(&mut ctx, "session", &a, err, shutdown).await,
         Command::Nodes(a) => cmd::nodes::list(&mut ctx, &a, out, err).await,
         Command::Node(c) => cmd::nodes::node(&mut ctx, &c, out, err).await,
         Command::Dag(c) => cmd::dag::run(&mut ctx, &c, &mut opts.stdin, out, err).await,

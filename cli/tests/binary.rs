@@ -213,6 +213,56 @@ fn completion_scripts_load() {
     assert!(out.stdout.is_empty() && out.stderr.is_empty());
 }
 
+#[test]
+fn bash_completion_passes_the_typed_tenant() {
+    let out = run_ok(lattice().args(["completion", "bash"]));
+    let script = String::from_utf8(out.stdout).expect("utf8");
+    assert!(
+        script.contains("__complete \"$kind\" ${targs[@]+\"${targs[@]}\"}"),
+        "the bash helper passes --tenant to __complete"
+    );
+    let dir = tempfile::tempdir().expect("tmp");
+    let f = dir.path().join("lattice.bash");
+    std::fs::write(&f, &script).expect("write");
+    let check = Command::new("bash")
+        .arg("-n")
+        .arg(&f)
+        .output()
+        .expect("bash");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    // Call the helper as bash's completion would (COMP_WORDS split at '=' as bash does),
+    // with clap's function stubbed and the stand-in lattice on PATH.
+    let fake = fake_lattice_dir();
+    let harness = format!(
+        "source {}\n_lattice() {{ printf clap; }}\n\
+         t() {{ COMP_WORDS=(\"$@\"); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); COMPREPLY=(); \
+         _lattice_dynamic; printf '%s;\\n' \"${{COMPREPLY[*]}}\"; }}\n\
+         t lattice status ''\nt lattice -t x cancel ''\nt lattice status -t phys ''\n\
+         t lattice --tenant = phys logs ''\nt lattice -tphys watch ''\nt lattice -n \"'phys'\" status ''\n\
+         t lattice -t phys node status ''\nt lattice -t phys dag status ''\n\
+         t lattice -t phys submit --vcluster ''\nt lattice -t phys submit --vcluster = ''\n\
+         t lattice status -t ''\nt lattice status --tenant = ph\nt lattice status -o ''\n",
+        f.display()
+    );
+    let run = Command::new("bash")
+        .args(["--norc", "--noprofile", "-c", &harness])
+        .env("PATH", with_path(fake.path()))
+        .output()
+        .expect("bash");
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout),
+        "alloc-1 alloc-2;\nx/alloc-1 x/alloc-2;\nphys/alloc-1 phys/alloc-2;\n\
+         phys/alloc-1 phys/alloc-2;\nphys/alloc-1 phys/alloc-2;\nphys/alloc-1 phys/alloc-2;\n\
+         node-01;\nphys/dag-9;\nphys/hpc-batch;\nphys/hpc-batch;\nchem physics;\nphysics;\nclap;\n",
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
 /// True when `shell` runs here (zsh and fish are optional on build machines).
 fn have(shell: &str) -> bool {
     Command::new(shell)
@@ -221,13 +271,16 @@ fn have(shell: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// A stand-in `lattice` on PATH whose `__complete KIND` prints fixed names per kind.
+/// A stand-in `lattice` on PATH whose `__complete KIND [--tenant T]` prints fixed names
+/// per kind, prefixed with `T/` when a tenant is passed.
 fn fake_lattice_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tmp");
     let bin = dir.path().join("lattice");
     std::fs::write(
         &bin,
-        "#!/bin/sh\n[ \"$1\" = __complete ] || exit 1\ncase \"$2\" in\n  allocations) echo alloc-1; echo alloc-2 ;;\n  nodes) echo node-01 ;;\n  dags) echo dag-9 ;;\n  vclusters) echo hpc-batch ;;\nesac\n",
+        "#!/bin/sh\n[ \"$1\" = __complete ] || exit 1\nt=\"\"\n[ \"$3\" = --tenant ] && t=\"$4/\"\n\
+         case \"$2\" in\n  allocations) echo ${t}alloc-1; echo ${t}alloc-2 ;;\n  nodes) echo node-01 ;;\n  \
+         dags) echo ${t}dag-9 ;;\n  vclusters) echo ${t}hpc-batch ;;\n  tenants) echo chem; echo physics ;;\nesac\n",
     )
     .expect("write");
     use std::os::unix::fs::PermissionsExt;
@@ -251,7 +304,7 @@ fn zsh_and_fish_completion_complete_names() {
     assert!(zsh.starts_with("#compdef lattice\n"), "{}", &zsh[..40]);
     assert!(zsh.contains("\n_lattice_clap() {\n"));
     assert!(zsh.contains("\n_lattice() {\n"));
-    assert!(zsh.contains("__complete \"$kind\""));
+    assert!(zsh.contains("__complete \"$kind\" \"${targs[@]}\""));
     assert!(zsh.contains("_lattice_clap \"$@\""));
     let wrapper = zsh.find("\n_lattice() {\n").expect("wrapper");
     assert!(
@@ -265,7 +318,9 @@ fn zsh_and_fish_completion_complete_names() {
         "__lattice_wants allocations",
         "__lattice_wants nodes",
         "__lattice_wants dags",
-        "(lattice __complete vclusters 2>/dev/null)",
+        "(lattice __complete vclusters (__lattice_tenant_args) 2>/dev/null)",
+        "(lattice __complete allocations (__lattice_tenant_args) 2>/dev/null)",
+        "-l tenant -r -f -a '(lattice __complete tenants 2>/dev/null)'",
     ] {
         assert!(fish.contains(hook), "fish script lacks {hook}");
     }
@@ -289,7 +344,9 @@ fn zsh_and_fish_completion_complete_names() {
              _call_program() {{ shift; \"$@\"; }}\n_lattice_clap() {{ print -rn -- clap; }}\n\
              t() {{ words=(\"$@\"); CURRENT=$#words; _lattice; print }}\n\
              t lattice status ''\nt lattice node status ''\nt lattice node ''\nt lattice dag status ''\n\
-             t lattice -t x cancel ''\nt lattice submit --vcluster ''\nt lattice status --wa\n",
+             t lattice -t x cancel ''\nt lattice submit --vcluster ''\nt lattice status --wa\n\
+             t lattice status --tenant=phys ''\nt lattice -tphys dag status ''\n\
+             t lattice -n \\'phys\\' submit --vcluster ''\nt lattice status -t ''\nt lattice status -o ''\n",
             f.display()
         );
         let run = Command::new("zsh")
@@ -299,7 +356,8 @@ fn zsh_and_fish_completion_complete_names() {
             .expect("zsh");
         assert_eq!(
             String::from_utf8_lossy(&run.stdout),
-            "alloc-1 alloc-2;\nnode-01;\nclap\ndag-9;\nalloc-1 alloc-2;\nhpc-batch;\nclap\n",
+            "alloc-1 alloc-2;\nnode-01;\nclap\ndag-9;\nx/alloc-1 x/alloc-2;\nhpc-batch;\nclap\n\
+             phys/alloc-1 phys/alloc-2;\nphys/dag-9;\nphys/hpc-batch;\nchem physics;\nclap\n",
             "{}",
             String::from_utf8_lossy(&run.stderr)
         );
@@ -321,9 +379,16 @@ fn zsh_and_fish_completion_complete_names() {
             ("lattice status ", "alloc-1 alloc-2"),
             ("lattice node status ", "node-01"),
             ("lattice dag status ", "dag-9"),
-            ("lattice -t x cancel ", "alloc-1 alloc-2"),
+            ("lattice -t x cancel ", "x/alloc-1 x/alloc-2"),
             ("lattice submit --vcluster ", "hpc-batch"),
             ("lattice logs --node ", "node-01"),
+            // The typed tenant is passed on: `-t X`, `--tenant=X`, `-tX`, after the command too.
+            ("lattice status --tenant=phys ", "phys/alloc-1 phys/alloc-2"),
+            ("lattice -tphys dag status ", "phys/dag-9"),
+            ("lattice status -n phys ", "phys/alloc-1 phys/alloc-2"),
+            ("lattice -t phys submit --vcluster ", "phys/hpc-batch"),
+            // The tenant option's own value: tenant names, not allocations.
+            ("lattice status -t ", "chem physics"),
         ] {
             let run = Command::new("fish")
                 .args([

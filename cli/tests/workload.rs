@@ -805,6 +805,57 @@ async fn submit_nodelist_dry_run_client() {
     golden("error_nodelist_count.txt", &r.err);
 }
 
+#[tokio::test]
+async fn submit_sbatch_nodelist_and_constraint_or() {
+    // `#SBATCH -w` claims the nodes like `--nodelist` (no warning); `-x` is still ignored
+    // with a warning; an OR constraint keeps the first alternative and says what it dropped.
+    let d = tempfile::tempdir().expect("tmp");
+    std::fs::write(
+        d.path().join("pin.sh"),
+        "#!/bin/bash\n#SBATCH -w sn-[01-02]\n#SBATCH -x sn-03\n#SBATCH -C \"a100|h100\"\nsrun ./app\n",
+    )
+    .expect("script");
+    let r = run_opts(
+        "http://127.0.0.1:9",
+        &["submit", "--dry-run=client", "-o", "json", "pin.sh"],
+        Opts::alice(d.path()),
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    let v: Value = serde_json::from_str(&r.out).expect("json");
+    assert_eq!(
+        v["spec"]["resources"],
+        json!({"nodes": 2, "nodeNames": ["sn-01", "sn-02"], "constraints": {"features": ["a100"]}})
+    );
+    assert_eq!(
+        r.err,
+        "Warning: #SBATCH -x sn-03 ignored (Lattice places allocations itself, packing them into dragonfly groups)\n\
+         Warning: #SBATCH --constraint=a100|h100: Lattice has no OR of features; using \"a100\" and dropping \"h100\" (drop the alternatives or pick one)\n"
+    );
+    let r = run_opts(
+        "http://127.0.0.1:9",
+        &[
+            "submit",
+            "--dry-run=client",
+            "--constraint=gpu&nvme|cpu",
+            "--",
+            "hostname",
+        ],
+        Opts::alice(d.path()),
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    assert!(
+        r.out.contains("features:\n      - gpu\n      - nvme\n"),
+        "{}",
+        r.out
+    );
+    assert_eq!(
+        r.err,
+        "Warning: --constraint=gpu&nvme|cpu: Lattice has no OR of features; using \"gpu&nvme\" and dropping \"cpu\" (drop the alternatives or pick one)\n"
+    );
+}
+
 const SHORT_DAG: &str = r#"name: training-pipeline
 allocations:
   - name: preprocess
@@ -1277,9 +1328,19 @@ async fn slurm_front_end() {
     assert!(last(&f, "PATCH").path.ends_with("/allocations/eval-job"));
     let r = alice_at(&f, &["compat", "scancel"], d.path()).await;
     assert_eq!(r.code, 2);
-    let r = alice_at(&f, &["compat", "salloc", "-N", "1"], d.path()).await;
-    assert_eq!(r.code, 1);
-    assert!(r.err.contains("not supported"), "{}", r.err);
+    // srun inside an allocation runs a step; a terminal on a node is refused up front.
+    let r = alice_at(
+        &f,
+        &["compat", "srun", "--jobid=eval-job", "--pty", "bash"],
+        d.path(),
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}", r.err);
+    assert!(
+        r.err.contains("--pty") && r.err.contains("not supported"),
+        "{}",
+        r.err
+    );
 
     let c = cluster().await;
     let r = alice_at(&c, &["compat", "sinfo"], d.path()).await;
@@ -1363,6 +1424,63 @@ async fn scancel_filters_by_user_and_name() {
         "{}",
         r.err
     );
+    assert!(patched(&f, before).is_empty());
+}
+
+#[tokio::test]
+async fn scancel_me_with_job_ids_cancels_only_your_own() {
+    let f = queue().await;
+    let d = project();
+    // bobs-job is bob's: --me (like -u alice) leaves it alone; eval-job is alice's.
+    let before = f.requests().len();
+    let r = alice_at(
+        &f,
+        &["compat", "scancel", "--me", "bobs-job", "eval-job"],
+        d.path(),
+    )
+    .await;
+    assert_eq!((r.code, r.out.as_str(), r.err.as_str()), (0, "", ""));
+    assert_eq!(patched(&f, before), ["eval-job"]);
+    // Only someone else's job named: nothing is cancelled; `lattice -v` says why.
+    let before = f.requests().len();
+    let r = alice_at(
+        &f,
+        &["-v", "compat", "scancel", "--me", "bobs-job"],
+        d.path(),
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    assert!(patched(&f, before).is_empty(), "bob's job was cancelled");
+    assert!(
+        r.err.contains("job bobs-job is not yours; not cancelled"),
+        "{}",
+        r.err
+    );
+    // --me with -t: both filters apply to the named jobs.
+    let before = f.requests().len();
+    let r = alice_at(
+        &f,
+        &[
+            "compat", "scancel", "--me", "-t", "R", "a1b2c3d4", "bobs-job",
+        ],
+        d.path(),
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    assert_eq!(patched(&f, before), ["a1b2c3d4"]);
+    // Without $USER nobody's jobs can be shown to be yours: refused, nothing cancelled.
+    let before = f.requests().len();
+    let r = run_opts(
+        &f.url,
+        &["compat", "scancel", "--me", "bobs-job"],
+        Opts {
+            env: vec![],
+            ..Opts::alice(d.path())
+        },
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}", r.err);
+    assert!(r.err.contains("$USER is not set"), "{}", r.err);
     assert!(patched(&f, before).is_empty());
 }
 
@@ -1498,4 +1616,15 @@ async fn completion_names() {
     assert_eq!(r.out.lines().count(), 4);
     let r = run_alice("http://127.0.0.1:9", &["__complete", "nodes"]).await;
     assert_eq!((r.code, r.out.as_str(), r.err.as_str()), (1, "", ""));
+    // The shell helpers pass the tenant typed on the command line: names from that tenant.
+    let mut other = a("phys-run", "Running", Some("alice"));
+    other["metadata"]["namespace"] = json!("physics");
+    f.insert("allocations", other);
+    for args in [
+        &["__complete", "allocations", "--tenant", "physics"][..],
+        &["-t", "physics", "__complete", "allocations"],
+    ] {
+        let r = run_alice(&f.url, args).await;
+        assert_eq!((r.code, r.out.as_str()), (0, "phys-run\n"), "{args:?}");
+    }
 }

@@ -1303,3 +1303,110 @@ fn up_demo_runs_the_example_workflow() {
     assert!(r.out.contains("Stopped 5 processes"), "{}", r.show());
     assert!(!data.join("up.json").exists());
 }
+
+/// Job steps and sessions: `lattice session` (salloc) holds nodes and runs a local
+/// shell inside which `lattice launch` / `srun` run tasks on them; a step's exit status
+/// comes back; `lattice launch --alloc` runs in a batch job; a step ends with its
+/// allocation.
+#[test]
+fn sessions_and_steps_run_tasks_inside_allocations() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = up_detached(dir.path(), 2);
+    let cli = Cli::at(
+        dir.path(),
+        up.url.clone(),
+        up.token.clone(),
+        Box::new(|| logs_of(&up.data)),
+    );
+    cli.wait_nodes_ready(2);
+    let path = format!(
+        "{}:{}",
+        bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+
+    // --- lattice session -N 2 -- CMD: four ranks over two nodes, then the nodes go back.
+    let inner = "lattice launch -n 4 sh -c 'echo rank=$LATTICE_PROCID/$LATTICE_LOCALID node=$LATTICE_NODEID job=$LATTICE_ALLOC_ID'; \
+                 echo launch-exit=$?; echo session=$LATTICE_ALLOC_ID";
+    let mut cmd = cli.cmd(&["session", "-N", "2", "--", "sh", "-c", inner]);
+    cmd.env("PATH", &path);
+    let r = exec(cmd, Duration::from_secs(120));
+    assert_eq!(r.code, Some(0), "{}\n{}", r.show(), cli.logs());
+    let session = r
+        .out
+        .lines()
+        .find_map(|l| l.strip_prefix("session="))
+        .unwrap_or_else(|| panic!("no session id:\n{}", r.show()))
+        .to_string();
+    let mut ranks: Vec<&str> = r.out.lines().filter(|l| l.starts_with("rank=")).collect();
+    ranks.sort();
+    assert_eq!(ranks.len(), 4, "{}", r.show());
+    for (i, l) in ranks.iter().enumerate() {
+        assert!(l.starts_with(&format!("rank={i}/")), "{l}\n{}", r.show());
+        assert!(l.ends_with(&format!("job={session}")), "{l}");
+    }
+    let nodes: std::collections::BTreeSet<&str> = ranks
+        .iter()
+        .filter_map(|l| l.split("node=").nth(1)?.split(' ').next())
+        .collect();
+    assert_eq!(nodes.len(), 2, "two nodes ran the four ranks: {ranks:?}");
+    assert!(r.out.contains("launch-exit=0"), "{}", r.show());
+    assert!(r.err.contains("granted allocation"), "{}", r.show());
+    cli.wait_phase(&session, "Cancelled", Duration::from_secs(60));
+    let step = cli.alloc(&format!("{session}.0"));
+    assert_eq!(phase(&step), "Completed", "{step}");
+    assert_eq!(step["spec"]["stepOf"], session.as_str(), "{step}");
+
+    // --- salloc + srun through the aliases (loaded again in salloc's shell, as a user's
+    // bashrc would): a failing step's status comes back.
+    let r = cli.slurm(
+        "salloc -N1 bash -c 'eval \"$(lattice compat-aliases)\"; srun sh -c \"exit 3\"; echo srun-exit=$?; srun -l echo hi'",
+    );
+    assert_eq!(r.code, Some(0), "{}\n{}", r.show(), cli.logs());
+    assert!(r.out.contains("srun-exit=3"), "{}", r.show());
+    assert!(
+        r.out.lines().any(|l| l.ends_with("| hi")),
+        "srun -l labels lines with the node:\n{}",
+        r.show()
+    );
+
+    // --- a step in a batch job ends when the job is cancelled.
+    let job = cli.submit(&["-N", "2", "--", "sleep", "300"]);
+    cli.wait_phase(&job, "Running", Duration::from_secs(60));
+    let mut bg = cli.cmd(&["launch", "--alloc", &job, "-N", "1", "--", "sleep", "300"]);
+    bg.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = bg.spawn().expect("launch");
+    let step = format!("{job}.0");
+    cli.wait("the step to run", Duration::from_secs(60), || {
+        (cli.run(&["status", &step, "-o", "json"])
+            .out
+            .contains("\"Running\""))
+        .then_some(())
+    });
+    cli.ok(&["cancel", &job]);
+    let s = cli.wait_terminal(&step);
+    assert_eq!(phase(&s), "Cancelled", "{s}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "launch did not exit after its step ended"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_ne!(status.code(), Some(0), "a cancelled step is not a success");
+    // The job is over: a new step is refused with the reason.
+    cli.wait_terminal(&job);
+    let r = cli.run(&["launch", "--alloc", &job, "true"]);
+    assert_ne!(r.code, Some(0), "{}", r.show());
+    assert!(
+        r.err.contains("a step needs a running allocation"),
+        "{}",
+        r.show()
+    );
+}

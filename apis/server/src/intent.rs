@@ -5,7 +5,9 @@
 //!   which becomes `{metadata: {namespace: tenant, name | generateName}, spec: rest}`.
 //!   `tenant` may also come from `?tenant=`.
 //! * `GET /v1/<plural>` lists (all tenants, or `?tenant=`); `GET /v1/<plural>/{id}`
-//!   finds the object whose name is `id` (or `tenant/name`).
+//!   finds the object whose name is `id` in `?tenant=` (or `id` is `tenant/name`); without
+//!   a tenant, among the tenants the caller may read (404 when none has it, 409 when
+//!   several do).
 //! * `DELETE /v1/allocations/{id}` is a cancel request: it sets the annotation
 //!   `lattice.dev/cancel-requested: "true"` (the controllers stop the work and finish
 //!   the allocation); the object is kept for its history. `DELETE /v1/dags/{id}` does
@@ -21,7 +23,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
-use crate::auth::{authorize, Access};
+use crate::auth::{authorize, Access, UserInfo};
 use crate::errors::{ApiError, ApiResult};
 use crate::objects::{name_of, parse_body};
 use crate::patch::PatchType;
@@ -139,34 +141,82 @@ fn to_resource(
     ))
 }
 
-async fn find(inner: &Inner, k: &'static lattice_apis::KindInfo, id: &str) -> ApiResult<Value> {
-    if let Some((t, n)) = id.split_once('/') {
-        return inner.resources.get(k, Some(t), n).await;
-    }
+/// The object named by `id` for `user`: `tenant/name`, `name` in `?tenant=`, or `name`
+/// looked up across the tenants the user may read. Only readable tenants are searched, so
+/// another tenant's object of the same name is neither returned nor revealed (a 404, not a
+/// 403); a name in several readable tenants is a 409 asking for `?tenant=`. The caller
+/// still authorizes the access it needs on the object's tenant.
+async fn find(
+    inner: &Inner,
+    k: &'static lattice_apis::KindInfo,
+    id: &str,
+    tenant: Option<&str>,
+    user: &UserInfo,
+) -> ApiResult<Value> {
     if !k.namespaced {
         return inner.resources.get(k, None, id).await;
+    }
+    // A tenant the caller names: refused (403) before looking, so the answer says nothing
+    // about what exists there.
+    if let Some((t, n)) = id.split_once('/') {
+        authorize(user, Access::Read, k, Some(t))?;
+        return inner.resources.get(k, Some(t), n).await;
+    }
+    if let Some(t) = tenant {
+        authorize(user, Access::Read, k, Some(t))?;
+        return inner.resources.get(k, Some(t), id).await;
     }
     let mut opts = ListOptions::default();
     opts.selectors.fields =
         crate::selectors::FieldSelector::parse(&format!("metadata.name={id}"), &[])
             .map_err(ApiError::bad_request)?;
     let list = inner.resources.list(k, None, &opts).await?;
-    list.get("items")
+    let mut found: Vec<Value> = list
+        .get("items")
         .and_then(Value::as_array)
-        .and_then(|a| a.first().cloned())
-        .ok_or_else(|| ApiError::not_found(k.kind, k.plural, id))
+        .into_iter()
+        .flatten()
+        .filter(|o| {
+            let ns = o.pointer("/metadata/namespace").and_then(Value::as_str);
+            ns.is_some() && authorize(user, Access::Read, k, ns).is_ok()
+        })
+        .cloned()
+        .collect();
+    match found.len() {
+        0 => Err(ApiError::not_found(k.kind, k.plural, id)),
+        1 => Ok(found.remove(0)),
+        _ => {
+            let tenants: Vec<&str> = found
+                .iter()
+                .filter_map(|o| o.pointer("/metadata/namespace").and_then(Value::as_str))
+                .collect();
+            Err(ApiError::new(
+                409,
+                "Conflict",
+                format!(
+                    "{} {id:?} exists in several tenants you can read ({}); name one with \
+                     ?tenant=TENANT",
+                    k.singular,
+                    tenants.join(", ")
+                ),
+            )
+            .with_details(json!({"name": id, "group": "lattice.dev", "kind": k.plural})))
+        }
+    }
 }
 
 pub async fn item(
     State(inner): State<Arc<Inner>>,
     Path((plural, id)): Path<(String, String)>,
     method: Method,
+    uri: Uri,
     headers: HeaderMap,
 ) -> Response {
     let r = async {
         let k = kind(&plural)?;
         let user = authenticate(&inner, &headers).await?;
-        let obj = find(&inner, k, &id).await?;
+        let params = Params::from_uri(&uri)?;
+        let obj = find(&inner, k, &id, params.get("tenant"), &user).await?;
         let ns = obj
             .pointer("/metadata/namespace")
             .and_then(Value::as_str)
@@ -218,7 +268,8 @@ pub async fn item(
 /// Nodes are in declaration order; edges follow each step's `dependsOn` in order
 /// (`from` is the predecessor). A step the controller has not reported yet is `Waiting`.
 /// Without `?tenant=` the DAG is looked up by name across the tenants the caller may read
-/// (or as `tenant/name`); 404 names the DAG when there is none.
+/// (or as `tenant/name`); 404 names the DAG when there is none, 409 (asking for `?tenant=`)
+/// when several of those tenants have one. Other tenants' DAGs are not considered.
 pub async fn dag_graph(
     State(inner): State<Arc<Inner>>,
     Path(id): Path<String>,
@@ -247,11 +298,16 @@ pub async fn dag_graph(
                     })?
             }
             None => {
-                let obj = find(&inner, k, &id).await.map_err(|e| match e.code {
-                    404 => ApiError::new(404, "NotFound", format!("DAG {id:?} not found"))
-                        .with_details(json!({"name": id, "group": "lattice.dev", "kind": "dags"})),
-                    _ => e,
-                })?;
+                // Only the tenants the caller may read are searched (see `find`).
+                let obj = find(&inner, k, &id, None, &user)
+                    .await
+                    .map_err(|e| match e.code {
+                        404 => ApiError::new(404, "NotFound", format!("DAG {id:?} not found"))
+                            .with_details(
+                                json!({"name": id, "group": "lattice.dev", "kind": "dags"}),
+                            ),
+                        _ => e,
+                    })?;
                 authorize(
                     &user,
                     Access::Read,

@@ -7,8 +7,8 @@
 //! allocation. The nodes are `status.assignedNodes` (or those in `status.nodeStates`
 //! once the assignment was cleared); each node's agent is reached at
 //! `status.agent.address` of its Node. With several nodes every line is prefixed with
-//! `<node>| `; without `follow` the nodes come one after another, with `follow` their
-//! lines interleave as they arrive.
+//! `<node>| ` (unless `prefix=false`; `prefix=true` prefixes a single node's lines too); without `follow` the nodes come one after
+//! another, with `follow` their lines interleave as they arrive (whole lines only).
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -77,7 +77,9 @@ pub async fn allocation_log(
 fn check(params: &[(String, String)]) -> ApiResult<()> {
     for (k, v) in params {
         let ok = match k.as_str() {
-            "follow" | "timestamps" => matches!(v.as_str(), "" | "true" | "false" | "1" | "0"),
+            "follow" | "timestamps" | "prefix" => {
+                matches!(v.as_str(), "" | "true" | "false" | "1" | "0")
+            }
             "tailLines" | "attempt" => v.is_empty() || v.parse::<u64>().is_ok(),
             "sinceTime" | "untilTime" => {
                 v.is_empty() || chrono::DateTime::parse_from_rfc3339(v).is_ok()
@@ -88,7 +90,7 @@ fn check(params: &[(String, String)]) -> ApiResult<()> {
         };
         if !ok {
             let want = match k.as_str() {
-                "follow" | "timestamps" => "true or false",
+                "follow" | "timestamps" | "prefix" => "true or false",
                 "tailLines" | "attempt" => "a non-negative integer",
                 "sinceTime" | "untilTime" => "an RFC 3339 time such as 2026-03-01T10:00:00Z",
                 "stream" => "stdout, stderr or all",
@@ -151,6 +153,8 @@ async fn serve(
             .map(|(_, v)| v.as_str())
     };
     let follow = matches!(get("follow"), Some("true" | "1" | ""));
+    let prefixed = !matches!(get("prefix"), Some("false" | "0"));
+    let always_prefixed = matches!(get("prefix"), Some("true" | "1"));
     let forwarded: Vec<(String, String)> = FORWARDED
         .iter()
         .filter_map(|k| get(k).map(|v| (k.to_string(), v.to_string())))
@@ -224,7 +228,7 @@ async fn serve(
         return Err(ApiError::new(404, "NotFound", missing.join("; ")));
     }
 
-    let body = if upstreams.len() == 1 && selected.len() == 1 {
+    let body = if upstreams.len() == 1 && selected.len() == 1 && !always_prefixed {
         let (_, resp) = upstreams.remove(0);
         Body::from_stream(resp.bytes_stream())
     } else {
@@ -232,12 +236,22 @@ async fn serve(
         if follow {
             for (node, resp) in upstreams {
                 let tx = tx.clone();
-                tokio::spawn(async move { prefix_lines(&node, resp, &tx).await });
+                let prefix = if prefixed {
+                    format!("{node}| ")
+                } else {
+                    String::new()
+                };
+                tokio::spawn(async move { prefix_lines(&node, &prefix, resp, &tx).await });
             }
         } else {
             tokio::spawn(async move {
                 for (node, resp) in upstreams {
-                    if !prefix_lines(&node, resp, &tx).await {
+                    let prefix = if prefixed {
+                        format!("{node}| ")
+                    } else {
+                        String::new()
+                    };
+                    if !prefix_lines(&node, &prefix, resp, &tx).await {
                         return;
                     }
                 }
@@ -256,14 +270,14 @@ async fn serve(
     Ok(r.into_response())
 }
 
-/// Copy `resp` to `tx` line by line, each prefixed with `<node>| `. False once the
-/// client is gone.
+/// Copy `resp` (from `node`) to `tx` in whole lines, each prefixed with `prefix`. False
+/// once the client is gone.
 async fn prefix_lines(
     node: &str,
+    prefix: &str,
     resp: reqwest::Response,
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
 ) -> bool {
-    let prefix = format!("{node}| ");
     let mut stream = resp.bytes_stream();
     let mut pending: Vec<u8> = Vec::new();
     while let Some(chunk) = stream.next().await {
@@ -290,7 +304,7 @@ async fn prefix_lines(
         }
     }
     if !pending.is_empty() {
-        let mut out = prefix.into_bytes();
+        let mut out = prefix.as_bytes().to_vec();
         out.extend_from_slice(&pending);
         out.push(b'\n');
         if tx.send(Ok(Bytes::from(out))).await.is_err() {

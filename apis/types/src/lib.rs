@@ -76,8 +76,8 @@ pub use kinds::allocation::{
     Connectivity, Constraints, DataMount, Dependency, DependencyCondition, DependencyKind,
     DependencyStatus, Environment, ExposedPort, Lifecycle, LifecycleType, LivenessProbe,
     MountAccess, NodeCount, NodeTaskPhase, NodeTaskState, PortProtocol, ProbeType, Requeue,
-    RequeuePolicy, Resources, ScalePolicy, ScaleTarget, SymbolScope, SymbolType, TaskGroup,
-    TaskGroupStatus, TaskRange, Telemetry, TelemetryMode, TierHint, Topology,
+    RequeuePolicy, Resources, ScalePolicy, ScaleStatus, ScaleTarget, SymbolScope, SymbolType,
+    TaskGroup, TaskGroupStatus, TaskRange, Telemetry, TelemetryMode, TierHint, Topology,
 };
 pub use kinds::dag::{
     Dag, DagCounts, DagDefaults, DagFailurePolicy, DagPhase, DagSpec, DagStatus, DagTask,

@@ -105,11 +105,14 @@ pub fn processes_gone(a: &Allocation) -> bool {
     let Some(st) = a.status.as_ref() else {
         return true;
     };
-    st.assigned_nodes.iter().all(|n| {
-        st.node_states
-            .get(n)
-            .is_some_and(|s| s.attempt == st.attempt && s.phase.is_terminal())
-    })
+    st.assigned_nodes
+        .iter()
+        .chain(&st.releasing_nodes)
+        .all(|n| {
+            st.node_states
+                .get(n)
+                .is_some_and(|s| s.attempt == st.attempt && s.phase.is_terminal())
+        })
 }
 
 /// True when the scheduler asked to preempt the allocation.
@@ -149,10 +152,13 @@ pub fn should_run(a: &Allocation, node: &str, attempt: u32) -> RunDecision {
     ) {
         return RunDecision::Stop(node_reason::STOPPED);
     }
-    let peer_failed = st
-        .node_states
-        .iter()
-        .any(|(n, s)| n != node && s.attempt == attempt && s.phase == NodeTaskPhase::Failed);
+    // Only assigned nodes count: a node given back by a scale-down reports its stop too.
+    let peer_failed = st.node_states.iter().any(|(n, s)| {
+        n != node
+            && s.attempt == attempt
+            && s.phase == NodeTaskPhase::Failed
+            && st.assigned_nodes.contains(n)
+    });
     if peer_failed {
         return RunDecision::Stop(node_reason::STOPPED);
     }
@@ -167,7 +173,12 @@ pub fn record_node_state(a: &mut Allocation, node: &str, report: NodeTaskState, 
     let Some(st) = a.status.as_mut() else {
         return false;
     };
-    if report.attempt != st.attempt || !st.assigned_nodes.iter().any(|n| n == node) {
+    let known = st
+        .assigned_nodes
+        .iter()
+        .chain(&st.releasing_nodes)
+        .any(|n| n == node);
+    if report.attempt != st.attempt || !known {
         return false;
     }
     if let Some(old) = st.node_states.get(node) {
@@ -199,7 +210,15 @@ pub fn aggregate(a: &mut Allocation, now: Time) {
         .filter(|s| s.attempt == attempt)
         .collect();
     let all_reported = reports.len() == st.assigned_nodes.len();
-    let all_terminal = all_reported && reports.iter().all(|s| s.phase.is_terminal());
+    // Nodes given back by a scale-down must have confirmed too before the allocation ends
+    // (a requeue or a release must not overtake a process still stopping there).
+    let released_done = st.releasing_nodes.iter().all(|n| {
+        st.node_states
+            .get(n)
+            .is_some_and(|s| s.attempt == attempt && s.phase.is_terminal())
+    });
+    let all_terminal =
+        all_reported && released_done && reports.iter().all(|s| s.phase.is_terminal());
     let all_started = all_reported && reports.iter().all(|s| s.phase != NodeTaskPhase::Starting);
 
     if st.phase == AllocationPhase::Staging && all_started {
@@ -326,6 +345,9 @@ fn requeue(st: &mut AllocationStatus, code: &str, msg: String) {
     st.reason = Some(code.to_string());
     st.message = Some(msg);
     st.assigned_nodes.clear();
+    st.releasing_nodes.clear();
+    // Scaling restarts from minNodes when it runs again.
+    st.scale = None;
     st.topology_groups.clear();
     st.node_states.clear();
     st.start_time = None;
@@ -395,6 +417,14 @@ pub fn node_released(
     let Some(st) = a.status.as_ref() else {
         return true;
     };
+    if st.attempt == owner_attempt && st.releasing_nodes.iter().any(|n| n == node) {
+        // Given back by a scale-down: once its agent confirmed the processes are gone.
+        return st
+            .node_states
+            .get(node)
+            .is_some_and(|s| s.attempt == owner_attempt && s.phase.is_terminal())
+            || node_down;
+    }
     if st.attempt != owner_attempt || !st.assigned_nodes.iter().any(|n| n == node) {
         // Re-bound elsewhere or requeued: requeue happens only after every node confirmed.
         return true;
@@ -647,5 +677,78 @@ mod tests {
             n.status.as_ref().unwrap().reason.as_deref(),
             Some("node_failure")
         );
+    }
+
+    #[test]
+    fn a_node_given_back_by_a_scale_down_stops_alone_and_is_released_after_confirming() {
+        let mut a = bound(&["n1", "n2", "n3"]);
+        for n in ["n1", "n2", "n3"] {
+            assert!(record_node_state(
+                &mut a,
+                n,
+                report(NodeTaskPhase::Running, None, ""),
+                now()
+            ));
+        }
+        assert_eq!(a.phase(), AllocationPhase::Running);
+        // The autoscaler gives n3 back.
+        if let Some(st) = a.status.as_mut() {
+            st.assigned_nodes.retain(|n| n != "n3");
+            st.releasing_nodes.push("n3".into());
+        }
+        assert_eq!(
+            should_run(&a, "n3", 1),
+            RunDecision::Stop(node_reason::STOPPED)
+        );
+        assert_eq!(should_run(&a, "n1", 1), RunDecision::Run);
+        assert!(
+            !node_released(Some(&a), "n3", 1, false),
+            "not before its agent confirmed"
+        );
+        assert!(
+            node_released(Some(&a), "n3", 1, true),
+            "unless the node is Down"
+        );
+        // Its stop report is recorded but neither fails nor stops the others.
+        let stopped = report(NodeTaskPhase::Failed, None, node_reason::STOPPED);
+        assert!(record_node_state(&mut a, "n3", stopped, now()));
+        assert_eq!(a.phase(), AllocationPhase::Running);
+        assert_eq!(should_run(&a, "n1", 1), RunDecision::Run);
+        assert!(node_released(Some(&a), "n3", 1, false));
+        assert!(!node_released(Some(&a), "n1", 1, false));
+        // A scale-up node joins a running allocation without changing its phase.
+        if let Some(st) = a.status.as_mut() {
+            st.assigned_nodes.push("n4".into());
+        }
+        assert_eq!(should_run(&a, "n4", 1), RunDecision::Run);
+        assert_eq!(a.phase(), AllocationPhase::Running);
+        assert!(!processes_gone(&a));
+    }
+
+    #[test]
+    fn the_allocation_ends_only_after_released_nodes_confirmed() {
+        let mut a = bound(&["n1", "n2"]);
+        for n in ["n1", "n2"] {
+            record_node_state(&mut a, n, report(NodeTaskPhase::Running, None, ""), now());
+        }
+        if let Some(st) = a.status.as_mut() {
+            st.assigned_nodes.retain(|n| n != "n2");
+            st.releasing_nodes.push("n2".into());
+        }
+        record_node_state(
+            &mut a,
+            "n1",
+            report(NodeTaskPhase::Succeeded, Some(0), ""),
+            now(),
+        );
+        assert_eq!(a.phase(), AllocationPhase::Running, "n2 is still stopping");
+        let stopped = report(NodeTaskPhase::Failed, None, node_reason::STOPPED);
+        record_node_state(&mut a, "n2", stopped, now());
+        assert_eq!(
+            a.phase(),
+            AllocationPhase::Completed,
+            "n2's stop is not a failure"
+        );
+        assert!(processes_gone(&a));
     }
 }

@@ -32,6 +32,10 @@ pub struct Invocation {
     /// `scancel -u USER`: only this user's jobs. The argv says `--all-mine`; the caller must
     /// check that USER is the current user (Lattice cancels by user only for yourself).
     pub user: Option<String>,
+    /// `scancel --me`: only the current user's jobs (Slurm's `-u $USER`). Without job ids
+    /// the argv says `--all-mine`; with ids the caller must drop the ids that are not the
+    /// current user's (Slurm ANDs filters with job ids).
+    pub me: bool,
     /// `scancel -n NAME`: only jobs with this job name (`spec.tags.name`, else the id).
     /// `lattice cancel` has no such filter: the caller applies it.
     pub name: Option<String>,
@@ -132,7 +136,9 @@ pub fn sbatch_to_lattice(args: &[String]) -> Result<SbatchInvocation, SubmitErro
     for o in &opts {
         let v = o.value.clone().unwrap_or_default();
         match o.name.as_str() {
-            "nodes" | "constraint" | "uenv" | "view" | "output" | "error" => argv.push(long_of(o)),
+            "nodes" | "nodelist" | "constraint" | "uenv" | "view" | "output" | "error" => {
+                argv.push(long_of(o))
+            }
             "time" => match parse_walltime(&v) {
                 Ok(Walltime::Seconds(_)) => argv.push(format!("--walltime={v}")),
                 _ => inv
@@ -363,7 +369,9 @@ pub fn squeue_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
 /// Translate `scancel ID... | -u USER [-t STATE] | -n NAME`.
 ///
 /// `-u USER` becomes `--all-mine` with [`Invocation::user`] set (the caller refuses another
-/// user's name); `-n NAME` sets [`Invocation::name`] (the caller filters by job name).
+/// user's name); `--me` sets [`Invocation::me`] (the same, for the current user);
+/// `-n NAME` sets [`Invocation::name`] (the caller filters by job name). With job ids the
+/// filters narrow the named jobs (Slurm ANDs them).
 /// Filters Lattice cannot apply (`-p`, `-q`, `-A`, `-w`, ...) and `--signal` are errors,
 /// never ignored: dropping a filter would cancel more jobs than asked for.
 pub fn scancel_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
@@ -373,7 +381,6 @@ pub fn scancel_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
     };
     let mut c = Cursor { args, i: 0 };
     let mut ids = Vec::new();
-    let mut me = false;
     let mut state = None;
     let refuse = |message: String, hint: &str| SubmitError::Syntax {
         source_: Source::CommandLine,
@@ -396,7 +403,7 @@ pub fn scancel_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
             }
             inv.user = Some(u.trim().to_string());
         } else if tok == "--me" {
-            me = true;
+            inv.me = true;
         } else if let Some(v) = c
             .value(&tok, "-n", "--name")
             .or_else(|| c.value(&tok, "-n", "--jobname"))
@@ -463,7 +470,7 @@ pub fn scancel_to_lattice(args: &[String]) -> Result<Invocation, SubmitError> {
     }
     inv.argv.extend(ids.iter().cloned());
     if ids.is_empty() {
-        if !me && inv.user.is_none() && inv.name.is_none() && state.is_none() {
+        if !inv.me && inv.user.is_none() && inv.name.is_none() && state.is_none() {
             return Err(SubmitError::Syntax {
                 source_: Source::CommandLine,
                 message: "no job id given".into(),

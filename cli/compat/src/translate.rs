@@ -148,7 +148,7 @@ pub fn unsupported_reason(slurm_option: &str) -> Option<&'static str> {
         | "spread-job" | "use-min-nodes" | "tmp" | "contiguous" => {
             "Lattice uses full-node scheduling; every allocated node is entirely yours"
         }
-        "nodelist" | "exclude" | "nodefile" | "switches" => {
+        "exclude" | "nodefile" | "switches" => {
             "Lattice places allocations itself, packing them into dragonfly groups"
         }
         "licenses" => "not applicable; use --constraint features",
@@ -223,7 +223,18 @@ fn apply(st: &mut State, opt: &ParsedOption, warns: &mut Vec<Warning>) -> Result
     }
     match (opt.dialect, opt.name.as_str()) {
         (_, "nodes") => st.nodes = Some(parse_nodes(v).map_err(|e| bad(opt, e))?),
-        (Dialect::Lattice, "nodelist") => {
+        (_, "nodelist") => {
+            if opt.dialect == Dialect::Slurm && v.contains('/') {
+                // sbatch reads the node names from a file when the value has a '/'.
+                return Err(bad(
+                    opt,
+                    ValueError::new(
+                        "a value with '/' names a file for sbatch, which reads the node names from it; Lattice does not read node-list files",
+                        "write the node names in Slurm hostlist syntax (e.g. nid[001-004]) instead, or pass them on the command line: --nodelist=\"$(paste -sd, FILE)\"",
+                    ),
+                ));
+            }
+            // The same hostlist expansion and checks as `lattice submit --nodelist`.
             st.nodelist = Some((
                 parse_nodelist(v).map_err(|e| bad(opt, e))?,
                 opt.source.clone(),
@@ -582,14 +593,15 @@ fn build_constraint(e: &ConstraintExpr, b: &mut CBuild) -> Result<(), ValueError
                 build_constraint(i, b)?;
             }
         }
-        ConstraintExpr::Or { items, matching } => {
+        ConstraintExpr::Or { items, .. } => {
+            // The Allocation API has no OR (`resources.constraints` is a conjunction):
+            // keep the first alternative and say which ones were dropped.
             let alts: Vec<String> = items.iter().map(expr_text).collect();
+            let (first, dropped) = alts.split_first().map_or(("", &[][..]), |(f, r)| (f, r));
+            let quoted: Vec<String> = dropped.iter().map(|d| format!("{d:?}")).collect();
             b.approximated.push(format!(
-                "{}{}{} offers alternatives, which Lattice cannot express; using the first ({})",
-                if *matching { "[" } else { "" },
-                alts.join("|"),
-                if *matching { "]" } else { "" },
-                alts.first().cloned().unwrap_or_default()
+                "Lattice has no OR of features; using {first:?} and dropping {} (drop the alternatives or pick one)",
+                quoted.join(", ")
             ));
             if let Some(first) = items.first() {
                 build_constraint(first, b)?;
@@ -895,7 +907,12 @@ fn finish(
     }
 
     // --- lifecycle
-    if let Some((_, _, written)) = &st.nodelist {
+    // `#SBATCH -w a,b (line 3 (#SBATCH))` / `--nodelist=a,b`: the nodelist as quoted in errors.
+    let nodelist_written = st.nodelist.as_ref().map(|(_, src, w)| match src.line() {
+        Some(_) => format!("{}{w} ({src})", src.prefix()),
+        None => w.clone(),
+    });
+    if let Some(written) = &nodelist_written {
         if st.reactive {
             return Err(SubmitError::Conflict {
                 message: format!("{written} and --reactive were both given"),
@@ -983,8 +1000,13 @@ fn finish(
 
     // --- resources
     let mut resources = Map::new();
-    if let Some((names, _, written)) = &st.nodelist {
+    if let (Some((names, src, _)), Some(written)) = (&st.nodelist, &nodelist_written) {
         let listed = names.len();
+        let exactly = if matches!(src, Source::Sbatch { .. }) {
+            " (Lattice claims exactly the listed nodes; it does not add others as sbatch may)"
+        } else {
+            ""
+        };
         let given = st
             .origin
             .get("nodes")
@@ -997,7 +1019,7 @@ fn finish(
                 return Err(SubmitError::Conflict {
                     message: format!("{given} asks for {n} nodes but {written} names {listed}"),
                     hint: format!(
-                        "drop --nodes (the list sets it), or make them agree: --nodes={listed}"
+                        "drop --nodes (the list sets it), or make them agree: --nodes={listed}{exactly}"
                     ),
                 })
             }
@@ -1006,7 +1028,9 @@ fn finish(
                     message: format!(
                         "{given} asks for {min}-{max} nodes but {written} names exactly {listed}"
                     ),
-                    hint: format!("drop --nodes (the list sets it), or write --nodes={listed}"),
+                    hint: format!(
+                        "drop --nodes (the list sets it), or write --nodes={listed}{exactly}"
+                    ),
                 })
             }
         }

@@ -183,6 +183,16 @@ fn sbatch_translation() {
     assert_eq!(i.wrap.as_deref(), Some("hostname"));
     let i = sbatch_to_lattice(&a(&["--mem=4G", "x.sh"])).unwrap();
     assert_eq!(i.invocation.warnings.len(), 1);
+    // -w has a `lattice submit` flag now: --nodelist, not a warning.
+    let i = sbatch_to_lattice(&a(&["-w", "nid[01-02]", "-x", "nid03", "x.sh"])).unwrap();
+    assert_eq!(
+        i.invocation.argv,
+        a(&["submit", "--nodelist=nid[01-02]", "x.sh"])
+    );
+    assert_eq!(
+        i.invocation.warnings,
+        ["--exclude has no `lattice submit` flag; it is applied through the sbatch options"]
+    );
     assert_eq!(sbatch_output("123", true), "123");
     assert_eq!(sbatch_output("123", false), "Submitted batch job 123");
 }
@@ -260,6 +270,14 @@ fn scancel_keeps_the_user_and_the_name() {
         (Some("sim"), a(&["cancel", "123"]))
     );
     assert!(scancel_to_lattice(&a(&["-n"])).is_err());
+    // --me is kept for the caller, with job ids too (Slurm ANDs it with the ids).
+    let i = scancel_to_lattice(&a(&["--me", "123", "124"])).unwrap();
+    assert!(i.me && i.user.is_none());
+    assert_eq!(i.argv, a(&["cancel", "123", "124"]));
+    let i = scancel_to_lattice(&a(&["--me"])).unwrap();
+    assert!(i.me);
+    assert_eq!(i.argv, a(&["cancel", "--all-mine"]));
+    assert!(!scancel_to_lattice(&a(&["123"])).unwrap().me);
     // -Q is quiet; filters Lattice cannot apply, --signal, -i and unknown options are errors
     // (ignoring them would cancel more than asked).
     assert_eq!(

@@ -216,12 +216,78 @@ fn constraint_or_uses_first_alternative_with_warning() {
         spec(&t)["resources"]["constraints"]["features"],
         json!(["a100"])
     );
-    assert_eq!(t.warnings.len(), 1);
+    assert_eq!(
+        warnings(&t),
+        ["#SBATCH --constraint=[a100|h100]: Lattice has no OR of features; using \"a100\" and dropping \"h100\" (drop the alternatives or pick one)"]
+    );
+    assert_eq!(t.warnings[0].source.line(), Some(2));
     assert_eq!(
         t.allocation["metadata"]["annotations"]["lattice.dev/constraint"],
         "[a100|h100]"
     );
     admit(&t);
+}
+
+#[test]
+fn constraint_or_warning_names_every_dropped_alternative() {
+    // `lattice submit --constraint` and `#SBATCH --constraint` say the same thing.
+    let cli = SubmitFlags {
+        constraint: Some("a|b|c".into()),
+        ..flags()
+    };
+    let t = tr_flags(&script("srun ./app"), &cli);
+    assert_eq!(
+        spec(&t)["resources"]["constraints"]["features"],
+        json!(["a"])
+    );
+    assert_eq!(
+        warnings(&t),
+        ["--constraint=a|b|c: Lattice has no OR of features; using \"a\" and dropping \"b\", \"c\" (drop the alternatives or pick one)"]
+    );
+    let t = tr(&script("#SBATCH --constraint=a|b|c"));
+    assert_eq!(
+        warnings(&t),
+        ["#SBATCH --constraint=a|b|c: Lattice has no OR of features; using \"a\" and dropping \"b\", \"c\" (drop the alternatives or pick one)"]
+    );
+    // '&' binds tighter than '|': the first alternative is the whole AND, kept in full.
+    let t = tr(&script("#SBATCH --constraint=gpu&ib|cpu"));
+    assert_eq!(
+        spec(&t)["resources"]["constraints"]["features"],
+        json!(["gpu", "ib"])
+    );
+    assert_eq!(t.warnings.len(), 1, "{:?}", warnings(&t));
+    assert!(
+        t.warnings[0]
+            .message
+            .contains("using \"gpu&ib\" and dropping \"cpu\""),
+        "{}",
+        t.warnings[0]
+    );
+    // An OR inside an AND: the other operands stay, one warning for the OR.
+    let t = tr(&script("#SBATCH --constraint=nvme&(a100|h100)"));
+    assert_eq!(
+        spec(&t)["resources"]["constraints"]["features"],
+        json!(["nvme", "a100"])
+    );
+    assert_eq!(t.warnings.len(), 1, "{:?}", warnings(&t));
+    assert!(t.warnings[0].message.contains("dropping \"h100\""));
+    admit(&t);
+    // Plain AND (and ','): every feature, no warning.
+    for c in ["a&b&c", "a,b,c"] {
+        let t = tr_flags(
+            &script("srun ./app"),
+            &SubmitFlags {
+                constraint: Some(c.into()),
+                ..flags()
+            },
+        );
+        assert_eq!(
+            spec(&t)["resources"]["constraints"]["features"],
+            json!(["a", "b", "c"]),
+            "{c}"
+        );
+        assert!(t.warnings.is_empty(), "{c}: {:?}", warnings(&t));
+    }
 }
 
 #[test]
@@ -960,11 +1026,98 @@ fn nodelist_errors() {
 }
 
 #[test]
-fn sbatch_nodelist_directive_stays_a_warning() {
-    let t = tr(&script("#SBATCH --nodelist=nid[001-004]"));
+fn sbatch_nodelist_directive_claims_nodes_like_the_flag() {
+    for line in [
+        "#SBATCH --nodelist=nid[001-004]",
+        "#SBATCH -w nid[001-004]",
+        "#SBATCH -wnid[001-004]",
+        "#SBATCH --nodel=nid[001-004]",
+    ] {
+        let t = tr(&script(line));
+        assert_eq!(
+            spec(&t)["resources"]["nodeNames"],
+            json!(["nid001", "nid002", "nid003", "nid004"]),
+            "{line}"
+        );
+        assert_eq!(spec(&t)["resources"]["nodes"], json!(4), "{line}");
+        assert!(t.warnings.is_empty(), "{line}: {:?}", warnings(&t));
+        admit(&t);
+    }
+    // Same result as `lattice submit --nodelist`.
+    let flag = tr_flags(
+        &script("srun ./app"),
+        &nodelist_flags("sn-[01-04],gpu7", None),
+    );
+    let directive = tr(&script("#SBATCH -w sn-[01-04],gpu7"));
+    assert_eq!(
+        spec(&directive)["resources"],
+        spec(&flag)["resources"],
+        "the directive and the flag expand the same way"
+    );
+    // With -N: they must agree (Lattice claims exactly the listed nodes).
+    let t = tr(&script("#SBATCH -N 2\n#SBATCH -w n[1-2]"));
+    assert_eq!(spec(&t)["resources"]["nodeNames"], json!(["n1", "n2"]));
+    let e = translate(
+        &script("#SBATCH -N 4\n#SBATCH -w n[1-2]"),
+        &flags(),
+        &site(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains(
+            "#SBATCH -N 4 (line 2 (#SBATCH)) asks for 4 nodes but #SBATCH -w n[1-2] (line 3 (#SBATCH)) names 2"
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains("--nodes=2") && e.contains("exactly the listed nodes"),
+        "{e}"
+    );
+    // The command line's --nodelist replaces the script's.
+    let t = tr_flags(&script("#SBATCH -w n[1-2]"), &nodelist_flags("m7", None));
+    assert_eq!(spec(&t)["resources"]["nodeNames"], json!(["m7"]));
+    assert_eq!(spec(&t)["resources"]["nodes"], json!(1));
+    // --exclude (and --nodefile) still cannot be honoured: one warning each.
+    let t = tr(&script(
+        "#SBATCH -w n[1-2]\n#SBATCH -x n3\n#SBATCH --exclude=n4",
+    ));
     assert_eq!(
         warnings(&t),
-        ["#SBATCH --nodelist=nid[001-004] ignored (Lattice places allocations itself, packing them into dragonfly groups)"]
+        [
+            "#SBATCH -x n3 ignored (Lattice places allocations itself, packing them into dragonfly groups)",
+            "#SBATCH --exclude=n4 ignored (Lattice places allocations itself, packing them into dragonfly groups)",
+        ]
     );
-    assert!(spec(&t)["resources"].get("nodeNames").is_none());
+    assert_eq!(spec(&t)["resources"]["nodeNames"], json!(["n1", "n2"]));
+}
+
+#[test]
+fn sbatch_nodelist_directive_errors_name_the_line() {
+    for (line, want) in [
+        ("#SBATCH -w n[1-2", "not a valid hostlist"),
+        ("#SBATCH -w n1,n1", "listed twice"),
+        ("#SBATCH --nodelist=Node_1", "not a node name"),
+        // sbatch reads a value with '/' as a file of names; Lattice does not.
+        ("#SBATCH --nodelist=./hosts.txt", "node-list files"),
+        ("#SBATCH -w /etc/hosts", "node-list files"),
+    ] {
+        let e = translate(&script(line), &flags(), &site()).unwrap_err();
+        assert_eq!(e.line(), Some(2), "{line}");
+        let m = e.to_string();
+        assert!(m.contains(want), "{line}: {m}");
+        assert!(m.contains("Hint:"), "{line}: {m}");
+    }
+    // A task group or --reactive cannot claim nodes, from a directive either.
+    let e = translate(
+        &script("#SBATCH -w n[1-2]\n#SBATCH --array=0-3"),
+        &flags(),
+        &site(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("#SBATCH -w n[1-2] (line 2 (#SBATCH)) and a task group"),
+        "{e}"
+    );
 }

@@ -91,14 +91,7 @@ pub async fn run(
         "sinfo" => sinfo(ctx, &a.args, out, err).await,
         "sacct" => sacct(ctx, &a.args, out, err).await,
         "srun" => srun(ctx, &a.args, out, err, &mut shutdown).await,
-        "salloc" => Err(CliError::new(
-            "salloc",
-            "interactive allocations are not supported by the Slurm front-end",
-        )
-        .hint(
-            "use `srun CMD` to run a command, `sbatch script.sh` for batch work, or \
-               `lattice submit -- sleep infinity` and `lattice logs` to hold nodes",
-        )),
+        "salloc" => salloc(ctx, &a.args, err, shutdown).await,
         other => Err(
             CliError::new(format!("compat {other}"), "unknown Slurm command")
                 .detail(format!("Known: {}", TOOLS.join(", ")))
@@ -238,6 +231,15 @@ async fn scancel(
 ) -> Result<i32, CliError> {
     let inv = scancel_to_lattice(args).map_err(|e| slurm_err("scancel", &e))?;
     warn(ctx, "scancel", &inv, err)?;
+    if inv.me && inv.user.is_none() && ctx.user().is_none() {
+        // Without knowing who you are, no job can be shown to be yours.
+        return Err(
+            CliError::new("scancel --me", "cannot tell who you are: $USER is not set")
+                .detail("Nothing was cancelled.")
+                .hint("set USER, or name the jobs without --me: scancel JOBID...")
+                .exit_code(exit::USAGE),
+        );
+    }
     if let Some(u) = &inv.user {
         // Lattice cancels by user only for yourself; never fall back to "all mine".
         match ctx.user() {
@@ -270,17 +272,20 @@ async fn scancel(
     // scancel is silent on success.
     let mut sink = std::io::sink();
     let out: &mut dyn Write = if ctx.verbose { out } else { &mut sink };
+    // `-u USER` (checked above to be you) and `--me` both mean "only my jobs"; with job ids
+    // they narrow the named jobs, as Slurm ANDs its filters.
+    let mine_only = inv.user.is_some() || inv.me;
     let filtered =
-        inv.name.is_some() || (!ca.ids.is_empty() && (inv.user.is_some() || !ca.state.is_empty()));
+        inv.name.is_some() || (!ca.ids.is_empty() && (mine_only || !ca.state.is_empty()));
     if !filtered {
         return status::cancel(ctx, &ca, out, err).await;
     }
-    cancel_matching(ctx, &ca, inv.user.is_some(), inv.name.as_deref(), out, err).await
+    cancel_matching(ctx, &ca, mine_only, inv.name.as_deref(), out, err).await
 }
 
 /// `scancel` with filters `lattice cancel` lacks: the named jobs (or, without ids, your
-/// unfinished ones) that match the job name (`-n`), the user (`-u`, only yourself) and the
-/// states (`-t`).
+/// unfinished ones) that match the job name (`-n`), the user (`-u`, only yourself, or
+/// `--me`) and the states (`-t`).
 async fn cancel_matching(
     ctx: &mut Ctx,
     ca: &CancelArgs,
@@ -321,7 +326,14 @@ async fn cancel_matching(
         }
         if mine_only {
             let owner = Owner::User(me.unwrap_or_default());
-            items.retain(|a| owner.keeps(a));
+            let (mine, others): (Vec<Value>, Vec<Value>) =
+                items.into_iter().partition(|a| owner.keeps(a));
+            if ctx.verbose {
+                for a in &others {
+                    writeln!(err, "scancel: job {} is not yours; not cancelled", name(a))?;
+                }
+            }
+            items = mine;
         }
     }
     items.retain(|a| {
@@ -649,6 +661,51 @@ async fn sacct(
     Ok(0)
 }
 
+/// `salloc [OPTIONS] [CMD ARGS...]`: `lattice session` with sbatch's options.
+async fn salloc(
+    ctx: &mut Ctx,
+    args: &[String],
+    err: &mut dyn Write,
+    shutdown: Shutdown,
+) -> Result<i32, CliError> {
+    let inv = sbatch_to_lattice(args).map_err(|e| slurm_err("salloc", &e))?;
+    let mut command: Vec<String> = inv.script.iter().cloned().collect();
+    command.extend(inv.script_args.iter().cloned());
+    if let Some(w) = &inv.wrap {
+        command = vec!["/bin/sh".into(), "-c".into(), w.clone()];
+    }
+    let sa = crate::cli::SessionArgs {
+        flags: SubmitFlags {
+            sbatch_args: without_wrap(&inv.sbatch_args),
+            ..Default::default()
+        },
+        command,
+    };
+    crate::cmd::launch::session(ctx, "salloc", &sa, err, shutdown).await
+}
+
+/// `srun` inside an allocation (`--jobid`, or `LATTICE_ALLOC_ID`/`SLURM_JOB_ID` set): a
+/// job step of it.
+async fn srun_step(
+    ctx: &mut Ctx,
+    args: &[String],
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    shutdown: &mut Shutdown,
+) -> Result<i32, CliError> {
+    let mut st = crate::cmd::launch::parse_srun_step(args)
+        .map_err(|e| CliError::new("srun", e).exit_code(exit::USAGE))?;
+    if st.req.alloc.is_empty() {
+        st.req.alloc = crate::cmd::launch::alloc_from_env(ctx).unwrap_or_default();
+    }
+    if !ctx.quiet {
+        for w in &st.warnings {
+            writeln!(err, "srun: warning: {w}")?;
+        }
+    }
+    crate::cmd::launch::run_step(ctx, "srun", &st.req, out, err, shutdown).await
+}
+
 async fn srun(
     ctx: &mut Ctx,
     args: &[String],
@@ -656,6 +713,15 @@ async fn srun(
     err: &mut dyn Write,
     shutdown: &mut Shutdown,
 ) -> Result<i32, CliError> {
+    let in_allocation = crate::cmd::launch::alloc_from_env(ctx).is_some()
+        || args
+            .iter()
+            .take_while(|a| a.starts_with('-') && *a != "--")
+            .any(|a| a == "--jobid" || a.starts_with("--jobid="));
+    if in_allocation {
+        return srun_step(ctx, args, out, err, shutdown).await;
+    }
+    // Outside an allocation srun submits one and runs the command in it, like Slurm.
     // srun's options are sbatch's; the first non-option word starts the command.
     let inv = sbatch_to_lattice(args).map_err(|e| slurm_err("srun", &e))?;
     let Some(prog) = inv.script.clone().or_else(|| inv.wrap.clone()) else {

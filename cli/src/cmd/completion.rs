@@ -11,18 +11,33 @@ use crate::cmd::workload::{self, name};
 use crate::errors::CliError;
 use crate::Ctx;
 
-/// Bash glue: allocation, node, DAG and vCluster names come from `lattice __complete`.
+/// Bash glue: allocation, node, DAG, vCluster and tenant names come from
+/// `lattice __complete`, in the tenant typed on the command line (`-t/-n/--tenant`), if any.
 const BASH_DYNAMIC: &str = r#"
-# Dynamic names (allocations, nodes, DAGs, vClusters) from the server.
+# Dynamic names (allocations, nodes, DAGs, vClusters, tenants) from the server, in the
+# tenant typed on the command line (-t/-n/--tenant), if any.
 _lattice_dynamic() {
-    local cur prev i w cmd="" sub="" pos=0
+    local cur prev opt i w cmd="" sub="" pos=0 tenant=""
     cur="${COMP_WORDS[COMP_CWORD]}"
     prev="${COMP_WORDS[COMP_CWORD-1]}"
+    # COMP_WORDBREAKS splits `--tenant=x` into `--tenant` `=` `x`.
+    opt="$prev"
+    if [[ "$cur" == "=" ]]; then
+        cur=""
+    elif [[ "$prev" == "=" ]]; then
+        opt="${COMP_WORDS[COMP_CWORD-2]}"
+    fi
     for ((i = 1; i < COMP_CWORD; i++)); do
         w="${COMP_WORDS[i]}"
         case "$w" in
-            --api-url|--token|--token-file|-n|-t|--tenant|--config|-o|--output|--vcluster|--certificate-authority)
-                i=$((i + 1)); continue ;;
+            -n|-t|--tenant|--api-url|--token|--token-file|--config|-o|--output|--vcluster|--certificate-authority)
+                [[ "${COMP_WORDS[i+1]}" == "=" ]] && i=$((i + 1))
+                i=$((i + 1))
+                if [[ $i -lt $COMP_CWORD ]]; then
+                    case "$w" in -n|-t|--tenant) tenant="${COMP_WORDS[i]}" ;; esac
+                fi
+                continue ;;
+            -[nt]?*) tenant="${w:2}"; tenant="${tenant#=}"; continue ;;
             -*) continue ;;
         esac
         if [[ -z "$cmd" ]]; then cmd="$w"
@@ -30,22 +45,29 @@ _lattice_dynamic() {
         fi
         pos=$((pos + 1))
     done
+    # As typed: drop shell quoting (tenant names have no quotes or backslashes).
+    tenant="${tenant//[\'\"\\]/}"
     local kind=""
-    if [[ "$prev" == "--vcluster" ]]; then
-        kind=vclusters
-    elif [[ "$prev" == "--node" ]]; then
-        kind=nodes
-    elif [[ "$cur" != -* ]]; then
-        case "$cmd" in
-            status|cancel|logs|watch) kind=allocations ;;
-            nodes) kind=nodes ;;
-            node) [[ $pos -ge 2 ]] && kind=nodes ;;
-            dag) case "$sub" in status|cancel) [[ $pos -ge 2 ]] && kind=dags ;; esac ;;
-        esac
-    fi
+    case "$opt" in
+        -n|-t|--tenant) kind=tenants ;;
+        --vcluster) kind=vclusters ;;
+        --node) kind=nodes ;;
+        --api-url|--token|--token-file|--config|-o|--output|--certificate-authority) ;;
+        *)
+            if [[ "$cur" != -* ]]; then
+                case "$cmd" in
+                    status|cancel|logs|watch) kind=allocations ;;
+                    nodes) kind=nodes ;;
+                    node) [[ $pos -ge 2 ]] && kind=nodes ;;
+                    dag) case "$sub" in status|cancel) [[ $pos -ge 2 ]] && kind=dags ;; esac ;;
+                esac
+            fi ;;
+    esac
     if [[ -n "$kind" ]]; then
         local names
-        names="$("${COMP_WORDS[0]}" __complete "$kind" 2>/dev/null)"
+        local -a targs=()
+        [[ -n "$tenant" ]] && targs=(--tenant "$tenant")
+        names="$("${COMP_WORDS[0]}" __complete "$kind" ${targs[@]+"${targs[@]}"} 2>/dev/null)"
         COMPREPLY=( $(compgen -W "$names" -- "$cur") )
         if [[ ${#COMPREPLY[@]} -gt 0 ]]; then
             return 0
@@ -61,23 +83,29 @@ fi
 "#;
 
 /// Zsh glue. clap's `_lattice` is renamed `_lattice_clap` (see [`zsh_script`]) and this
-/// `_lattice` wraps it: allocation, node, DAG and vCluster names come from
-/// `lattice __complete`, everything else (subcommands, flags) from clap's function. It works
-/// both when the script is sourced and when it is installed as `_lattice` on `$fpath`.
+/// `_lattice` wraps it: allocation, node, DAG, vCluster and tenant names come from
+/// `lattice __complete` (in the tenant typed with `-t/-n/--tenant`, if any), everything else
+/// (subcommands, flags) from clap's function. It works both when the script is sourced and
+/// when it is installed as `_lattice` on `$fpath`.
 const ZSH_DYNAMIC: &str = r#"
-# Dynamic names (allocations, nodes, DAGs, vClusters) from the server.
+# Dynamic names (allocations, nodes, DAGs, vClusters, tenants) from the server, in the
+# tenant typed on the command line (-t/-n/--tenant), if any.
 _lattice() {
-    local cur="${words[CURRENT]}" prev="${words[CURRENT-1]}" w cmd="" sub="" kind=""
+    local cur="${words[CURRENT]}" prev="${words[CURRENT-1]}" w cmd="" sub="" kind="" tenant=""
     integer i pos=0 skip=0
     for (( i = 2; i < CURRENT; i++ )); do
         w="${words[i]}"
         if (( skip )); then
+            (( skip == 2 )) && tenant="${(Q)w}"
             skip=0
             continue
         fi
         case "$w" in
-            --api-url|--token|--token-file|-n|-t|--tenant|--config|-o|--output|--vcluster|--certificate-authority)
+            -n|-t|--tenant) skip=2; continue ;;
+            --api-url|--token|--token-file|--config|-o|--output|--vcluster|--certificate-authority)
                 skip=1; continue ;;
+            --tenant=*) tenant="${(Q)w#--tenant=}"; continue ;;
+            -[nt]?*) tenant="${(Q)${w:2}#=}"; continue ;;
             -*) continue ;;
         esac
         if [[ -z "$cmd" ]]; then cmd="$w"
@@ -85,21 +113,25 @@ _lattice() {
         fi
         pos+=1
     done
-    if [[ "$prev" == --vcluster ]]; then
-        kind=vclusters
-    elif [[ "$prev" == --node ]]; then
-        kind=nodes
-    elif [[ "$cur" != -* ]]; then
-        case "$cmd" in
-            status|cancel|logs|watch) kind=allocations ;;
-            nodes) kind=nodes ;;
-            node) (( pos >= 2 )) && kind=nodes ;;
-            dag) case "$sub" in status|cancel) (( pos >= 2 )) && kind=dags ;; esac ;;
-        esac
-    fi
+    case "$prev" in
+        -n|-t|--tenant) kind=tenants ;;
+        --vcluster) kind=vclusters ;;
+        --node) kind=nodes ;;
+        --api-url|--token|--token-file|--config|-o|--output|--certificate-authority) ;;
+        *)
+            if [[ "$cur" != -* ]]; then
+                case "$cmd" in
+                    status|cancel|logs|watch) kind=allocations ;;
+                    nodes) kind=nodes ;;
+                    node) (( pos >= 2 )) && kind=nodes ;;
+                    dag) case "$sub" in status|cancel) (( pos >= 2 )) && kind=dags ;; esac ;;
+                esac
+            fi ;;
+    esac
     if [[ -n "$kind" ]]; then
-        local -a names
-        names=( ${(f)"$(_call_program lattice-names "${words[1]}" __complete "$kind" 2>/dev/null)"} )
+        local -a names targs
+        [[ -n "$tenant" ]] && targs=(--tenant "$tenant")
+        names=( ${(f)"$(_call_program lattice-names "${words[1]}" __complete "$kind" "${targs[@]}" 2>/dev/null)"} )
         if (( ${#names} )); then
             compadd -a names && return 0
         fi
@@ -109,7 +141,8 @@ _lattice() {
 "#;
 
 /// Fish glue. The conditions look at the command words (options skipped), so `status`
-/// means `lattice status`, not `lattice node status` or `lattice dag status`.
+/// means `lattice status`, not `lattice node status` or `lattice dag status`. Names are
+/// listed in the tenant typed with `-t/-n/--tenant`, if any.
 const FISH_DYNAMIC: &str = r#"
 # Dynamic names from the server.
 # The command words typed so far, without options and the values of the global options
@@ -130,6 +163,38 @@ function __lattice_command_words
             case '*'
                 echo $w
         end
+    end
+end
+
+# `--tenant TENANT` (two lines) when the command line names a tenant (-t/-n/--tenant), for
+# `lattice __complete`; nothing otherwise.
+function __lattice_tenant_args
+    set -l words (commandline -opc)
+    set -e words[1]
+    set -l tenant
+    set -l skip 0
+    for w in $words
+        if test $skip = 2
+            set tenant $w
+        end
+        if test $skip != 0
+            set skip 0
+            continue
+        end
+        switch $w
+            case -n -t --tenant
+                set skip 2
+            case --api-url --token --token-file --config -o --output --vcluster --certificate-authority
+                set skip 1
+            case '--tenant=*'
+                set tenant (string replace -- '--tenant=' '' $w)
+            case '--*'
+            case '-n*' '-t*'
+                set tenant (string sub -s 3 -- $w | string replace -r '^=' '')
+        end
+    end
+    if test -n "$tenant"
+        printf '%s\n' --tenant $tenant
     end
 end
 
@@ -169,11 +234,12 @@ function __lattice_command_is
     test "$w[1]" = "$argv[1]"
 end
 
-complete -c lattice -n '__lattice_wants allocations' -f -a '(lattice __complete allocations 2>/dev/null)'
+complete -c lattice -n '__lattice_wants allocations' -f -a '(lattice __complete allocations (__lattice_tenant_args) 2>/dev/null)'
 complete -c lattice -n '__lattice_wants nodes' -f -a '(lattice __complete nodes 2>/dev/null)'
-complete -c lattice -n '__lattice_wants dags' -f -a '(lattice __complete dags 2>/dev/null)'
+complete -c lattice -n '__lattice_wants dags' -f -a '(lattice __complete dags (__lattice_tenant_args) 2>/dev/null)'
 complete -c lattice -n '__lattice_command_is logs' -l node -r -f -a '(lattice __complete nodes 2>/dev/null)'
-complete -c lattice -l vcluster -r -f -a '(lattice __complete vclusters 2>/dev/null)'
+complete -c lattice -l vcluster -r -f -a '(lattice __complete vclusters (__lattice_tenant_args) 2>/dev/null)'
+complete -c lattice -s n -s t -l tenant -r -f -a '(lattice __complete tenants 2>/dev/null)'
 "#;
 
 /// How clap's zsh script starts its main function.

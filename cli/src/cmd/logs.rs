@@ -42,6 +42,11 @@ pub fn query(ctx: &Ctx, args: &LogsArgs) -> Result<Vec<(String, String)>, CliErr
     if args.timestamps {
         q.push(("timestamps".into(), "true".into()));
     }
+    if args.label {
+        q.push(("prefix".into(), "true".into()));
+    } else if args.no_prefix {
+        q.push(("prefix".into(), "false".into()));
+    }
     Ok(q)
 }
 
@@ -209,7 +214,215 @@ pub async fn run(
             .exit_code(exit::USAGE));
     }
     let tenant = ctx.tenant.clone();
+    if args.download {
+        let a = workload::get_allocation(ctx, &tenant, &args.id).await?;
+        for line in download(ctx, &tenant, &a, &mut shutdown).await? {
+            writeln!(out, "{line}")?;
+        }
+        return Ok(0);
+    }
     // Ctrl-C while following ends it normally, like `watch`.
     stream(ctx, &tenant, args, out, err, &mut shutdown).await?;
     Ok(0)
+}
+
+/// Annotation with the submission's `--output` path (download hint).
+pub const OUTPUT_ANNOTATION: &str = "lattice.dev/output";
+/// Annotation with the submission's `--error` path (download hint).
+pub const ERROR_ANNOTATION: &str = "lattice.dev/error";
+/// Slurm's default output file name.
+pub const DEFAULT_OUTPUT: &str = "slurm-%j.out";
+
+/// Expands Slurm's file name patterns in `pattern` for allocation `a`: `%%`, `%j`/`%J`
+/// (job id), `%x` (job name), `%u` (user), `%A` (array job id, else the job id), `%a`
+/// (array index, else `4294967294` as Slurm does), `%N` (first node), `%n`/`%t` (0),
+/// `%s` (`batch`); a number after `%` zero-pads (`%4a`). A `\` anywhere disables
+/// expansion (Slurm's rule).
+pub fn expand_filename(pattern: &str, a: &serde_json::Value) -> String {
+    if pattern.contains('\\') {
+        return pattern.replace('\\', "");
+    }
+    let ann = |k: &str| {
+        a.pointer(&format!("/metadata/annotations/{}", k.replace('/', "~1")))
+            .and_then(serde_json::Value::as_str)
+    };
+    let label = |k: &str| {
+        a.pointer(&format!("/metadata/labels/{}", k.replace('/', "~1")))
+            .and_then(serde_json::Value::as_str)
+    };
+    let id = workload::name(a);
+    let job_name = a
+        .pointer("/spec/tags/name")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or(id);
+    let user = ann(workload::USER_ANNOTATION).unwrap_or("unknown");
+    let index = label("lattice.dev/task-index");
+    let group = label("lattice.dev/task-group").unwrap_or(id);
+    let first_node = a
+        .pointer("/status/assignedNodes/0")
+        .and_then(serde_json::Value::as_str)
+        .or_else(|| {
+            a.pointer("/status/nodeStates")
+                .and_then(serde_json::Value::as_object)
+                .and_then(|m| m.keys().next().map(String::as_str))
+        })
+        .unwrap_or("unknown");
+    let mut out = String::new();
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let mut width = String::new();
+        while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+            width.push(*d);
+            chars.next();
+        }
+        let Some(k) = chars.next() else {
+            out.push('%');
+            out.push_str(&width);
+            break;
+        };
+        let v = match k {
+            '%' => "%".to_string(),
+            'j' | 'J' => id.to_string(),
+            'x' => job_name.to_string(),
+            'u' => user.to_string(),
+            'A' => group.to_string(),
+            'a' => index.unwrap_or("4294967294").to_string(),
+            'N' => first_node.to_string(),
+            'n' | 't' => "0".to_string(),
+            's' => "batch".to_string(),
+            other => format!("%{width}{other}"),
+        };
+        let w: usize = width.parse().unwrap_or(0);
+        if k != '%' && v.chars().all(|ch| ch.is_ascii_digit()) && v.len() < w {
+            out.push_str(&"0".repeat(w - v.len()));
+        }
+        out.push_str(&v);
+    }
+    out
+}
+
+/// Downloads an allocation's output to the files its submission named (see
+/// [`expand_filename`]); returns one line per file written.
+pub async fn download(
+    ctx: &Ctx,
+    tenant: &str,
+    a: &serde_json::Value,
+    shutdown: &mut Shutdown,
+) -> Result<Vec<String>, CliError> {
+    let id = workload::name(a).to_string();
+    let hint = |k: &str| {
+        a.pointer(&format!("/metadata/annotations/{}", k.replace('/', "~1")))
+            .and_then(serde_json::Value::as_str)
+            .filter(|v| !v.trim().is_empty())
+            .map(str::to_string)
+    };
+    let base = hint("lattice.dev/submit-dir")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| ctx.cwd.clone());
+    let resolve = |p: &str| {
+        let p = std::path::PathBuf::from(expand_filename(p, a));
+        if p.is_absolute() {
+            p
+        } else {
+            base.join(p)
+        }
+    };
+    let out_path = resolve(&hint(OUTPUT_ANNOTATION).unwrap_or_else(|| DEFAULT_OUTPUT.into()));
+    let err_path = hint(ERROR_ANNOTATION).map(|e| resolve(&e));
+    let parts: Vec<(std::path::PathBuf, LogsArgs)> = match err_path {
+        Some(e) if e != out_path => vec![
+            (
+                out_path,
+                LogsArgs {
+                    id: id.clone(),
+                    stdout: true,
+                    ..Default::default()
+                },
+            ),
+            (
+                e,
+                LogsArgs {
+                    id: id.clone(),
+                    stderr: true,
+                    ..Default::default()
+                },
+            ),
+        ],
+        _ => vec![(
+            out_path,
+            LogsArgs {
+                id: id.clone(),
+                ..Default::default()
+            },
+        )],
+    };
+    let mut lines = Vec::new();
+    for (path, la) in parts {
+        let mut buf: Vec<u8> = Vec::new();
+        let mut sink: Vec<u8> = Vec::new();
+        if !stream(ctx, tenant, &la, &mut buf, &mut sink, shutdown).await? {
+            return Err(CliError::new("logs --download", "interrupted").exit_code(130));
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                CliError::new(
+                    format!("logs --download: create {}", dir.display()),
+                    e.to_string(),
+                )
+            })?;
+        }
+        std::fs::write(&path, &buf).map_err(|e| {
+            CliError::new(
+                format!("logs --download: write {}", path.display()),
+                e.to_string(),
+            )
+        })?;
+        lines.push(format!(
+            "Wrote {} bytes of {} output to {}",
+            buf.len(),
+            if la.stdout {
+                "standard"
+            } else if la.stderr {
+                "error"
+            } else {
+                "the"
+            },
+            path.display()
+        ));
+    }
+    Ok(lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_file_name_patterns() {
+        let a = json!({
+            "metadata": {"name": "sweep-7", "annotations": {"lattice.dev/user": "alice"},
+                         "labels": {"lattice.dev/task-group": "sweep", "lattice.dev/task-index": "7"}},
+            "spec": {"tags": {"name": "train"}},
+            "status": {"assignedNodes": ["n3", "n4"]}
+        });
+        assert_eq!(expand_filename("slurm-%j.out", &a), "slurm-sweep-7.out");
+        assert_eq!(expand_filename("%x_%A_%a.log", &a), "train_sweep_7.log");
+        assert_eq!(
+            expand_filename("%u/%N-%3a-%%.txt", &a),
+            "alice/n3-007-%.txt"
+        );
+        assert_eq!(expand_filename("out-%q", &a), "out-%q");
+        assert_eq!(expand_filename("odd%", &a), "odd%");
+        assert_eq!(
+            expand_filename("a\\b-%j", &a),
+            "ab-%j",
+            "a backslash disables patterns"
+        );
+        let plain = json!({"metadata": {"name": "j1"}});
+        assert_eq!(expand_filename("%x-%a-%N", &plain), "j1-4294967294-unknown");
+    }
 }

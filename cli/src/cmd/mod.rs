@@ -14,6 +14,7 @@ pub mod delete;
 pub mod describe;
 pub mod diff;
 pub mod get;
+pub mod launch;
 pub mod logs;
 pub mod nodes;
 pub mod status;

@@ -12,7 +12,9 @@
 //! | [`allocations`] | cancels unbound allocations; `spec.dependsOn` of standalone allocations: Slurm `afterok`/`afternotok`/`afterany`/`aftercorr`/`after`/`singleton` and Flux RFC 26 `begin-time`/`string` (see the module docs) |
 //! | [`dag`] | runs `Dag` steps with the `lattice_dag` dispatch engine |
 //! | [`task_groups`] | job arrays: elements created lazily within the concurrency limit |
+//! | [`steps`] | job steps (`spec.stepOf`: `lattice launch`, `srun` in an allocation) bound to their allocation's nodes |
 //! | [`node_lifecycle`] | heartbeat leases → Degraded/Down (requeue or fail), drain/undrain/disable |
+//! | [`autoscaler`] | reactive allocations: metric windows, cooldown, `status.scale.desiredNodes`, scale-down to `status.releasingNodes` ([`autoscaler::MetricSource`], Prometheus) |
 //! | [`objects`] | guarded multi-object store transactions |
 //!
 //! ## Dependencies of standalone allocations
@@ -46,12 +48,14 @@
 //! ```
 
 pub mod allocations;
+pub mod autoscaler;
 pub mod dag;
 pub mod metrics;
 pub mod node_lifecycle;
 pub mod objects;
 pub mod release;
 pub mod scheduler;
+pub mod steps;
 pub mod task_groups;
 
 use std::sync::Arc;
@@ -79,6 +83,8 @@ pub struct Config {
     pub node_lifecycle: NodeLifecycleConfig,
     /// DAG admission limits.
     pub dag_limits: lattice_dag::graph::Limits,
+    /// Autoscaler: where reactive allocations' metrics come from (none: not scaled).
+    pub autoscaler: autoscaler::AutoscalerConfig,
 }
 
 /// The metric families of the built-in controllers (register them on `/metrics`).
@@ -116,9 +122,11 @@ pub fn register_all(
         });
     }
     release::register(host, backend.clone(), metrics.controllers.clone());
+    steps::register(host, backend.clone());
     allocations::register(host, backend);
     dag::register(host, config.dag_limits, metrics.controllers.clone());
     task_groups::register(host);
     node_lifecycle::register(host, config.node_lifecycle, metrics.controllers.clone());
+    autoscaler::register(host, config.autoscaler, metrics.controllers.clone());
     metrics
 }

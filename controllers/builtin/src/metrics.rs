@@ -1,6 +1,6 @@
 //! Metrics of the built-in controllers' long-running loops (the seed's "Scheduler
 //! Self-Monitoring"): `lattice_scheduler_*`, `lattice_release_*`, `lattice_node_*`,
-//! `lattice_dag_*`.
+//! `lattice_dag_*`, `lattice_autoscaling_*`.
 
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
@@ -37,6 +37,13 @@ pub struct ClaimLabel {
     pub vcluster: String,
     /// Outcome.
     pub result: &'static str,
+}
+
+/// `direction` label (`up`, `down`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    /// Scale direction.
+    pub direction: &'static str,
 }
 
 /// `state` label.
@@ -203,6 +210,13 @@ pub struct ControllerMetrics {
     /// DAG release latency: from the predecessor's terminal status to the successor
     /// being released.
     pub dag_release_latency: Histogram,
+    /// Failed metric queries of the autoscaler
+    /// (`lattice_autoscaling_metric_query_failures_total`).
+    pub autoscaling_metric_query_failures: Counter,
+    /// Scale events decided by the autoscaler, by direction.
+    pub autoscaling_scale_events: Family<DirectionLabel, Counter>,
+    /// Oscillation alerts of the autoscaler.
+    pub autoscaling_oscillation_alerts: Counter,
 }
 
 impl ControllerMetrics {
@@ -215,7 +229,17 @@ impl ControllerMetrics {
             node_failures: Counter::default(),
             dag_releases: Counter::default(),
             dag_release_latency: histogram(),
+            autoscaling_metric_query_failures: Counter::default(),
+            autoscaling_scale_events: Family::default(),
+            autoscaling_oscillation_alerts: Counter::default(),
         }
+    }
+
+    /// Count one scale event of the autoscaler (`up` or `down`).
+    pub fn record_scale_event(&self, direction: &'static str) {
+        self.autoscaling_scale_events
+            .get_or_create(&DirectionLabel { direction })
+            .inc();
     }
 
     /// Register under `lattice_*`.
@@ -250,6 +274,21 @@ impl ControllerMetrics {
             "dag_release_latency_seconds",
             "From a predecessor's terminal status write to its successor's release",
             self.dag_release_latency.clone(),
+        );
+        r.register(
+            "autoscaling_metric_query_failures",
+            "Failed metric queries of the autoscaler (no scaling decision is made without a value)",
+            self.autoscaling_metric_query_failures.clone(),
+        );
+        r.register(
+            "autoscaling_scale_events",
+            "Scale events decided by the autoscaler, by direction",
+            self.autoscaling_scale_events.clone(),
+        );
+        r.register(
+            "autoscaling_oscillation_alerts",
+            "Reactive allocations whose scale direction alternated more than 5 times in a row",
+            self.autoscaling_oscillation_alerts.clone(),
         );
     }
 }

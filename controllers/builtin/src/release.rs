@@ -166,10 +166,10 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
         .cloned()
         .collect();
     let mut raw = read_raw(&ctx.backend, &all_keys).await?.into_iter();
-    let alloc = decode_next::<Allocation>(&mut raw, &alloc_key)?
+    let alloc_stored = decode_next::<Allocation>(&mut raw, &alloc_key)?
         .pop()
-        .flatten()
-        .map(|s| s.obj);
+        .flatten();
+    let alloc = alloc_stored.as_ref().map(|s| s.obj.clone());
     if !releasable(&node, alloc.as_ref()) {
         return Ok(Action::await_change());
     }
@@ -179,6 +179,7 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
         .flatten();
     let mut w = GuardedWrite::new();
     let mut released = 0u32;
+    let mut released_names: Vec<String> = Vec::new();
     let mut still_owned = 0u32;
     let (mut node_hours, mut gpu_hours) = (0.0f64, 0.0f64);
     for stored in fresh.iter().flatten() {
@@ -204,6 +205,7 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
             }
             w.put(stored, &n)?;
             released += 1;
+            released_names.push(stored.obj.name_any().to_string());
         } else {
             w.guard(stored);
             still_owned += 1;
@@ -211,6 +213,23 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
     }
     if released == 0 {
         return Ok(Action::await_change());
+    }
+    // Nodes a scale-down gave back leave `status.releasingNodes` in the same transaction.
+    if let Some(stored) = &alloc_stored {
+        let giving_back = stored.obj.status.as_ref().is_some_and(|st| {
+            st.releasing_nodes
+                .iter()
+                .any(|n| released_names.contains(n))
+        });
+        if giving_back {
+            let mut a = stored.obj.clone();
+            if let Some(st) = a.status.as_mut() {
+                // The node's final report stays in nodeStates: the scheduler does not give
+                // this attempt the same node again (its agent has finished that run).
+                st.releasing_nodes.retain(|n| !released_names.contains(n));
+            }
+            w.put(stored, &a)?;
+        }
     }
     if let Some(t) = &tenant {
         let mut obj = t.obj.clone();

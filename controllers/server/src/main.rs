@@ -100,9 +100,9 @@ struct ServeArgs {
     /// of N nodes is one transaction of 2N+4 operations, so the embedded store's default
     /// (4096) admits allocations of up to 2,046 nodes; raise it for larger ones. With
     /// `--backend etcd`, set it to the etcd cluster's own `--max-txn-ops` (etcd's
-    /// default, 128, when omitted) so the scheduler splits its batches to fit. Every
-    /// member of a replicated store must use the same value (it is checked when an entry
-    /// is applied).
+    /// default, 128, when omitted) so the scheduler splits its batches to fit. In a
+    /// replicated store each member checks it on the transactions it receives, before they
+    /// are proposed (never when they are applied), so members may use different values.
     #[arg(long)]
     max_txn_ops: Option<usize>,
     /// A node whose agent has sent no heartbeat for this long goes Degraded (no new
@@ -122,6 +122,27 @@ struct ServeArgs {
     /// controller applies the same limit.
     #[arg(long, default_value_t = lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE)]
     max_dag_size: usize,
+    /// Prometheus (or compatible TSDB) base URL the autoscaler queries for reactive
+    /// allocations' metrics, e.g. http://prometheus:9090. A bare metric name N is queried
+    /// as avg(N{lattice_allocation="<name>",lattice_tenant="<tenant>"}). Without it
+    /// reactive allocations run at their initial size and say so in status.scale.message.
+    #[arg(long, env = "LATTICE_METRICS_URL")]
+    metrics_url: Option<String>,
+}
+
+/// The autoscaler's metric source from `--metrics-url`.
+fn metric_source(
+    url: Option<&str>,
+) -> anyhow::Result<Option<Arc<dyn lattice_controllers::autoscaler::MetricSource>>> {
+    let Some(url) = url.map(str::trim).filter(|u| !u.is_empty()) else {
+        tracing::info!("no --metrics-url: reactive allocations are not autoscaled");
+        return Ok(None);
+    };
+    let source = lattice_controllers::autoscaler::PrometheusSource::new(url)
+        .map_err(anyhow::Error::msg)
+        .context("--metrics-url")?;
+    tracing::info!(url = source.base_url(), "autoscaler metric source");
+    Ok(Some(Arc::new(source)))
 }
 
 fn parse_duration_arg(s: &str) -> Result<Duration, String> {
@@ -384,6 +405,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             dag_limits: lattice_dag::graph::Limits {
                 max_dag_size: args.max_dag_size,
                 ..Default::default()
+            },
+            autoscaler: lattice_controllers::autoscaler::AutoscalerConfig {
+                metric_source: metric_source(args.metrics_url.as_deref())?,
             },
         },
     );

@@ -152,6 +152,13 @@ pub struct AllocationSpec {
     /// Regulated workload: dedicated nodes, class 10, never requeued automatically, audited.
     #[serde(default, skip_serializing_if = "skip_false")]
     pub sensitive: bool,
+    /// Job step: the name of a running allocation (same tenant) whose nodes this one runs
+    /// on (`lattice launch`, Slurm's `srun` inside an allocation). A step is not
+    /// scheduled and takes no quota: the step controller binds it to the first
+    /// `resources.nodes` nodes of that allocation once it runs, as the same user, and
+    /// cancels it when that allocation ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_of: Option<String>,
 }
 
 /// Software environment.
@@ -399,9 +406,47 @@ pub struct ScalePolicy {
     pub metric: String,
     /// Target value, e.g. `0.8` or `"100ms"`.
     pub target: ScaleTarget,
-    /// Minimum time between scaling actions, e.g. `5m`.
+    /// Minimum time between scaling actions, e.g. `5m`. Default 3m.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cooldown: Option<String>,
+    /// How often the metric is evaluated, e.g. `60s`. Default 60s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluation_interval: Option<String>,
+    /// How long the metric must stay above the target before one node is added. Default 2m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_up_window: Option<String>,
+    /// How long the metric must stay below `target × scaleDownThreshold` before one node
+    /// is removed. Default 5m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_down_window: Option<String>,
+    /// Fraction of the target under which the allocation scales down (0–1). Default 0.5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_down_threshold: Option<f64>,
+}
+
+/// Autoscaling state of a reactive allocation, written by the autoscaler (decisions) and
+/// the scheduler (placing the nodes it asked for).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScaleStatus {
+    /// Nodes the autoscaler wants (within `minNodes..=maxNodes`). The scheduler adds
+    /// nodes one proposal at a time while `assignedNodes` has fewer.
+    pub desired_nodes: u32,
+    /// The metric's last value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_value: Option<f64>,
+    /// When the metric was last evaluated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_evaluation_time: Option<Time>,
+    /// When the last scale event was decided (the cooldown counts from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
+    /// Consecutive failed metric queries (no scaling while it is above 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub metric_failures: u32,
+    /// What the autoscaler or scheduler last decided, in words (e.g. why a scale-up waits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// A scaling target: a number or a string with a unit.
@@ -1537,6 +1582,14 @@ pub struct AllocationStatus {
     /// Per assigned node, the agent's report for the current attempt (keyed by node name).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_states: BTreeMap<String, NodeTaskState>,
+    /// Nodes a running reactive allocation is giving back (scaled down): no longer in
+    /// `assignedNodes`, their agents stop the processes, and each node is released (and
+    /// leaves this list) once its agent confirmed or it is Down.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub releasing_nodes: Vec<String>,
+    /// Autoscaling state (reactive allocations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleStatus>,
     /// Conditions such as `Scheduled`, `DependenciesMet`, `DataStaged`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -1733,6 +1786,7 @@ impl AllocationSpec {
             check_len(errs, &format!("{p}.workingDir"), w, MAX_TEXT_LEN);
         }
         self.validate_resources(p, errs);
+        self.validate_step_of(p, self_name, errs);
         self.validate_lifecycle(p, errs);
         if let Some(c) = self.preemption_class {
             if !(0..=10).contains(&c) {
@@ -2064,6 +2118,53 @@ impl AllocationSpec {
         }
     }
 
+    fn validate_step_of(&self, p: &str, self_name: Option<&str>, errs: &mut Errors) {
+        let Some(parent) = &self.step_of else {
+            return;
+        };
+        let sp = format!("{p}.stepOf");
+        if let Some(e) = validate_dns1123_name(&sp, parent) {
+            errs.0.push(e);
+            return;
+        }
+        if self_name == Some(parent.as_str()) {
+            errs.push(
+                sp.clone(),
+                "names the allocation itself; name the allocation to run in",
+            );
+        }
+        let conflicts = [
+            (
+                self.task_group.is_some(),
+                "taskGroup",
+                "launch one step per index instead",
+            ),
+            (
+                !self.depends_on.is_empty(),
+                "dependsOn",
+                "a step starts as soon as its allocation runs",
+            ),
+            (
+                !self.resources.node_names.is_empty(),
+                "resources.nodeNames",
+                "a step runs on its allocation's nodes",
+            ),
+            (
+                self.sensitive,
+                "sensitive",
+                "a step inherits its allocation's isolation",
+            ),
+        ];
+        for (set, field, why) in conflicts {
+            if set {
+                errs.push(
+                    format!("{p}.{field}"),
+                    format!("cannot be combined with stepOf ({why}); remove {field}"),
+                );
+            }
+        }
+    }
+
     fn validate_node_names(&self, p: &str, errs: &mut Errors) {
         let names = &self.resources.node_names;
         if names.is_empty() {
@@ -2145,9 +2246,24 @@ impl AllocationSpec {
                     }
                     _ => {}
                 }
-                if let Some(c) = &sp.cooldown {
-                    if let Err(e) = parse_duration(c) {
-                        errs.push(format!("{sp_p}.cooldown"), e);
+                for (field, v) in [
+                    ("cooldown", &sp.cooldown),
+                    ("evaluationInterval", &sp.evaluation_interval),
+                    ("scaleUpWindow", &sp.scale_up_window),
+                    ("scaleDownWindow", &sp.scale_down_window),
+                ] {
+                    if let Some(d) = v {
+                        if let Err(e) = parse_duration(d) {
+                            errs.push(format!("{sp_p}.{field}"), e);
+                        }
+                    }
+                }
+                if let Some(t) = sp.scale_down_threshold {
+                    if !(t.is_finite() && (0.0..=1.0).contains(&t)) {
+                        errs.push(
+                            format!("{sp_p}.scaleDownThreshold"),
+                            format!("must be between 0 and 1 (a fraction of the target), got {t}"),
+                        );
                     }
                 }
             }

@@ -65,6 +65,9 @@ pub fn is_queued(a: &Allocation) -> bool {
     if a.metadata.annotations.contains_key(HOLD_ANNOTATION) {
         return false;
     }
+    if a.spec.step_of.is_some() {
+        return false; // a job step runs on its allocation's nodes (the step controller)
+    }
     if a.spec.task_group.is_some() && !a.labels().contains_key(TASK_INDEX_LABEL) {
         return false; // the parent of a job array: its elements are queued instead
     }
@@ -355,14 +358,18 @@ pub fn pending_job(
         id,
         tenant,
         vcluster,
-        nodes: NodeRequest {
-            min: a.spec.resources.nodes.min().max(1),
-            max: a
-                .spec
-                .resources
-                .nodes
-                .max()
-                .max(a.spec.resources.nodes.min().max(1)),
+        nodes: match reactive_start(a) {
+            // A reactive allocation starts at minNodes (the autoscaler adds the rest).
+            Some(n) => NodeRequest { min: n, max: n },
+            None => NodeRequest {
+                min: a.spec.resources.nodes.min().max(1),
+                max: a
+                    .spec
+                    .resources
+                    .nodes
+                    .max()
+                    .max(a.spec.resources.nodes.min().max(1)),
+            },
         },
         constraints: Constraints {
             gpu_type: c.gpu_type.clone(),
@@ -385,6 +392,19 @@ pub fn pending_job(
         checkpoint: checkpoint(a),
         data_readiness: None,
     }
+}
+
+/// The node count a reactive allocation starts with: its `scalePolicy.minNodes`.
+pub fn reactive_start(a: &Allocation) -> Option<u32> {
+    use lattice_apis::LifecycleType;
+    if a.spec.lifecycle.type_ != LifecycleType::Reactive {
+        return None;
+    }
+    a.spec
+        .lifecycle
+        .scale_policy
+        .as_ref()
+        .map(|p| p.min_nodes.max(1))
 }
 
 /// Quotas and usage of a tenant for the core.

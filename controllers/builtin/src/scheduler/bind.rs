@@ -247,6 +247,8 @@ pub async fn bind_batch(
         status.walltime_seconds = b.walltime_s;
         status.scheduled_time = Some(t);
         status.node_states.clear();
+        status.releasing_nodes.clear();
+        status.scale = None;
         status.start_time = None;
         status.end_time = None;
         status.exit_code = None;

@@ -9,6 +9,7 @@
 pub mod adapter;
 pub mod bind;
 pub mod claim;
+pub mod grow;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -114,7 +115,7 @@ pub async fn run(ctx: HostContext, backend: Arc<dyn KvBackend>, metrics: Schedul
         tokio::select! {
             ev = alloc_rx.recv() => match ev {
                 Ok(InformerEvent::Applied(a)) => {
-                    if adapter::is_queued(&a) {
+                    if adapter::is_queued(&a) || grow::wants_node(&a) {
                         let exists = |k: &VClusterKey| loops.contains_key(k);
                         if let Ok(k) = adapter::resolve_vcluster(&a, exists) {
                             if let Some((n, _)) = loops.get(&k) {
@@ -266,6 +267,18 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         now_s,
     );
     stats.running = inv.running.iter().filter(|r| r.vcluster == self_id).count();
+    // Reactive allocations the autoscaler wants bigger: one node each per cycle.
+    grow_reactive(
+        shared,
+        key,
+        &vc,
+        self_id,
+        &mut inv,
+        &mut tenant_ids,
+        now_s,
+        &mut stats,
+    )
+    .await?;
 
     // The queue of this vCluster; a queued allocation whose vCluster is missing gets told.
     let mut queued: Vec<Arc<Allocation>> = Vec::new();
@@ -466,6 +479,125 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         explain(shared, a, code, &msg).await;
     }
     Ok(stats)
+}
+
+/// Adds one node to each running reactive allocation of this vCluster whose
+/// `status.scale.desiredNodes` is above its node count (see [`grow`]). A node it takes is
+/// marked taken in `inv` so the same cycle's plan does not place work on it.
+#[allow(clippy::too_many_arguments)]
+async fn grow_reactive(
+    shared: &Shared,
+    key: &VClusterKey,
+    vc: &VCluster,
+    self_id: lattice_scheduler::VClusterId,
+    inv: &mut adapter::Inventory,
+    tenant_ids: &mut Interner,
+    now_s: i64,
+    stats: &mut CycleStats,
+) -> anyhow::Result<()> {
+    let vclusters_all = shared.vclusters.state();
+    let exists = |k: &VClusterKey| {
+        vclusters_all
+            .iter()
+            .any(|v| v.namespace() == Some(k.0.as_str()) && v.name_any() == k.1)
+    };
+    let mut growing: Vec<Arc<Allocation>> = shared
+        .allocations
+        .find(grow::wants_node)
+        .into_iter()
+        .filter(|a| adapter::resolve_vcluster(a, exists).as_ref() == Ok(key))
+        .collect();
+    if growing.is_empty() {
+        return Ok(());
+    }
+    growing.sort_by(|a, b| (a.namespace(), a.name_any()).cmp(&(b.namespace(), b.name_any())));
+    let vcluster = format!("{}/{}", key.0, key.1);
+    for a in growing {
+        let tenant = a.namespace().unwrap_or("default").to_string();
+        let t = TenantId(tenant_ids.id(&tenant));
+        let job = adapter::pending_job(JobId(u64::MAX), &a, t, self_id, Some(vc), now_s);
+        let ran_here = a.status.as_ref().map(|s| &s.node_states);
+        let taken: Vec<lattice_scheduler::NodeId> = inv
+            .running
+            .iter()
+            .flat_map(|r| r.nodes.iter().copied())
+            .chain(
+                inv.names
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| ran_here.is_some_and(|m| m.contains_key(*n)))
+                    .map(|(i, _)| lattice_scheduler::NodeId(i as u32)),
+            )
+            .collect();
+        let catalog = NodeCatalog::new(inv.views.clone());
+        let Some((node_id, borrowed)) = grow::pick_node(&catalog, &job, &taken) else {
+            scale_message(
+                shared,
+                &a,
+                "scale-up waits: no free node passes the allocation's constraints",
+            )
+            .await;
+            continue;
+        };
+        let node = inv.names[node_id.0 as usize].clone();
+        match grow::grow(
+            &shared.backend,
+            &tenant,
+            a.name_any(),
+            &node,
+            &vcluster,
+            borrowed,
+        )
+        .await?
+        {
+            grow::GrowOutcome::Grown => {
+                stats.bound += 1;
+                tracing::info!(allocation = %format!("{tenant}/{}", a.name_any()), %node, "reactive allocation scaled up");
+                let me = inv
+                    .running_refs
+                    .iter()
+                    .position(|(t, n)| *t == tenant && n == a.name_any());
+                if let Some(i) = me {
+                    inv.running[i].nodes.push(node_id);
+                }
+            }
+            grow::GrowOutcome::Quota(msg) => scale_message(shared, &a, &msg).await,
+            grow::GrowOutcome::Conflict(why) => {
+                stats.conflicts += 1;
+                stats.retry_soon = true;
+                tracing::debug!(allocation = %a.name_any(), %why, "scale-up lost a race; retrying next cycle");
+            }
+            grow::GrowOutcome::Stale => {}
+        }
+    }
+    Ok(())
+}
+
+/// Writes `status.scale.message` (why a scale-up waits), guarded, when it differs.
+async fn scale_message(shared: &Shared, a: &Allocation, msg: &str) {
+    let current = a
+        .status
+        .as_ref()
+        .and_then(|s| s.scale.as_ref())
+        .and_then(|s| s.message.as_deref());
+    if current == Some(msg) {
+        return;
+    }
+    let Some(rv) = a.resource_version() else {
+        return;
+    };
+    let ops = json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        {"op": "add", "path": "/status/scale/message", "value": msg},
+    ]);
+    if let Err(e) = shared
+        .api
+        .for_obj(a)
+        .patch_status(a.name_any(), &PatchParams::default(), &Patch::Json(ops))
+        .await
+    {
+        tracing::debug!(allocation = %a.name_any(), error = %e, "scale message not written (changed meanwhile?)");
+    }
 }
 
 fn too_large_message(nodes: usize, ops: usize, max_ops: usize) -> String {
