@@ -13,6 +13,8 @@
 //!   the allocation); the object is kept for its history. `DELETE /v1/dags/{id}` does
 //!   the same for a DAG.
 //! * `GET /v1/dags/{id}/graph` (`?tenant=`): the DAG's structure, see [`dag_graph`].
+//! * `POST /v1/allocations/{id}/tasks` (`?tenant=`): run a command inside a running
+//!   allocation (a job step, Slurm's `srun` in an allocation), see [`launch_tasks`].
 //! * `GET /v1/nodes`, `/v1/tenants`, `/v1/vclusters` list those kinds.
 
 use std::sync::Arc;
@@ -365,4 +367,102 @@ pub fn graph_of(dag: &lattice_apis::Dag) -> Value {
         "nodes": nodes,
         "edges": edges,
     })
+}
+
+/// `POST /v1/allocations/{id}/tasks[?tenant=T]`: runs a command inside a running
+/// allocation. The body is a [`TaskLaunch`](lattice_apis::steps::TaskLaunch)
+/// (`{"command": ["hostname"], "ntasks": 4, "nodes": 2, "tasksPerNode": 2, "env": {...},
+/// "workingDir": "/scratch"}`); the answer (201) is the step Allocation
+/// (`<id>.<n>`, `spec.stepOf: <id>`) that the step controller binds to the allocation's
+/// first nodes; its output is its `log` subresource. Needs write access to the
+/// allocation's tenant. The step runs as the allocation's user: a non-admin caller must
+/// be that user (else the step fails with `step_not_permitted`); an admin launches as
+/// the allocation's user. A finished allocation, or a request for more nodes than it
+/// has, is a 400 saying why.
+pub async fn launch_tasks(
+    State(inner): State<Arc<Inner>>,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    use lattice_apis::steps;
+    let r = async {
+        let k = kind("allocations")?;
+        let user = authenticate(&inner, &headers).await?;
+        let params = Params::from_uri(&uri)?;
+        let obj = find(&inner, k, &id, params.get("tenant"), &user).await?;
+        let ns = obj
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+            .to_string();
+        authorize(&user, Access::Write, k, Some(&ns))?;
+        let b = read_body(&inner, &headers, body).await?;
+        let launch: steps::TaskLaunch = serde_json::from_slice(&b).map_err(|e| {
+            ApiError::bad_request(format!(
+                "invalid task launch: {e}; expected {{\"command\": [\"prog\", \"arg\"], \"ntasks\"?: N, \"nodes\"?: N, \"tasksPerNode\"?: K, \"env\"?: {{}}, \"workingDir\"?: \"/dir\"}}"
+            ))
+        })?;
+        let parent: lattice_apis::Allocation = serde_json::from_value(obj)
+            .map_err(|e| ApiError::internal(format!("stored allocation does not decode: {e}")))?;
+        let parent_name = parent.metadata.name_str().to_string();
+        let step_user = if user.role == crate::auth::Role::Admin {
+            parent.metadata.annotations.get(steps::USER_ANNOTATION).cloned()
+        } else {
+            Some(user.name.clone())
+        };
+        let mut opts = ListOptions::default();
+        opts.selectors.labels = crate::selectors::LabelSelector::parse(&format!(
+            "{}={parent_name}",
+            steps::STEP_OF_LABEL
+        ))
+        .map_err(ApiError::bad_request)?;
+        let existing = inner.resources.list(k, Some(&ns), &opts).await?;
+        let mut n = steps::next_number(
+            &parent_name,
+            existing
+                .get("items")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(name_of),
+        );
+        for _ in 0..8 {
+            let step = steps::step_allocation(
+                &parent,
+                &format!("{parent_name}.{n}"),
+                &launch,
+                step_user.as_deref(),
+            )
+            .map_err(ApiError::bad_request)?;
+            let v = serde_json::to_value(&step).map_err(|e| ApiError::internal(e.to_string()))?;
+            match inner
+                .resources
+                .create(
+                    k,
+                    Some(&ns),
+                    v,
+                    &WriteOptions {
+                        field_manager: Some("intent-api".into()),
+                        ..Default::default()
+                    },
+                    false,
+                )
+                .await
+            {
+                Ok(created) => return Ok(json_response(StatusCode::CREATED, &created)),
+                // A concurrent launch took the number.
+                Err(e) if e.code == 409 => n += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(ApiError::new(
+            409,
+            "Conflict",
+            format!("could not find a free step number for allocation {parent_name}; try again"),
+        ))
+    }
+    .await;
+    r.unwrap_or_else(IntoResponse::into_response)
 }

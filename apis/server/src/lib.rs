@@ -20,7 +20,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
+use axum::routing::{any, get, post};
 use axum::Router;
 use lattice_store::KvBackend;
 
@@ -223,6 +223,7 @@ impl ApiServer {
             .route("/v1/{plural}", any(intent::collection))
             .route("/v1/{plural}/{id}", any(intent::item))
             .route("/v1/dags/{id}/graph", get(intent::dag_graph))
+            .route("/v1/allocations/{id}/tasks", post(intent::launch_tasks))
             .fallback(not_found)
             .layer(axum::middleware::from_fn(auth::request_scope))
             .layer(tower_http::trace::TraceLayer::new_for_http())

@@ -69,6 +69,7 @@ pub mod meta;
 pub mod registry;
 pub mod resource;
 pub mod schemas;
+pub mod steps;
 pub mod validation;
 
 pub use kinds::allocation::{

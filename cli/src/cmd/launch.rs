@@ -26,9 +26,8 @@ use crate::cmd::submit;
 use crate::cmd::workload::{self, is_terminal, name, phase, s};
 use crate::errors::{exit, CliError};
 use crate::{Ctx, Shutdown};
-
-/// Label on a step naming its allocation (to list an allocation's steps).
-pub const STEP_OF_LABEL: &str = "lattice.dev/step-of";
+use lattice_apis::steps::{self, TaskLaunch, STEP_OF_LABEL};
+use lattice_apis::Allocation;
 
 /// How often a step or session is looked at while it starts.
 const POLL: Duration = Duration::from_millis(250);
@@ -54,57 +53,6 @@ pub struct StepRequest {
     pub label: bool,
 }
 
-/// How many nodes and tasks a step gets, given the allocation's `available` nodes.
-pub fn plan(
-    available: u32,
-    ntasks: Option<u32>,
-    nodes: Option<u32>,
-    per_node: Option<u32>,
-) -> Result<(u32, u32), String> {
-    if available == 0 {
-        return Err("the allocation has no nodes".into());
-    }
-    if let Some(0) = ntasks {
-        return Err("-n/--ntasks must be at least 1".into());
-    }
-    if let Some(0) = per_node {
-        return Err("--tasks-per-node must be at least 1".into());
-    }
-    let nodes = match (nodes, ntasks, per_node) {
-        (Some(0), ..) => return Err("-N/--nodes must be at least 1".into()),
-        (Some(n), ..) if n > available => {
-            return Err(format!(
-                "-N/--nodes is {n} but the allocation has {available} node(s); ask for at most {available}"
-            ))
-        }
-        (Some(n), ..) => n,
-        (None, Some(t), Some(k)) => t.div_ceil(k),
-        (None, Some(t), None) => t.min(available),
-        (None, None, _) => available,
-    };
-    if nodes > available {
-        return Err(format!(
-            "{} task(s) at {} per node need {nodes} nodes but the allocation has {available}",
-            ntasks.unwrap_or(0),
-            per_node.unwrap_or(1)
-        ));
-    }
-    let ntasks = ntasks.unwrap_or(nodes.saturating_mul(per_node.unwrap_or(1)));
-    if ntasks < nodes {
-        return Err(format!(
-            "{ntasks} task(s) cannot use {nodes} nodes; ask for at most {ntasks} node(s)"
-        ));
-    }
-    if let Some(k) = per_node {
-        if ntasks > nodes.saturating_mul(k) {
-            return Err(format!(
-                "{ntasks} tasks do not fit {nodes} node(s) at {k} per node; raise -N or --tasks-per-node"
-            ));
-        }
-    }
-    Ok((nodes, ntasks))
-}
-
 /// The allocation a step runs in when `--alloc` is not given: the one this shell is
 /// inside (`LATTICE_ALLOC_ID`, else `SLURM_JOB_ID`).
 pub fn alloc_from_env(ctx: &Ctx) -> Option<String> {
@@ -112,97 +60,6 @@ pub fn alloc_from_env(ctx: &Ctx) -> Option<String> {
         .get("LATTICE_ALLOC_ID")
         .or_else(|| ctx.env.get("SLURM_JOB_ID"))
         .filter(|v| !v.is_empty())
-}
-
-fn node_count(a: &Value) -> u32 {
-    let assigned = a
-        .pointer("/status/assignedNodes")
-        .and_then(Value::as_array)
-        .map(Vec::len)
-        .unwrap_or(0);
-    if assigned > 0 {
-        return assigned as u32;
-    }
-    match a.pointer("/spec/resources/nodes") {
-        Some(Value::Number(n)) => n.as_u64().unwrap_or(1) as u32,
-        Some(v) => v.get("min").and_then(Value::as_u64).unwrap_or(1) as u32,
-        None => 1,
-    }
-}
-
-/// The step's Allocation.
-fn step_object(
-    ctx: &Ctx,
-    parent: &Value,
-    req: &StepRequest,
-    name: &str,
-    nodes: u32,
-    ntasks: u32,
-) -> Value {
-    let tenant = s(parent, "/metadata/namespace").unwrap_or(&ctx.tenant);
-    let parent_name = workload::name(parent);
-    let mut annotations = serde_json::Map::new();
-    if let Some(u) = ctx.user() {
-        annotations.insert(workload::USER_ANNOTATION.into(), json!(u));
-    }
-    annotations.insert("lattice.dev/ntasks".into(), json!(ntasks.to_string()));
-    if let Some(k) = req.tasks_per_node {
-        annotations.insert("lattice.dev/ntasks-per-node".into(), json!(k.to_string()));
-    }
-    for k in ["lattice.dev/set-slurm-env", "lattice.dev/submit-dir"] {
-        if let Some(v) = parent.pointer(&format!("/metadata/annotations/{}", k.replace('/', "~1")))
-        {
-            annotations.insert(k.into(), v.clone());
-        }
-    }
-    let cwd = req
-        .chdir
-        .clone()
-        .unwrap_or_else(|| ctx.cwd.display().to_string());
-    let (entry, args) = match req.command.split_first() {
-        Some((e, a)) => (e.clone(), a.to_vec()),
-        None => (String::new(), Vec::new()),
-    };
-    let env: serde_json::Map<String, Value> =
-        req.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
-    let mut spec = json!({
-        "stepOf": parent_name,
-        "entrypoint": entry,
-        "resources": {"nodes": nodes},
-        "workingDir": cwd,
-        "lifecycle": {"type": "bounded"},
-        "requeue": {"policy": "never"},
-    });
-    if !args.is_empty() {
-        spec["args"] = json!(args);
-    }
-    if !env.is_empty() {
-        spec["env"] = Value::Object(env);
-    }
-    if let Some(job) = parent.pointer("/spec/tags/name") {
-        spec["tags"] = json!({"name": job});
-    }
-    if let Some(v) = parent.pointer("/spec/vcluster") {
-        spec["vcluster"] = v.clone();
-    }
-    json!({
-        "apiVersion": "lattice.dev/v1alpha1",
-        "kind": "Allocation",
-        "metadata": {
-            "name": name,
-            "namespace": tenant,
-            "labels": {STEP_OF_LABEL: parent_name},
-            "annotations": annotations,
-            "ownerReferences": [{
-                "apiVersion": "lattice.dev/v1alpha1",
-                "kind": "Allocation",
-                "name": parent_name,
-                "uid": s(parent, "/metadata/uid").unwrap_or_default(),
-                "controller": true,
-            }],
-        },
-        "spec": spec,
-    })
 }
 
 /// The next free step number of `parent` (`parent.<n>`).
@@ -218,18 +75,11 @@ async fn next_step(ctx: &Ctx, tenant: &str, parent: &str) -> Result<u32, CliErro
         )
         .await
         .map_err(|e| CliError::from_client(format!("list the steps of {parent:?}"), e))?;
-    let prefix = format!("{parent}.");
-    Ok(list
-        .get("items")
-        .and_then(Value::as_array)
-        .map(|items| {
-            items
-                .iter()
-                .filter_map(|a| name(a).strip_prefix(&prefix)?.parse::<u32>().ok())
-                .max()
-                .map_or(0, |m| m + 1)
-        })
-        .unwrap_or(0))
+    let items = list.get("items").and_then(Value::as_array);
+    Ok(steps::next_number(
+        parent,
+        items.into_iter().flatten().map(name),
+    ))
 }
 
 /// Runs a step and streams its output; returns its exit status (130 when interrupted).
@@ -252,39 +102,35 @@ pub async fn run_step(
     let tenant = s(&parent, "/metadata/namespace")
         .unwrap_or(&ctx.tenant)
         .to_string();
-    let p = phase(&parent);
-    if is_terminal(p) {
-        return Err(CliError::new(
-            format!("{tool}: run in allocation {}", req.alloc),
-            format!("the allocation is {p}; a step needs a running allocation"),
-        )
-        .hint("submit a new allocation (lattice submit, lattice session)"));
-    }
-    if parent.pointer("/spec/stepOf").is_some() {
-        return Err(CliError::new(
-            format!("{tool}: run in allocation {}", req.alloc),
-            "that is a step, not an allocation",
-        )
-        .hint(format!(
-            "run in its allocation: --alloc={}",
-            s(&parent, "/spec/stepOf").unwrap_or_default()
-        ))
-        .exit_code(exit::USAGE));
-    }
-    let (nodes, ntasks) = plan(
-        node_count(&parent),
-        req.ntasks,
-        req.nodes,
-        req.tasks_per_node,
-    )
-    .map_err(|e| {
-        CliError::new(format!("{tool}: run in allocation {}", req.alloc), e).exit_code(exit::USAGE)
-    })?;
+    let what = format!("{tool}: run in allocation {}", req.alloc);
+    let typed: Allocation = serde_json::from_value(parent.clone())
+        .map_err(|e| CliError::new(&what, format!("cannot read the allocation: {e}")))?;
+    let launch = TaskLaunch {
+        command: req.command.clone(),
+        ntasks: req.ntasks,
+        nodes: req.nodes,
+        tasks_per_node: req.tasks_per_node,
+        env: req.env.iter().cloned().collect(),
+        working_dir: Some(
+            req.chdir
+                .clone()
+                .unwrap_or_else(|| ctx.cwd.display().to_string()),
+        ),
+    };
+    let user = ctx.user();
     let collection = workload::collection("allocations", Some(&tenant));
     let mut n = next_step(ctx, &tenant, &req.alloc).await?;
     let created = loop {
         let step_name = format!("{}.{n}", req.alloc);
-        let body = step_object(ctx, &parent, req, &step_name, nodes, ntasks);
+        let step =
+            steps::step_allocation(&typed, &step_name, &launch, user.as_deref()).map_err(|e| {
+                match steps::refuse(&typed) {
+                    Some(_) => CliError::new(&what, e)
+                        .hint("submit a new allocation (lattice submit, lattice session)"),
+                    None => CliError::new(&what, e).exit_code(exit::USAGE),
+                }
+            })?;
+        let body = serde_json::to_value(&step).map_err(|e| CliError::new(&what, e.to_string()))?;
         match ctx
             .client
             .create(&collection, &body, &WriteOptions::default())
@@ -296,6 +142,13 @@ pub async fn run_step(
             Err(e) => return Err(CliError::from_client(format!("{tool}: create step"), e)),
         }
     };
+    let nodes = created
+        .pointer("/spec/resources/nodes")
+        .and_then(Value::as_u64)
+        .unwrap_or(1);
+    let ntasks = s(&created, "/metadata/annotations/lattice.dev~1ntasks")
+        .unwrap_or("1")
+        .to_string();
     let id = name(&created).to_string();
     if !ctx.quiet {
         writeln!(
@@ -709,33 +562,5 @@ mod tests {
                 .nodes,
             Some(2)
         );
-    }
-
-    #[test]
-    fn steps_take_nodes_and_tasks_like_srun() {
-        // Nothing given: one task on every node.
-        assert_eq!(plan(4, None, None, None), Ok((4, 4)));
-        // -n 2 on 4 nodes: two nodes, one task each.
-        assert_eq!(plan(4, Some(2), None, None), Ok((2, 2)));
-        // -n 8 on 4 nodes: all of them.
-        assert_eq!(plan(4, Some(8), None, None), Ok((4, 8)));
-        // -n 6 --tasks-per-node 4: two nodes.
-        assert_eq!(plan(4, Some(6), None, Some(4)), Ok((2, 6)));
-        // -N 2 --tasks-per-node 3: six tasks.
-        assert_eq!(plan(4, None, Some(2), Some(3)), Ok((2, 6)));
-        assert!(plan(2, None, Some(3), None)
-            .unwrap_err()
-            .contains("at most 2"));
-        assert!(plan(2, Some(1), Some(2), None)
-            .unwrap_err()
-            .contains("at most 1 node"));
-        assert!(plan(2, Some(9), None, Some(4))
-            .unwrap_err()
-            .contains("need 3 nodes"));
-        assert!(plan(2, Some(9), Some(2), Some(4))
-            .unwrap_err()
-            .contains("do not fit"));
-        assert!(plan(2, Some(0), None, None).is_err());
-        assert!(plan(0, None, None, None).is_err());
     }
 }

@@ -1,0 +1,287 @@
+//! Job steps: a command run inside a running allocation (`lattice launch`, Slurm's `srun`
+//! inside an allocation, `POST /v1/allocations/{id}/tasks`). A step is an [`Allocation`]
+//! named `<allocation>.<n>` with `spec.stepOf: <allocation>`, labelled
+//! [`STEP_OF_LABEL`] and owned by the allocation (controller reference); the step
+//! controller binds it to the allocation's first nodes. This module builds it, the same
+//! way for the CLI and the API server.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::kinds::allocation::{
+    Allocation, AllocationSpec, Lifecycle, LifecycleType, NodeCount, Requeue, RequeuePolicy,
+};
+use crate::meta::OwnerReference;
+use crate::resource::Resource;
+
+/// Label on a step naming its allocation (to list an allocation's steps).
+pub const STEP_OF_LABEL: &str = "lattice.dev/step-of";
+/// Annotation with the task count (as `lattice submit --ntasks` writes it).
+pub const NTASKS_ANNOTATION: &str = "lattice.dev/ntasks";
+/// Annotation with the tasks per node.
+pub const NTASKS_PER_NODE_ANNOTATION: &str = "lattice.dev/ntasks-per-node";
+/// Annotation naming the submitting user.
+pub const USER_ANNOTATION: &str = "lattice.dev/user";
+/// Annotations a step copies from its allocation.
+pub const INHERITED_ANNOTATIONS: [&str; 2] =
+    ["lattice.dev/set-slurm-env", "lattice.dev/submit-dir"];
+
+/// What to run: the body of `POST /v1/allocations/{id}/tasks`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TaskLaunch {
+    /// Program and arguments (run as given, no shell; a single word with spaces runs
+    /// through `/bin/sh -c`).
+    pub command: Vec<String>,
+    /// Tasks in all. Default: one per node, or nodes × `tasksPerNode`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ntasks: Option<u32>,
+    /// Nodes to use, the allocation's first ones. Default: all of them, or as many as the
+    /// tasks need.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
+    /// Tasks on each node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_per_node: Option<u32>,
+    /// Extra environment variables.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory on the nodes (default: the allocation's submission directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+}
+
+/// How many nodes and tasks a step gets, given the allocation's `available` nodes
+/// (Slurm's rules: `-n` alone uses as many nodes as tasks, up to all of them).
+pub fn plan(
+    available: u32,
+    ntasks: Option<u32>,
+    nodes: Option<u32>,
+    per_node: Option<u32>,
+) -> Result<(u32, u32), String> {
+    if available == 0 {
+        return Err("the allocation has no nodes".into());
+    }
+    if let Some(0) = ntasks {
+        return Err("ntasks must be at least 1".into());
+    }
+    if let Some(0) = per_node {
+        return Err("tasks per node must be at least 1".into());
+    }
+    let nodes = match (nodes, ntasks, per_node) {
+        (Some(0), ..) => return Err("nodes must be at least 1".into()),
+        (Some(n), ..) if n > available => return Err(format!(
+            "nodes is {n} but the allocation has {available} node(s); ask for at most {available}"
+        )),
+        (Some(n), ..) => n,
+        (None, Some(t), Some(k)) => t.div_ceil(k),
+        (None, Some(t), None) => t.min(available),
+        (None, None, _) => available,
+    };
+    if nodes > available {
+        return Err(format!(
+            "{} task(s) at {} per node need {nodes} nodes but the allocation has {available}",
+            ntasks.unwrap_or(0),
+            per_node.unwrap_or(1)
+        ));
+    }
+    let ntasks = ntasks.unwrap_or(nodes.saturating_mul(per_node.unwrap_or(1)));
+    if ntasks < nodes {
+        return Err(format!(
+            "{ntasks} task(s) cannot use {nodes} nodes; ask for at most {ntasks} node(s)"
+        ));
+    }
+    if let Some(k) = per_node {
+        if ntasks > nodes.saturating_mul(k) {
+            return Err(format!(
+                "{ntasks} tasks do not fit {nodes} node(s) at {k} per node; ask for more nodes or tasks per node"
+            ));
+        }
+    }
+    Ok((nodes, ntasks))
+}
+
+/// The allocation's node count: its assigned nodes, else what it asked for.
+pub fn node_count(a: &Allocation) -> u32 {
+    let assigned = a.status.as_ref().map_or(0, |s| s.assigned_nodes.len());
+    if assigned > 0 {
+        return assigned as u32;
+    }
+    a.spec.resources.nodes.min().max(1)
+}
+
+/// The number for the next step of `parent`, given the names of its existing steps.
+pub fn next_number<'a>(parent: &str, existing: impl IntoIterator<Item = &'a str>) -> u32 {
+    let prefix = format!("{parent}.");
+    existing
+        .into_iter()
+        .filter_map(|n| n.strip_prefix(&prefix)?.parse::<u32>().ok())
+        .max()
+        .map_or(0, |m| m.saturating_add(1))
+}
+
+/// Why a step cannot be started in `parent` (before planning).
+pub fn refuse(parent: &Allocation) -> Option<String> {
+    if parent.spec.step_of.is_some() {
+        return Some(format!(
+            "{} is a step, not an allocation; run in its allocation {}",
+            parent.metadata.name_str(),
+            parent.spec.step_of.as_deref().unwrap_or_default()
+        ));
+    }
+    let phase = parent.status.as_ref().map(|s| s.phase).unwrap_or_default();
+    phase
+        .is_terminal()
+        .then(|| format!("the allocation is {phase}; a step needs a running allocation"))
+}
+
+/// The step `name` of `parent` running `launch` as `user`.
+pub fn step_allocation(
+    parent: &Allocation,
+    name: &str,
+    launch: &TaskLaunch,
+    user: Option<&str>,
+) -> Result<Allocation, String> {
+    if let Some(why) = refuse(parent) {
+        return Err(why);
+    }
+    if launch.command.is_empty() || launch.command[0].trim().is_empty() {
+        return Err("command is empty: give the program to run and its arguments".into());
+    }
+    let (nodes, ntasks) = plan(
+        node_count(parent),
+        launch.ntasks,
+        launch.nodes,
+        launch.tasks_per_node,
+    )?;
+    let parent_name = parent.metadata.name_str().to_string();
+    let tenant = parent.metadata.namespace_str().to_string();
+    let mut spec = AllocationSpec {
+        step_of: Some(parent_name.clone()),
+        entrypoint: Some(launch.command[0].clone()),
+        args: launch.command[1..].to_vec(),
+        env: launch.env.clone(),
+        vcluster: parent.spec.vcluster.clone(),
+        lifecycle: Lifecycle {
+            type_: LifecycleType::Bounded,
+            ..Default::default()
+        },
+        requeue: Some(Requeue {
+            policy: Some(RequeuePolicy::Never),
+            max_requeue: None,
+        }),
+        ..Default::default()
+    };
+    spec.resources.nodes = NodeCount::Exact(nodes);
+    spec.working_dir = launch.working_dir.clone().or_else(|| {
+        parent
+            .metadata
+            .annotations
+            .get("lattice.dev/submit-dir")
+            .cloned()
+    });
+    if let Some(job) = parent.spec.tags.get("name") {
+        spec.tags.insert("name".into(), job.clone());
+    }
+    let mut step = Allocation::new(name, &tenant, spec);
+    step.metadata
+        .labels
+        .insert(STEP_OF_LABEL.into(), parent_name.clone());
+    let ann = &mut step.metadata.annotations;
+    if let Some(u) = user {
+        ann.insert(USER_ANNOTATION.into(), u.to_string());
+    }
+    ann.insert(NTASKS_ANNOTATION.into(), ntasks.to_string());
+    if let Some(k) = launch.tasks_per_node {
+        ann.insert(NTASKS_PER_NODE_ANNOTATION.into(), k.to_string());
+    }
+    for k in INHERITED_ANNOTATIONS {
+        if let Some(v) = parent.metadata.annotations.get(k) {
+            ann.insert(k.into(), v.clone());
+        }
+    }
+    step.metadata.owner_references.push(OwnerReference {
+        api_version: crate::API_VERSION.into(),
+        kind: Allocation::KIND.into(),
+        name: parent_name,
+        uid: parent.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    });
+    Ok(step)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::allocation::{AllocationPhase, AllocationStatus};
+
+    #[test]
+    fn steps_take_nodes_and_tasks_like_srun() {
+        assert_eq!(plan(4, None, None, None), Ok((4, 4)));
+        assert_eq!(plan(4, Some(2), None, None), Ok((2, 2)));
+        assert_eq!(plan(4, Some(8), None, None), Ok((4, 8)));
+        assert_eq!(plan(4, Some(6), None, Some(4)), Ok((2, 6)));
+        assert_eq!(plan(4, None, Some(2), Some(3)), Ok((2, 6)));
+        assert!(plan(2, None, Some(3), None)
+            .unwrap_err()
+            .contains("at most 2"));
+        assert!(plan(2, Some(1), Some(2), None)
+            .unwrap_err()
+            .contains("at most 1 node"));
+        assert!(plan(2, Some(9), None, Some(4))
+            .unwrap_err()
+            .contains("need 3 nodes"));
+        assert!(plan(2, Some(9), Some(2), Some(4))
+            .unwrap_err()
+            .contains("do not fit"));
+        assert!(plan(2, Some(0), None, None).is_err());
+        assert!(plan(0, None, None, None).is_err());
+    }
+
+    #[test]
+    fn a_step_is_an_allocation_owned_by_its_allocation() {
+        let mut p = Allocation::new("job", "t", AllocationSpec::default());
+        p.metadata.uid = Some("u1".into());
+        p.spec.tags.insert("name".into(), "train".into());
+        p.metadata
+            .annotations
+            .insert("lattice.dev/submit-dir".into(), "/home/a".into());
+        p.status = Some(AllocationStatus {
+            phase: AllocationPhase::Running,
+            assigned_nodes: vec!["a".into(), "b".into()],
+            ..Default::default()
+        });
+        let launch = TaskLaunch {
+            command: vec!["hostname".into(), "-s".into()],
+            ntasks: Some(4),
+            ..Default::default()
+        };
+        let s = step_allocation(&p, "job.0", &launch, Some("alice")).unwrap();
+        assert_eq!(s.spec.step_of.as_deref(), Some("job"));
+        assert_eq!(s.spec.resources.nodes, NodeCount::Exact(2));
+        assert_eq!(s.metadata.annotations[NTASKS_ANNOTATION], "4");
+        assert_eq!(s.metadata.annotations[USER_ANNOTATION], "alice");
+        assert_eq!(s.metadata.labels[STEP_OF_LABEL], "job");
+        assert_eq!(s.metadata.owner_references[0].uid, "u1");
+        assert_eq!(s.spec.working_dir.as_deref(), Some("/home/a"));
+        assert_eq!(s.spec.tags["name"], "train");
+        assert_eq!(s.spec.args, vec!["-s"]);
+        let mut s = s;
+        s.fill_type_meta();
+        assert!(s.validate().is_ok(), "{:?}", s.validate());
+        assert_eq!(
+            next_number("job", ["job.0", "job.7", "other.9", "job.x"]),
+            8
+        );
+        assert_eq!(next_number("job", []), 0);
+        if let Some(st) = p.status.as_mut() {
+            st.phase = AllocationPhase::Completed;
+        }
+        assert!(step_allocation(&p, "job.1", &launch, None)
+            .unwrap_err()
+            .contains("needs a running allocation"));
+    }
+}
