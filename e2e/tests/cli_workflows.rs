@@ -1370,6 +1370,27 @@ fn sessions_and_steps_run_tasks_inside_allocations() {
         r.show()
     );
 
+    // --- sbatch --wait leaves the output where --output/--error said (Slurm's patterns),
+    // and `lattice logs --download` writes it again.
+    let out = cli.slurm_ok(
+        "sbatch --wait --parsable --job-name=hello -o 'o-%x-%j.txt' -e 'e-%j.txt' --wrap 'echo to-out; echo to-err >&2'",
+    );
+    let jid = out.trim().to_string();
+    let o = std::fs::read_to_string(cli.work.join(format!("o-hello-{jid}.txt")))
+        .unwrap_or_else(|e| panic!("o-hello-{jid}.txt: {e}; sbatch printed {out:?}"));
+    assert_eq!(o, "to-out\n");
+    let e = std::fs::read_to_string(cli.work.join(format!("e-{jid}.txt"))).expect("stderr file");
+    assert_eq!(e, "to-err\n");
+    std::fs::remove_file(cli.work.join(format!("e-{jid}.txt"))).expect("rm");
+    let r = cli.ok(&["logs", &jid, "--download"]);
+    assert!(r.contains(&format!("e-{jid}.txt")), "{r}");
+    assert!(cli.work.join(format!("e-{jid}.txt")).exists());
+    // Without --output, sbatch's default name.
+    let out = cli.slurm_ok("sbatch --wait --parsable --wrap 'echo plain'");
+    let plain = std::fs::read_to_string(cli.work.join(format!("slurm-{}.out", out.trim())))
+        .expect("slurm-%j.out");
+    assert_eq!(plain, "plain\n");
+
     // --- a step in a batch job ends when the job is cancelled.
     let job = cli.submit(&["-N", "2", "--", "sleep", "300"]);
     cli.wait_phase(&job, "Running", Duration::from_secs(60));

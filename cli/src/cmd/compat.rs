@@ -168,7 +168,8 @@ async fn sbatch(
         let ns = s(&created, "/metadata/namespace")
             .unwrap_or(&ctx.tenant)
             .to_string();
-        return submit::wait_and_report(ctx, &ns, &id, shutdown, err).await;
+        return submit::wait_and_report(ctx, &ns, &id, shutdown, err, submit::Download::Always)
+            .await;
     }
     Ok(0)
 }

@@ -513,9 +513,19 @@ pub async fn run(
     }
     out.flush()?;
     if args.wait || t.client.wait {
-        return wait_and_report(ctx, &ns, &name, &mut shutdown, err).await;
+        return wait_and_report(ctx, &ns, &name, &mut shutdown, err, Download::IfHinted).await;
     }
     Ok(0)
+}
+
+/// Whether [`wait_and_report`] writes the output to the submission's `--output` /
+/// `--error` files once the allocation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Download {
+    /// Only when the submission named a file (`lattice submit --wait`).
+    IfHinted,
+    /// Always, `slurm-%j.out` by default (`sbatch --wait`, as Slurm leaves that file).
+    Always,
 }
 
 /// Waits for the allocation to end; 0 when it Completed.
@@ -525,6 +535,7 @@ pub async fn wait_and_report(
     name: &str,
     shutdown: &mut Shutdown,
     err: &mut dyn Write,
+    download: Download,
 ) -> Result<i32, CliError> {
     let quiet = ctx.quiet;
     let mut show = |a: &Value| -> std::io::Result<()> {
@@ -533,9 +544,34 @@ pub async fn wait_and_report(
         }
         Ok(())
     };
-    match wait_terminal(ctx, ns, name, shutdown, &mut show).await? {
-        Some(a) if phase(&a) == "Completed" => Ok(0),
-        Some(_) => Ok(exit::ERROR),
-        None => Ok(130),
+    let Some(a) = wait_terminal(ctx, ns, name, shutdown, &mut show).await? else {
+        return Ok(130);
+    };
+    let hinted = [
+        crate::cmd::logs::OUTPUT_ANNOTATION,
+        crate::cmd::logs::ERROR_ANNOTATION,
+    ]
+    .iter()
+    .any(|k| {
+        a.pointer(&format!("/metadata/annotations/{}", k.replace('/', "~1")))
+            .is_some()
+    });
+    if download == Download::Always || hinted {
+        match crate::cmd::logs::download(ctx, ns, &a, shutdown).await {
+            Ok(lines) => {
+                if ctx.verbose {
+                    for l in lines {
+                        writeln!(err, "{l}")?;
+                    }
+                }
+            }
+            Err(e) if !quiet => writeln!(err, "warning: output not written to a file: {e}")?,
+            Err(_) => {}
+        }
     }
+    Ok(if phase(&a) == "Completed" {
+        0
+    } else {
+        exit::ERROR
+    })
 }
