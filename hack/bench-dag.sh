@@ -5,9 +5,13 @@
 #  2. the DAG controller in-process on an embedded store: from a predecessor's terminal
 #     status write to its successor's release, over a BENCH_DAG_STEPS-step chain
 #     (release_p99_ms; target < 5 ms);
-#  3. end to end on a local cluster (release lattice-server --dev + 4 agents): a
-#     BENCH_DAG_STEPS-step chain and a BENCH_DAG_STEPS-wide fan-out/fan-in of /bin/true
-#     steps, total time and overhead per step.
+#  3. end to end on a local cluster started with `lattice up --detach` (release
+#     lattice-server --dev + BENCH_DAG_AGENTS agents, default 4; stopped with
+#     `lattice down`): a BENCH_DAG_STEPS-step chain and a BENCH_DAG_STEPS-wide
+#     fan-out/fan-in of /bin/true steps. Per shape: total wall time (dag_<shape>_<n>_s),
+#     the steps' own runtime on the critical path (dag_<shape>_<n>_steps_runtime_s, from
+#     dag_step_runtime_ms, /bin/true measured locally), and the overhead over it
+#     (dag_<shape>_<n>_overhead_s, dag_<shape>_<n>_overhead_ms_per_step).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hack/install-deps.sh >/dev/null
@@ -15,38 +19,38 @@ export PROTOC="${PROTOC:-$(command -v protoc)}"
 STEPS=${BENCH_DAG_STEPS:-1000}
 echo "==> building release binaries"
 cargo build --release -q -p lattice-dag --bin lattice-dag-bench
-cargo build --release -q -p lattice-server -p lattice-agent -p lattice-e2e --bins
+cargo build --release -q -p lattice-server -p lattice-agent -p lattice-cli -p lattice-e2e --bins
 
 echo "==> engine"
 target/release/lattice-dag-bench
 echo "==> controller, in-process, $STEPS-step chain"
 target/release/lattice-dag-e2e-bench in-process --steps "$STEPS"
 
+# Part 3 on a cluster `lattice up --detach` starts (release lattice-server --dev and
+# BENCH_DAG_AGENTS agents, found next to target/release/lattice); `lattice down` stops it.
+agents=${BENCH_DAG_AGENTS:-4}
+api=${BENCH_DAG_API_ADDR:-127.0.0.1:28680}
 work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+data="$work/up"
+cleanup() {
+  if [ -e "$data/up.json" ]; then
+    target/release/lattice down --data-dir "$data" >/dev/null 2>&1 || true
+  fi
+  rm -rf "$work"
+}
 trap cleanup EXIT
-api=127.0.0.1:28680
-echo "==> cluster: lattice-server --dev + 4 agents, $STEPS-step chain and $STEPS-wide fan-out"
-target/release/lattice-server --dev --data-dir "$work/server" --api-addr "$api" \
-  --tls-addr off --etcd-addr off >"$work/server.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 300); do
-  curl -fsS "http://$api/readyz" >/dev/null 2>&1 && [ -s "$work/server/admin.token" ] && break
-  sleep 0.1
-done
-token=$(cat "$work/server/admin.token")
-for i in 1 2 3 4; do
-  LATTICE_AGENT_TOKEN=$token target/release/lattice-agent --node-id "node-0$i" \
-    --api-url "http://$api" --state-dir "$work/agents/node-0$i" \
-    --topology-group $(( (i - 1) / 2 )) >"$work/agent-$i.log" 2>&1 &
-  pids+=($!)
-done
-for _ in $(seq 300); do
-  ready=$(curl -fsS -H "Authorization: Bearer $token" "http://$api/apis/lattice.dev/v1alpha1/nodes" \
-    | grep -o '"state":"Ready"' | wc -l || true)
-  [ "$ready" -ge 4 ] && break
-  sleep 0.1
-done
-target/release/lattice-dag-e2e-bench cluster --url "http://$api" \
-  --token-file "$work/server/admin.token" --steps "$STEPS"
+echo "==> cluster: lattice up --detach --agents $agents, $STEPS-step chain and $STEPS-wide fan-out"
+up_started=$(date +%s.%N)
+if ! target/release/lattice up --detach --agents "$agents" --data-dir "$data" \
+    --api-addr "$api" --timeout 120 >"$work/up.out" 2>"$work/up.err"; then
+  cat "$work/up.out" "$work/up.err" >&2
+  for f in "$data"/logs/*; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 30 "$f" >&2; }; done
+  exit 1
+fi
+sed 's/^/    /' "$work/up.out"
+awk -v a="$(date +%s.%N)" -v b="$up_started" 'BEGIN { printf "RESULT dag_cluster_up_s=%.2f\n", a - b }'
+# `lattice up` prints `export LATTICE_API_URL=...` and `export LATTICE_TOKEN_FILE=...`.
+url=$(sed -n 's/^export LATTICE_API_URL=//p' "$work/up.out")
+token_file=$(sed -n 's/^export LATTICE_TOKEN_FILE=//p' "$work/up.out")
+[ -n "$url" ] && [ -s "$token_file" ] || { echo "lattice up printed no API URL or token file" >&2; exit 1; }
+target/release/lattice-dag-e2e-bench cluster --url "$url" --token-file "$token_file" --steps "$STEPS"

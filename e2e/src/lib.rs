@@ -292,6 +292,8 @@ pub struct Cluster {
     pub server: Server,
     pub agents: Vec<Agent>,
     pub dir: PathBuf,
+    /// The `lattice-server` flags it was started with (for [`Cluster::restart_server`]).
+    server_args: Vec<String>,
 }
 
 impl Cluster {
@@ -301,6 +303,7 @@ impl Cluster {
         let mut args = vec!["--dev"];
         args.extend_from_slice(server_extra);
         let server = Server::start(&dir.join("server"), free_port(), free_port(), &args);
+        let server_args = args.iter().map(|a| a.to_string()).collect();
         let token = server.admin_token();
         let url = server.api_url();
         let agents = (0..n)
@@ -323,7 +326,23 @@ impl Cluster {
             server,
             agents,
             dir: dir.to_path_buf(),
+            server_args,
         }
+    }
+
+    /// SIGKILL the server (a crash: no shutdown path runs) and start it again on the same
+    /// data directory, ports and flags; the agents reconnect by themselves. Panics when
+    /// the old ports cannot be had again (the agents would not find the new ones).
+    pub fn restart_server(&mut self) {
+        self.server.kill9();
+        let (api, etcd) = (self.server.api_port, self.server.etcd_port);
+        let args: Vec<&str> = self.server_args.iter().map(String::as_str).collect();
+        self.server = Server::start(&self.dir.join("server"), api, etcd, &args);
+        assert_eq!(
+            (self.server.api_port, self.server.etcd_port),
+            (api, etcd),
+            "the restarted server could not have its ports back"
+        );
     }
 
     /// The API URL.
