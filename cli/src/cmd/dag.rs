@@ -398,12 +398,14 @@ pub async fn run(
                 .await
                 .map_err(|e| {
                     let mut e = CliError::from_client(format!("submit DAG {file}"), e);
-                    if e.why.contains("DAG exceeds maximum size") {
-                        e.hint = Some(
-                            "split the workflow into smaller DAGs, or ask the administrator to \
-                             raise the limit (lattice-server --max-dag-size)"
-                                .into(),
-                        );
+                    if let Some(at) = e.why.find("DAG exceeds maximum size (") {
+                        // The seed's message and hint, once (the server's causes repeat it).
+                        let msg = &e.why[at..];
+                        let msg = msg.find(')').map_or(msg, |end| &msg[..=end]);
+                        return CliError::new(msg, "").hint(format!(
+                            "{} (lattice-server --max-dag-size)",
+                            lattice_apis::kinds::dag::DAG_SIZE_HINT
+                        ));
                     } else if e.why.contains("(422)") {
                         e.hint = Some("fix the fields listed above in the DAG file".into());
                     }

@@ -452,14 +452,19 @@ impl DagSpec {
                 }
             }
         }
-        if let Err(cycle) = self.topological_order() {
-            errs.push(
-                "spec.allocations",
-                format!(
-                    "dependencies form a cycle: {}; remove one of these edges",
-                    cycle.join(" → ")
-                ),
-            );
+        if let Err(mut cycle) = self.topological_order() {
+            // A task depending on itself was reported above; a longer cycle is named in
+            // the order the work would flow (as `lattice dag submit` names it).
+            if cycle.len() > 2 || cycle.first() != cycle.last() {
+                cycle.reverse();
+                errs.push(
+                    "spec.allocations",
+                    format!(
+                        "dependencies form a cycle: {}; remove one of these edges",
+                        cycle.join(" → ")
+                    ),
+                );
+            }
         }
     }
 }
