@@ -213,18 +213,35 @@ pub fn run_as(alloc: &Allocation) -> Option<RunAs> {
 /// Runs a job step's tasks on one node: `LATTICE_LOCAL_TASKS` copies of `"$@"`, each
 /// with its own `LATTICE_PROCID`/`LATTICE_LOCALID` (and `SLURM_PROCID`/`SLURM_LOCALID`
 /// when the Slurm variables are set), in the run's process group; exits with the
-/// highest exit status.
-const STEP_FANOUT: &str = r#"n=${LATTICE_LOCAL_TASKS:-1}; first=${LATTICE_PROCID:-0}; i=0; pids=
+/// highest exit status. The wrapper outlives the agent's SIGTERM (a no-op handler; the
+/// tasks, in the same process group, get the signal themselves) and waits for every task
+/// to really exit, so the tasks keep their grace period: the shim kills what is left only
+/// once the wrapper, the group leader, has exited. Each task starts with the default
+/// disposition of SIGINT and SIGQUIT (which a background job of a shell ignores), through
+/// `env --default-signal` where coreutils has it.
+const STEP_FANOUT: &str = r#"trap ':' TERM INT HUP USR1 USR2
+n=${LATTICE_LOCAL_TASKS:-1}; first=${LATTICE_PROCID:-0}; i=0; pids=
+# A shell cannot undo the SIGINT/SIGQUIT ignore of a background job; coreutils' env can.
+dflt=; env --default-signal=INT true 2>/dev/null && dflt=1
 while [ "$i" -lt "$n" ]; do
   r=$((first + i))
-  ( LATTICE_PROCID=$r; LATTICE_LOCALID=$i; export LATTICE_PROCID LATTICE_LOCALID
+  ( trap - TERM HUP USR1 USR2
+    LATTICE_PROCID=$r; LATTICE_LOCALID=$i; export LATTICE_PROCID LATTICE_LOCALID
     if [ -n "${SLURM_JOB_ID:-}" ]; then SLURM_PROCID=$r; SLURM_LOCALID=$i; export SLURM_PROCID SLURM_LOCALID; fi
+    if [ -n "$dflt" ]; then exec env --default-signal=INT,QUIT "$@"; fi
     exec "$@" ) &
   pids="$pids $!"
   i=$((i + 1))
 done
 rc=0
-for p in $pids; do wait "$p"; c=$?; if [ "$c" -gt "$rc" ]; then rc=$c; fi; done
+for p in $pids; do
+  while :; do
+    wait "$p"; c=$?
+    # A trapped signal interrupts wait (status > 128) while the task still runs.
+    kill -0 "$p" 2>/dev/null || break
+  done
+  if [ "$c" -gt "$rc" ]; then rc=$c; fi
+done
 exit "$rc""#;
 
 /// A job step with other than one task on this node runs under [`STEP_FANOUT`].
@@ -908,6 +925,53 @@ mod tests {
         lines.sort();
         assert_eq!(lines, ["rank=4/0", "rank=5/1", "rank=6/2"]);
         assert_eq!(out.status.code(), Some(6));
+    }
+
+    #[test]
+    fn a_fanned_out_step_keeps_its_grace_period_and_default_signals() {
+        use nix::sys::signal::{killpg, Signal};
+        use nix::unistd::Pid;
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Allocation::default();
+        a.spec.step_of = Some("job".into());
+        let mut env = std::collections::BTreeMap::new();
+        env.insert("LATTICE_LOCAL_TASKS".to_string(), "2".to_string());
+        // Each task: a TERM handler that takes a moment, then writes a marker and exits 3;
+        // and its SIGINT disposition (SigIgn bit 1) recorded.
+        let task = format!(
+            "grep SigIgn /proc/self/status > {d}/ign-$LATTICE_LOCALID; \
+             trap 'sleep 0.3; echo done > {d}/term-$LATTICE_LOCALID; exit 3' TERM; \
+             echo up > {d}/up-$LATTICE_LOCALID; while :; do sleep 0.05; done",
+            d = dir.path().display()
+        );
+        let (p, args) = fan_out(&a, &env, "/bin/sh".into(), vec!["-c".into(), task]);
+        let mut child = std::process::Command::new(&p)
+            .args(&args)
+            .env("LATTICE_LOCAL_TASKS", "2")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !(dir.path().join("up-0").exists() && dir.path().join("up-1").exists()) {
+            assert!(std::time::Instant::now() < deadline, "tasks did not start");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        killpg(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+        let status = child.wait().unwrap();
+        // The wrapper waited for both handlers to finish (markers written) and passed on
+        // their exit status.
+        for i in 0..2 {
+            assert!(
+                dir.path().join(format!("term-{i}")).exists(),
+                "task {i} had no grace period"
+            );
+            let ign = std::fs::read_to_string(dir.path().join(format!("ign-{i}"))).unwrap();
+            let mask =
+                u64::from_str_radix(ign.split_whitespace().nth(1).unwrap_or("0"), 16).unwrap();
+            assert_eq!(mask & 0b110, 0, "task {i} ignores SIGINT/SIGQUIT: {ign}");
+        }
+        assert_eq!(status.code(), Some(3));
     }
 
     #[test]

@@ -66,6 +66,7 @@ pub mod intent;
 pub mod kinds;
 pub mod lifecycle;
 pub mod meta;
+pub mod metric;
 pub mod registry;
 pub mod resource;
 pub mod schemas;

@@ -59,13 +59,15 @@
 //! [`PrometheusSource`] runs an instant query (`GET {base}/api/v1/query?query=Q`, 5 s
 //! timeout) and uses the first sample of the vector result:
 //!
-//! * a bare metric name `N` becomes
-//!   `avg(N{lattice_allocation="<name>",lattice_tenant="<namespace>"})`: the workload's
-//!   exporter, or a relabel rule of the scrape job, must attach the labels
-//!   `lattice_allocation` (the allocation's name) and `lattice_tenant` (its namespace)
-//!   to the series of every node of the allocation;
-//! * a metric containing `{`, `(` or a space is a PromQL expression used as written,
-//!   wrapped as `avg(EXPR)` (e.g. `custom_metric{job='my-inference'}`).
+//! * the metric is a name with optional label matchers (`gpu_utilization`,
+//!   `queue_depth{queue="inference"}`; admission accepts nothing else, see
+//!   `lattice_apis::metric`), and the query is always scoped to the allocation:
+//!   `avg(N{<matchers>,lattice_allocation="<name>",lattice_tenant="<namespace>"})`. The
+//!   workload's exporter, or (better, since a workload could label its series as another
+//!   allocation's) a relabel rule of the scrape job, attaches `lattice_allocation` (the
+//!   allocation's name) and `lattice_tenant` (its namespace) to the series of every node
+//!   of the allocation. Free-form PromQL is refused: a tenant reads only series labelled
+//!   as its own allocation's.
 //!
 //! An empty result is a failed query ("no samples for Q"), as is a non-finite value.
 
@@ -80,8 +82,8 @@ use lattice_apis::duration::parse_duration;
 use lattice_apis::lifecycle;
 use lattice_apis::meta::now as now_truncated;
 use lattice_apis::{
-    Allocation, AllocationPhase, AllocationStatus, LifecycleType, ScalePolicy, ScaleStatus,
-    ScaleTarget,
+    Allocation, AllocationPhase, AllocationStatus, LifecycleType, NodeTaskPhase, ScalePolicy,
+    ScaleStatus, ScaleTarget,
 };
 use lattice_runtime::{Action, Api, HostContext, ObjectRef, ResourceExt};
 use tracing::{debug, error, info, warn};
@@ -197,23 +199,16 @@ impl PrometheusSource {
     }
 
     /// The PromQL query for `metric` of `alloc` (see the module docs).
-    pub fn promql(alloc: &Allocation, metric: &str) -> String {
-        let metric = metric.trim();
-        if metric.contains(['{', '(', ' ']) {
-            return format!("avg({metric})");
-        }
-        format!(
-            "avg({metric}{{lattice_allocation=\"{}\",lattice_tenant=\"{}\"}})",
-            escape_label(alloc.name_any()),
-            escape_label(alloc.namespace().unwrap_or_default()),
-        )
+    pub fn promql(alloc: &Allocation, metric: &str) -> Result<String, String> {
+        let sel = lattice_apis::metric::MetricSelector::parse(metric)?;
+        Ok(format!(
+            "avg({})",
+            sel.to_promql(&[
+                ("lattice_allocation", alloc.name_any()),
+                ("lattice_tenant", alloc.namespace().unwrap_or_default()),
+            ])
+        ))
     }
-}
-
-fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// The value of a Prometheus `/api/v1/query` response body for query `q`.
@@ -291,7 +286,7 @@ fn snippet(s: &str) -> String {
 #[async_trait]
 impl MetricSource for PrometheusSource {
     async fn query(&self, alloc: &Allocation, metric: &str) -> Result<f64, String> {
-        let q = Self::promql(alloc, metric);
+        let q = Self::promql(alloc, metric)?;
         let url = format!("{}/api/v1/query", self.base_url);
         let resp = self
             .client
@@ -497,6 +492,8 @@ pub enum HoldReason {
     AtMin,
     /// The previous scale-up has not been placed by the scheduler yet.
     WaitingForPlacement,
+    /// The fresh object forbids it (see [`scale_blocked`]).
+    Blocked,
 }
 
 /// What the autoscaler does after one evaluation.
@@ -587,6 +584,21 @@ pub fn decide(
                 fmt_value(value),
                 p.target_text,
                 fmt_duration(held)
+            ),
+        };
+    }
+    // A scale-up the scheduler has not placed yet is dropped once the value is no longer
+    // above the target (the seed: a scale-up that cannot happen is a no-op, not a debt
+    // paid hours later when quota frees up).
+    if windows.above_since.is_none() && scale.desired_nodes > assigned {
+        return Decision::ScaleDown {
+            desired: assigned,
+            message: format!(
+                "scale-up to {} cancelled, staying at {assigned}: {}={} no longer above target {}",
+                scale.desired_nodes,
+                p.metric,
+                fmt_value(value),
+                p.target_text
             ),
         };
     }
@@ -751,6 +763,8 @@ struct Memory {
 
 struct Ctx {
     api: Api<Allocation>,
+    /// Every allocation (to see the job steps running on a node before giving it back).
+    store: lattice_runtime::reflector::Store<Allocation>,
     source: Option<Arc<dyn MetricSource>>,
     metrics: ControllerMetrics,
     memory: Mutex<HashMap<String, Memory>>,
@@ -792,6 +806,47 @@ pub fn evaluable(a: &Allocation) -> bool {
         && a.spec.lifecycle.scale_policy.is_some()
         && !a.is_deleting()
         && !lifecycle::cancel_requested(a)
+        // A preemption in progress cancels scaling (the seed's "Preemption During
+        // Scale-Up"); its stop sequence (checkpoint signal first) is the agents'.
+        && !lifecycle::preempt_requested(a)
+}
+
+/// Why a scale decision must wait on the fresh object, whatever the metric says: a node
+/// failed in this attempt (a requeue or failure is under way; giving a node back now
+/// would hide it), or — for a scale-down — the node to give back has not reported
+/// Running yet (its agent may not know it has it) or runs a job step of the allocation
+/// (`step_nodes`: the step would keep running on a released node).
+pub fn scale_blocked(st: &AllocationStatus, d: &Decision, step_nodes: &[String]) -> Option<String> {
+    let failed = st.assigned_nodes.iter().find(|n| {
+        st.node_states
+            .get(*n)
+            .is_some_and(|r| r.attempt == st.attempt && r.phase == NodeTaskPhase::Failed)
+    });
+    if let Some(n) = failed {
+        return Some(format!(
+            "node {n} failed; no scaling until the allocation recovers"
+        ));
+    }
+    let Decision::ScaleDown { desired, .. } = d else {
+        return None;
+    };
+    for n in st.assigned_nodes.iter().skip(*desired as usize) {
+        let running = st
+            .node_states
+            .get(n)
+            .is_some_and(|r| r.attempt == st.attempt && r.phase == NodeTaskPhase::Running);
+        if !running {
+            return Some(format!(
+                "scale-down waits: node {n} has not reported its process running yet"
+            ));
+        }
+        if step_nodes.contains(n) {
+            return Some(format!(
+                "scale-down waits: a job step of the allocation runs on node {n}"
+            ));
+        }
+    }
+    None
 }
 
 /// `fresh` is still the object `seen` was (same uid and attempt) and still evaluable.
@@ -821,14 +876,16 @@ pub fn register(
         let source = config.metric_source.clone();
         let metrics = metrics.clone();
         async move {
+            let controller = hc.controller::<Allocation>();
             let ctx = Arc::new(Ctx {
                 api: Api::all(hc.client.clone()),
+                store: controller.store(),
                 source,
                 metrics,
                 memory: Mutex::new(HashMap::new()),
             });
             let forget = ctx.clone();
-            hc.controller::<Allocation>()
+            controller
                 .on_deleted(move |r: ObjectRef| {
                     forget.forget(r.namespace.as_deref(), &r.name);
                     async {}
@@ -923,6 +980,18 @@ async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, lattice_
         )
     });
 
+    // Nodes running a live job step of this allocation (never given back under it).
+    let step_nodes: Vec<String> = ctx
+        .store
+        .find(|s| {
+            s.spec.step_of.as_deref() == a.metadata.name.as_deref()
+                && s.namespace() == a.namespace()
+                && !s.phase().is_terminal()
+        })
+        .iter()
+        .filter_map(|s| s.status.as_ref())
+        .flat_map(|st| st.assigned_nodes.iter().cloned())
+        .collect();
     let mut decided: Option<Decision> = None;
     let mut wrote = false;
     api.update_status_with_retry(a.name_any(), 5, |cur| {
@@ -937,7 +1006,7 @@ async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, lattice_
         let releasing_before = st.releasing_nodes.len();
         record_success(scale_of(st), value, stamp);
         let assigned = st.assigned_nodes.len() as u32;
-        let d = decide(
+        let mut d = decide(
             &policy,
             st.scale.as_ref().expect("initialised"),
             assigned,
@@ -945,6 +1014,12 @@ async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, lattice_
             value,
             now,
         );
+        if let Some(why) = scale_blocked(st, &d, &step_nodes) {
+            if d.direction().is_some() {
+                debug!(allocation = %a.object_ref(), %why, "autoscaling: decision held");
+            }
+            d = Decision::Hold(HoldReason::Blocked);
+        }
         apply(st, &d, stamp);
         let after = st.scale.as_ref().expect("initialised");
         let changed = first_sight
@@ -1247,9 +1322,15 @@ mod tests {
             run(&p, &scale(3), 3, &[0.99; 5]),
             Decision::ScaleUp { desired: 4, .. }
         ));
-        // Low while a scale-up is unplaced: above minNodes the last node goes ...
+        // Once the value is no longer above the target an unplaced scale-up is dropped
+        // first (nothing is released; the next decision may then scale down) ...
+        let d = run(&p, &scale(3), 2, &[0.5; 10]);
+        assert!(
+            matches!(&d, Decision::ScaleDown { desired: 2, message } if message.starts_with("scale-up to 3 cancelled")),
+            "{d:?}"
+        );
         let d = run(&p, &scale(3), 2, &[0.0; 10]);
-        assert!(matches!(d, Decision::ScaleDown { desired: 1, .. }), "{d:?}");
+        assert!(matches!(d, Decision::ScaleDown { desired: 2, .. }), "{d:?}");
         // ... at minNodes the unplaced scale-up is cancelled, nothing is released.
         let d = run(&p, &scale(2), 1, &[0.0; 10]);
         match &d {
@@ -1396,18 +1477,18 @@ mod tests {
     fn autoscaler_promql() {
         let a = Allocation::new("svc", "ml-team", Default::default());
         assert_eq!(
-            PrometheusSource::promql(&a, "gpu_utilization"),
+            PrometheusSource::promql(&a, "gpu_utilization").unwrap(),
             "avg(gpu_utilization{lattice_allocation=\"svc\",lattice_tenant=\"ml-team\"})"
         );
+        // Matchers of the policy are kept; the allocation's scope is always added.
         assert_eq!(
-            PrometheusSource::promql(&a, "custom_metric{job='my-inference'}"),
-            "avg(custom_metric{job='my-inference'})"
+            PrometheusSource::promql(&a, "custom_metric{job='my-inference'}").unwrap(),
+            "avg(custom_metric{job=\"my-inference\",lattice_allocation=\"svc\",lattice_tenant=\"ml-team\"})"
         );
-        assert_eq!(
-            PrometheusSource::promql(&a, "rate(requests_total[1m])"),
-            "avg(rate(requests_total[1m]))"
-        );
-        assert_eq!(PrometheusSource::promql(&a, "a + b"), "avg(a + b)");
+        // No free-form PromQL: another tenant's series are out of reach.
+        assert!(PrometheusSource::promql(&a, "rate(requests_total[1m])").is_err());
+        assert!(PrometheusSource::promql(&a, "a + b").is_err());
+        assert!(PrometheusSource::promql(&a, "x{lattice_tenant=\"other\"}").is_err());
     }
 
     #[test]

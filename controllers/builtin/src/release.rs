@@ -111,9 +111,14 @@ pub fn register(
             let _audit = crate::AbortOnDrop(audit);
             controller
                 .watches::<Allocation, _>(&InformerParams::default(), move |a| {
-                    // The nodes this allocation owns (any attempt).
+                    // The nodes this allocation owns (any attempt); for a job step, the
+                    // nodes of its allocation (their release waits for the step).
                     let ns = a.namespace().map(str::to_string);
-                    let name = a.name_any().to_string();
+                    let name = a
+                        .spec
+                        .step_of
+                        .clone()
+                        .unwrap_or_else(|| a.name_any().to_string());
                     by_owner
                         .find(|n| {
                             n.status
@@ -134,10 +139,28 @@ pub fn register(
     });
 }
 
+/// Whether a job step of the owner allocation still runs (is not terminal) on `node`: its
+/// processes there must be gone before the node can be handed to anyone else.
+fn step_running_on(ctx: &Ctx, owner: &OwnerKey, node: &str) -> bool {
+    !ctx.allocations
+        .find(|s| {
+            s.spec.step_of.as_deref() == Some(owner.1.as_str())
+                && s.namespace() == Some(owner.0.as_str())
+                && !s.phase().is_terminal()
+                && s.status
+                    .as_ref()
+                    .is_some_and(|st| st.assigned_nodes.iter().any(|n| n == node))
+        })
+        .is_empty()
+}
+
 async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error> {
     let Some(owner) = owner_key(&node) else {
         return Ok(Action::await_change());
     };
+    if step_running_on(&ctx, &owner, node.name_any()) {
+        return Ok(Action::await_change());
+    }
     // The cache may not have caught up with a binding made a moment ago: a cached view
     // that says "not released" is final for now, but "released" is only acted on after
     // reading the allocation from the store.
@@ -186,7 +209,9 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
         if owner_key(&stored.obj).as_ref() != Some(&owner) {
             continue;
         }
-        if releasable(&stored.obj, alloc.as_ref()) {
+        if releasable(&stored.obj, alloc.as_ref())
+            && !step_running_on(&ctx, &owner, stored.obj.name_any())
+        {
             let hours = held_hours(alloc.as_ref(), stored.obj.name_any());
             node_hours += hours;
             gpu_hours += hours
@@ -228,6 +253,9 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
                 // this attempt the same node again (its agent has finished that run).
                 st.releasing_nodes.retain(|n| !released_names.contains(n));
             }
+            // The allocation may have been waiting only for this node (e.g. it went Down
+            // without reporting): its phase is recomputed in the same write.
+            lattice_apis::lifecycle::aggregate(&mut a, lattice_apis::meta::now());
             w.put(stored, &a)?;
         }
     }

@@ -104,6 +104,9 @@ pub fn decide(step: &Allocation, parent: Option<&Allocation>, now_s: i64) -> Ste
         return StepAction::None;
     }
     let bound = st.is_some_and(|s| !s.assigned_nodes.is_empty());
+    if bound && lifecycle::cancel_requested(step) {
+        return StepAction::None; // already asked; the agents are stopping it
+    }
     // An allocation with the same name but another uid is not this step's allocation.
     let parent = parent.filter(|p| {
         step.metadata.owner_references.iter().all(|o| {
@@ -127,18 +130,41 @@ pub fn decide(step: &Allocation, parent: Option<&Allocation>, now_s: i64) -> Ste
     if pst.phase.is_terminal() {
         return gone(format!("allocation {parent_name} ended ({})", pst.phase));
     }
+    let recorded_attempt = step
+        .metadata
+        .annotations
+        .get(STEP_PARENT_ATTEMPT_ANNOTATION)
+        .and_then(|v| v.parse::<u32>().ok());
     if bound {
-        let attempt = step
-            .metadata
-            .annotations
-            .get(STEP_PARENT_ATTEMPT_ANNOTATION)
-            .and_then(|v| v.parse::<u32>().ok());
-        if attempt.is_some_and(|a| a != pst.attempt) || pst.assigned_nodes.is_empty() {
+        let moved = st.is_some_and(|s| {
+            s.assigned_nodes
+                .iter()
+                .any(|n| !pst.assigned_nodes.contains(n))
+        });
+        if recorded_attempt.is_some_and(|a| a != pst.attempt) || pst.assigned_nodes.is_empty() {
             return StepAction::Cancel(format!(
                 "allocation {parent_name} was requeued; its steps do not follow it"
             ));
         }
+        if moved {
+            return StepAction::Cancel(format!(
+                "allocation {parent_name} gave back a node this step runs on"
+            ));
+        }
         return StepAction::None;
+    }
+    // Created for an earlier attempt of the allocation (its script's `srun` before a
+    // requeue): the new attempt runs its own steps.
+    if recorded_attempt.is_some_and(|a| a != pst.attempt) {
+        return gone(format!(
+            "allocation {parent_name} was requeued after this step was created; its steps do not follow it"
+        ));
+    }
+    if parent.spec.step_of.is_some() {
+        return StepAction::Fail(
+            reason::PARENT_GONE,
+            format!("{parent_name} is itself a step; run in its allocation"),
+        );
     }
     if lifecycle::cancel_requested(step) {
         return StepAction::None; // the allocation controller cancels unbound allocations
@@ -257,9 +283,26 @@ async fn apply(
     match action {
         StepAction::None => return Ok(true),
         StepAction::Wait(msg) => {
+            // Remember which attempt of the allocation the step was made for: a requeue
+            // before it binds fails it instead of running it in the next attempt.
+            let parent_attempt = parent
+                .as_ref()
+                .and_then(|p| p.obj.status.as_ref())
+                .map_or(0, |s| s.attempt);
+            let recorded = step
+                .metadata
+                .annotations
+                .contains_key(STEP_PARENT_ATTEMPT_ANNOTATION);
+            if !recorded && parent_attempt > 0 {
+                step.metadata.annotations.insert(
+                    STEP_PARENT_ATTEMPT_ANNOTATION.into(),
+                    parent_attempt.to_string(),
+                );
+            }
             let st = step.status.get_or_insert_with(AllocationStatus::default);
             if st.reason.as_deref() == Some(reason::WAITING_FOR_ALLOCATION)
                 && st.message.as_deref() == Some(msg.as_str())
+                && (recorded || parent_attempt == 0)
             {
                 return Ok(true);
             }
@@ -462,6 +505,18 @@ mod tests {
         let done = parent(AllocationPhase::Failed, &["a"]);
         assert!(matches!(decide(&s, Some(&done), 0), StepAction::Cancel(_)));
         assert!(matches!(decide(&s, None, 0), StepAction::Cancel(_)));
+        // Already asked to stop: no further writes.
+        let mut asked = s.clone();
+        asked
+            .metadata
+            .annotations
+            .insert(CANCEL_ANNOTATION.into(), "true".into());
+        assert_eq!(decide(&asked, Some(&done), 0), StepAction::None);
+        // The allocation gave back the node the step runs on.
+        let shrunk = parent(AllocationPhase::Running, &["b"]);
+        assert!(
+            matches!(decide(&s, Some(&shrunk), 0), StepAction::Cancel(m) if m.contains("gave back"))
+        );
         let mut cancelled = p.clone();
         cancelled
             .metadata

@@ -107,6 +107,9 @@ async fn running_reactive_with(env: &Env, name: &str, nodes: &[&str], policy: se
             st.attempt = 1;
             st.assigned_nodes = nodes.clone();
             st.start_time = Some(lattice_apis::meta::now());
+            for n in &nodes {
+                st.node_states.insert(n.clone(), running_report());
+            }
             true
         })
         .await
@@ -139,12 +142,23 @@ fn releasing(a: &Allocation) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// What the scheduler does when it places a scale-up: append the node.
+/// The agent's report for a node where the process runs (attempt 1).
+fn running_report() -> lattice_apis::NodeTaskState {
+    lattice_apis::NodeTaskState {
+        phase: lattice_apis::NodeTaskPhase::Running,
+        attempt: 1,
+        ..Default::default()
+    }
+}
+
+/// What the scheduler does when it places a scale-up: append the node (and what its
+/// agent then reports: the process runs).
 async fn place(env: &Env, name: &str, node: &str) {
     env.allocations(TENANT)
         .update_status_with_retry(name, 20, |a| {
             let st = a.status.as_mut().expect("status");
             st.assigned_nodes.push(node.to_string());
+            st.node_states.insert(node.to_string(), running_report());
             true
         })
         .await
@@ -478,9 +492,7 @@ async fn autoscaler_prometheus_source_against_a_canned_server() {
 
     assert_eq!(source.query(&a, "gpu_utilization").await, Ok(0.93));
     assert_eq!(
-        source
-            .query(&a, "rate(requests_total{job='my-inference'}[1m])")
-            .await,
+        source.query(&a, "requests_per_s{job='my-inference'}").await,
         Ok(12.0)
     );
     let empty = source.query(&a, "queue_depth").await.unwrap_err();
@@ -488,11 +500,17 @@ async fn autoscaler_prometheus_source_against_a_canned_server() {
         empty,
         "no samples for avg(queue_depth{lattice_allocation=\"svc\",lattice_tenant=\"ml\"})"
     );
-    let bad = source.query(&a, "bad(").await.unwrap_err();
+    let bad = source.query(&a, "bad_series").await.unwrap_err();
     assert!(
         bad.contains("400") && bad.contains("bad_data") && bad.contains("parse error"),
         "{bad}"
     );
+    // Not a selector: refused before any query is sent.
+    let refused = source
+        .query(&a, "sum(other_tenants_series)")
+        .await
+        .unwrap_err();
+    assert!(refused.contains("not a metric name"), "{refused}");
 
     let targets = server.targets.lock().unwrap().clone();
     assert_eq!(targets.len(), 4, "{targets:?}");
@@ -507,9 +525,9 @@ async fn autoscaler_prometheus_source_against_a_canned_server() {
         queries,
         [
             "avg(gpu_utilization{lattice_allocation=\"svc\",lattice_tenant=\"ml\"})",
-            "avg(rate(requests_total{job='my-inference'}[1m]))",
+            "avg(requests_per_s{job=\"my-inference\",lattice_allocation=\"svc\",lattice_tenant=\"ml\"})",
             "avg(queue_depth{lattice_allocation=\"svc\",lattice_tenant=\"ml\"})",
-            "avg(bad()",
+            "avg(bad_series{lattice_allocation=\"svc\",lattice_tenant=\"ml\"})",
         ]
     );
 }

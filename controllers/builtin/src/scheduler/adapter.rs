@@ -348,9 +348,12 @@ pub fn pending_job(
         .or(a.metadata.creation_timestamp.as_ref())
         .map(unix)
         .unwrap_or(now);
-    let allow_borrow = vc
-        .and_then(|v| v.spec.borrowing.allow_borrow)
-        .unwrap_or(false);
+    // A reactive allocation's minNodes always come from its home vCluster (the seed's
+    // minimum guarantee): a lender's reclaim could not take back part of it.
+    let allow_borrow = reactive_start(a).is_none()
+        && vc
+            .and_then(|v| v.spec.borrowing.allow_borrow)
+            .unwrap_or(false);
     let mut features = c.features.clone();
     features.sort();
     features.dedup();

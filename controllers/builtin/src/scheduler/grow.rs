@@ -43,28 +43,33 @@ pub fn wants_node(a: &Allocation) -> bool {
         })
 }
 
-/// A free node for one more node of `job` (asking for one node): home nodes before
-/// borrowed ones, in catalog order. `taken`: nodes held by running work, and nodes the
+/// A free node for one more node of `job` (asking for one node), in catalog order: never
+/// a borrowed node (a lender's reclaim could not take back part of an allocation; the
+/// seed's minimum guarantee comes from the home vCluster) and, when `fingerprint` is
+/// given (conformance required, or sensitive work), only nodes with that fingerprint. `taken`: nodes held by running work, and nodes the
 /// allocation already ran on in this attempt (their agents finished that run: a node
 /// given back by a scale-down is not taken again by the same attempt).
-pub fn pick_node(cat: &NodeCatalog, job: &PendingJob, taken: &[NodeId]) -> Option<(NodeId, bool)> {
+pub fn pick_node(
+    cat: &NodeCatalog,
+    job: &PendingJob,
+    taken: &[NodeId],
+    fingerprint: Option<u64>,
+) -> Option<(NodeId, bool)> {
     let mut one = job.clone();
     one.nodes = NodeRequest { min: 1, max: 1 };
-    let mut borrowed = None;
     for i in 0..cat.len() as u32 {
         let view = cat.node(i);
         if taken.contains(&view.id) {
             continue;
         }
-        match cat.filter(cat.class_of(i), &one) {
-            FilterOutcome::Feasible { borrowed: false } => return Some((view.id, false)),
-            FilterOutcome::Feasible { borrowed: true } if borrowed.is_none() => {
-                borrowed = Some((view.id, true));
-            }
-            _ => {}
+        if fingerprint.is_some_and(|f| view.conformance_fingerprint != f) {
+            continue;
+        }
+        if let FilterOutcome::Feasible { borrowed: false } = cat.filter(cat.class_of(i), &one) {
+            return Some((view.id, false));
         }
     }
-    borrowed
+    None
 }
 
 /// Outcome of one scale-up transaction.
@@ -123,6 +128,16 @@ pub async fn grow(
     }
     let a = &alloc.obj;
     let st = a.status.clone().unwrap_or_default();
+    // The caches the node was picked from may lag: never a node this attempt already has,
+    // gives back, or ran on (its agent finished that run).
+    if st.assigned_nodes.iter().any(|n| n == node)
+        || st.releasing_nodes.iter().any(|n| n == node)
+        || st.node_states.contains_key(node)
+    {
+        return Ok(GrowOutcome::Conflict(format!(
+            "node {node} already ran this attempt of the allocation"
+        )));
+    }
     let mut w = GuardedWrite::new();
     if let Some(t) = &t {
         let mut obj = t.obj.clone();
@@ -133,6 +148,15 @@ pub async fn grow(
                     "scale-up to {} waits for quota headroom (max_nodes: current {}, requested 1, limit {max})",
                     st.assigned_nodes.len() + 1,
                     usage.nodes
+                )));
+            }
+        }
+        if let (true, Some(max)) = (a.spec.sensitive, t.obj.spec.quota.sensitive_pool_size) {
+            if usage.sensitive_nodes + 1 > max {
+                return Ok(GrowOutcome::Quota(format!(
+                    "scale-up to {} waits for quota headroom (sensitive_pool_size: current {}, requested 1, limit {max})",
+                    st.assigned_nodes.len() + 1,
+                    usage.sensitive_nodes
                 )));
             }
         }
@@ -168,6 +192,8 @@ pub async fn grow(
     let count = bst.assigned_nodes.len();
     if let Some(scale) = bst.scale.as_mut() {
         scale.message = Some(format!("scaled up to {count} node(s): added {node}"));
+        // The cooldown counts from the node's arrival, not from the decision.
+        scale.last_scale_time = Some(lattice_apis::meta::now());
     }
     w.put(&alloc, &bigger)?;
     Ok(if w.commit(backend).await? {

@@ -323,9 +323,9 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     let max_ops = shared.backend.max_txn_ops();
     let (queued, too_large): (Vec<Arc<Allocation>>, Vec<Arc<Allocation>>) = queued
         .into_iter()
-        .partition(|a| bind::ops_for_nodes(a.spec.resources.nodes.min() as usize) <= max_ops);
+        .partition(|a| bind::ops_for_nodes(start_nodes(a)) <= max_ops);
     for a in &too_large {
-        let n = a.spec.resources.nodes.min() as usize;
+        let n = start_nodes(a);
         let msg = too_large_message(n, bind::ops_for_nodes(n), max_ops);
         explain(shared, a, "too_large_for_one_transaction", &msg).await;
     }
@@ -530,13 +530,28 @@ async fn grow_reactive(
             )
             .collect();
         let catalog = NodeCatalog::new(inv.views.clone());
-        let Some((node_id, borrowed)) = grow::pick_node(&catalog, &job, &taken) else {
-            scale_message(
-                shared,
-                &a,
-                "scale-up waits: no free node passes the allocation's constraints",
-            )
-            .await;
+        // Conformance-required and sensitive work stays within one conformance group:
+        // the one of the nodes it already has.
+        let fingerprint = (job.constraints.require_conformance || job.sensitive)
+            .then(|| {
+                let first = a.status.as_ref()?.assigned_nodes.first()?;
+                let i = inv.names.iter().position(|n| n == first)?;
+                Some(inv.views[i].conformance_fingerprint)
+            })
+            .flatten();
+        let Some((node_id, borrowed)) = grow::pick_node(&catalog, &job, &taken, fingerprint) else {
+            let busy: Vec<lattice_scheduler::NodeId> = inv
+                .running
+                .iter()
+                .flat_map(|r| r.nodes.iter().copied())
+                .collect();
+            let msg = if grow::pick_node(&catalog, &job, &busy, fingerprint).is_some() {
+                "scale-up waits: the free nodes that fit already ran this attempt of the \
+                 allocation (a node given back is not reused until the allocation is requeued)"
+            } else {
+                "scale-up waits: no free home node passes the allocation's constraints"
+            };
+            scale_message(shared, &a, msg).await;
             continue;
         };
         let node = inv.names[node_id.0 as usize].clone();
@@ -598,6 +613,11 @@ async fn scale_message(shared: &Shared, a: &Allocation, msg: &str) {
     {
         tracing::debug!(allocation = %a.name_any(), error = %e, "scale message not written (changed meanwhile?)");
     }
+}
+
+/// The nodes an allocation is bound with (a reactive one starts at `minNodes`).
+fn start_nodes(a: &Allocation) -> usize {
+    adapter::reactive_start(a).unwrap_or_else(|| a.spec.resources.nodes.min()) as usize
 }
 
 fn too_large_message(nodes: usize, ops: usize, max_ops: usize) -> String {
