@@ -12,7 +12,17 @@
 //! * an agent keeps a process only while [`should_run`] says so (level-triggered: it
 //!   stops work whose allocation was cancelled, finished, failed elsewhere, preempted or
 //!   re-bound);
-//! * the **release** controller frees a node once [`node_released`] holds.
+//! * the **release** controller frees a node once [`node_released`] holds (and no job
+//!   step of the allocation still runs there);
+//! * for a **reactive** allocation, the autoscaler writes `status.scale` and, scaling
+//!   down, moves the last node of `assignedNodes` to `releasingNodes` (its agent stops
+//!   the process and reports; the release controller frees the node once that report is
+//!   terminal or the node is Down, and drops it from `releasingNodes` in the same
+//!   transaction); scaling up, the scheduler appends a node to `assignedNodes` with its
+//!   ownership in one transaction. Reports of releasing nodes are recorded but never
+//!   decide the allocation's outcome, though it ends only after they are terminal;
+//! * a **job step** (`spec.stepOf`) is bound by the step controller to nodes its
+//!   allocation owns, without ownership of its own.
 //!
 //! Terminal phases (Completed, Failed, Cancelled) are never left: a late report can add
 //! its node entry but cannot change the outcome.
