@@ -258,6 +258,11 @@ pub struct LaunchArgs {
     /// Working directory on the nodes [default: the current directory]
     #[arg(short = 'D', long, value_name = "DIR")]
     pub chdir: Option<String>,
+    /// Your environment variables the tasks get, as srun's --export: ALL (all but
+    /// LATTICE_*, SLURM_*, HOME, USER, LOGNAME, PWD, OLDPWD, SHLVL, _, HOSTNAME), NONE, or
+    /// VAR[,VAR=VALUE...] (only those; with ALL, in addition) [default: ALL]
+    #[arg(long, value_name = "ALL|NONE|VARS")]
+    pub export: Option<String>,
     /// Interactive terminal (not supported; use lattice session)
     #[arg(long)]
     pub pty: bool,

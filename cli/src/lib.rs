@@ -129,34 +129,124 @@ where
     Cli::try_parse_from(launch_ntasks(argv))
 }
 
+/// Global options (`global = true`) that take a value, valid before and after the
+/// subcommand. `--opt=value` forms take no next word.
+const GLOBAL_LONG_WITH_VALUE: [&str; 8] = [
+    "--api-url",
+    "--token",
+    "--token-file",
+    "--tenant",
+    "--output",
+    "--vcluster",
+    "--config",
+    "--certificate-authority",
+];
+/// `lattice launch`'s own options that take a value.
+const LAUNCH_LONG_WITH_VALUE: [&str; 8] = [
+    "--alloc",
+    "--nodes",
+    "--ntasks",
+    "--tasks-per-node",
+    "--ntasks-per-node",
+    "--env",
+    "--chdir",
+    "--export",
+];
+
 /// In `lattice launch`, `-n N` is the task count (as in the seed and in srun), not the
-/// global tenant flag: it is rewritten to `--ntasks N` before the command starts.
+/// global tenant flag: it is rewritten to `--ntasks N` before the command starts. The walk
+/// skips the values of options that take one (so `-N 2 -n 4`, `--env K=V -n 2` and
+/// `lattice -o json launch -n 4` are all seen) and stops at `--` or at the command.
 fn launch_ntasks(argv: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    let Some(at) = argv.iter().position(|a| a == "launch") else {
-        return argv;
-    };
-    // Only when `launch` is the subcommand (every word before it is an option).
-    if argv[1..at]
-        .iter()
-        .any(|a| !a.to_string_lossy().starts_with('-'))
-    {
-        return argv;
+    /// Words an option at `argv[i]` takes (itself and a separate value, if any), given
+    /// its short options that take a value; `None` for a positional word or `--`.
+    fn option_len(argv: &[std::ffi::OsString], i: usize, short_with_value: &str) -> Option<usize> {
+        let t = argv[i].to_string_lossy();
+        if t == "--" || t == "-" || !t.starts_with('-') {
+            return None;
+        }
+        if t.starts_with("--") {
+            let takes = !t.contains('=')
+                && (GLOBAL_LONG_WITH_VALUE.contains(&t.as_ref())
+                    || LAUNCH_LONG_WITH_VALUE.contains(&t.as_ref()));
+            return Some(if takes { 2 } else { 1 });
+        }
+        // A cluster of short flags (`-qv`); the first one taking a value takes the rest
+        // of the word (`-ojson`), else the next word (`-o json`).
+        let body = &t[1..];
+        for (at, c) in body.char_indices() {
+            if short_with_value.contains(c) {
+                return Some(if at + c.len_utf8() == body.len() {
+                    2
+                } else {
+                    1
+                });
+            }
+        }
+        Some(1)
+    }
+    // Before the subcommand: global options (`-n`/`-t` is the tenant there).
+    let mut at = 1;
+    loop {
+        match argv.get(at) {
+            None => return argv,
+            Some(a) if a == "launch" => break,
+            Some(_) => match option_len(&argv, at, "nto") {
+                Some(n) => at += n,
+                // Another subcommand (or `--`): nothing to rewrite.
+                None => return argv,
+            },
+        }
     }
     let mut out: Vec<std::ffi::OsString> = argv[..=at].to_vec();
-    let mut rest = argv[at + 1..].iter();
-    while let Some(a) = rest.next() {
-        let t = a.to_string_lossy();
-        if t == "--" || !t.starts_with('-') {
-            out.push(a.clone());
-            out.extend(rest.cloned());
-            break;
+    let mut i = at + 1;
+    while i < argv.len() {
+        let t = argv[i].to_string_lossy().to_string();
+        // A short option with a value (`-n 4`, `-n4`, `-ln 4`, `-N2`, `-D/tmp`): spelled
+        // long, as `-n` is the task count here and clap would take an attached value
+        // (`-N2`) for the start of the command (it takes hyphen values).
+        if t.starts_with('-') && !t.starts_with("--") {
+            let body = &t[1..];
+            let long = |c: char| match c {
+                'n' => Some("--ntasks"),
+                'N' => Some("--nodes"),
+                'D' => Some("--chdir"),
+                't' => Some("--tenant"),
+                'o' => Some("--output"),
+                _ => None,
+            };
+            if let Some((pos, name)) = body
+                .char_indices()
+                .find_map(|(pos, c)| Some((pos, long(c)?)))
+            {
+                if pos > 0 {
+                    out.push(format!("-{}", &body[..pos]).into());
+                }
+                let rest = &body[pos + 1..];
+                if rest.is_empty() {
+                    out.push(name.into());
+                    if let Some(v) = argv.get(i + 1) {
+                        out.push(v.clone());
+                    }
+                    i += 2;
+                } else {
+                    out.push(format!("{name}={}", rest.trim_start_matches('=')).into());
+                    i += 1;
+                }
+                continue;
+            }
         }
-        if t == "-n" {
-            out.push("--ntasks".into());
-        } else if let Some(v) = t.strip_prefix("-n").filter(|v| !v.is_empty()) {
-            out.push(format!("--ntasks={}", v.trim_start_matches('=')).into());
-        } else {
-            out.push(a.clone());
+        match option_len(&argv, i, "") {
+            Some(n) => {
+                let end = (i + n).min(argv.len());
+                out.extend(argv[i..end].iter().cloned());
+                i = end;
+            }
+            // `--` or the command: the rest is the command's.
+            None => {
+                out.extend(argv[i..].iter().cloned());
+                break;
+            }
         }
     }
     out

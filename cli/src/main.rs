@@ -22,9 +22,7 @@ fn main() {
     };
     let opts = RunOptions {
         stdin: Box::new(std::io::stdin()),
-        shutdown: Some(Box::pin(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })),
+        shutdown: Some(Box::pin(stop_requested())),
         tty: std::io::stdout().is_terminal(),
         ..RunOptions::default()
     };
@@ -39,4 +37,26 @@ fn main() {
     ));
     drop(out);
     std::process::exit(code);
+}
+
+/// Resolves on Ctrl-C (SIGINT), SIGTERM or SIGHUP (the terminal closed): commands that
+/// wait (`launch`, `session`, `watch`, `--wait`) stop and clean up as on Ctrl-C instead
+/// of dying with their step or session left behind. The handlers are installed when a
+/// command first waits on it; until then the signals end the process as usual.
+async fn stop_requested() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (term, hup) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    );
+    match (term, hup) {
+        (Ok(mut term), Ok(mut hup)) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+            _ = hup.recv() => {}
+        },
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

@@ -35,7 +35,9 @@ pub struct TaskLaunch {
     /// Program and arguments (run as given, no shell; a single word with spaces runs
     /// through `/bin/sh -c`).
     pub command: Vec<String>,
-    /// Tasks in all. Default: one per node, or nodes × `tasksPerNode`.
+    /// Tasks in all. Default: one per node, or nodes × `tasksPerNode`; when none of
+    /// `ntasks`, `nodes` and `tasksPerNode` is given, the allocation's task layout (its
+    /// `lattice.dev/ntasks` and `lattice.dev/ntasks-per-node` annotations), as srun does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ntasks: Option<u32>,
     /// Nodes to use, the allocation's first ones. Default: all of them, or as many as the
@@ -45,7 +47,7 @@ pub struct TaskLaunch {
     /// Tasks on each node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks_per_node: Option<u32>,
-    /// Extra environment variables.
+    /// Environment variables, over the allocation's `spec.env` (which the step gets too).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Working directory on the nodes (default: the allocation's submission directory).
@@ -72,9 +74,11 @@ pub fn plan(
     }
     let nodes = match (nodes, ntasks, per_node) {
         (Some(0), ..) => return Err("nodes must be at least 1".into()),
-        (Some(n), ..) if n > available => return Err(format!(
+        (Some(n), ..) if n > available => {
+            return Err(format!(
             "nodes is {n} but the allocation has {available} node(s); ask for at most {available}"
-        )),
+        ))
+        }
         (Some(n), ..) => n,
         (None, Some(t), Some(k)) => t.div_ceil(k),
         (None, Some(t), None) => t.min(available),
@@ -150,19 +154,45 @@ pub fn step_allocation(
     if launch.command.is_empty() || launch.command[0].trim().is_empty() {
         return Err("command is empty: give the program to run and its arguments".into());
     }
-    let (nodes, ntasks) = plan(
-        node_count(parent),
-        launch.ntasks,
-        launch.nodes,
-        launch.tasks_per_node,
-    )?;
+    // Like srun in an allocation: with no layout asked for, the allocation's own
+    // (`#SBATCH -n`, `--ntasks-per-node`).
+    let inherit =
+        launch.ntasks.is_none() && launch.nodes.is_none() && launch.tasks_per_node.is_none();
+    let (want_tasks, per_node) = if inherit {
+        let count = |k: &str| {
+            parent
+                .metadata
+                .annotations
+                .get(k)
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .filter(|n| *n > 0)
+        };
+        (count(NTASKS_ANNOTATION), count(NTASKS_PER_NODE_ANNOTATION))
+    } else {
+        (launch.ntasks, launch.tasks_per_node)
+    };
+    let (nodes, ntasks) = plan(node_count(parent), want_tasks, launch.nodes, per_node)
+        .map_err(|e| {
+            if inherit && (want_tasks.is_some() || per_node.is_some()) {
+                format!("{e} (the allocation's task layout; give the step its own with ntasks, nodes or tasks per node)")
+            } else {
+                e
+            }
+        })?;
     let parent_name = parent.metadata.name_str().to_string();
     let tenant = parent.metadata.namespace_str().to_string();
     let mut spec = AllocationSpec {
         step_of: Some(parent_name.clone()),
         entrypoint: Some(launch.command[0].clone()),
         args: launch.command[1..].to_vec(),
-        env: launch.env.clone(),
+        // The allocation's environment, under the step's own.
+        env: parent
+            .spec
+            .env
+            .iter()
+            .chain(&launch.env)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         vcluster: parent.spec.vcluster.clone(),
         lifecycle: Lifecycle {
             type_: LifecycleType::Bounded,
@@ -194,7 +224,7 @@ pub fn step_allocation(
         ann.insert(USER_ANNOTATION.into(), u.to_string());
     }
     ann.insert(NTASKS_ANNOTATION.into(), ntasks.to_string());
-    if let Some(k) = launch.tasks_per_node {
+    if let Some(k) = per_node {
         ann.insert(NTASKS_PER_NODE_ANNOTATION.into(), k.to_string());
     }
     for k in INHERITED_ANNOTATIONS {
@@ -283,5 +313,120 @@ mod tests {
         assert!(step_allocation(&p, "job.1", &launch, None)
             .unwrap_err()
             .contains("needs a running allocation"));
+    }
+
+    fn running(nodes: &[&str]) -> Allocation {
+        let mut p = Allocation::new("job", "t", AllocationSpec::default());
+        p.status = Some(AllocationStatus {
+            phase: AllocationPhase::Running,
+            assigned_nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn hostname() -> TaskLaunch {
+        TaskLaunch {
+            command: vec!["hostname".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_step_without_a_layout_takes_the_allocations() {
+        // `#SBATCH -N 2 -n 8`: a bare `srun hostname` runs 8 tasks on the 2 nodes.
+        let mut p = running(&["a", "b"]);
+        p.metadata
+            .annotations
+            .insert(NTASKS_ANNOTATION.into(), "8".into());
+        let s = step_allocation(&p, "job.0", &hostname(), None).unwrap();
+        assert_eq!(s.spec.resources.nodes, NodeCount::Exact(2));
+        assert_eq!(s.metadata.annotations[NTASKS_ANNOTATION], "8");
+        assert!(!s
+            .metadata
+            .annotations
+            .contains_key(NTASKS_PER_NODE_ANNOTATION));
+        // `--ntasks-per-node=3` alone: 3 on each node, and the agents are told so.
+        let mut p = running(&["a", "b"]);
+        p.metadata
+            .annotations
+            .insert(NTASKS_PER_NODE_ANNOTATION.into(), "3".into());
+        let s = step_allocation(&p, "job.0", &hostname(), None).unwrap();
+        assert_eq!(s.spec.resources.nodes, NodeCount::Exact(2));
+        assert_eq!(s.metadata.annotations[NTASKS_ANNOTATION], "6");
+        assert_eq!(s.metadata.annotations[NTASKS_PER_NODE_ANNOTATION], "3");
+        // Both: 5 tasks at 4 per node take 2 nodes.
+        p.metadata
+            .annotations
+            .insert(NTASKS_ANNOTATION.into(), "5".into());
+        p.metadata
+            .annotations
+            .insert(NTASKS_PER_NODE_ANNOTATION.into(), "4".into());
+        let s = step_allocation(&p, "job.0", &hostname(), None).unwrap();
+        assert_eq!(s.spec.resources.nodes, NodeCount::Exact(2));
+        assert_eq!(s.metadata.annotations[NTASKS_ANNOTATION], "5");
+        assert_eq!(s.metadata.annotations[NTASKS_PER_NODE_ANNOTATION], "4");
+        // Any of -n, -N, --tasks-per-node: the step's own layout only.
+        for launch in [
+            TaskLaunch {
+                ntasks: Some(1),
+                ..hostname()
+            },
+            TaskLaunch {
+                nodes: Some(1),
+                ..hostname()
+            },
+            TaskLaunch {
+                tasks_per_node: Some(1),
+                nodes: Some(1),
+                ..hostname()
+            },
+        ] {
+            let s = step_allocation(&p, "job.0", &launch, None).unwrap();
+            assert_eq!(s.spec.resources.nodes, NodeCount::Exact(1), "{launch:?}");
+            assert_eq!(s.metadata.annotations[NTASKS_ANNOTATION], "1", "{launch:?}");
+        }
+        // No annotations (or nonsense): one task per node, as before.
+        let mut p = running(&["a", "b", "c"]);
+        p.metadata
+            .annotations
+            .insert(NTASKS_ANNOTATION.into(), "many".into());
+        let s = step_allocation(&p, "job.0", &hostname(), None).unwrap();
+        assert_eq!(s.metadata.annotations[NTASKS_ANNOTATION], "3");
+        // A layout that no longer fits says where it came from.
+        let mut p = running(&["a"]);
+        p.metadata
+            .annotations
+            .insert(NTASKS_ANNOTATION.into(), "8".into());
+        p.metadata
+            .annotations
+            .insert(NTASKS_PER_NODE_ANNOTATION.into(), "4".into());
+        let e = step_allocation(&p, "job.0", &hostname(), None).unwrap_err();
+        assert!(e.contains("the allocation's task layout"), "{e}");
+    }
+
+    #[test]
+    fn a_step_gets_the_allocations_env_under_its_own() {
+        let mut p = running(&["a"]);
+        p.spec.env.insert("OMP_NUM_THREADS".into(), "4".into());
+        p.spec.env.insert("DATA".into(), "/scratch/d".into());
+        let mut launch = hostname();
+        launch.env.insert("OMP_NUM_THREADS".into(), "8".into());
+        launch.env.insert("STEP".into(), "1".into());
+        let s = step_allocation(&p, "job.0", &launch, None).unwrap();
+        let env: Vec<(&str, &str)> = s
+            .spec
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            env,
+            [
+                ("DATA", "/scratch/d"),
+                ("OMP_NUM_THREADS", "8"),
+                ("STEP", "1")
+            ]
+        );
     }
 }

@@ -714,11 +714,9 @@ async fn srun(
     err: &mut dyn Write,
     shutdown: &mut Shutdown,
 ) -> Result<i32, CliError> {
+    // srun's own options only (their values skipped), not the command's arguments.
     let in_allocation = crate::cmd::launch::alloc_from_env(ctx).is_some()
-        || args
-            .iter()
-            .take_while(|a| a.starts_with('-') && *a != "--")
-            .any(|a| a == "--jobid" || a.starts_with("--jobid="));
+        || crate::cmd::launch::srun_jobid(args).is_some();
     if in_allocation {
         return srun_step(ctx, args, out, err, shutdown).await;
     }

@@ -4,18 +4,25 @@
 //!   command inside a running allocation (Slurm's `srun` inside an allocation): it
 //!   creates a *step*, an Allocation `ID.<n>` with `spec.stepOf: ID`, owned by the
 //!   allocation; the step controller binds it to the allocation's first nodes and the
-//!   agents run N tasks there (`LATTICE_PROCID`/`SLURM_PROCID` 0..N-1). The output is
-//!   streamed as it comes; the exit status is the highest of the tasks'. Ctrl-C cancels
-//!   the step. Inside an allocation (`LATTICE_ALLOC_ID` or `SLURM_JOB_ID` set) `--alloc`
-//!   may be left out.
+//!   agents run N tasks there (`LATTICE_PROCID`/`SLURM_PROCID` 0..N-1). Without `-n`, `-N`
+//!   and `--tasks-per-node` the step takes the allocation's task layout (`#SBATCH -n`,
+//!   `--ntasks-per-node`). The tasks get the allocation's `spec.env`, then this process's
+//!   environment (see [`export_env`]; `--export`), then `--env`. The output is streamed
+//!   as it comes; the exit status is the highest of the tasks'. Ctrl-C, SIGTERM and SIGHUP
+//!   cancel the step, and so does any error after it was created. Inside an allocation
+//!   (`LATTICE_ALLOC_ID` or `SLURM_JOB_ID` set) `--alloc` may be left out.
 //! * `lattice session [SUBMIT FLAGS] [-- CMD ARGS...]` holds nodes for interactive work
 //!   (Slurm's `salloc`): it submits an allocation that sleeps on its nodes, waits until it
 //!   runs (named `session-…`, job name `interactive`), then runs `$SHELL` (or CMD) *here* with `LATTICE_ALLOC_ID`, `SLURM_JOB_ID`,
 //!   `SLURM_NNODES` and `SLURM_JOB_NODELIST` set, so `lattice launch` / `srun` in it run
-//!   on the session's nodes. When the shell exits the allocation is cancelled.
+//!   on the session's nodes. When the shell exits the allocation is cancelled, and so it is
+//!   on every other way out once it was created: Ctrl-C, SIGTERM or SIGHUP while waiting,
+//!   SIGTERM or SIGHUP (the terminal closed) while the shell runs (the shell gets a
+//!   SIGHUP), an error.
 
+use std::collections::BTreeMap;
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -32,6 +39,14 @@ use lattice_apis::Allocation;
 /// How often a step or session is looked at while it starts.
 const POLL: Duration = Duration::from_millis(250);
 
+/// Tries to create a step under the next free number before giving up (as the API
+/// server's `POST .../tasks` does).
+pub const STEP_CREATE_TRIES: u32 = 8;
+
+/// How long a session waiting for its allocation keeps trying through passing errors
+/// (connection trouble, 5xx) before it gives up and cancels the allocation.
+const SESSION_RETRY_FOR: Duration = Duration::from_secs(30);
+
 /// A step to run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepRequest {
@@ -45,8 +60,11 @@ pub struct StepRequest {
     pub tasks_per_node: Option<u32>,
     /// Program and arguments.
     pub command: Vec<String>,
-    /// Extra environment.
+    /// Extra environment (`--env`), over the exported one.
     pub env: Vec<(String, String)>,
+    /// Which of this process's variables the tasks get (`--export`, see [`export_env`]);
+    /// `None` is `ALL`.
+    pub export: Option<String>,
     /// Working directory on the nodes (default: the current directory).
     pub chdir: Option<String>,
     /// Prefix output lines with the node name.
@@ -60,6 +78,138 @@ pub fn alloc_from_env(ctx: &Ctx) -> Option<String> {
         .get("LATTICE_ALLOC_ID")
         .or_else(|| ctx.env.get("SLURM_JOB_ID"))
         .filter(|v| !v.is_empty())
+}
+
+/// Caller variables a step does not get with `--export=ALL` (they may still be named
+/// with `--export=VAR`): the ones the node's agent sets (`LATTICE_*`, `SLURM_*`, and
+/// `HOME`, `USER`, `LOGNAME` for the user the tasks run as) and the ones that describe
+/// this shell rather than the task (`PWD`, `OLDPWD`, `SHLVL`, `_`, `HOSTNAME`). `TERM` is
+/// passed on, as Slurm does (scripts calling `tput` need it).
+pub fn exported_by_default(name: &str) -> bool {
+    !(name.starts_with("LATTICE_")
+        || name.starts_with("SLURM_")
+        || matches!(
+            name,
+            "PWD" | "OLDPWD" | "SHLVL" | "_" | "HOSTNAME" | "HOME" | "USER" | "LOGNAME"
+        ))
+}
+
+/// Whether `name` can be an Allocation's `spec.env` key (letters, digits and `_`, not
+/// starting with a digit); others (bash's exported functions, `BASH_FUNC_f%%`) are left
+/// out.
+fn valid_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && !name.as_bytes()[0].is_ascii_digit()
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// The longest value a variable can have in `spec.env`.
+const MAX_ENV_VALUE: usize = 128 * 1024;
+
+/// This process's environment (variables that are not UTF-8 are left out).
+pub fn caller_env() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect()
+}
+
+/// The variables a step gets from `caller` (the process environment) for srun's
+/// `--export` value `spec` (`None`: `ALL`), Slurm's rules:
+///
+/// * `ALL`: every variable but those [`exported_by_default`] leaves out;
+/// * `NONE` (or `NIL`): none (the tasks still get the allocation's `spec.env`);
+/// * `A,B`: only `A` and `B`; `VAR=value` items set `VAR`; with `ALL` in the list
+///   (`ALL,VAR=value`) they add to all.
+///
+/// Names that cannot be environment variables, and values over 128 KiB, are left out.
+pub fn export_env(
+    spec: Option<&str>,
+    caller: impl IntoIterator<Item = (String, String)>,
+) -> Result<BTreeMap<String, String>, String> {
+    let spec = spec.unwrap_or("ALL");
+    let (mut all, mut none) = (false, false);
+    let mut names = Vec::new();
+    let mut set = BTreeMap::new();
+    for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        if item.eq_ignore_ascii_case("ALL") {
+            all = true;
+        } else if item.eq_ignore_ascii_case("NONE") || item.eq_ignore_ascii_case("NIL") {
+            none = true;
+        } else {
+            let (k, v) = match item.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (item, None),
+            };
+            if !valid_env_name(k) {
+                return Err(format!(
+                    "--export={spec}: {k:?} is not a variable name (letters, digits and '_')"
+                ));
+            }
+            match v {
+                Some(v) => {
+                    set.insert(k.to_string(), v.to_string());
+                }
+                None => names.push(k.to_string()),
+            }
+        }
+    }
+    if all && none {
+        return Err(format!("--export={spec}: ALL and NONE cannot be combined"));
+    }
+    if spec.trim().is_empty() {
+        return Err("--export needs a value: ALL, NONE or a list of variables".into());
+    }
+    let mut env: BTreeMap<String, String> = caller
+        .into_iter()
+        .filter(|(k, v)| valid_env_name(k) && v.len() <= MAX_ENV_VALUE)
+        .filter(|(k, _)| {
+            if all {
+                exported_by_default(k) || names.contains(k)
+            } else {
+                !none && names.contains(k)
+            }
+        })
+        .collect();
+    env.extend(set);
+    Ok(env)
+}
+
+/// Polls `shutdown` once, without waiting: its signal handlers are in place from then on
+/// (so Ctrl-C, SIGTERM and SIGHUP no longer end the process before it has cleaned up;
+/// they are seen the next time `shutdown` is awaited). True when it has fired already
+/// (it must not be polled again then).
+async fn fired(shutdown: &mut Shutdown) -> bool {
+    tokio::select! {
+        biased;
+        _ = &mut *shutdown => true,
+        _ = std::future::ready(()) => false,
+    }
+}
+
+/// Cancels allocation (or step) `id`, best effort: a cancel is asked for even when the
+/// allocation cannot be read first; one that is gone or has ended needs none.
+async fn cancel_by_name(ctx: &Ctx, tenant: &str, id: &str) -> Result<String, CliError> {
+    let a = match ctx
+        .client
+        .get(&workload::object("allocations", Some(tenant), id))
+        .await
+    {
+        Ok(a) => a,
+        Err(e) if e.is_not_found() => {
+            return Ok(format!("Allocation {id} is gone; nothing to cancel"))
+        }
+        Err(_) => json!({"metadata": {"name": id}}),
+    };
+    cancel_one(ctx, tenant, &a).await
+}
+
+/// The line saying a cancel failed (printed even with `-q`: something is left running).
+fn cancel_failed(tool: &str, id: &str, e: &CliError) -> String {
+    format!(
+        "{tool}: warning: could not cancel {id}: {} — {}; cancel it with `lattice cancel {id}`",
+        e.what, e.why
+    )
 }
 
 /// The next free step number of `parent` (`parent.<n>`).
@@ -83,6 +233,7 @@ async fn next_step(ctx: &Ctx, tenant: &str, parent: &str) -> Result<u32, CliErro
 }
 
 /// Runs a step and streams its output; returns its exit status (130 when interrupted).
+/// Once the step exists, every way out but its end cancels it.
 pub async fn run_step(
     ctx: &Ctx,
     tool: &str,
@@ -98,6 +249,13 @@ pub async fn run_step(
             ))
             .exit_code(exit::USAGE));
     }
+    let mut env = export_env(req.export.as_deref(), caller_env())
+        .map_err(|e| CliError::new(tool, e).exit_code(exit::USAGE))?;
+    env.extend(req.env.iter().cloned());
+    // Signals from here on are seen, so a step created below is cancelled on them.
+    if fired(shutdown).await {
+        return Ok(130);
+    }
     let parent = workload::get_allocation(ctx, &ctx.tenant, &req.alloc).await?;
     let tenant = s(&parent, "/metadata/namespace")
         .unwrap_or(&ctx.tenant)
@@ -110,7 +268,7 @@ pub async fn run_step(
         ntasks: req.ntasks,
         nodes: req.nodes,
         tasks_per_node: req.tasks_per_node,
-        env: req.env.iter().cloned().collect(),
+        env,
         working_dir: Some(
             req.chdir
                 .clone()
@@ -119,8 +277,9 @@ pub async fn run_step(
     };
     let user = ctx.user();
     let collection = workload::collection("allocations", Some(&tenant));
-    let mut n = next_step(ctx, &tenant, &req.alloc).await?;
-    let created = loop {
+    let first = next_step(ctx, &tenant, &req.alloc).await?;
+    let mut created = None;
+    for n in (first..).take(STEP_CREATE_TRIES as usize) {
         let step_name = format!("{}.{n}", req.alloc);
         let step =
             steps::step_allocation(&typed, &step_name, &launch, user.as_deref()).map_err(|e| {
@@ -136,20 +295,62 @@ pub async fn run_step(
             .create(&collection, &body, &WriteOptions::default())
             .await
         {
-            Ok(v) => break v,
+            Ok(v) => {
+                created = Some(v);
+                break;
+            }
             // Another launch took the number: take the next one.
-            Err(e) if e.code() == Some(409) && n < u32::MAX => n += 1,
+            Err(e) if e.code() == Some(409) => {}
             Err(e) => return Err(CliError::from_client(format!("{tool}: create step"), e)),
         }
+    }
+    let Some(created) = created else {
+        return Err(CliError::new(
+            format!("{tool}: create step"),
+            format!(
+                "steps {}.{first} to {}.{} all exist already (other launches took them); no free step number found in {STEP_CREATE_TRIES} tries",
+                req.alloc,
+                req.alloc,
+                first.saturating_add(STEP_CREATE_TRIES - 1)
+            ),
+        )
+        .hint("try again"));
     };
+    let id = name(&created).to_string();
+    let followed = start_and_follow(ctx, tool, req, &tenant, &created, out, err, shutdown).await;
+    if followed.is_err() {
+        // The step would run on without anyone to see it: stop it.
+        match cancel_by_name(ctx, &tenant, &id).await {
+            Ok(line) if !ctx.quiet => {
+                let _ = writeln!(err, "{tool}: {line}");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let _ = writeln!(err, "{}", cancel_failed(tool, &id, &e));
+            }
+        }
+    }
+    followed
+}
+
+/// Says which step `created` is and follows it (see [`follow_step`]).
+#[allow(clippy::too_many_arguments)]
+async fn start_and_follow(
+    ctx: &Ctx,
+    tool: &str,
+    req: &StepRequest,
+    tenant: &str,
+    created: &Value,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    shutdown: &mut Shutdown,
+) -> Result<i32, CliError> {
     let nodes = created
         .pointer("/spec/resources/nodes")
         .and_then(Value::as_u64)
         .unwrap_or(1);
-    let ntasks = s(&created, "/metadata/annotations/lattice.dev~1ntasks")
-        .unwrap_or("1")
-        .to_string();
-    let id = name(&created).to_string();
+    let ntasks = s(created, "/metadata/annotations/lattice.dev~1ntasks").unwrap_or("1");
+    let id = name(created);
     if !ctx.quiet {
         writeln!(
             err,
@@ -157,7 +358,7 @@ pub async fn run_step(
             req.alloc
         )?;
     }
-    follow_step(ctx, tool, &tenant, &id, req.label, out, err, shutdown).await
+    follow_step(ctx, tool, tenant, id, req.label, out, err, shutdown).await
 }
 
 /// Waits for a step (or any allocation) to start, streams its output until it ends and
@@ -240,6 +441,7 @@ pub async fn follow_step(
     Ok(code)
 }
 
+/// Cancels step `id` after Ctrl-C (or SIGTERM, SIGHUP): 130.
 async fn interrupted(
     ctx: &Ctx,
     tool: &str,
@@ -247,10 +449,10 @@ async fn interrupted(
     id: &str,
     err: &mut dyn Write,
 ) -> Result<i32, CliError> {
-    let a = workload::get_allocation(ctx, tenant, id).await?;
-    let line = cancel_one(ctx, tenant, &a).await?;
-    if !ctx.quiet {
-        writeln!(err, "{tool}: interrupted: {line}")?;
+    match cancel_by_name(ctx, tenant, id).await {
+        Ok(line) if !ctx.quiet => writeln!(err, "{tool}: interrupted: {line}")?,
+        Ok(_) => {}
+        Err(e) => writeln!(err, "{}", cancel_failed(tool, id, &e))?,
     }
     Ok(130)
 }
@@ -293,13 +495,23 @@ pub async fn launch(
         tasks_per_node: a.tasks_per_node,
         command: a.command.clone(),
         env,
+        export: a.export.clone(),
         chdir: a.chdir.clone(),
         label: a.label,
     };
     run_step(ctx, "launch", &req, out, err, &mut shutdown).await
 }
 
-/// Runs `lattice session` (and `salloc`): `tool` names the messages.
+/// How a session ended, before its allocation is given back.
+enum Held {
+    /// Ctrl-C (SIGTERM, SIGHUP) while waiting for the nodes.
+    Interrupted,
+    /// The shell (or CMD) ended with this status.
+    Exited(i32),
+}
+
+/// Runs `lattice session` (and `salloc`): `tool` names the messages. Once the allocation
+/// exists, every way out cancels it (best effort; a failed cancel is reported).
 pub async fn session(
     ctx: &mut Ctx,
     tool: &str,
@@ -307,6 +519,12 @@ pub async fn session(
     err: &mut dyn Write,
     mut shutdown: Shutdown,
 ) -> Result<i32, CliError> {
+    // Signals from here on are seen, so the allocation created below is given back on them
+    // (and SIGTERM, SIGHUP while the shell runs end it).
+    if fired(&mut shutdown).await {
+        return Ok(130);
+    }
+    let mut hangup = HangUp::new();
     let mut flags = a.flags.clone();
     flags.command = vec!["sleep".into(), "infinity".into()];
     let mut t = submit::build(ctx, flags, "", None, true).await?;
@@ -322,46 +540,84 @@ pub async fn session(
     let tenant = s(&created, "/metadata/namespace")
         .unwrap_or(&ctx.tenant)
         .to_string();
+    let held = hold(ctx, tool, a, &id, &tenant, err, &mut shutdown, &mut hangup).await;
+    // Every way out gives the nodes back.
+    match cancel_by_name(ctx, &tenant, &id).await {
+        Ok(line) if !ctx.quiet => {
+            let _ = match &held {
+                Ok(Held::Interrupted) => writeln!(err, "{tool}: interrupted: {line}"),
+                _ => writeln!(err, "{tool}: relinquishing allocation {id} ({line})"),
+            };
+        }
+        Ok(_) => {}
+        Err(e) => {
+            let _ = writeln!(err, "{}", cancel_failed(tool, &id, &e));
+        }
+    }
+    match held? {
+        Held::Interrupted => Ok(130),
+        Held::Exited(code) => Ok(code),
+    }
+}
+
+/// The part of a session between creating its allocation and giving it back: waits
+/// until it runs, then runs the shell.
+#[allow(clippy::too_many_arguments)]
+async fn hold(
+    ctx: &Ctx,
+    tool: &str,
+    a: &SessionArgs,
+    id: &str,
+    tenant: &str,
+    err: &mut dyn Write,
+    shutdown: &mut Shutdown,
+    hangup: &mut HangUp,
+) -> Result<Held, CliError> {
     if !ctx.quiet {
         writeln!(err, "{tool}: pending allocation {id}")?;
     }
-    let path = workload::object("allocations", Some(&tenant), &id);
+    let path = workload::object("allocations", Some(tenant), id);
     let mut said = String::new();
+    let mut failing_since: Option<Instant> = None;
     let running = loop {
-        let cur = ctx
-            .client
-            .get(&path)
-            .await
-            .map_err(|e| CliError::from_client(format!("{tool}: get {id:?}"), e))?;
-        let p = phase(&cur);
-        if p == "Running" {
-            break cur;
-        }
-        if is_terminal(p) {
-            return Err(CliError::new(
-                format!("{tool}: allocation {id}"),
-                format!(
-                    "ended before it ran ({p}): {}",
-                    s(&cur, "/status/message").unwrap_or_default()
-                ),
-            ));
-        }
-        let msg = s(&cur, "/status/message").unwrap_or_default().to_string();
-        if !ctx.quiet && !msg.is_empty() && msg != said {
-            writeln!(err, "{tool}: {id}: {msg}")?;
-            said = msg;
+        match ctx.client.get(&path).await {
+            Ok(cur) => {
+                failing_since = None;
+                let p = phase(&cur);
+                if p == "Running" {
+                    break cur;
+                }
+                if is_terminal(p) {
+                    return Err(CliError::new(
+                        format!("{tool}: allocation {id}"),
+                        format!(
+                            "ended before it ran ({p}): {}",
+                            s(&cur, "/status/message").unwrap_or_default()
+                        ),
+                    ));
+                }
+                let msg = s(&cur, "/status/message").unwrap_or_default().to_string();
+                if !ctx.quiet && !msg.is_empty() && msg != said {
+                    writeln!(err, "{tool}: {id}: {msg}")?;
+                    said = msg;
+                }
+            }
+            // A passing error (the server restarting): keep trying for a while.
+            Err(e)
+                if e.is_transient()
+                    && failing_since.get_or_insert_with(Instant::now).elapsed()
+                        < SESSION_RETRY_FOR => {}
+            Err(e) => return Err(CliError::from_client(format!("{tool}: get {id:?}"), e)),
         }
         tokio::select! {
-            _ = &mut shutdown => {
-                let line = cancel_one(ctx, &tenant, &cur).await?;
-                if !ctx.quiet {
-                    writeln!(err, "{tool}: interrupted: {line}")?;
-                }
-                return Ok(130);
-            }
+            _ = &mut *shutdown => return Ok(Held::Interrupted),
             _ = tokio::time::sleep(POLL) => {}
         }
     };
+    // Asked to stop while it was starting: no shell.
+    if fired(shutdown).await {
+        return Ok(Held::Interrupted);
+    }
     let nodes: Vec<String> = running
         .pointer("/status/assignedNodes")
         .and_then(Value::as_array)
@@ -380,29 +636,98 @@ pub async fn session(
     if command.is_empty() {
         command.push(ctx.env.get("SHELL").unwrap_or_else(|| "/bin/sh".into()));
     }
-    let status = tokio::process::Command::new(&command[0])
-        .args(&command[1..])
-        .env("LATTICE_ALLOC_ID", &id)
-        .env("LATTICE_TENANT", &tenant)
-        .env("LATTICE_NODELIST", nodes.join(","))
-        .env("LATTICE_NNODES", nodes.len().to_string())
-        .env("SLURM_JOB_ID", &id)
-        .env("SLURM_JOBID", &id)
-        .env("SLURM_NNODES", nodes.len().to_string())
-        .env("SLURM_JOB_NUM_NODES", nodes.len().to_string())
-        .env("SLURM_JOB_NODELIST", &nodelist)
-        .env("SLURM_NODELIST", &nodelist)
-        .status()
-        .await;
-    // The shell is over (or could not start): give the nodes back either way.
-    let cur = workload::get_allocation(ctx, &tenant, &id).await?;
-    let line = cancel_one(ctx, &tenant, &cur).await?;
-    if !ctx.quiet {
-        writeln!(err, "{tool}: relinquishing allocation {id} ({line})")?;
+    let nnodes = nodes.len().to_string();
+    let joined = nodes.join(",");
+    let vars: [(&str, &str); 10] = [
+        ("LATTICE_ALLOC_ID", id),
+        ("LATTICE_TENANT", tenant),
+        ("LATTICE_NODELIST", &joined),
+        ("LATTICE_NNODES", &nnodes),
+        ("SLURM_JOB_ID", id),
+        ("SLURM_JOBID", id),
+        ("SLURM_NNODES", &nnodes),
+        ("SLURM_JOB_NUM_NODES", &nnodes),
+        ("SLURM_JOB_NODELIST", &nodelist),
+        ("SLURM_NODELIST", &nodelist),
+    ];
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    run_shell(tool, &command, &vars, hangup)
+        .await
+        .map(Held::Exited)
+}
+
+/// SIGTERM and SIGHUP for this process, listened to from the start of a session (so
+/// one that comes just before the shell starts is not missed).
+struct HangUp {
+    term: Option<tokio::signal::unix::Signal>,
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+impl HangUp {
+    fn new() -> HangUp {
+        use tokio::signal::unix::{signal, SignalKind};
+        HangUp {
+            term: signal(SignalKind::terminate()).ok(),
+            hup: signal(SignalKind::hangup()).ok(),
+        }
     }
-    let status = status
-        .map_err(|e| CliError::new(format!("{tool}: run {:?}", command[0]), e.to_string()))?;
-    Ok(status.code().unwrap_or(1))
+
+    /// The next of them to come (never, for one that could not be set up).
+    async fn next(&mut self) -> i32 {
+        async fn one(sig: &mut Option<tokio::signal::unix::Signal>) {
+            if let Some(s) = sig {
+                if s.recv().await.is_some() {
+                    return;
+                }
+            }
+            std::future::pending().await
+        }
+        tokio::select! {
+            _ = one(&mut self.term) => libc::SIGTERM,
+            _ = one(&mut self.hup) => libc::SIGHUP,
+        }
+    }
+}
+
+/// Runs the session's shell (or command) here and returns its exit status (128 + N when
+/// a signal N ended it). Ctrl-C belongs to the shell (as with salloc); SIGTERM or SIGHUP
+/// (the terminal closed) for this process ends the shell with a SIGHUP (an interactive
+/// shell ignores SIGTERM), then a SIGKILL 2 s later.
+async fn run_shell(
+    tool: &str,
+    command: &[String],
+    vars: &[(String, String)],
+    hangup: &mut HangUp,
+) -> Result<i32, CliError> {
+    use std::os::unix::process::ExitStatusExt;
+    let what = || format!("{tool}: run {:?}", command[0]);
+    let mut child = tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .envs(vars.iter().cloned())
+        .spawn()
+        .map_err(|e| CliError::new(what(), e.to_string()))?;
+    let status = tokio::select! {
+        st = child.wait() => st.map_err(|e| CliError::new(what(), e.to_string()))?,
+        sig = hangup.next() => {
+            if let Some(pid) = child.id() {
+                // SAFETY: kill(2) on our own child's pid.
+                unsafe {
+                    libc::kill(pid as libc::pid_t, libc::SIGHUP);
+                }
+            }
+            if tokio::time::timeout(Duration::from_secs(2), child.wait()).await.is_err() {
+                let _ = child.kill().await;
+            }
+            return Ok(128 + sig);
+        }
+    };
+    Ok(status
+        .code()
+        .or_else(|| status.signal().map(|n| 128 + n))
+        .unwrap_or(1))
 }
 
 /// `srun` inside an allocation, translated: the step, the `--jobid` if given, and one
@@ -415,8 +740,225 @@ pub struct SrunStep {
     pub warnings: Vec<String>,
 }
 
-/// Short srun options that take a value (Slurm's getopt string).
-const SRUN_SHORT_WITH_VALUE: &str = "AbcdDeiJLmMnNopqrStTwWxCG";
+/// srun's long options that take a value, as `--name value` or `--name=value` (srun(1)).
+/// Options whose value is optional (`--bcast[=path]`, `--exclusive[=user]`,
+/// `--immediate[=s]`, `--kill-on-bad-exit[=0|1]`, `--no-kill[=off]`, `--nice[=n]`,
+/// `--propagate[=rlimits]`, `--resv-ports[=n]`, `--compress[=type]`,
+/// `--send-libs[=yes|no]`, `--x11[=...]`, `--pty[=fd]`) only take one after `=`.
+pub const SRUN_LONG_WITH_VALUE: &[&str] = &[
+    "accel-bind",
+    "account",
+    "acctg-freq",
+    "bb",
+    "bbf",
+    "bcast-exclude",
+    "begin",
+    "chdir",
+    "cluster-constraint",
+    "clusters",
+    "comment",
+    "constraint",
+    "container",
+    "container-id",
+    "core-spec",
+    "cores-per-socket",
+    "cpu-bind",
+    "cpu-freq",
+    "cpus-per-gpu",
+    "cpus-per-task",
+    "deadline",
+    "delay-boot",
+    "dependency",
+    "distribution",
+    "epilog",
+    "error",
+    "exclude",
+    "export",
+    "extra",
+    "extra-node-info",
+    "gid",
+    "gpu-bind",
+    "gpu-freq",
+    "gpus",
+    "gpus-per-node",
+    "gpus-per-socket",
+    "gpus-per-task",
+    "gres",
+    "gres-flags",
+    "het-group",
+    "hint",
+    "input",
+    "job-name",
+    "jobid",
+    "licenses",
+    "mail-type",
+    "mail-user",
+    "mcs-label",
+    "mem",
+    "mem-bind",
+    "mem-per-cpu",
+    "mem-per-gpu",
+    "mincpus",
+    "mpi",
+    "network",
+    "nodefile",
+    "nodelist",
+    "nodes",
+    "ntasks",
+    "ntasks-per-core",
+    "ntasks-per-gpu",
+    "ntasks-per-node",
+    "ntasks-per-socket",
+    "open-mode",
+    "output",
+    "partition",
+    "power",
+    "prefer",
+    "priority",
+    "profile",
+    "prolog",
+    "qos",
+    "relative",
+    "reservation",
+    "segment",
+    "signal",
+    "slurmd-debug",
+    "sockets-per-node",
+    "switches",
+    "task-epilog",
+    "task-prolog",
+    "thread-spec",
+    "threads",
+    "threads-per-core",
+    "time",
+    "time-min",
+    "tmp",
+    "tres-bind",
+    "tres-per-task",
+    "uid",
+    "wait",
+    "wckey",
+];
+
+/// srun's short options that take a value (`-c 4`, `-c4`): -A account, -b begin,
+/// -B extra-node-info, -c cpus-per-task, -C constraint, -d dependency, -D chdir,
+/// -e error, -F nodefile, -G gpus, -i input, -J job-name, -L licenses, -m distribution,
+/// -M clusters, -n ntasks, -N nodes, -o output, -p partition, -q qos, -r relative,
+/// -S core-spec, -t time, -T threads, -w nodelist, -W wait, -x exclude.
+pub const SRUN_SHORT_WITH_VALUE: &str = "AbBcCdDeFGiJLmMnNopqrStTwWx";
+/// srun's short options with an optional value, which only comes attached (`-I30`):
+/// -I immediate, -K kill-on-bad-exit, -k no-kill.
+const SRUN_SHORT_OPTIONAL: &str = "IKk";
+
+/// One option on srun's command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SrunOpt {
+    /// The long name, or the short letter.
+    pub name: String,
+    /// Its value, when it has one.
+    pub value: Option<String>,
+    /// The option alone (`-c`, `--mpi`), for messages.
+    pub flag: String,
+    /// The option as written, value included (`-c 4`, `--mpi=pmi2`), for messages.
+    pub shown: String,
+}
+
+/// Splits srun's command line (`srun [OPTIONS] CMD [ARGS...]`) into its options and the
+/// index of the command's first word: options that take a value take the next word
+/// unless given as `--name=value` or `-xVALUE`; short flags may be clustered (`-lN2`);
+/// `--` or the first word that is not an option ends the options.
+pub fn srun_options(args: &[String]) -> Result<(Vec<SrunOpt>, usize), String> {
+    let mut opts = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        if a == "--" {
+            return Ok((opts, i + 1));
+        }
+        if !a.starts_with('-') || a == "-" {
+            break;
+        }
+        if let Some(body) = a.strip_prefix("--") {
+            let (name, inline) = match body.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (body, None),
+            };
+            let (value, shown) = match inline {
+                Some(v) => (Some(v.to_string()), a.to_string()),
+                None if SRUN_LONG_WITH_VALUE.contains(&name) => {
+                    i += 1;
+                    let v = args
+                        .get(i)
+                        .cloned()
+                        .ok_or_else(|| format!("option {a} needs a value"))?;
+                    let shown = format!("{a} {v}");
+                    (Some(v), shown)
+                }
+                None => (None, a.to_string()),
+            };
+            opts.push(SrunOpt {
+                name: name.to_string(),
+                value,
+                flag: format!("--{name}"),
+                shown,
+            });
+        } else {
+            let body = &a[1..];
+            for (pos, c) in body.char_indices() {
+                let rest = &body[pos + c.len_utf8()..];
+                let flag = format!("-{c}");
+                if SRUN_SHORT_WITH_VALUE.contains(c) {
+                    let (value, shown) = if rest.is_empty() {
+                        i += 1;
+                        let v = args
+                            .get(i)
+                            .cloned()
+                            .ok_or_else(|| format!("option {flag} needs a value"))?;
+                        let shown = format!("{flag} {v}");
+                        (v, shown)
+                    } else {
+                        (
+                            rest.trim_start_matches('=').to_string(),
+                            format!("{flag}{rest}"),
+                        )
+                    };
+                    opts.push(SrunOpt {
+                        name: c.to_string(),
+                        value: Some(value),
+                        flag,
+                        shown,
+                    });
+                    break;
+                }
+                let optional = SRUN_SHORT_OPTIONAL.contains(c) && !rest.is_empty();
+                opts.push(SrunOpt {
+                    name: c.to_string(),
+                    value: optional.then(|| rest.trim_start_matches('=').to_string()),
+                    shown: if optional {
+                        format!("{flag}{rest}")
+                    } else {
+                        flag.clone()
+                    },
+                    flag,
+                });
+                if optional {
+                    break;
+                }
+            }
+        }
+        i += 1;
+    }
+    Ok((opts, i))
+}
+
+/// The `--jobid` on srun's command line, if any (not in the command's own arguments).
+pub fn srun_jobid(args: &[String]) -> Option<String> {
+    let (opts, _) = srun_options(args).ok()?;
+    opts.into_iter()
+        .filter(|o| o.name == "jobid")
+        .filter_map(|o| o.value)
+        .next_back()
+}
 
 /// Parses srun's command line for a step (`srun [OPTIONS] CMD [ARGS...]`).
 pub fn parse_srun_step(args: &[String]) -> Result<SrunStep, String> {
@@ -428,52 +970,15 @@ pub fn parse_srun_step(args: &[String]) -> Result<SrunStep, String> {
             .parse::<u32>()
             .map_err(|_| format!("{opt} needs a number, got {v:?}"))
     };
-    let mut i = 0;
-    while i < args.len() {
-        let a = args[i].as_str();
-        if a == "--" {
-            i += 1;
-            break;
-        }
-        if !a.starts_with('-') || a == "-" {
-            break;
-        }
-        // (name, inline value) for `--long[=v]` and `-x[v]`.
-        let (name, inline): (String, Option<String>) = match a.strip_prefix("--") {
-            Some(body) => match body.split_once('=') {
-                Some((k, v)) => (k.to_string(), Some(v.to_string())),
-                None => (body.to_string(), None),
-            },
-            None => {
-                let c = a[1..].chars().next().unwrap_or('?');
-                let rest = &a[1 + c.len_utf8()..];
-                (
-                    c.to_string(),
-                    (!rest.is_empty()).then(|| rest.trim_start_matches('=').to_string()),
-                )
-            }
-        };
-        let takes_value = match name.as_str() {
-            "ntasks" | "nodes" | "ntasks-per-node" | "jobid" | "chdir" | "export" | "job-name"
-            | "mpi" => true,
-            n if n.chars().count() == 1 => n.chars().all(|c| SRUN_SHORT_WITH_VALUE.contains(c)),
-            _ => false,
-        };
-        let mut value = || -> Result<String, String> {
-            if let Some(v) = &inline {
-                return Ok(v.clone());
-            }
-            i += 1;
-            args.get(i)
-                .cloned()
-                .ok_or_else(|| format!("option {a} needs a value"))
-        };
-        match name.as_str() {
-            "n" | "ntasks" => st.req.ntasks = Some(num(a, &value()?)?),
-            "N" | "nodes" => st.req.nodes = Some(num(a, &value()?)?),
-            "ntasks-per-node" => st.req.tasks_per_node = Some(num(a, &value()?)?),
-            "jobid" => st.req.alloc = value()?,
-            "D" | "chdir" => st.req.chdir = Some(value()?),
+    let (opts, start) = srun_options(args)?;
+    for o in opts {
+        let v = o.value.clone().unwrap_or_default();
+        match o.name.as_str() {
+            "n" | "ntasks" => st.req.ntasks = Some(num(&o.flag, &v)?),
+            "N" | "nodes" => st.req.nodes = Some(num(&o.flag, &v)?),
+            "ntasks-per-node" => st.req.tasks_per_node = Some(num(&o.flag, &v)?),
+            "jobid" => st.req.alloc = v,
+            "D" | "chdir" => st.req.chdir = Some(v),
             "l" | "label" => st.req.label = true,
             "pty" => {
                 return Err(
@@ -481,25 +986,17 @@ pub fn parse_srun_step(args: &[String]) -> Result<SrunStep, String> {
                 )
             }
             "export" => {
-                let v = value()?;
-                if !v.eq_ignore_ascii_case("ALL") {
-                    st.warnings.push(format!(
-                        "--export={v}: the step gets the allocation's environment (as with ALL)"
-                    ));
-                }
+                // Checked now, applied to this process's environment when the step is made.
+                export_env(Some(&v), std::iter::empty())?;
+                st.req.export = Some(v);
             }
-            _ if takes_value => {
-                let v = value()?;
-                st.warnings
-                    .push(format!("{a}{}: ignored for a step inside an allocation", if inline.is_some() { String::new() } else { format!(" {v}") }));
-            }
-            _ => st
-                .warnings
-                .push(format!("{a}: ignored for a step inside an allocation")),
+            _ => st.warnings.push(format!(
+                "{}: ignored for a step inside an allocation",
+                o.shown
+            )),
         }
-        i += 1;
     }
-    st.req.command = args[i.min(args.len())..].to_vec();
+    st.req.command = args[start.min(args.len())..].to_vec();
     if st.req.command.is_empty() {
         return Err("no command given: srun [OPTIONS] CMD [ARGS...]".into());
     }
@@ -562,5 +1059,140 @@ mod tests {
                 .nodes,
             Some(2)
         );
+    }
+
+    #[test]
+    fn srun_options_with_a_separate_value_are_not_the_command() {
+        let value = |name: &str| match name {
+            "export" => "NONE",
+            "chdir" | "D" => "/tmp",
+            _ => "2",
+        };
+        for name in SRUN_LONG_WITH_VALUE {
+            let flag = format!("--{name}");
+            let st = parse_srun_step(&v(&[&flag, value(name), "./app", "-x"]))
+                .unwrap_or_else(|e| panic!("{flag}: {e}"));
+            assert_eq!(st.req.command, v(&["./app", "-x"]), "{flag}");
+        }
+        for c in SRUN_SHORT_WITH_VALUE.chars() {
+            let flag = format!("-{c}");
+            let st = parse_srun_step(&v(&[&flag, value(&c.to_string()), "./app"]))
+                .unwrap_or_else(|e| panic!("{flag}: {e}"));
+            assert_eq!(st.req.command, v(&["./app"]), "{flag}");
+            // Attached: `-c4`.
+            let st = parse_srun_step(&v(&[&format!("{flag}{}", value(&c.to_string())), "./app"]))
+                .unwrap_or_else(|e| panic!("{flag}: {e}"));
+            assert_eq!(st.req.command, v(&["./app"]), "{flag}");
+        }
+        let st = parse_srun_step(&v(&["--cpus-per-task", "4", "./app"])).unwrap();
+        assert_eq!(st.req.command, v(&["./app"]));
+        assert_eq!(
+            st.warnings,
+            v(&["--cpus-per-task 4: ignored for a step inside an allocation"])
+        );
+        // Optional values come only after `=` (or attached to the short option).
+        for opt in [
+            "--exclusive",
+            "--bcast",
+            "--overlap",
+            "--exact",
+            "--kill-on-bad-exit",
+            "--immediate=30",
+            "-K",
+            "-I30",
+            "-k",
+            "-E",
+            "-u",
+        ] {
+            let st = parse_srun_step(&v(&[opt, "./app"])).unwrap();
+            assert_eq!(st.req.command, v(&["./app"]), "{opt}");
+        }
+        // Clusters of short options: `-lN2`, `-ln 4`.
+        let st = parse_srun_step(&v(&["-lN2", "-ln", "4", "hostname"])).unwrap();
+        assert_eq!(
+            (st.req.label, st.req.nodes, st.req.ntasks),
+            (true, Some(2), Some(4))
+        );
+        assert_eq!(st.req.command, v(&["hostname"]));
+        assert!(st.warnings.is_empty(), "{:?}", st.warnings);
+    }
+
+    #[test]
+    fn srun_jobid_is_found_among_the_options_only() {
+        let jobid = |a: &[&str]| srun_jobid(&v(a));
+        assert_eq!(
+            jobid(&["-N", "1", "--jobid=42", "cmd"]).as_deref(),
+            Some("42")
+        );
+        assert_eq!(
+            jobid(&["--cpus-per-task", "4", "--jobid", "42", "cmd"]).as_deref(),
+            Some("42")
+        );
+        assert_eq!(
+            jobid(&["-c4", "--jobid", "42", "cmd"]).as_deref(),
+            Some("42")
+        );
+        assert_eq!(jobid(&["cmd", "--jobid=42"]), None);
+        assert_eq!(jobid(&["-N", "1", "--", "cmd", "--jobid=42"]), None);
+        assert_eq!(jobid(&["--jobid"]), None);
+    }
+
+    #[test]
+    fn srun_export_is_kept_for_the_step() {
+        let st = parse_srun_step(&v(&["--export=NONE", "true"])).unwrap();
+        assert_eq!(st.req.export.as_deref(), Some("NONE"));
+        assert!(st.warnings.is_empty(), "{:?}", st.warnings);
+        let st = parse_srun_step(&v(&["--export", "ALL,OMP_NUM_THREADS=4", "true"])).unwrap();
+        assert_eq!(st.req.export.as_deref(), Some("ALL,OMP_NUM_THREADS=4"));
+        assert!(parse_srun_step(&v(&["--export=1X", "true"]))
+            .unwrap_err()
+            .contains("not a variable name"));
+    }
+
+    #[test]
+    fn export_follows_slurm() {
+        let caller = || {
+            [
+                ("PATH", "/usr/bin"),
+                ("OMP_NUM_THREADS", "2"),
+                ("LATTICE_TOKEN", "secret"),
+                ("LATTICE_ALLOC_ID", "job"),
+                ("SLURM_JOB_ID", "job"),
+                ("SLURM_PROCID", "0"),
+                ("PWD", "/home/a"),
+                ("OLDPWD", "/"),
+                ("SHLVL", "2"),
+                ("_", "/usr/bin/srun"),
+                ("HOSTNAME", "login1"),
+                ("HOME", "/home/a"),
+                ("USER", "a"),
+                ("LOGNAME", "a"),
+                ("TERM", "xterm"),
+                ("BASH_FUNC_f%%", "() { :; }"),
+            ]
+            .map(|(k, val)| (k.to_string(), val.to_string()))
+        };
+        let keys = |spec: Option<&str>| -> Vec<String> {
+            export_env(spec, caller()).unwrap().into_keys().collect()
+        };
+        assert_eq!(keys(None), v(&["OMP_NUM_THREADS", "PATH", "TERM"]));
+        assert_eq!(keys(Some("all")), keys(None));
+        assert_eq!(keys(Some("NONE")), Vec::<String>::new());
+        assert_eq!(keys(Some("NIL")), Vec::<String>::new());
+        assert_eq!(keys(Some("PATH,UNSET")), v(&["PATH"]));
+        // Named explicitly, a variable left out by default goes.
+        assert_eq!(keys(Some("HOME")), v(&["HOME"]));
+        let env = export_env(Some("ALL,OMP_NUM_THREADS=8,X=a=b"), caller()).unwrap();
+        assert_eq!(env["OMP_NUM_THREADS"], "8");
+        assert_eq!(env["X"], "a=b");
+        assert_eq!(env.len(), 4);
+        let env = export_env(Some("NONE,X=1"), caller()).unwrap();
+        assert_eq!(
+            env.into_iter().collect::<Vec<_>>(),
+            [("X".to_string(), "1".to_string())]
+        );
+        assert!(export_env(Some("ALL,NONE"), caller()).is_err());
+        assert!(export_env(Some(""), caller()).is_err());
+        assert!(export_env(Some("A-B"), caller()).is_err());
     }
 }

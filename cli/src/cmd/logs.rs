@@ -305,8 +305,56 @@ pub fn expand_filename(pattern: &str, a: &serde_json::Value) -> String {
     out
 }
 
+/// Where `--download` writes a file named by allocation `a`'s submission: `pattern`
+/// expanded (see [`expand_filename`]), relative paths under `base`. For someone else's
+/// allocation (its `lattice.dev/user` is not `me`; the annotations and the job name are
+/// theirs to choose) the path must stay in the current directory `cwd`: relative paths
+/// are taken from `cwd` (not their submission directory), and absolute ones or ones with
+/// a `..` component are replaced by their file name in `cwd`. Returns the path and, when
+/// it was replaced, a note saying so.
+pub fn download_path(
+    pattern: &str,
+    a: &serde_json::Value,
+    base: &std::path::Path,
+    cwd: &std::path::Path,
+    trusted: bool,
+) -> (std::path::PathBuf, Option<String>) {
+    use std::path::{Component, Path, PathBuf};
+    let expanded = expand_filename(pattern, a);
+    let p = Path::new(&expanded);
+    if trusted {
+        return (base.join(p), None);
+    }
+    let escapes = p
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
+    if !escapes {
+        return (cwd.join(p), None);
+    }
+    let file = p
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            _ => None,
+        })
+        .next_back()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(format!("slurm-{}.out", workload::name(a))));
+    let path = cwd.join(file);
+    let note = format!(
+        "Note: allocation {} belongs to {}, not you: its output path {expanded:?} is not used outside the current directory; writing {} instead",
+        workload::name(a),
+        a.pointer("/metadata/annotations/lattice.dev~1user")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("an unknown user"),
+        path.display()
+    );
+    (path, Some(note))
+}
+
 /// Downloads an allocation's output to the files its submission named (see
-/// [`expand_filename`]); returns one line per file written.
+/// [`expand_filename`] and [`download_path`]); returns one line per file written (and
+/// one per note).
 pub async fn download(
     ctx: &Ctx,
     tenant: &str,
@@ -320,19 +368,22 @@ pub async fn download(
             .filter(|v| !v.trim().is_empty())
             .map(str::to_string)
     };
+    // Only the submitter's own paths are followed anywhere.
+    let me = ctx.user();
+    let trusted = me.is_some() && hint(workload::USER_ANNOTATION) == me;
     let base = hint("lattice.dev/submit-dir")
+        .filter(|_| trusted)
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| ctx.cwd.clone());
-    let resolve = |p: &str| {
-        let p = std::path::PathBuf::from(expand_filename(p, a));
-        if p.is_absolute() {
-            p
-        } else {
-            base.join(p)
-        }
+    let mut lines = Vec::new();
+    let mut resolve = |p: &str| {
+        let (path, note) = download_path(p, a, &base, &ctx.cwd, trusted);
+        lines.extend(note);
+        path
     };
     let out_path = resolve(&hint(OUTPUT_ANNOTATION).unwrap_or_else(|| DEFAULT_OUTPUT.into()));
     let err_path = hint(ERROR_ANNOTATION).map(|e| resolve(&e));
+    // The files hold the output as the job wrote it: no `node| ` prefixes.
     let parts: Vec<(std::path::PathBuf, LogsArgs)> = match err_path {
         Some(e) if e != out_path => vec![
             (
@@ -340,6 +391,7 @@ pub async fn download(
                 LogsArgs {
                     id: id.clone(),
                     stdout: true,
+                    no_prefix: true,
                     ..Default::default()
                 },
             ),
@@ -348,6 +400,7 @@ pub async fn download(
                 LogsArgs {
                     id: id.clone(),
                     stderr: true,
+                    no_prefix: true,
                     ..Default::default()
                 },
             ),
@@ -356,11 +409,11 @@ pub async fn download(
             out_path,
             LogsArgs {
                 id: id.clone(),
+                no_prefix: true,
                 ..Default::default()
             },
         )],
     };
-    let mut lines = Vec::new();
     for (path, la) in parts {
         let mut buf: Vec<u8> = Vec::new();
         let mut sink: Vec<u8> = Vec::new();
@@ -424,5 +477,41 @@ mod tests {
         );
         let plain = json!({"metadata": {"name": "j1"}});
         assert_eq!(expand_filename("%x-%a-%N", &plain), "j1-4294967294-unknown");
+    }
+
+    #[test]
+    fn someone_elses_paths_stay_in_the_current_directory() {
+        use std::path::{Path, PathBuf};
+        let a = json!({
+            "metadata": {"name": "j9", "annotations": {"lattice.dev/user": "bob"}},
+            "spec": {"tags": {"name": "../../.ssh/authorized_keys"}}
+        });
+        let (base, cwd) = (Path::new("/home/bob/run"), Path::new("/home/alice/here"));
+        // One's own job: its paths as they are.
+        assert_eq!(
+            download_path("/tmp/out-%j.txt", &a, base, cwd, true),
+            (PathBuf::from("/tmp/out-j9.txt"), None)
+        );
+        assert_eq!(
+            download_path("logs/%j.out", &a, base, cwd, true).0,
+            PathBuf::from("/home/bob/run/logs/j9.out")
+        );
+        // Someone else's: relative paths from here, nothing outside it.
+        assert_eq!(
+            download_path("logs/%j.out", &a, base, cwd, false),
+            (PathBuf::from("/home/alice/here/logs/j9.out"), None)
+        );
+        for (pattern, want) in [
+            ("/home/alice/.bashrc", "/home/alice/here/.bashrc"),
+            ("../x/../../evil", "/home/alice/here/evil"),
+            ("%x", "/home/alice/here/authorized_keys"),
+            ("/", "/home/alice/here/slurm-j9.out"),
+            ("..", "/home/alice/here/slurm-j9.out"),
+        ] {
+            let (path, note) = download_path(pattern, &a, base, cwd, false);
+            assert_eq!(path, PathBuf::from(want), "{pattern}");
+            let note = note.unwrap_or_default();
+            assert!(note.contains("belongs to bob"), "{pattern}: {note}");
+        }
     }
 }
