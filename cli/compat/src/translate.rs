@@ -333,7 +333,9 @@ fn apply(st: &mut State, opt: &ParsedOption, warns: &mut Vec<Warning>) -> Result
             // `lattice submit --depends-on ... --dependency ...` (or several --dependency
             // flags): the command line's dependencies add up; they replace the script's.
             match &mut st.deps {
-                Some((prev, src)) if *src == opt.source && st.deps_from_flags => prev.merge(d),
+                Some((prev, src)) if *src == opt.source && st.deps_from_flags => {
+                    prev.merge(d).map_err(|e| bad(opt, e))?
+                }
                 _ => st.deps = Some((d, opt.source.clone())),
             }
             st.deps_from_flags = true;
@@ -1262,13 +1264,6 @@ fn finish(
         let opt = format!("--dependency={}", d.raw);
         for n in &d.notes {
             warns.push(Warning::note(src, &opt, n.clone()));
-        }
-        if d.any_of && d.edges.len() > 1 {
-            warns.push(Warning::note(
-                src,
-                &opt,
-                "'?' (any-of) dependencies are not supported; waiting for all of them",
-            ));
         }
         if d.singleton && display_name.is_none() {
             warns.push(Warning::note(

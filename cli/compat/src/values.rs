@@ -7,6 +7,9 @@ use crate::error::ValueError;
 
 /// Longest walltime accepted (366 days, as the API server enforces).
 pub const MAX_WALLTIME_SECS: u64 = 366 * 24 * 3600;
+/// Longest dependency delay (`ID+MINUTES`) accepted (366 days, as the API server enforces
+/// for durations).
+pub const MAX_DURATION_SECS: u64 = 366 * 24 * 3600;
 /// Most tasks one task group may expand to (as the API server enforces).
 pub const MAX_TASKS: u64 = 100_000;
 
@@ -783,10 +786,11 @@ impl CParser {
 }
 
 /// A dependency condition (Lattice's names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DepCondition {
     /// `afterok` / `:success`.
+    #[default]
     Success,
     /// `afternotok` / `:failure`.
     Failure,
@@ -810,6 +814,17 @@ impl DepCondition {
         }
     }
 
+    /// The Slurm type (`afterok`, ...).
+    pub fn slurm_name(self) -> &'static str {
+        match self {
+            DepCondition::Success => "afterok",
+            DepCondition::Failure => "afternotok",
+            DepCondition::Any => "afterany",
+            DepCondition::Corresponding => "aftercorr",
+            DepCondition::Started => "after",
+        }
+    }
+
     fn from_dag(c: lattice_dag::deps::Condition) -> Option<Self> {
         use lattice_dag::deps::Condition as C;
         Some(match c {
@@ -824,12 +839,42 @@ impl DepCondition {
 }
 
 /// One dependency edge.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct DepEdge {
     /// Allocation (job) id depended on: a name or a uid.
     pub target: String,
     /// Condition.
     pub condition: DepCondition,
+    /// Slurm `ID_TASK`: only this element of the job array `target` (`taskIndex`).
+    pub task: Option<u64>,
+    /// Slurm `+MINUTES`, in seconds: hold only this long after `target` started
+    /// (`after`) or ended (the others) (`delay`).
+    pub delay_seconds: Option<u64>,
+    /// One of the alternatives of a `?` list (`anyOf: true`).
+    pub any_of: bool,
+}
+
+impl DepEdge {
+    /// `{target, condition}` without options.
+    pub fn new(target: impl Into<String>, condition: DepCondition) -> Self {
+        DepEdge {
+            target: target.into(),
+            condition,
+            ..Default::default()
+        }
+    }
+
+    /// As Slurm writes it: `afterok:123_4+5`.
+    pub fn slurm(&self) -> String {
+        let mut s = format!("{}:{}", self.condition.slurm_name(), self.target);
+        if let Some(t) = self.task {
+            s.push_str(&format!("_{t}"));
+        }
+        if let Some(d) = self.delay_seconds {
+            s.push_str(&format!("+{}", d / 60));
+        }
+        s
+    }
 }
 
 /// A Flux RFC 26 `string` (symbolic) dependency.
@@ -849,17 +894,20 @@ pub struct SymbolDep {
 pub struct DependencySpec {
     /// As written.
     pub raw: String,
-    /// Edges, in order, deduplicated by target (first wins).
+    /// Edges, in order, deduplicated by target and task (first wins).
     pub edges: Vec<DepEdge>,
-    /// Slurm `?` separators: satisfied when any edge is (Lattice waits for all).
+    /// Slurm `?` separators were used: the edges (and `singleton`) of that list are
+    /// alternatives (`any_of` on each), satisfied when any one is.
     pub any_of: bool,
     /// Slurm `singleton` was requested.
     pub singleton: bool,
+    /// `singleton` is one of the alternatives of a `?` list (and not required elsewhere).
+    pub singleton_any_of: bool,
     /// Flux `begin-time`: not before this time (seconds since the UNIX epoch).
     pub begin_time: Option<f64>,
     /// Flux `string` dependencies, in order, one per symbol.
     pub symbols: Vec<SymbolDep>,
-    /// Notes about approximations (e.g. an ignored `after:ID+MINUTES` delay).
+    /// Notes about approximations (e.g. `afterburstbuffer`, a duplicate job).
     pub notes: Vec<String>,
 }
 
@@ -870,6 +918,7 @@ impl DependencySpec {
             edges: vec![],
             any_of: false,
             singleton: false,
+            singleton_any_of: false,
             begin_time: None,
             symbols: vec![],
             notes: vec![],
@@ -877,13 +926,25 @@ impl DependencySpec {
     }
 
     /// Add `other`'s dependencies (e.g. `--depends-on` and `--dependency` both given).
-    pub fn merge(&mut self, other: DependencySpec) {
+    /// An allocation has one group of alternatives, so two `?` lists are refused.
+    pub fn merge(&mut self, other: DependencySpec) -> Result<(), ValueError> {
+        if self.any_of && other.any_of {
+            return Err(ValueError::new(
+                format!(
+                    "{:?} and {:?} are two '?' (any-of) lists; a job has one group of alternatives",
+                    self.raw, other.raw
+                ),
+                "join the alternatives into one '?' list, or list required dependencies with ','",
+            ));
+        }
         self.raw = format!("{},{}", self.raw, other.raw);
         for e in other.edges {
             self.push_edge(e);
         }
         self.any_of |= other.any_of;
-        self.singleton |= other.singleton;
+        if other.singleton {
+            self.set_singleton(other.singleton_any_of);
+        }
         if let Some(t) = other.begin_time {
             self.set_begin_time(t);
         }
@@ -891,13 +952,31 @@ impl DependencySpec {
             self.push_symbol(s);
         }
         self.notes.extend(other.notes);
+        Ok(())
+    }
+
+    /// `singleton`, as an alternative of a `?` list or not: a required one wins.
+    fn set_singleton(&mut self, alternative: bool) {
+        self.singleton_any_of = if self.singleton {
+            self.singleton_any_of && alternative
+        } else {
+            alternative
+        };
+        self.singleton = true;
     }
 
     fn push_edge(&mut self, e: DepEdge) {
-        if self.edges.iter().any(|x| x.target == e.target) {
+        if self
+            .edges
+            .iter()
+            .any(|x| x.target == e.target && x.task == e.task)
+        {
+            let job = match e.task {
+                Some(t) => format!("{}_{t}", e.target),
+                None => e.target.clone(),
+            };
             self.notes.push(format!(
-                "{} is listed more than once; keeping the first condition",
-                e.target
+                "{job} is listed more than once; keeping the first condition"
             ));
         } else {
             self.edges.push(e);
@@ -934,15 +1013,30 @@ impl DependencySpec {
         let mut out = Vec::new();
         let mut notes = Vec::new();
         for e in &self.edges {
-            if e.condition == DepCondition::Corresponding && !has_array {
+            let condition = if e.condition == DepCondition::Corresponding && !has_array {
                 notes.push(format!(
                     "aftercorr:{} needs an array (--array); waiting for the whole job to succeed",
                     e.target
                 ));
-                out.push(json!({"ref": e.target, "condition": "success"}));
+                DepCondition::Success
             } else {
-                out.push(json!({"ref": e.target, "condition": e.condition.as_str()}));
+                e.condition
+            };
+            let mut entry = json!({"ref": e.target, "condition": condition.as_str()});
+            if let Some(t) = e.task {
+                entry["taskIndex"] = json!(t);
             }
+            if let Some(d) = e.delay_seconds {
+                entry["delay"] = json!(if d % 60 == 0 {
+                    format!("{}m", d / 60)
+                } else {
+                    format!("{d}s")
+                });
+            }
+            if e.any_of {
+                entry["anyOf"] = json!(true);
+            }
+            out.push(entry);
         }
         if let Some(t) = self.begin_time {
             out.push(json!({ "beginTime": t }));
@@ -951,13 +1045,17 @@ impl DependencySpec {
             out.push(json!({"symbol": s.name, "type": s.type_, "scope": s.scope}));
         }
         if self.singleton {
-            out.push(json!({"singleton": true}));
+            out.push(if self.singleton_any_of {
+                json!({"singleton": true, "anyOf": true})
+            } else {
+                json!({"singleton": true})
+            });
         }
         (out, notes)
     }
 }
 
-const DEP_HINT: &str = "use TYPE:JOBID[:JOBID...] with TYPE one of after, afterok, afternotok, afterany, aftercorr, or singleton, or a Flux form begin-time:EPOCH_SECONDS / string:NAME?type=in|out|inout[&scope=user|global]; join with ',' (all) or '?' (any), e.g. \"afterok:123:124,afterany:125\"";
+const DEP_HINT: &str = "use TYPE:JOBID[:JOBID...] with TYPE one of after, afterok, afternotok, afterany, aftercorr, or singleton (JOBID_TASK: one array task; JOBID+MINUTES: a delay), or a Flux form begin-time:EPOCH_SECONDS / string:NAME?type=in|out|inout[&scope=user|global]; join with ',' (all) or '?' (any), e.g. \"afterok:123:124,afterany:125\"";
 
 /// A job / allocation id usable as a dependency `ref` (a DNS-1123 name; uids are too).
 fn valid_job_id(id: &str) -> bool {
@@ -1006,6 +1104,13 @@ fn split_offsets(s: &str, sep: char) -> Vec<(usize, &str)> {
 /// `singleton`, `?` for any-of) and Flux RFC 26's command-line forms (`afterok:ID`,
 /// `after:ID`, `begin-time:1767225600.5`, `string:NAME?type=in|out|inout&scope=user|global`),
 /// mixed freely with ','. Entries are parsed by `lattice_dag::deps`.
+///
+/// * `?` (only one separator per list, as in Slurm): every entry of the list is an
+///   alternative ([`DepEdge::any_of`], `singleton_any_of`); `aftercorr` cannot be one;
+/// * `ID+MINUTES` ([`DepEdge::delay_seconds`]): after `after`, from the job's start; after
+///   `afterok`, `afternotok` and `afterany` (a Lattice extension: Slurm documents the
+///   delay for `after` only), from its end;
+/// * `ID_TASK` ([`DepEdge::task`]): element TASK of the job array ID.
 pub fn parse_slurm_dependency(s: &str) -> Result<DependencySpec, ValueError> {
     let raw = s.trim();
     if raw.is_empty() {
@@ -1037,7 +1142,7 @@ pub fn parse_slurm_dependency(s: &str) -> Result<DependencySpec, ValueError> {
             continue;
         }
         for (o, part) in split_offsets(item, '?') {
-            parse_slurm_item(part, off + o, &mut spec)?;
+            parse_slurm_item(part, off + o, any_of, &mut spec)?;
         }
     }
     Ok(spec)
@@ -1069,6 +1174,7 @@ fn parse_flux_item(item: &str, offset: usize, spec: &mut DependencySpec) -> Resu
 fn parse_slurm_item(
     part: &str,
     offset: usize,
+    alternative: bool,
     spec: &mut DependencySpec,
 ) -> Result<(), ValueError> {
     let t = part.trim();
@@ -1079,7 +1185,7 @@ fn parse_slurm_item(
         ));
     }
     if t.eq_ignore_ascii_case("singleton") {
-        spec.singleton = true;
+        spec.set_singleton(alternative);
         return Ok(());
     }
     let lower;
@@ -1099,9 +1205,15 @@ fn parse_slurm_item(
         t = &burst;
     }
     let offset = offset + (part.chars().count() - part.trim_start().chars().count());
-    // The job name only matters for `singleton`, handled above.
-    let deps = lattice_dag::deps::parse_slurm_dependency(t, Some("-"))
-        .map_err(|e| from_parse_error(e, offset))?;
+    // `lattice_dag` takes `+MINUTES` after `after` ids only; Lattice also delays the
+    // other types (from the job's end), so their offsets are parsed here.
+    let deps = match t.split_once(':') {
+        Some((k @ ("afterok" | "afternotok" | "afterany"), rest)) if rest.contains('+') => {
+            parse_delayed_ids(k, rest, offset)?
+        }
+        _ => lattice_dag::deps::parse_slurm_dependency(t, Some("-"))
+            .map_err(|e| from_parse_error(e, offset))?,
+    };
     for d in deps {
         let lattice_dag::deps::Dependency::Allocation {
             target,
@@ -1112,22 +1224,35 @@ fn parse_slurm_item(
             continue;
         };
         let Some(condition) = DepCondition::from_dag(condition) else {
-            spec.singleton = true;
+            spec.set_singleton(alternative);
             continue;
         };
-        if let Some(secs) = delay_seconds {
-            spec.notes.push(format!(
-                "{target}+{}: start delays are not supported; the delay is ignored",
-                secs / 60
+        if condition == DepCondition::Corresponding && alternative {
+            return Err(ValueError::new(
+                format!("aftercorr:{target} cannot be one of '?' alternatives: each array task waits for its own counterpart"),
+                "join aftercorr with ',' (all must hold), or wait for one task with afterok:JOBID_TASK",
             ));
         }
-        // Array tasks "123_4" depend on the whole group.
-        let id = match target.split_once('_') {
-            Some((p, t)) => {
-                spec.notes.push(format!("{target}: dependencies on single array tasks are not supported; waiting for the whole task group {p} ({t} ignored)"));
-                p.to_string()
-            }
-            None => target,
+        if let Some(secs) = delay_seconds.filter(|s| *s > MAX_DURATION_SECS) {
+            return Err(ValueError::new(
+                format!("{target}+{}: the delay is longer than 366 days", secs / 60),
+                format!("use at most {} minutes", MAX_DURATION_SECS / 60),
+            ));
+        }
+        // Array tasks: "123_4" is element 4 of the job array 123.
+        let (id, task) = match target.split_once('_') {
+            Some((p, i)) => match i.parse::<u64>() {
+                Ok(n) if !i.is_empty() && i.len() <= 9 && i.bytes().all(|b| b.is_ascii_digit()) => {
+                    (p.to_string(), Some(n))
+                }
+                _ => {
+                    return Err(ValueError::new(
+                        format!("{target:?} is not a job id or array task"),
+                        "an array task is JOBID_INDEX with a numeric index, e.g. afterok:123_4",
+                    ))
+                }
+            },
+            None => (target, None),
         };
         if !valid_job_id(&id) {
             return Err(ValueError::new(format!("{id:?} is not a job id"), DEP_HINT));
@@ -1135,9 +1260,69 @@ fn parse_slurm_item(
         spec.push_edge(DepEdge {
             target: id,
             condition,
+            task,
+            delay_seconds: delay_seconds.filter(|s| *s > 0),
+            any_of: alternative,
         });
     }
     Ok(())
+}
+
+/// The ids of `kind:rest` (`afterok`, `afternotok`, `afterany`), some with a `+MINUTES`
+/// delay, checked one by one by `lattice_dag` (errors keep their columns in `rest`,
+/// which starts `offset + kind + 1` characters into the option).
+fn parse_delayed_ids(
+    kind: &str,
+    rest: &str,
+    offset: usize,
+) -> Result<Vec<lattice_dag::deps::Dependency>, ValueError> {
+    let base = offset + kind.chars().count() + 1;
+    let mut out = Vec::new();
+    for (o, idt) in split_offsets(rest, ':') {
+        let (id, minutes) = match idt.split_once('+') {
+            Some((id, m)) => {
+                let col = base + o + id.chars().count() + 2;
+                let minutes = m
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|_| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
+                    .ok_or_else(|| {
+                        ValueError::new(
+                            format!("invalid time offset {m:?} (at column {col})"),
+                            format!("the offset is whole minutes, e.g. {kind}:123+10"),
+                        )
+                    })?;
+                (id, Some(minutes))
+            }
+            None => (idt, None),
+        };
+        // The id alone, as lattice_dag sees it (`kind:` is `kind.len() + 1` characters).
+        let sub = format!("{kind}:{id}");
+        let deps = lattice_dag::deps::parse_slurm_dependency(&sub, Some("-")).map_err(|e| {
+            let col = base + o + e.column().saturating_sub(kind.chars().count() + 1);
+            ValueError::new(format!("{} (at column {col})", e.message), e.hint)
+        })?;
+        let secs = match minutes {
+            Some(m) => Some(m.checked_mul(60).ok_or_else(|| {
+                ValueError::new(
+                    format!("{id}+{m}: the time offset is too large"),
+                    format!("use at most {} minutes", MAX_DURATION_SECS / 60),
+                )
+            })?),
+            None => None,
+        };
+        out.extend(deps.into_iter().map(|d| match d {
+            lattice_dag::deps::Dependency::Allocation {
+                target, condition, ..
+            } => lattice_dag::deps::Dependency::Allocation {
+                target,
+                condition,
+                delay_seconds: secs,
+            },
+            other => other,
+        }));
+    }
+    Ok(out)
 }
 
 const DEPENDS_HINT: &str = "use ID[:CONDITION][,ID[:CONDITION]...] with CONDITION one of success (default), failure, any, corresponding, e.g. \"a1b2c3d4:success\" (for `after` write --dependency=after:ID)";
@@ -1203,7 +1388,7 @@ pub fn parse_depends_on(s: &str) -> Result<DependencySpec, ValueError> {
                 DEPENDS_HINT,
             ));
         }
-        spec.push_edge(DepEdge { target, condition });
+        spec.push_edge(DepEdge::new(target, condition));
     }
     Ok(spec)
 }

@@ -205,10 +205,24 @@ proptest! {
     }
 }
 
+/// One job of a Slurm entry: id, array task (`_N`), delay in minutes (`+M`).
+type DepJob = (String, Option<u64>, Option<u64>);
+
+fn render_job((id, task, minutes): &DepJob) -> String {
+    let mut s = id.clone();
+    if let Some(t) = task {
+        s.push_str(&format!("_{t}"));
+    }
+    if let Some(m) = minutes {
+        s.push_str(&format!("+{m}"));
+    }
+    s
+}
+
 /// One `--dependency` entry and what it should become.
 #[derive(Debug, Clone)]
 enum DepItem {
-    Slurm(&'static str, Vec<String>),
+    Slurm(&'static str, Vec<DepJob>),
     Singleton,
     Begin(u32),
     Symbol(String, &'static str, Option<&'static str>),
@@ -217,7 +231,10 @@ enum DepItem {
 impl DepItem {
     fn render(&self) -> String {
         match self {
-            DepItem::Slurm(t, ids) => format!("{t}:{}", ids.join(":")),
+            DepItem::Slurm(t, ids) => format!(
+                "{t}:{}",
+                ids.iter().map(render_job).collect::<Vec<_>>().join(":")
+            ),
             DepItem::Singleton => "singleton".into(),
             DepItem::Begin(t) => format!("begin-time:{t}"),
             DepItem::Symbol(n, ty, None) => format!("string:{n}?type={ty}"),
@@ -226,14 +243,60 @@ impl DepItem {
     }
 }
 
+fn dep_job() -> impl Strategy<Value = DepJob> {
+    (
+        "[a-z0-9][a-z0-9-]{0,6}[a-z0-9]",
+        prop::option::of(0u64..20),
+        prop::option::of(0u64..600),
+    )
+}
+
+fn slurm_item() -> impl Strategy<Value = DepItem> {
+    (
+        prop::sample::select(vec!["afterok", "afternotok", "afterany", "after"]),
+        prop::collection::vec(dep_job(), 1..3),
+    )
+        .prop_map(|(t, ids)| DepItem::Slurm(t, ids))
+}
+
+fn condition_of(t: &str) -> &'static str {
+    match t {
+        "afterok" => "success",
+        "afternotok" => "failure",
+        "afterany" => "any",
+        _ => "started",
+    }
+}
+
+/// The edges a list of items should parse to: first entry per job and task wins.
+fn expected_edges(items: &[DepItem]) -> Vec<(String, Option<u64>, &'static str, Option<u64>)> {
+    let mut edges: Vec<(String, Option<u64>, &'static str, Option<u64>)> = Vec::new();
+    for it in items {
+        if let DepItem::Slurm(t, ids) = it {
+            for (id, task, minutes) in ids {
+                if !edges.iter().any(|(e, k, _, _)| e == id && k == task) {
+                    let delay = minutes.map(|m| m * 60).filter(|s| *s > 0);
+                    edges.push((id.clone(), *task, condition_of(t), delay));
+                }
+            }
+        }
+    }
+    edges
+}
+
+fn admits(entries: Vec<serde_json::Value>) -> Result<(), String> {
+    let v = serde_json::json!({
+        "apiVersion": "lattice.dev/v1alpha1", "kind": "Allocation",
+        "metadata": {"name": "fuzz", "namespace": "t"},
+        "spec": {"entrypoint": "x", "dependsOn": entries},
+    });
+    let kind = lattice_apis::find_kind("Allocation").expect("kind");
+    (kind.admit)(v).map(|_| ()).map_err(|e| e.to_string())
+}
+
 fn dep_item() -> impl Strategy<Value = DepItem> {
-    let id = "[a-z0-9][a-z0-9-]{0,6}[a-z0-9]";
     prop_oneof![
-        (
-            prop::sample::select(vec!["afterok", "afternotok", "afterany", "after"]),
-            prop::collection::vec(id, 1..3)
-        )
-            .prop_map(|(t, ids)| DepItem::Slurm(t, ids)),
+        slurm_item(),
         Just(DepItem::Singleton),
         (0u32..2_000_000_000).prop_map(DepItem::Begin),
         (
@@ -255,25 +318,13 @@ proptest! {
     fn dependency_lists_parse_to_what_was_written(items in prop::collection::vec(dep_item(), 1..6)) {
         let text = items.iter().map(DepItem::render).collect::<Vec<_>>().join(",");
         let d = parse_slurm_dependency(&text).map_err(|e| TestCaseError::fail(format!("{text}: {e}")))?;
-        let mut edges: Vec<(String, &str)> = Vec::new();
+        let edges = expected_edges(&items);
         let mut symbols: Vec<(String, &str, &str)> = Vec::new();
         let mut begin: Option<f64> = None;
         let mut singleton = false;
         for it in &items {
             match it {
-                DepItem::Slurm(t, ids) => {
-                    let c = match *t {
-                        "afterok" => "success",
-                        "afternotok" => "failure",
-                        "afterany" => "any",
-                        _ => "started",
-                    };
-                    for id in ids {
-                        if !edges.iter().any(|(e, _)| e == id) {
-                            edges.push((id.clone(), c));
-                        }
-                    }
-                }
+                DepItem::Slurm(..) => {}
                 DepItem::Singleton => singleton = true,
                 DepItem::Begin(t) => begin = Some(begin.map_or(*t as f64, |b: f64| b.max(*t as f64))),
                 DepItem::Symbol(n, ty, sc) => {
@@ -283,22 +334,42 @@ proptest! {
                 }
             }
         }
-        let got: Vec<(String, &str)> = d.edges.iter().map(|e| (e.target.clone(), e.condition.as_str())).collect();
+        let got: Vec<_> = d.edges.iter().map(|e| (e.target.clone(), e.task, e.condition.as_str(), e.delay_seconds)).collect();
         prop_assert_eq!(got, edges.clone());
+        prop_assert!(d.edges.iter().all(|e| !e.any_of), "',' lists are all required");
+        prop_assert!(d.notes.iter().all(|n| n.contains("more than once")), "{:?}", d.notes);
         let got: Vec<(String, &str, &str)> = d.symbols.iter().map(|s| (s.name.clone(), s.type_.as_str(), s.scope.as_str())).collect();
         prop_assert_eq!(got, symbols);
         prop_assert_eq!(d.begin_time, begin);
         prop_assert_eq!(d.singleton, singleton);
+        prop_assert!(!d.singleton_any_of);
         let (entries, _) = d.depends_on(false);
-        let v = serde_json::json!({
-            "apiVersion": "lattice.dev/v1alpha1", "kind": "Allocation",
-            "metadata": {"name": "fuzz", "namespace": "t"},
-            "spec": {"entrypoint": "x", "dependsOn": entries},
-        });
-        let kind = lattice_apis::find_kind("Allocation").expect("kind");
-        if let Err(e) = (kind.admit)(v) {
+        if let Err(e) = admits(entries) {
             // A job named like the allocation itself is the only admission refusal.
-            prop_assert!(edges.iter().any(|(e, _)| e == "fuzz"), "{}: {}", text, e);
+            prop_assert!(edges.iter().any(|(e, _, _, _)| e == "fuzz"), "{}: {}", text, e);
+        }
+    }
+
+    /// Slurm's `?` lists (with delays, array tasks and singleton): every entry becomes an
+    /// alternative (`anyOf: true`), with the same first-wins rules, and passes admission.
+    #[test]
+    fn any_of_lists_parse_to_alternatives(
+        items in prop::collection::vec(prop_oneof![4 => slurm_item(), 1 => Just(DepItem::Singleton)], 2..5)
+    ) {
+        let text = items.iter().map(DepItem::render).collect::<Vec<_>>().join("?");
+        let d = parse_slurm_dependency(&text).map_err(|e| TestCaseError::fail(format!("{text}: {e}")))?;
+        let edges = expected_edges(&items);
+        let got: Vec<_> = d.edges.iter().map(|e| (e.target.clone(), e.task, e.condition.as_str(), e.delay_seconds)).collect();
+        prop_assert_eq!(got, edges.clone());
+        prop_assert!(d.any_of);
+        prop_assert!(d.edges.iter().all(|e| e.any_of));
+        let singleton = items.iter().any(|i| matches!(i, DepItem::Singleton));
+        prop_assert_eq!((d.singleton, d.singleton_any_of), (singleton, singleton));
+        let (entries, notes) = d.depends_on(false);
+        prop_assert!(notes.is_empty(), "{:?}", notes);
+        prop_assert!(entries.iter().all(|e| e["anyOf"] == true), "{:?}", entries);
+        if let Err(e) = admits(entries) {
+            prop_assert!(edges.iter().any(|(e, _, _, _)| e == "fuzz"), "{}: {}", text, e);
         }
     }
 }

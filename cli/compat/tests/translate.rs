@@ -382,9 +382,74 @@ fn dependency_maps_to_depends_on() {
 }
 
 #[test]
-fn dependency_any_of_warns_and_singleton_is_translated() {
+fn dependency_any_of_and_singleton_are_translated() {
     let t = tr(&script("#SBATCH --dependency=afterok:1?afterok:2"));
-    assert_eq!(t.warnings.len(), 1);
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
+    assert_eq!(
+        spec(&t)["dependsOn"],
+        json!([
+            {"ref": "1", "condition": "success", "anyOf": true},
+            {"ref": "2", "condition": "success", "anyOf": true}
+        ])
+    );
+    admit(&t);
+    // Delays, array tasks and alternatives together, without approximation warnings.
+    let t = tr(&script(
+        "#SBATCH --dependency=afterok:1+5?afterany:2_3?after:4+1\n#SBATCH --begin=now+1hour",
+    ));
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
+    assert_eq!(
+        spec(&t)["dependsOn"],
+        json!([
+            {"ref": "1", "condition": "success", "delay": "5m", "anyOf": true},
+            {"ref": "2", "condition": "any", "taskIndex": 3, "anyOf": true},
+            {"ref": "4", "condition": "started", "delay": "1m", "anyOf": true},
+            {"beginTime": 1_748_782_800.0}
+        ])
+    );
+    assert_eq!(
+        t.allocation["metadata"]["annotations"]["lattice.dev/dependency"],
+        "afterok:1+5?afterany:2_3?after:4+1"
+    );
+    admit(&t);
+    // `aftercorr` pairs array tasks and cannot be an alternative.
+    let f = SubmitFlags {
+        dependency: vec!["aftercorr:1?afterok:2".into()],
+        task_group: Some("0-3".into()),
+        command: vec!["/bin/true".into()],
+        script_name: None,
+        ..flags()
+    };
+    let e = translate("", &f, &site()).unwrap_err().to_string();
+    assert!(e.contains("'?' alternatives"), "{e}");
+    // --depends-on and --dependency add up: a '?' list stays the group of alternatives
+    // next to required entries; a second '?' list is refused.
+    let f = SubmitFlags {
+        depends_on: Some("1:success".into()),
+        dependency: vec!["afterok:2?afterok:3".into()],
+        command: vec!["/bin/true".into()],
+        script_name: None,
+        ..flags()
+    };
+    let t = translate("", &f, &site()).expect("translate");
+    assert_eq!(
+        spec(&t)["dependsOn"],
+        json!([
+            {"ref": "1", "condition": "success"},
+            {"ref": "2", "condition": "success", "anyOf": true},
+            {"ref": "3", "condition": "success", "anyOf": true}
+        ])
+    );
+    admit(&t);
+    let f = SubmitFlags {
+        depends_on: Some("afterok:1?afterok:2".into()),
+        dependency: vec!["afterok:2?afterok:3".into()],
+        command: vec!["/bin/true".into()],
+        script_name: None,
+        ..flags()
+    };
+    let e = translate("", &f, &site()).unwrap_err().to_string();
+    assert!(e.contains("one group of alternatives"), "{e}");
     let t = tr(&script(
         "#SBATCH --job-name=nightly\n#SBATCH --dependency=singleton",
     ));
@@ -498,13 +563,17 @@ fn slurm_and_flux_dependency_forms_translate() {
     let t = tr(&script("#SBATCH --dependency=after:5+10"));
     assert_eq!(
         spec(&t)["dependsOn"],
-        json!([{"ref": "5", "condition": "started"}])
+        json!([{"ref": "5", "condition": "started", "delay": "10m"}])
     );
-    assert!(
-        warnings(&t).iter().any(|w| w.contains("delay is ignored")),
-        "{:?}",
-        warnings(&t)
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
+    admit(&t);
+    // One array task.
+    let t = tr(&script("#SBATCH --dependency=afterok:8_3"));
+    assert_eq!(
+        spec(&t)["dependsOn"],
+        json!([{"ref": "8", "condition": "success", "taskIndex": 3}])
     );
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
     admit(&t);
 }
 

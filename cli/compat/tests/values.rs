@@ -248,16 +248,150 @@ fn gres_forms() {
     }
 }
 
+/// Slurm's `?` (any of), `+MINUTES` (delay) and `ID_TASK` (one array task), alone and
+/// combined, become edge options; malformed ones are errors.
+#[test]
+fn dependency_any_of_delay_and_array_task_forms() {
+    let e =
+        |target: &str, c: DepCondition, task: Option<u64>, delay: Option<u64>, any: bool| DepEdge {
+            task,
+            delay_seconds: delay,
+            any_of: any,
+            ..DepEdge::new(target, c)
+        };
+    use DepCondition::*;
+    let rows: Vec<(&str, Vec<DepEdge>)> = vec![
+        (
+            "afterok:1+5?afterany:2_3",
+            vec![
+                e("1", Success, None, Some(300), true),
+                e("2", Any, Some(3), None, true),
+            ],
+        ),
+        (
+            "after:7_2+1",
+            vec![e("7", Started, Some(2), Some(60), false)],
+        ),
+        (
+            "afterok:1+5:2,afternotok:3_0+10",
+            vec![
+                e("1", Success, None, Some(300), false),
+                e("2", Success, None, None, false),
+                e("3", Failure, Some(0), Some(600), false),
+            ],
+        ),
+        (
+            "afterany:job-a+2:job-b_4?after:job-c+0",
+            vec![
+                e("job-a", Any, None, Some(120), true),
+                e("job-b", Any, Some(4), None, true),
+                e("job-c", Started, None, None, true),
+            ],
+        ),
+        // One array task and the whole array are different dependencies.
+        (
+            "afterok:8_1:8:8_2",
+            vec![
+                e("8", Success, Some(1), None, false),
+                e("8", Success, None, None, false),
+                e("8", Success, Some(2), None, false),
+            ],
+        ),
+        ("AFTEROK:9+1", vec![e("9", Success, None, Some(60), false)]),
+    ];
+    for (text, edges) in rows {
+        let d = parse_slurm_dependency(text).unwrap_or_else(|err| panic!("{text}: {err}"));
+        assert_eq!(d.edges, edges, "{text}");
+        assert!(d.notes.is_empty(), "{text}: {:?}", d.notes);
+        assert_eq!(d.any_of, text.contains('?'), "{text}");
+        let slurm: Vec<String> = d.edges.iter().map(DepEdge::slurm).collect();
+        let sep = if d.any_of { "?" } else { "," };
+        let again = parse_slurm_dependency(&slurm.join(sep)).unwrap();
+        assert_eq!(
+            again
+                .edges
+                .iter()
+                .map(|e| (e.target.clone(), e.task, e.any_of))
+                .collect::<Vec<_>>(),
+            d.edges
+                .iter()
+                .map(|e| (e.target.clone(), e.task, e.any_of))
+                .collect::<Vec<_>>(),
+            "{text}"
+        );
+    }
+    // singleton among alternatives is one; a required singleton wins.
+    let d = parse_slurm_dependency("singleton?afterok:1").unwrap();
+    assert!(d.singleton && d.singleton_any_of && d.edges[0].any_of);
+    let mut d = parse_slurm_dependency("singleton?afterok:1").unwrap();
+    d.merge(parse_slurm_dependency("singleton").unwrap())
+        .unwrap();
+    assert!(d.singleton && !d.singleton_any_of);
+    // A merged ',' list stays required next to a '?' list; two '?' lists are refused.
+    let mut d = parse_depends_on("a:success").unwrap();
+    d.merge(parse_slurm_dependency("afterok:b?afterok:c").unwrap())
+        .unwrap();
+    let e = d
+        .clone()
+        .merge(parse_slurm_dependency("afterok:x?afterok:y").unwrap())
+        .unwrap_err();
+    assert!(e.message.contains("two '?'"), "{e}");
+    assert_eq!(
+        d.edges
+            .iter()
+            .map(|e| (e.target.as_str(), e.any_of))
+            .collect::<Vec<_>>(),
+        [("a", false), ("b", true), ("c", true)]
+    );
+    // The manifest entries.
+    let d = parse_slurm_dependency("afterok:1+5?afterany:2_3?singleton").unwrap();
+    let (entries, notes) = d.depends_on(false);
+    assert!(notes.is_empty(), "{notes:?}");
+    assert_eq!(
+        serde_json::Value::Array(entries),
+        serde_json::json!([
+            {"ref": "1", "condition": "success", "delay": "5m", "anyOf": true},
+            {"ref": "2", "condition": "any", "taskIndex": 3, "anyOf": true},
+            {"singleton": true, "anyOf": true},
+        ])
+    );
+    for (bad, needle) in [
+        ("afterok:1_x", "array task"),
+        ("afterok:1_", "array task"),
+        ("afterok:_3", "not a job id"),
+        ("afterok:1_2_3", "array task"),
+        ("afterok:1_1234567890", "array task"),
+        ("afterok:1+", "time offset"),
+        ("afterok:1+x", "time offset"),
+        ("afterany:1+-5", "time offset"),
+        ("afterok:2:1+5m", "time offset"),
+        ("afterok:+5", "job id"),
+        ("afterok:1+5+5", "time offset"),
+        ("after:1+527041", "366 days"),
+        ("afterok:1+527041", "366 days"),
+        ("afterok:1+99999999999999999999", "time offset"),
+        ("aftercorr:1?afterok:2", "'?' alternatives"),
+        ("aftercorr:1+5", "only allowed with `after`"),
+        ("afterok:1+5,afterok:2?afterok:3", "cannot be mixed"),
+        ("afterok:1+5?", "empty entry"),
+        ("afterok:a+1:B", "not a job id"),
+    ] {
+        match parse_slurm_dependency(bad) {
+            Ok(d) => panic!("{bad}: accepted as {d:?}"),
+            Err(e) => assert!(e.to_string().contains(needle), "{bad}: {e}"),
+        }
+    }
+    // Errors in a delayed list point at the right column.
+    let e = parse_slurm_dependency("afterok:1+5:a$b").unwrap_err();
+    assert!(e.message.contains("column 14"), "{e}");
+    let e = parse_slurm_dependency("afterok:1+x").unwrap_err();
+    assert!(e.message.contains("column 11"), "{e}");
+}
+
 #[test]
 fn dependency_forms() {
     let d = parse_slurm_dependency("afterok:123").unwrap();
-    assert_eq!(
-        d.edges,
-        vec![DepEdge {
-            target: "123".into(),
-            condition: DepCondition::Success
-        }]
-    );
+    assert_eq!(d.edges, vec![DepEdge::new("123", DepCondition::Success)]);
     let d = parse_slurm_dependency("afterok:1:2,afterany:3,afternotok:4,aftercorr:5").unwrap();
     let c: Vec<_> = d
         .edges
@@ -276,11 +410,16 @@ fn dependency_forms() {
     );
     let d = parse_slurm_dependency("after:7+10").unwrap();
     assert_eq!(d.edges[0].condition, DepCondition::Started);
-    assert_eq!(d.notes.len(), 1, "{:?}", d.notes);
+    assert_eq!(d.edges[0].delay_seconds, Some(600));
+    assert!(d.notes.is_empty(), "{:?}", d.notes);
     let d = parse_slurm_dependency("afterok:8_3").unwrap();
-    assert_eq!(d.edges[0].target, "8");
+    assert_eq!(
+        (d.edges[0].target.as_str(), d.edges[0].task),
+        ("8", Some(3))
+    );
     let d = parse_slurm_dependency("afterok:1?afterok:2").unwrap();
     assert!(d.any_of);
+    assert!(d.edges.iter().all(|e| e.any_of));
     assert!(parse_slurm_dependency("singleton").unwrap().singleton);
     for b in [
         "",
@@ -293,6 +432,11 @@ fn dependency_forms() {
     ] {
         assert!(parse_slurm_dependency(b).is_err(), "{b}");
     }
+    assert!(!parse_slurm_dependency("afterok:1:2,afterany:3")
+        .unwrap()
+        .edges
+        .iter()
+        .any(|e| e.any_of || e.task.is_some() || e.delay_seconds.is_some()));
     let d = parse_depends_on("a1b2c3d4:success,job2:any,job3").unwrap();
     let c: Vec<_> = d.edges.iter().map(|e| e.condition).collect();
     assert_eq!(

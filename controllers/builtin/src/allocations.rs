@@ -26,6 +26,21 @@
 //! `ref` names an allocation of the same tenant by name, or else by uid (for `mutex`: a
 //! lock name).
 //!
+//! **Options of `ref` entries** (success, failure, any, started):
+//!
+//! | option | Slurm | holds when | can never hold when |
+//! |---|---|---|---|
+//! | `taskIndex: N` | `afterok:A_N` | element N of the job array A (`A-N`, labels `lattice.dev/task-group`/`-index`, owned by A) meets the condition, as an allocation of its own | that element can never meet it; A is no job array or has no index N; A ended without creating element N |
+//! | `delay: D` | `after:A+MIN` (Lattice: every condition) | the condition holds and the clock reached A's recorded `status.startTime` (`started`) or `status.endTime` (the others) + D | as without the delay |
+//! | `anyOf: true` | `?` between entries | (for the group of all such entries, with `beginTime` and `singleton` entries too) any one of them holds | every one of them can never hold |
+//!
+//! Entries without `anyOf` must all hold, and the any-of group too when there is one. An
+//! alternative that can never hold does not cancel the allocation while another one may
+//! still hold. A `delay` is timed from the times A recorded, so a controller that notices
+//! late (restart, backlog) releases at once and never later than needed; the allocation
+//! requeues itself for that instant (as for `beginTime`). The element of a `taskIndex`
+//! entry wakes its dependents like any allocation (index keyed by array and index).
+//!
 //! **aftercorr** (job arrays, Slurm `aftercorr`, the seed's `Corresponding`). On the
 //! array B (the parent) the entry holds as soon as the job array A exists; B's elements
 //! carry it and each one waits for its own index: B\[i\] starts once A\[i\] Completed and
@@ -90,7 +105,7 @@ use lattice_apis::kinds::allocation::TASK_INDEX_LABEL;
 use lattice_apis::lifecycle::{self, reason};
 use lattice_apis::meta::{now, set_condition, Condition, ConditionStatus};
 use lattice_apis::{
-    Allocation, AllocationPhase, DependencyCondition, DependencyKind, DependencyStatus,
+    Allocation, AllocationPhase, Dependency, DependencyCondition, DependencyKind, DependencyStatus,
     SymbolScope, SymbolType, TaskRange, Tenant,
 };
 use lattice_dag::deps::{SymbolAccess, SymbolScope as FluxScope};
@@ -250,8 +265,12 @@ fn wait_keys(a: &Allocation) -> Vec<WakeKey> {
             Some(DependencyKind::Allocation { target, condition }) => {
                 keys.push(WakeKey::Name(ns.clone(), target.to_string()));
                 keys.push(WakeKey::Uid(target.to_string()));
-                if let (DependencyCondition::Corresponding, Some(i)) = (condition, element_index(a))
-                {
+                let element = match (condition, d.task_index) {
+                    (DependencyCondition::Corresponding, _) => element_index(a),
+                    (_, Some(i)) => Some(i),
+                    _ => None,
+                };
+                if let Some(i) = element {
                     keys.push(WakeKey::Element(ns.clone(), target.to_string(), i));
                     keys.push(WakeKey::ElementUid(target.to_string(), i));
                 }
@@ -522,12 +541,25 @@ enum DepState {
     Never(String),
 }
 
+/// An allocation dependency (`{ref: target, condition}`), with its options: `task_index`
+/// (one element of the job array `target`) and `delay` (seconds after the event).
+#[derive(Debug, Clone, Copy)]
+struct AllocationDep<'a> {
+    target: &'a str,
+    condition: DependencyCondition,
+    task_index: Option<u64>,
+    delay: Option<u64>,
+}
+
 fn allocation_state(
     store: &Store<Allocation>,
     a: &Allocation,
-    target: &str,
-    condition: DependencyCondition,
+    d: AllocationDep<'_>,
+    now: f64,
 ) -> DepState {
+    let AllocationDep {
+        target, condition, ..
+    } = d;
     let ns = a.namespace();
     let dep = store.get_named(ns, target).or_else(|| {
         store
@@ -541,38 +573,144 @@ fn allocation_state(
     if dep.uid().is_some() && dep.uid() == a.uid() {
         return DepState::Never(format!("{target} is this allocation itself"));
     }
-    let name = dep.name_any();
-    let phase = dep.phase();
     if condition == DependencyCondition::Corresponding {
         if let Some(state) = corresponding_state(store, a, &dep) {
             return state;
         }
     }
-    if condition == DependencyCondition::Started {
-        return if started(&dep) {
+    // `taskIndex`: the element decides, as an allocation of its own.
+    let (dep, name) = match d.task_index {
+        Some(i) => match element_of(store, a, &dep, i) {
+            Ok(e) => {
+                let name = format!("{}[{i}] ({})", dep.name_any(), e.name_any());
+                (e, name)
+            }
+            Err(state) => return state,
+        },
+        None => {
+            let name = dep.name_any().to_string();
+            (dep, name)
+        }
+    };
+    let phase = dep.phase();
+    let state = if condition == DependencyCondition::Started {
+        if started(&dep) {
             DepState::Holds
         } else if phase.is_terminal() {
             DepState::Never(format!("{name} (started) ended {phase} without starting"))
         } else {
             DepState::Waiting(format!("{name} (started)"))
+        }
+    } else if !phase.is_terminal() {
+        DepState::Waiting(format!("{name} ({condition})"))
+    } else {
+        let holds = match condition {
+            // (`corresponding` on something that is not a job array; `mutex` is a lock,
+            // see `lock_state`.)
+            DependencyCondition::Success
+            | DependencyCondition::Corresponding
+            | DependencyCondition::Mutex => phase == AllocationPhase::Completed,
+            DependencyCondition::Failure => phase == AllocationPhase::Failed,
+            DependencyCondition::Any | DependencyCondition::Started => true,
         };
-    }
-    if !phase.is_terminal() {
-        return DepState::Waiting(format!("{name} ({condition})"));
-    }
-    let holds = match condition {
-        // (`corresponding` on something that is not a job array; `mutex` is a lock, see
-        // `lock_state`.)
-        DependencyCondition::Success
-        | DependencyCondition::Corresponding
-        | DependencyCondition::Mutex => phase == AllocationPhase::Completed,
-        DependencyCondition::Failure => phase == AllocationPhase::Failed,
-        DependencyCondition::Any | DependencyCondition::Started => true,
+        if holds {
+            DepState::Holds
+        } else {
+            DepState::Never(format!("{name} ({condition}) ended {phase}"))
+        }
     };
-    if holds {
+    match (state, d.delay) {
+        (DepState::Holds, Some(delay)) if delay > 0 => {
+            delayed_state(&dep, &name, condition, delay, now)
+        }
+        (state, _) => state,
+    }
+}
+
+/// A dependency that holds, with a `delay`: it holds `delay` seconds after the time the
+/// dependency recorded for the event — `status.startTime` for `started`, `status.endTime`
+/// otherwise — never after the time this controller noticed it.
+fn delayed_state(
+    dep: &Allocation,
+    name: &str,
+    condition: DependencyCondition,
+    delay: u64,
+    now: f64,
+) -> DepState {
+    let st = dep.status.as_ref();
+    let (event, recorded) = if condition == DependencyCondition::Started {
+        ("start", st.and_then(|s| s.start_time))
+    } else {
+        ("end", st.and_then(|s| s.end_time))
+    };
+    let Some(at) = recorded else {
+        // Its status records the time in the same write as the phase; wait for it.
+        return DepState::Waiting(format!(
+            "{name} ({condition} +{delay}s, {event} time not recorded yet)"
+        ));
+    };
+    let t = at.timestamp() as f64 + delay as f64;
+    if now >= t {
         DepState::Holds
     } else {
-        DepState::Never(format!("{name} ({condition}) ended {phase}"))
+        DepState::Until(
+            t,
+            format!(
+                "{name} ({condition} +{delay}s: {event} {} + {delay}s = {})",
+                rfc3339(at.timestamp() as f64),
+                rfc3339(t)
+            ),
+        )
+    }
+}
+
+/// Element `i` of the job array `array` (`taskIndex`), or how the dependency stands when
+/// there is none: `array` is no job array or has no index `i` (never), the element is not
+/// created yet (waiting) or never will be (the array ended: never).
+fn element_of(
+    store: &Store<Allocation>,
+    a: &Allocation,
+    array: &Allocation,
+    i: u64,
+) -> Result<Arc<Allocation>, DepState> {
+    let name = array.name_any();
+    let Some(tg) = array
+        .spec
+        .task_group
+        .as_ref()
+        .filter(|_| !array.labels().contains_key(TASK_INDEX_LABEL))
+    else {
+        return Err(DepState::Never(format!(
+            "{name} is not a job array (no spec.taskGroup), so it has no task {i}"
+        )));
+    };
+    let Ok(range) = TaskRange::parse(&tg.range) else {
+        return Err(DepState::Never(format!(
+            "{name} has an invalid task range {:?}",
+            tg.range
+        )));
+    };
+    if !range.contains(i) {
+        return Err(DepState::Never(format!(
+            "{name} has no task {i} (its range is {})",
+            tg.range
+        )));
+    }
+    let element = format!("{name}-{i}");
+    let index = i.to_string();
+    let found = store.get_named(a.namespace(), &element).filter(|e| {
+        e.labels().get(TASK_INDEX_LABEL) == Some(&index)
+            && e.owner_references()
+                .iter()
+                .any(|o| Some(o.uid.as_str()) == array.uid())
+    });
+    match found {
+        Some(e) => Ok(e),
+        None if array.phase().is_terminal() => Err(DepState::Never(format!(
+            "task {i} of {name} was never created ({name} ended {})",
+            array.phase()
+        ))),
+        None => Err(DepState::Waiting(format!("{name}[{i}] (not created yet)"))),
     }
 }
 
@@ -769,13 +907,22 @@ async fn symbol_state(
 async fn dependency_state(
     ctx: &Ctx,
     a: &Allocation,
+    d: &Dependency,
     kind: DependencyKind<'_>,
     now: f64,
 ) -> Result<DepState, anyhow::Error> {
     Ok(match kind {
-        DependencyKind::Allocation { target, condition } => {
-            allocation_state(&ctx.store, a, target, condition)
-        }
+        DependencyKind::Allocation { target, condition } => allocation_state(
+            &ctx.store,
+            a,
+            AllocationDep {
+                target,
+                condition,
+                task_index: d.task_index,
+                delay: d.delay_seconds(),
+            },
+            now,
+        ),
         DependencyKind::BeginTime(t) => {
             if now >= t {
                 DepState::Holds
@@ -795,11 +942,21 @@ async fn dependency_state(
 #[derive(Debug)]
 struct Verdict {
     records: Vec<DependencyStatus>,
-    /// Every dependency removed (satisfied), no fatal exception.
+    /// Every required dependency removed (satisfied), the any-of group (if any) satisfied
+    /// by one of its entries, no fatal exception.
     ready: bool,
     waiting: Vec<String>,
     fatal: Option<String>,
     wake_at: Option<f64>,
+}
+
+/// The any-of group (`anyOf: true` entries, Slurm `?`) while it is evaluated.
+#[derive(Debug, Default)]
+struct AnyOf {
+    members: usize,
+    satisfied: bool,
+    waiting: Vec<String>,
+    never: Vec<String>,
 }
 
 async fn evaluate(ctx: &Ctx, a: &Allocation) -> Result<Verdict, anyhow::Error> {
@@ -828,10 +985,16 @@ async fn evaluate(ctx: &Ctx, a: &Allocation) -> Result<Verdict, anyhow::Error> {
         fatal: None,
         wake_at: None,
     };
+    let mut group = AnyOf::default();
+    let mut required_pending = 0usize;
     for (d, desc) in a.spec.depends_on.iter().zip(descriptions) {
+        if d.any_of {
+            group.members += 1;
+        }
         // A duplicate add of a satisfied dependency is refused: it stays satisfied and
         // is not evaluated again.
         if let Err(EventError::DuplicateSatisfied(_)) = tracker.add(&desc) {
+            group.satisfied |= d.any_of;
             v.records.push(DependencyStatus {
                 description: desc,
                 satisfied: true,
@@ -846,18 +1009,27 @@ async fn evaluate(ctx: &Ctx, a: &Allocation) -> Result<Verdict, anyhow::Error> {
             });
             continue;
         };
-        let satisfied = match dependency_state(ctx, a, kind, now).await? {
+        let state = dependency_state(ctx, a, d, kind, now).await?;
+        if let DepState::Until(t, _) = &state {
+            v.wake_at = Some(v.wake_at.map_or(*t, |x: f64| x.min(*t)));
+        }
+        let satisfied = match state {
             DepState::Holds => {
                 let _ = tracker.remove(&desc);
+                group.satisfied |= d.any_of;
                 true
             }
-            DepState::Waiting(w) => {
-                v.waiting.push(w);
+            DepState::Waiting(w) | DepState::Until(_, w) => {
+                if d.any_of {
+                    group.waiting.push(w);
+                } else {
+                    v.waiting.push(w);
+                }
                 false
             }
-            DepState::Until(t, w) => {
-                v.waiting.push(w);
-                v.wake_at = Some(v.wake_at.map_or(t, |x: f64| x.min(t)));
+            // One alternative that can never hold only removes it from the group.
+            DepState::Never(why) if d.any_of => {
+                group.never.push(format!("{desc}: {why}"));
                 false
             }
             DepState::Never(why) => {
@@ -865,13 +1037,27 @@ async fn evaluate(ctx: &Ctx, a: &Allocation) -> Result<Verdict, anyhow::Error> {
                 false
             }
         };
+        if !satisfied && !d.any_of {
+            required_pending += 1;
+        }
         v.records.push(DependencyStatus {
             description: desc,
             satisfied,
         });
     }
+    if group.members > 0 && !group.satisfied {
+        if group.never.len() == group.members {
+            tracker.raise_fatal(format!(
+                "none of the any-of alternatives can hold ({})",
+                group.never.join("; ")
+            ));
+        } else {
+            v.waiting
+                .push(format!("any of: {}", group.waiting.join(" | ")));
+        }
+    }
     v.fatal = tracker.fatal().map(str::to_string);
-    v.ready = tracker.is_satisfied();
+    v.ready = v.fatal.is_none() && required_pending == 0 && (group.members == 0 || group.satisfied);
     Ok(v)
 }
 

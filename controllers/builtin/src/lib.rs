@@ -9,7 +9,7 @@
 //! |---|---|
 //! | [`scheduler`] | one loop per vCluster: the pure core (`lattice_scheduler`) over the shared caches, binding transactions, pending reasons, preemption requests |
 //! | [`release`] | frees nodes whose owner is done (after the node's agent confirmed), tenant usage counters |
-//! | [`allocations`] | cancels unbound allocations; `spec.dependsOn` of standalone allocations: Slurm `afterok`/`afternotok`/`afterany`/`aftercorr`/`after`/`singleton` and Flux RFC 26 `begin-time`/`string` (see the module docs) |
+//! | [`allocations`] | cancels unbound allocations; `spec.dependsOn` of standalone allocations: Slurm `afterok`/`afternotok`/`afterany`/`aftercorr`/`after`/`singleton` with `?` (`anyOf`), `+MINUTES` (`delay`) and `ID_TASK` (`taskIndex`), and Flux RFC 26 `begin-time`/`string` (see the module docs) |
 //! | [`dag`] | runs `Dag` steps with the `lattice_dag` dispatch engine |
 //! | [`task_groups`] | job arrays: elements created lazily within the concurrency limit |
 //! | [`steps`] | job steps (`spec.stepOf`: `lattice launch`, `srun` in an allocation) bound to their allocation's nodes |

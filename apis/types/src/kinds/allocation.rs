@@ -708,8 +708,24 @@ impl SymbolScope {
 /// * `singleton: true`: Slurm `singleton`, at most one allocation with the same job name
 ///   (`spec.tags.name`, else the allocation name) and user runs at a time.
 ///
+/// Options of standalone allocations' entries (all optional; DAG edges take none):
+///
+/// * `taskIndex` (with `ref` on a job array, condition success | failure | any |
+///   started): wait for that one element of the array, not the whole array (Slurm
+///   `afterok:ID_TASK`) — `{ref: sweep, taskIndex: 3}`;
+/// * `delay` (with `ref`, condition success | failure | any | started): hold only this
+///   long after the event — the dependency's recorded start for `started`, its recorded
+///   end otherwise (Slurm `after:ID+MINUTES`) — a duration (`"90s"`, `"5m"`, `"1h"`; a
+///   bare string number is minutes as in Slurm) or a number of seconds;
+/// * `anyOf: true` (with `ref` — not `corresponding` or `mutex` —, `beginTime` or
+///   `singleton`): the entry is one of the alternatives of the allocation's any-of group
+///   (Slurm's `?` separator): the group holds once any of its entries holds, and can
+///   never hold only when none of them can. Entries without `anyOf` must all hold, as
+///   well as the group.
+///
 /// (An allocation named like one of these keys — `type`, `scope`, `symbol`,
-/// `singleton`, `beginTime` — needs the long form `{ref: NAME}`.)
+/// `singleton`, `beginTime`, `taskIndex`, `delay`, `anyOf` — needs the long form
+/// `{ref: NAME}`.)
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Dependency {
     /// Name or uid of the allocation (or DAG task) depended on; empty for the other
@@ -727,7 +743,18 @@ pub struct Dependency {
     pub scope: SymbolScope,
     /// Slurm `singleton`.
     pub singleton: bool,
+    /// With `ref` on a job array: the one element waited for (Slurm `ID_TASK`).
+    pub task_index: Option<u64>,
+    /// With `ref`: how long after the dependency's start (`started`) or end (the other
+    /// conditions) the entry holds, as written (a duration, see [`parse_duration`]; a
+    /// number of seconds is stored as `"Ns"`).
+    pub delay: Option<String>,
+    /// The entry belongs to the allocation's any-of group (Slurm `?`).
+    pub any_of: bool,
 }
+
+/// Largest `taskIndex` (task ranges take at most 9 digits).
+pub const MAX_TASK_INDEX: u64 = 999_999_999;
 
 /// What a [`Dependency`] waits for (a borrowed view).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -792,6 +819,42 @@ impl Dependency {
         }
     }
 
+    /// This entry on element `index` of the job array it names (`taskIndex`).
+    pub fn task(mut self, index: u64) -> Self {
+        self.task_index = Some(index);
+        self
+    }
+
+    /// This entry, holding only `delay` (a duration, e.g. `"5m"`) after the event.
+    pub fn delayed(mut self, delay: impl Into<String>) -> Self {
+        self.delay = Some(delay.into());
+        self
+    }
+
+    /// This entry as one alternative of the any-of group (`anyOf: true`).
+    pub fn alternative(mut self) -> Self {
+        self.any_of = true;
+        self
+    }
+
+    /// `delay` in seconds; `None` when unset or not a duration (admission rejects that).
+    pub fn delay_seconds(&self) -> Option<u64> {
+        self.delay.as_deref().and_then(|d| parse_duration(d).ok())
+    }
+
+    /// The first option set on this entry that only standalone allocations understand
+    /// (`taskIndex`, `delay`, `anyOf`), for validators of DAG edges.
+    pub fn standalone_option(&self) -> Option<&'static str> {
+        [
+            ("taskIndex", self.task_index.is_some()),
+            ("delay", self.delay.is_some()),
+            ("anyOf", self.any_of),
+        ]
+        .into_iter()
+        .find(|(_, set)| *set)
+        .map(|(f, _)| f)
+    }
+
     /// The kinds set on this entry (a valid entry has exactly one).
     fn kinds_set(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
@@ -840,12 +903,22 @@ impl Dependency {
 
     /// The RFC 26 description of this dependency (how its `dependency-add` and
     /// `dependency-remove` events are matched): `afterok:prep`, `after:prep`,
+    /// `afterok:sweep_3` (`taskIndex`), `after:prep+300s` (`delay`),
     /// `begin-time:1767225600`, `string:ckpt?scope=user&type=inout`, `singleton`,
-    /// `mutex:gpu-lock`.
+    /// `mutex:gpu-lock`. (`anyOf` does not change it.)
     pub fn description(&self) -> String {
         match self.kind() {
             Some(DependencyKind::Allocation { target, condition }) => {
-                format!("{}:{target}", condition.slurm_name())
+                let mut s = format!("{}:{target}", condition.slurm_name());
+                if let Some(i) = self.task_index {
+                    s.push_str(&format!("_{i}"));
+                }
+                match (self.delay_seconds(), &self.delay) {
+                    (Some(secs), _) => s.push_str(&format!("+{secs}s")),
+                    (None, Some(d)) => s.push_str(&format!("+{d}")),
+                    (None, None) => {}
+                }
+                s
             }
             Some(DependencyKind::BeginTime(t)) => format!("begin-time:{t}"),
             Some(DependencyKind::Symbol { name, type_, scope }) => format!(
@@ -906,6 +979,7 @@ impl Dependency {
                 );
             }
         }
+        self.validate_options(dp, errs);
         if let Some(t) = self.begin_time {
             if !t.is_finite() || !(0.0..=MAX_BEGIN_TIME).contains(&t) {
                 errs.push(
@@ -931,6 +1005,76 @@ impl Dependency {
                 errs.push(
                     format!("{dp}.type"),
                     "is required with symbol: in (wait for the writers), out (become a writer) or inout (both; chains allocations)",
+                );
+            }
+        }
+    }
+}
+
+impl Dependency {
+    /// `taskIndex`, `delay` and `anyOf`: each names the entries it applies to, and the fix.
+    fn validate_options(&self, dp: &str, errs: &mut Errors) {
+        use DependencyCondition as C;
+        let on_ref = !self.ref_.is_empty();
+        if let Some(i) = self.task_index {
+            let p = format!("{dp}.taskIndex");
+            if !on_ref {
+                errs.push(
+                    p,
+                    "needs ref (the job array): write {ref: ARRAY, taskIndex: N}, e.g. {ref: sweep, taskIndex: 3}",
+                );
+            } else if self.condition == C::Mutex {
+                errs.push(
+                    p,
+                    "condition mutex names a lock, not a job array; remove taskIndex",
+                );
+            } else if self.condition == C::Corresponding {
+                errs.push(
+                    p,
+                    "`corresponding` already pairs every element with the element of the same index; remove taskIndex, or use success|failure|any|started to wait for this one element",
+                );
+            } else if i > MAX_TASK_INDEX {
+                errs.push(
+                    p,
+                    format!("{i} is not a task index: indices go up to {MAX_TASK_INDEX}"),
+                );
+            }
+        }
+        if let Some(d) = &self.delay {
+            let p = format!("{dp}.delay");
+            if !on_ref {
+                errs.push(
+                    p,
+                    "needs ref: a delay counts from another allocation's start (condition started) or end; for a fixed time use beginTime",
+                );
+            } else if matches!(self.condition, C::Mutex | C::Corresponding) {
+                errs.push(
+                    p,
+                    format!(
+                        "applies to conditions success, failure, any and started, not {}; remove delay",
+                        self.condition
+                    ),
+                );
+            } else if let Err(e) = parse_duration(d) {
+                errs.push(p, e);
+            }
+        }
+        if self.any_of {
+            let p = format!("{dp}.anyOf");
+            if self.symbol.is_some() {
+                errs.push(
+                    p,
+                    "a symbol (Flux string dependency) cannot be an alternative: it declares a reader or writer; remove anyOf",
+                );
+            } else if on_ref && self.condition == C::Mutex {
+                errs.push(
+                    p,
+                    "a mutex is a lock this allocation holds, not an alternative; remove anyOf",
+                );
+            } else if on_ref && self.condition == C::Corresponding {
+                errs.push(
+                    p,
+                    "`corresponding` is evaluated per array element and cannot be an alternative; remove anyOf (or wait for one element with success and taskIndex)",
                 );
             }
         }
@@ -977,6 +1121,15 @@ impl Serialize for Dependency {
         if self.singleton {
             m.serialize_entry("singleton", &true)?;
         }
+        if let Some(i) = self.task_index {
+            m.serialize_entry("taskIndex", &i)?;
+        }
+        if let Some(d) = &self.delay {
+            m.serialize_entry("delay", d)?;
+        }
+        if self.any_of {
+            m.serialize_entry("anyOf", &true)?;
+        }
         m.end()
     }
 }
@@ -990,7 +1143,7 @@ impl JsonSchema for Dependency {
         let ty = g.subschema_for::<SymbolType>();
         let scope = g.subschema_for::<SymbolScope>();
         schemars::json_schema!({
-            "description": "A dependency. Exactly one of: ref (+condition) on another allocation by name or uid; beginTime (epoch seconds); symbol (+type, scope), a Flux RFC 26 string dependency; singleton: true (Slurm singleton). Short forms {NAME: CONDITION} and \"NAME[:CONDITION]\" are accepted and normalized to {ref, condition}.",
+            "description": "A dependency. Exactly one of: ref (+condition) on another allocation by name or uid; beginTime (epoch seconds); symbol (+type, scope), a Flux RFC 26 string dependency; singleton: true (Slurm singleton). Standalone allocations' entries may add taskIndex and delay (with ref) and anyOf. Short forms {NAME: CONDITION} and \"NAME[:CONDITION]\" are accepted and normalized to {ref, condition}.",
             "anyOf": [
                 {
                     "type": "object",
@@ -1002,7 +1155,13 @@ impl JsonSchema for Dependency {
                         "symbol": { "type": "string", "description": "Flux RFC 26 string dependency: the symbol." },
                         "type": ty,
                         "scope": scope,
-                        "singleton": { "type": "boolean", "description": "Slurm singleton: at most one allocation with the same job name and user runs at a time." }
+                        "singleton": { "type": "boolean", "description": "Slurm singleton: at most one allocation with the same job name and user runs at a time." },
+                        "taskIndex": { "type": "integer", "minimum": 0, "maximum": MAX_TASK_INDEX, "description": "With ref on a job array (condition success, failure, any or started): wait for this one element (Slurm afterok:ID_TASK)." },
+                        "delay": {
+                            "anyOf": [{ "type": "string" }, { "type": "integer", "minimum": 0 }],
+                            "description": "With ref (condition success, failure, any or started): hold only this long after the dependency's recorded start (started) or end (the others), e.g. \"90s\", \"5m\" (Slurm after:ID+MINUTES); a number is seconds."
+                        },
+                        "anyOf": { "type": "boolean", "description": "This entry is one alternative of the allocation's any-of group (Slurm '?'): the group holds once any of its entries holds; entries without anyOf must all hold. With ref (not corresponding or mutex), beginTime or singleton." }
                     },
                     "additionalProperties": false
                 },
@@ -1024,7 +1183,7 @@ impl<'de> Deserialize<'de> for Dependency {
         impl<'de> Visitor<'de> for V {
             type Value = Dependency;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a dependency {ref: NAME, condition: success|failure|any|corresponding|started|mutex}, {NAME: CONDITION}, {beginTime: EPOCH_SECONDS}, {symbol: NAME, type: in|out|inout, scope: user|global} or {singleton: true}")
+                f.write_str("a dependency {ref: NAME, condition: success|failure|any|corresponding|started|mutex[, taskIndex: N][, delay: DURATION][, anyOf: true]}, {NAME: CONDITION}, {beginTime: EPOCH_SECONDS}, {symbol: NAME, type: in|out|inout, scope: user|global} or {singleton: true}")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Dependency, E> {
                 // "name" or "name:condition" (the CLI's --depends-on form).
@@ -1044,7 +1203,7 @@ impl<'de> Deserialize<'de> for Dependency {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Dependency, A::Error> {
                 const FIELDS: &str =
-                    "`ref`, `condition`, `beginTime`, `symbol`, `type`, `scope`, `singleton` (or a single `NAME: CONDITION` pair)";
+                    "`ref`, `condition`, `beginTime`, `symbol`, `type`, `scope`, `singleton`, `taskIndex`, `delay`, `anyOf` (or a single `NAME: CONDITION` pair)";
                 let mut out = Dependency::default();
                 let mut ref_seen = false;
                 let mut condition: Option<DependencyCondition> = None;
@@ -1069,6 +1228,9 @@ impl<'de> Deserialize<'de> for Dependency {
                         "type" => out.type_ = Some(map.next_value()?),
                         "scope" => scope = Some(map.next_value()?),
                         "singleton" => out.singleton = map.next_value()?,
+                        "taskIndex" => out.task_index = Some(map.next_value()?),
+                        "delay" => out.delay = Some(map.next_value::<DelayValue>()?.0),
+                        "anyOf" => out.any_of = map.next_value()?,
                         _ => {
                             if short.is_some() || keys > 1 {
                                 return Err(de::Error::custom(format!(
@@ -1115,6 +1277,48 @@ impl<'de> Deserialize<'de> for Dependency {
                     ));
                 }
                 Ok(out)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A `delay` as written: a duration string, or a whole number of seconds (kept as `"Ns"`).
+struct DelayValue(String);
+
+impl<'de> Deserialize<'de> for DelayValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = DelayValue;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    "a delay: a duration such as \"90s\" or \"5m\", or a whole number of seconds",
+                )
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<DelayValue, E> {
+                Ok(DelayValue(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<DelayValue, E> {
+                Ok(DelayValue(format!("{v}s")))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<DelayValue, E> {
+                u64::try_from(v)
+                    .map(|v| DelayValue(format!("{v}s")))
+                    .map_err(|_| {
+                        E::custom(format!(
+                            "delay {v} is negative; write a duration such as \"90s\" or \"5m\""
+                        ))
+                    })
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<DelayValue, E> {
+                if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= u64::MAX as f64 {
+                    Ok(DelayValue(format!("{}s", v as u64)))
+                } else {
+                    Err(E::custom(format!(
+                        "delay {v} is not a whole number of seconds; write a duration such as \"90s\" or \"5m\""
+                    )))
+                }
             }
         }
         d.deserialize_any(V)
@@ -1617,7 +1821,10 @@ impl AllocationSpec {
         });
         if requeue.policy.is_none() {
             requeue.policy = Some(
-                if self.sensitive || self.intent.as_deref() == Some("interactive") {
+                if self.sensitive
+                    || self.intent.as_deref() == Some("interactive")
+                    || self.step_of.is_some()
+                {
                     RequeuePolicy::Never
                 } else {
                     RequeuePolicy::OnNodeFailure
@@ -1898,17 +2105,27 @@ impl AllocationSpec {
             let dp = format!("{p}.dependsOn[{i}]");
             d.validate(&dp, self_name, self.task_group.is_some() || element, errs);
             let duplicate = match d.kind() {
-                Some(DependencyKind::Allocation { target, .. }) => (!seen
-                    .insert(format!("ref:{target}")))
-                .then(|| {
-                    (
-                        "ref",
-                        format!(
-                            "{:?} is listed twice; keep one entry per dependency",
-                            truncate(target, 63)
-                        ),
-                    )
-                }),
+                Some(DependencyKind::Allocation { target, .. }) => match d.task_index {
+                    // One element of a job array is a dependency of its own.
+                    Some(t) => (!seen.insert(format!("ref:{target}_{t}"))).then(|| {
+                        (
+                            "taskIndex",
+                            format!(
+                                "task {t} of {:?} is listed twice; keep one entry per dependency",
+                                truncate(target, 63)
+                            ),
+                        )
+                    }),
+                    None => (!seen.insert(format!("ref:{target}"))).then(|| {
+                        (
+                            "ref",
+                            format!(
+                                "{:?} is listed twice; keep one entry per dependency",
+                                truncate(target, 63)
+                            ),
+                        )
+                    }),
+                },
                 Some(DependencyKind::Symbol { name, .. }) => (!seen
                     .insert(format!("symbol:{name}")))
                 .then(|| {
@@ -2133,6 +2350,23 @@ impl AllocationSpec {
                 "names the allocation itself; name the allocation to run in",
             );
         }
+        if self.lifecycle.type_ != LifecycleType::Bounded {
+            errs.push(
+                format!("{p}.lifecycle.type"),
+                "must be bounded for a step (it ends with its command, within its allocation's walltime); remove it or set bounded",
+            );
+        }
+        if self
+            .requeue
+            .as_ref()
+            .and_then(|r| r.policy)
+            .is_some_and(|pol| pol != RequeuePolicy::Never)
+        {
+            errs.push(
+                format!("{p}.requeue.policy"),
+                "must be never for a step (a step does not outlive its allocation's attempt); set never or remove it",
+            );
+        }
         let conflicts = [
             (
                 self.task_group.is_some(),
@@ -2234,8 +2468,10 @@ impl AllocationSpec {
                 if sp.max_nodes > MAX_NODES {
                     errs.push(format!("{sp_p}.maxNodes"), format!("must be at most {MAX_NODES}, got {}", sp.max_nodes));
                 }
-                if sp.metric.trim().is_empty() || sp.metric.len() > 128 {
-                    errs.push(format!("{sp_p}.metric"), "must name a metric (1–128 characters), e.g. \"gpu_utilization\"");
+                if sp.metric.trim().is_empty() || sp.metric.len() > 256 {
+                    errs.push(format!("{sp_p}.metric"), "must name a metric (1–256 characters), e.g. \"gpu_utilization\"");
+                } else if let Err(e) = crate::metric::MetricSelector::parse(&sp.metric) {
+                    errs.push(format!("{sp_p}.metric"), e);
                 }
                 match &sp.target {
                     ScaleTarget::Number(n) if !n.is_finite() || *n < 0.0 => {
@@ -2340,6 +2576,23 @@ impl Resource for Allocation {
             self.metadata.labels.contains_key(TASK_INDEX_LABEL),
             errs,
         );
+        if let Some(parent) = &self.spec.step_of {
+            // The step controller finds an allocation's steps through this reference
+            // (and garbage collection deletes them with it).
+            let owned =
+                self.metadata.owner_references.iter().any(|o| {
+                    o.kind == "Allocation" && &o.name == parent && o.controller == Some(true)
+                });
+            if !owned {
+                errs.push(
+                    "metadata.ownerReferences",
+                    format!(
+                        "a step (spec.stepOf: {parent}) must be owned by its allocation: add {{apiVersion: {}, kind: Allocation, name: {parent}, uid: <its uid>, controller: true}} (lattice launch does)",
+                        crate::API_VERSION
+                    ),
+                );
+            }
+        }
         if let Some(st) = &self.status {
             st.validate(errs);
         }
@@ -2422,6 +2675,166 @@ mod dependency_tests {
     }
 
     #[test]
+    fn task_index_delay_and_any_of_parse_round_trip_and_describe() {
+        let v = alloc(
+            json!({}),
+            json!({"dependsOn": [
+                {"ref": "prep", "condition": "success", "delay": "5m", "anyOf": true},
+                {"ref": "sweep", "taskIndex": 3, "condition": "any", "anyOf": true},
+                {"ref": "sweep", "condition": "success"},
+                {"ref": "server", "condition": "started", "delay": 90},
+                {"singleton": true, "anyOf": true},
+            ]}),
+        );
+        assert_eq!(errors::<Allocation>(v.clone()), Vec::<String>::new());
+        let a: Allocation = serde_json::from_value(v).unwrap();
+        let d = &a.spec.depends_on;
+        assert_eq!(
+            d[0],
+            Dependency::on("prep", DependencyCondition::Success)
+                .delayed("5m")
+                .alternative()
+        );
+        assert_eq!(d[0].delay_seconds(), Some(300));
+        assert_eq!(
+            d[1],
+            Dependency::on("sweep", DependencyCondition::Any)
+                .task(3)
+                .alternative()
+        );
+        assert_eq!(d[3].delay.as_deref(), Some("90s"), "a number is seconds");
+        assert!(d[4].any_of && d[4].singleton);
+        let desc: Vec<String> = d.iter().map(Dependency::description).collect();
+        assert_eq!(
+            desc,
+            [
+                "afterok:prep+300s",
+                "afterany:sweep_3",
+                "afterok:sweep",
+                "after:server+90s",
+                "singleton"
+            ]
+        );
+        // Round trip: the long form with the new keys, absent when unset.
+        let back = serde_json::to_value(d).unwrap();
+        assert_eq!(
+            back,
+            json!([
+                {"ref": "prep", "condition": "success", "delay": "5m", "anyOf": true},
+                {"ref": "sweep", "condition": "any", "taskIndex": 3, "anyOf": true},
+                {"ref": "sweep", "condition": "success"},
+                {"ref": "server", "condition": "started", "delay": "90s"},
+                {"singleton": true, "anyOf": true},
+            ])
+        );
+        let again: Vec<Dependency> = serde_json::from_value(back).unwrap();
+        assert_eq!(&again, d);
+        // YAML reads the same.
+        let y: Vec<Dependency> = serde_yaml::from_str(
+            "- {ref: prep, condition: success, delay: 5m, anyOf: true}\n- {ref: sweep, taskIndex: 3, condition: any, anyOf: true}\n",
+        )
+        .unwrap();
+        assert_eq!(y[..], d[..2]);
+        for bad in [
+            json!({"ref": "a", "delay": -5}),
+            json!({"ref": "a", "delay": 1.5}),
+        ] {
+            let e = serde_json::from_value::<Dependency>(bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("delay"), "{e}");
+        }
+        // Defaults are today's behaviour.
+        let plain: Dependency = serde_json::from_value(json!({"ref": "a"})).unwrap();
+        assert_eq!(
+            (plain.task_index, plain.delay.as_deref(), plain.any_of),
+            (None, None, false)
+        );
+        assert_eq!(plain.standalone_option(), None);
+        assert_eq!(d[1].standalone_option(), Some("taskIndex"));
+    }
+
+    #[test]
+    fn task_index_delay_and_any_of_errors_name_the_field_and_the_fix() {
+        let cases: Vec<(serde_json::Value, &str, &str)> = vec![
+            (
+                json!({"beginTime": 10, "taskIndex": 1}),
+                "dependsOn[0].taskIndex",
+                "needs ref",
+            ),
+            (
+                json!({"ref": "a", "condition": "corresponding", "taskIndex": 1}),
+                "dependsOn[0].taskIndex",
+                "remove taskIndex",
+            ),
+            (
+                json!({"ref": "l", "condition": "mutex", "taskIndex": 1}),
+                "dependsOn[0].taskIndex",
+                "lock",
+            ),
+            (
+                json!({"ref": "a", "taskIndex": 1_000_000_000u64}),
+                "dependsOn[0].taskIndex",
+                "not a task index",
+            ),
+            (
+                json!({"singleton": true, "delay": "5m"}),
+                "dependsOn[0].delay",
+                "beginTime",
+            ),
+            (
+                json!({"ref": "a", "condition": "corresponding", "delay": "5m"}),
+                "dependsOn[0].delay",
+                "remove delay",
+            ),
+            (
+                json!({"ref": "a", "delay": "soon"}),
+                "dependsOn[0].delay",
+                "not a duration",
+            ),
+            (
+                json!({"symbol": "s", "type": "in", "anyOf": true}),
+                "dependsOn[0].anyOf",
+                "remove anyOf",
+            ),
+            (
+                json!({"ref": "l", "condition": "mutex", "anyOf": true}),
+                "dependsOn[0].anyOf",
+                "remove anyOf",
+            ),
+            (
+                json!({"ref": "a", "condition": "corresponding", "anyOf": true}),
+                "dependsOn[0].anyOf",
+                "taskIndex",
+            ),
+        ];
+        for (dep, path, fix) in cases {
+            let spec = json!({"dependsOn": [dep.clone()], "taskGroup": {"range": "0-3"}});
+            let e = errors::<Allocation>(alloc(json!({}), spec));
+            assert!(
+                e.iter().any(|l| l.contains(path) && l.contains(fix)),
+                "{dep}: {e:?}"
+            );
+        }
+        // One element of an array is an entry of its own; the same element twice is not.
+        let ok = alloc(
+            json!({}),
+            json!({"dependsOn": [{"ref": "s"}, {"ref": "s", "taskIndex": 1}, {"ref": "s", "taskIndex": 2}]}),
+        );
+        assert_eq!(errors::<Allocation>(ok), Vec::<String>::new());
+        let twice = alloc(
+            json!({}),
+            json!({"dependsOn": [{"ref": "s", "taskIndex": 1}, {"ref": "s", "taskIndex": 1, "condition": "any"}]}),
+        );
+        let e = errors::<Allocation>(twice);
+        assert!(
+            e.iter()
+                .any(|l| l.contains("dependsOn[1].taskIndex") && l.contains("listed twice")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
     fn task_range_contains_without_expanding() {
         let r = TaskRange::parse("0-9,20-30:5,99999").unwrap();
         for i in [0, 9, 20, 25, 30, 99999] {
@@ -2434,6 +2847,31 @@ mod dependency_tests {
 
     fn dag(tasks: serde_json::Value) -> serde_json::Value {
         json!({"metadata": {"name": "d", "namespace": "t1"}, "spec": {"allocations": tasks}})
+    }
+
+    #[test]
+    fn dag_edges_refuse_the_standalone_dependency_options() {
+        let spec = json!({"entrypoint": "/bin/true"});
+        for (opt, v) in [
+            ("taskIndex", json!(3)),
+            ("delay", json!("5m")),
+            ("anyOf", json!(true)),
+        ] {
+            let mut edge = json!({"ref": "a", "condition": "success"});
+            edge[opt] = v;
+            let d = dag(json!([
+                {"name": "a", "spec": spec},
+                {"name": "b", "dependsOn": [edge], "spec": spec},
+            ]));
+            let e = errors::<Dag>(d);
+            assert!(
+                e.iter().any(
+                    |l| l.contains(&format!("spec.allocations[1].dependsOn[0].{opt}"))
+                        && l.contains("standalone allocations")
+                ),
+                "{opt}: {e:?}"
+            );
+        }
     }
 
     #[test]

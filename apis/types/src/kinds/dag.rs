@@ -402,6 +402,13 @@ impl DagSpec {
                     );
                     continue;
                 }
+                if let Some(field) = d.standalone_option() {
+                    errs.push(
+                        format!("{dp}.{field}"),
+                        "taskIndex, delay and anyOf are for standalone allocations (lattice submit --dependency); a DAG edge names another task with ref and a condition — remove it",
+                    );
+                    continue;
+                }
                 if d.condition == DependencyCondition::Started {
                     errs.push(
                         format!("{dp}.condition"),
