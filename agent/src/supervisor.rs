@@ -100,6 +100,15 @@ pub fn final_report(
                 (None, Some(s)) => format!("killed by signal {}", signal_name(s)),
                 (None, None) => "ended with an unknown status".to_string(),
             };
+            if stop_reason == Some(node_reason::BATCH_DONE) {
+                // The holder of a batch job's other node, stopped because the script
+                // ended on the first node: this node's part succeeded.
+                r.phase = NodeTaskPhase::Succeeded;
+                r.reason = Some(node_reason::BATCH_DONE.into());
+                r.exit_code = Some(0);
+                r.signal = None;
+                return r;
+            }
             if let Some(s) = stop_reason {
                 r.reason = Some(s.to_string());
                 r.message = Some(format!("stopped by the agent ({s}); {how}"));
@@ -149,12 +158,23 @@ fn signal_name(n: i32) -> String {
 /// The program and arguments for `alloc`: the script (written to the scratch dir), the
 /// entrypoint with its args (exactly, no shell), or a lone entrypoint as a `/bin/sh -c`
 /// command line.
+/// What a batch job's other nodes run: nothing but waiting, ending 0 when stopped.
+const BATCH_HOLDER: &str = "trap 'exit 0' TERM INT HUP; while :; do sleep 3600 & wait $!; done";
+
 pub fn command_line(
     alloc: &Allocation,
     scratch: &Path,
     run_as: Option<&RunAs>,
+    this_node: Option<&str>,
 ) -> Result<(String, Vec<String>), String> {
     let spec = &alloc.spec;
+    if let Some(node) = this_node {
+        if lattice_apis::lifecycle::batch_secondary(alloc, node) {
+            // Slurm batch semantics: the script runs on the first node; this one holds
+            // the allocation (steps run here) until the agent stops it.
+            return Ok(("/bin/sh".into(), vec!["-c".into(), BATCH_HOLDER.into()]));
+        }
+    }
     if let Some(script) = &spec.script {
         let path = scratch.join(SCRIPT_FILE);
         write_script(&path, script, run_as)
@@ -452,7 +472,12 @@ impl Supervisor {
         self.rec.cgroup = ctx.cgroups.create(&self.key);
         self.open_logs();
         self.persist();
-        let (program, args) = command_line(alloc, &self.rec.scratch_dir, user.as_ref())?;
+        let (program, args) = command_line(
+            alloc,
+            &self.rec.scratch_dir,
+            user.as_ref(),
+            Some(&ctx.cfg.node),
+        )?;
         let mut base = env::base_from_agent();
         if let Some(u) = &user {
             base.insert("HOME".into(), u.home.display().to_string());
@@ -868,7 +893,7 @@ mod tests {
         a.spec.entrypoint = Some("/bin/echo".into());
         a.spec.args = vec!["a b".into(), "\"q\"".into()];
         assert_eq!(
-            command_line(&a, dir.path(), None).unwrap(),
+            command_line(&a, dir.path(), None, None).unwrap(),
             (
                 "/bin/echo".to_string(),
                 vec!["a b".to_string(), "\"q\"".to_string()]
@@ -877,19 +902,19 @@ mod tests {
         a.spec.args.clear();
         a.spec.entrypoint = Some("echo hi | tr a-z A-Z".into());
         assert_eq!(
-            command_line(&a, dir.path(), None).unwrap().1,
+            command_line(&a, dir.path(), None, None).unwrap().1,
             vec!["-c", "echo hi | tr a-z A-Z"]
         );
         a.spec.entrypoint = None;
         a.spec.script = Some("#!/bin/bash\necho hi\n".into());
-        let (p, args) = command_line(&a, dir.path(), None).unwrap();
+        let (p, args) = command_line(&a, dir.path(), None, None).unwrap();
         assert!(p.ends_with(SCRIPT_FILE));
         assert!(args.is_empty());
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&p).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o755);
         a.spec.script = Some("echo no shebang\n".into());
-        let (p, args) = command_line(&a, dir.path(), None).unwrap();
+        let (p, args) = command_line(&a, dir.path(), None, None).unwrap();
         assert_eq!(p, "/bin/sh");
         assert!(args[0].ends_with(SCRIPT_FILE));
     }
@@ -972,6 +997,36 @@ mod tests {
             assert_eq!(mask & 0b110, 0, "task {i} ignores SIGINT/SIGQUIT: {ign}");
         }
         assert_eq!(status.code(), Some(3));
+    }
+
+    #[test]
+    fn a_batch_jobs_other_nodes_run_a_holder_that_succeeds_when_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Allocation::default();
+        a.spec.script = Some("#!/bin/sh\nmpirun ./app\n".into());
+        a.metadata.annotations.insert(
+            lattice_apis::lifecycle::BATCH_HOST_ANNOTATION.into(),
+            "first".into(),
+        );
+        a.status = Some(lattice_apis::AllocationStatus {
+            assigned_nodes: vec!["n1".into(), "n2".into()],
+            ..Default::default()
+        });
+        let (p, _) = command_line(&a, dir.path(), None, Some("n1")).unwrap();
+        assert!(p.ends_with(SCRIPT_FILE), "the first node runs the script");
+        let (p, args) = command_line(&a, dir.path(), None, Some("n2")).unwrap();
+        assert_eq!((p.as_str(), args[1].as_str()), ("/bin/sh", BATCH_HOLDER));
+        let now = chrono::DateTime::from_timestamp(200, 0).unwrap();
+        let r = final_report(
+            &rec(None, Some(15)),
+            Some(node_reason::BATCH_DONE),
+            1,
+            None,
+            None,
+            now,
+        );
+        assert_eq!(r.phase, NodeTaskPhase::Succeeded);
+        assert_eq!(r.exit_code, Some(0));
     }
 
     #[test]

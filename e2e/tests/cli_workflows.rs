@@ -1391,6 +1391,22 @@ fn sessions_and_steps_run_tasks_inside_allocations() {
         .expect("slurm-%j.out");
     assert_eq!(plain, "plain\n");
 
+    // --- a Slurm batch script runs once, on the first node; the other node holds the
+    // allocation and its part counts as success (Slurm's batch host).
+    cli.write(
+        "twonode.sh",
+        "#!/bin/sh\n#SBATCH -N 2\necho \"$LATTICE_NODEID\" >> batch-hosts.txt\n",
+    );
+    let out = cli.slurm_ok("sbatch --wait --parsable twonode.sh");
+    let hosts = std::fs::read_to_string(cli.work.join("batch-hosts.txt")).expect("marker");
+    assert_eq!(hosts.lines().count(), 1, "the script ran once: {hosts:?}");
+    let job = cli.alloc(out.trim());
+    assert_eq!(phase(&job), "Completed", "{job}");
+    let first = job["status"]["assignedNodes"][0]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(hosts.trim(), first, "on the first node");
+
     // --- a step in a batch job ends when the job is cancelled.
     let job = cli.submit(&["-N", "2", "--", "sleep", "300"]);
     cli.wait_phase(&job, "Running", Duration::from_secs(60));

@@ -8,25 +8,9 @@ use std::time::Duration;
 
 use lattice_apiserver::{mint_token, ApiConfig, Role};
 use reqwest::Method;
-use serde_json::{json, Value};
+use serde_json::json;
 
 const SECRET: &[u8] = b"intent-tasks-secret";
-
-async fn call(
-    s: &TestServer,
-    method: Method,
-    path: &str,
-    tok: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut r = s.client.request(method, s.url(path)).bearer_auth(tok);
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    let resp = r.send().await.expect("send");
-    let code = resp.status().as_u16();
-    (code, resp.json::<Value>().await.unwrap_or(Value::Null))
-}
 
 #[tokio::test]
 async fn tasks_create_numbered_steps_of_a_running_allocation() {

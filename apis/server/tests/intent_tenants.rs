@@ -18,22 +18,6 @@ fn token(role: Role, tenants: &[&str]) -> String {
     mint_token(SECRET, "someone", &t, role, Duration::from_secs(300))
 }
 
-async fn call(
-    s: &TestServer,
-    method: Method,
-    path: &str,
-    tok: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut r = s.client.request(method, s.url(path)).bearer_auth(tok);
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    let resp = r.send().await.expect("send");
-    let code = resp.status().as_u16();
-    (code, resp.json::<Value>().await.unwrap_or(Value::Null))
-}
-
 fn dag(name: &str, first_step: &str) -> Value {
     let step = |n: &str, deps: Value| json!({"name": n, "dependsOn": deps, "spec": {"entrypoint": "/bin/true", "lifecycle": {"walltime": "1h"}}});
     json!({"name": name, "allocations": [

@@ -97,6 +97,27 @@ pub mod node_reason {
     /// The process died while the agent was down (exit status unknown) or the node was
     /// declared Down.
     pub const LOST: &str = "Lost";
+    /// A Slurm-style batch job's script ended on its first node; this (other) node's
+    /// holder was stopped. Counts as success.
+    pub const BATCH_DONE: &str = "BatchScriptDone";
+}
+
+/// Annotation `"first"`: the script runs on the first assigned node only, as a Slurm
+/// batch script does (`sbatch`, or a script with `#SBATCH` directives); the other nodes
+/// hold the allocation (for `srun`/`lattice launch` steps) until the script ends.
+pub const BATCH_HOST_ANNOTATION: &str = "lattice.dev/batch-host";
+
+/// Whether `node` is a node of `a` that holds rather than runs the script (see
+/// [`BATCH_HOST_ANNOTATION`]).
+pub fn batch_secondary(a: &Allocation, node: &str) -> bool {
+    a.metadata
+        .annotations
+        .get(BATCH_HOST_ANNOTATION)
+        .is_some_and(|v| v == "first")
+        && a.status
+            .as_ref()
+            .and_then(|s| s.assigned_nodes.first())
+            .is_some_and(|first| first != node)
 }
 
 /// True when a user asked to cancel the allocation, or deleted it.
@@ -171,6 +192,17 @@ pub fn should_run(a: &Allocation, node: &str, attempt: u32) -> RunDecision {
     });
     if peer_failed {
         return RunDecision::Stop(node_reason::STOPPED);
+    }
+    // A batch job's other nodes hold until the script on the first node has ended.
+    if batch_secondary(a, node) {
+        let host_done = st
+            .assigned_nodes
+            .first()
+            .and_then(|h| st.node_states.get(h))
+            .is_some_and(|r| r.attempt == attempt && r.phase.is_terminal());
+        if host_done {
+            return RunDecision::Stop(node_reason::BATCH_DONE);
+        }
     }
     RunDecision::Run
 }
@@ -760,5 +792,37 @@ mod tests {
             "n2's stop is not a failure"
         );
         assert!(processes_gone(&a));
+    }
+
+    #[test]
+    fn a_batch_jobs_other_nodes_hold_until_the_script_ends_on_the_first() {
+        let mut a = bound(&["n1", "n2"]);
+        a.metadata
+            .annotations
+            .insert(BATCH_HOST_ANNOTATION.into(), "first".into());
+        assert!(!batch_secondary(&a, "n1"));
+        assert!(batch_secondary(&a, "n2"));
+        for n in ["n1", "n2"] {
+            record_node_state(&mut a, n, report(NodeTaskPhase::Running, None, ""), now());
+        }
+        assert_eq!(should_run(&a, "n2", 1), RunDecision::Run);
+        record_node_state(
+            &mut a,
+            "n1",
+            report(NodeTaskPhase::Succeeded, Some(0), ""),
+            now(),
+        );
+        assert_eq!(
+            should_run(&a, "n2", 1),
+            RunDecision::Stop(node_reason::BATCH_DONE)
+        );
+        assert_eq!(a.phase(), AllocationPhase::Running, "n2 still holds");
+        record_node_state(
+            &mut a,
+            "n2",
+            report(NodeTaskPhase::Succeeded, Some(0), node_reason::BATCH_DONE),
+            now(),
+        );
+        assert_eq!(a.phase(), AllocationPhase::Completed);
     }
 }

@@ -23,6 +23,9 @@ pub mod annotations {
     pub const NTASKS_PER_NODE: &str = "lattice.dev/ntasks-per-node";
     /// Directory the submission was made from (`SLURM_SUBMIT_DIR`).
     pub const SUBMIT_DIR: &str = "lattice.dev/submit-dir";
+    /// `"first"`: the script runs on the first node only, as Slurm runs a batch script
+    /// (set for submissions with `#SBATCH` directives or sbatch options).
+    pub const BATCH_HOST: &str = "lattice.dev/batch-host";
     /// The dependency option as written.
     pub const DEPENDENCY: &str = "lattice.dev/dependency";
     /// The constraint as written, when it could only be approximated.
@@ -903,6 +906,11 @@ fn finish(
     }
     if let Some(d) = &flags.submit_dir {
         ann.insert(annotations::SUBMIT_DIR.into(), d.clone());
+    }
+    // A Slurm batch script runs once, on the first node (the others hold the allocation
+    // for its `srun` steps): not once per node as a Lattice entrypoint does.
+    if st.sbatch_used {
+        ann.insert(annotations::BATCH_HOST.into(), "first".into());
     }
     if !st.env.is_empty() {
         spec.insert("env".into(), json!(st.env));

@@ -3,158 +3,17 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
 use lattice_apis::kinds::dag::DagPhase;
-use lattice_apis::{lifecycle, Allocation, AllocationPhase, Dag, NodeTaskPhase};
+use lattice_apis::{lifecycle, AllocationPhase, Dag};
 use lattice_runtime::{Api, ListParams, PostParams, ResourceExt};
 use serde_json::json;
 
-const HOLD: &str = "lattice.dev/hold";
 const CANCEL_REASON: &str = "lattice.dev/cancel-reason";
-
-/// Keep every node's heartbeat fresh.
-fn heartbeats(env: &Env, nodes: &[&str]) -> tokio::task::JoinHandle<()> {
-    let client = env.client.clone();
-    let nodes: Vec<String> = nodes.iter().map(|s| s.to_string()).collect();
-    tokio::spawn(async move {
-        loop {
-            for n in &nodes {
-                beat(&client, n).await;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    })
-}
-
-async fn cluster(nodes: &[&str]) -> (Env, tokio::task::JoinHandle<()>) {
-    let mut env = env().await;
-    env.tenant("t1", None).await;
-    env.vcluster("t1", "default", "hpc-backfill").await;
-    for (i, n) in nodes.iter().enumerate() {
-        env.node(n, (i / 2) as u32).await;
-    }
-    let hb = heartbeats(&env, nodes);
-    env.start_controllers(fast_config());
-    (env, hb)
-}
-
-/// What the simulated agents do with an allocation once it is bound.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Run {
-    /// Report Running, then exit with this code after running this long.
-    Exit(i32, Duration),
-    /// Report Running and keep running (until the plan changes or a stop is requested).
-    Hold,
-}
-
-/// Plans by allocation name; names without a plan exit 0 at once.
-#[derive(Clone, Default)]
-struct Plans(Arc<Mutex<HashMap<String, Run>>>);
-
-impl Plans {
-    fn set(&self, name: &str, run: Run) {
-        self.0.lock().unwrap().insert(name.to_string(), run);
-    }
-    fn get(&self, name: &str) -> Run {
-        self.0
-            .lock()
-            .unwrap()
-            .get(name)
-            .copied()
-            .unwrap_or(Run::Exit(0, Duration::ZERO))
-    }
-}
-
-/// Report `phase` (exit code `exit`) on every assigned node of the current attempt; a
-/// node asked to stop reports how it stopped.
-async fn report_all(api: &Api<Allocation>, name: &str, phase: NodeTaskPhase, exit: Option<i32>) {
-    let _ = api
-        .update_status_with_retry(name, 20, |cur| {
-            let Some(st) = cur.status.clone() else {
-                return false;
-            };
-            let mut changed = false;
-            for n in &st.assigned_nodes {
-                let (phase, code, why) = match lifecycle::should_run(cur, n, st.attempt) {
-                    lifecycle::RunDecision::Stop(r) => (NodeTaskPhase::Failed, None, r),
-                    _ => match (phase, exit) {
-                        (NodeTaskPhase::Running, _) => (NodeTaskPhase::Running, None, ""),
-                        (_, Some(0)) => (
-                            NodeTaskPhase::Succeeded,
-                            Some(0),
-                            lifecycle::node_reason::EXITED,
-                        ),
-                        (_, c) => (
-                            NodeTaskPhase::Failed,
-                            c,
-                            lifecycle::node_reason::NON_ZERO_EXIT,
-                        ),
-                    },
-                };
-                let r = lattice_apis::NodeTaskState {
-                    phase,
-                    attempt: st.attempt,
-                    pid: Some(1),
-                    start_time: Some(lattice_apis::meta::now()),
-                    end_time: phase.is_terminal().then(lattice_apis::meta::now),
-                    exit_code: code,
-                    reason: (!why.is_empty()).then(|| why.to_string()),
-                    ..Default::default()
-                };
-                changed |= lifecycle::record_node_state(cur, n, r, lattice_apis::meta::now());
-            }
-            changed
-        })
-        .await;
-}
-
-/// Simulated agents following `plans`.
-fn scripted_runner(env: &Env, tenant: &str, plans: Plans) -> tokio::task::JoinHandle<()> {
-    let api: Api<Allocation> = Api::namespaced(env.client.clone(), tenant);
-    tokio::spawn(async move {
-        let mut since: HashMap<(String, u32), tokio::time::Instant> = HashMap::new();
-        loop {
-            if let Ok(list) = api.list(&ListParams::default()).await {
-                for a in list.items {
-                    let st = a.status.clone().unwrap_or_default();
-                    let name = a.name_any().to_string();
-                    let stop = st.assigned_nodes.iter().any(|n| {
-                        matches!(
-                            lifecycle::should_run(&a, n, st.attempt),
-                            lifecycle::RunDecision::Stop(_)
-                        )
-                    });
-                    match st.phase {
-                        AllocationPhase::Staging => {
-                            report_all(&api, &name, NodeTaskPhase::Running, None).await;
-                        }
-                        AllocationPhase::Running => {
-                            let t0 = *since
-                                .entry((name.clone(), st.attempt))
-                                .or_insert_with(tokio::time::Instant::now);
-                            match plans.get(&name) {
-                                _ if stop => {
-                                    report_all(&api, &name, NodeTaskPhase::Failed, None).await
-                                }
-                                Run::Exit(code, after) if t0.elapsed() >= after => {
-                                    report_all(&api, &name, NodeTaskPhase::Succeeded, Some(code))
-                                        .await
-                                }
-                                _ => {}
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-}
 
 fn step(name: &str, deps: serde_json::Value) -> serde_json::Value {
     json!({"name": name, "dependsOn": deps,
@@ -171,22 +30,6 @@ async fn create_dag(env: &Env, name: &str, spec: serde_json::Value) {
         .create(&PostParams::default(), &d)
         .await
         .expect("create dag");
-}
-
-async fn wait_dag(env: &Env, name: &str) -> Dag {
-    let api: Api<Dag> = Api::namespaced(env.client.clone(), "t1");
-    for _ in 0..1500 {
-        let d = api.get(name).await.expect("dag");
-        let phase = d.status.as_ref().map(|s| s.phase).unwrap_or_default();
-        if matches!(
-            phase,
-            DagPhase::Completed | DagPhase::Failed | DagPhase::Cancelled
-        ) {
-            return d;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("DAG {name} did not finish");
 }
 
 /// Per task: (phase, reason, message) from the Dag's status.
@@ -208,20 +51,6 @@ fn tasks(d: &Dag) -> BTreeMap<String, (String, String, String)> {
                 })
                 .collect()
         })
-        .unwrap_or_default()
-}
-
-fn message_of(a: &Allocation) -> String {
-    a.status
-        .as_ref()
-        .and_then(|s| s.message.clone())
-        .unwrap_or_default()
-}
-
-fn reason_of(a: &Allocation) -> String {
-    a.status
-        .as_ref()
-        .and_then(|s| s.reason.clone())
         .unwrap_or_default()
 }
 
@@ -380,7 +209,7 @@ async fn dag_max_parallel_releases_at_most_n_steps_at_once() {
                         a.labels().get("lattice.dev/dag").map(String::as_str) == Some("mp")
                     }) {
                         if a.metadata.annotations.contains_key(HOLD) {
-                            if reason_of(a) == "waiting_for_max_parallel" {
+                            if reason_of(a) == Some("waiting_for_max_parallel") {
                                 let m = message_of(a);
                                 let mut r = reasons.lock().unwrap();
                                 if !r.contains(&m) {
@@ -412,7 +241,7 @@ async fn dag_max_parallel_releases_at_most_n_steps_at_once() {
     // The fan-out is ready: two go, the others wait and say why.
     let w5 = env
         .wait_alloc("t1", "mp-w5", "held for maxParallel", |a| {
-            reason_of(a) == "waiting_for_max_parallel"
+            reason_of(a) == Some("waiting_for_max_parallel")
         })
         .await;
     assert!(w5.metadata.annotations.contains_key(HOLD));

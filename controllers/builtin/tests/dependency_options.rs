@@ -5,179 +5,13 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use lattice_apis::meta::{now, ConditionStatus};
-use lattice_apis::{lifecycle, Allocation, AllocationPhase, NodeTaskPhase};
+use lattice_apis::meta::ConditionStatus;
+use lattice_apis::{lifecycle, Allocation, AllocationPhase};
 use lattice_controllers::allocations::{dependencies_met, DEPENDENCIES_MET};
-use lattice_runtime::{Api, ListParams, Patch, PatchParams, ResourceExt};
 use serde_json::json;
-
-const HOLD: &str = "lattice.dev/hold";
-
-/// Keep every node's heartbeat fresh.
-fn heartbeats(env: &Env, nodes: &[&str]) -> tokio::task::JoinHandle<()> {
-    let client = env.client.clone();
-    let nodes: Vec<String> = nodes.iter().map(|s| s.to_string()).collect();
-    tokio::spawn(async move {
-        loop {
-            for n in &nodes {
-                beat(&client, n).await;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    })
-}
-
-async fn cluster(nodes: &[&str]) -> (Env, tokio::task::JoinHandle<()>) {
-    let mut env = env().await;
-    env.tenant("t1", None).await;
-    env.vcluster("t1", "default", "hpc-backfill").await;
-    for (i, n) in nodes.iter().enumerate() {
-        env.node(n, (i / 2) as u32).await;
-    }
-    let hb = heartbeats(&env, nodes);
-    env.start_controllers(fast_config());
-    (env, hb)
-}
-
-/// What the simulated agents do with a bound allocation.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Run {
-    /// Report Running, then exit with this code.
-    Exit(i32),
-    /// Report Running and keep running (until the plan changes).
-    Hold,
-}
-
-/// Plans by allocation name; names without a plan exit 0 at once.
-#[derive(Clone, Default)]
-struct Plans(Arc<Mutex<HashMap<String, Run>>>);
-
-impl Plans {
-    fn set(&self, name: &str, run: Run) {
-        self.0.lock().unwrap().insert(name.to_string(), run);
-    }
-    fn get(&self, name: &str) -> Run {
-        self.0
-            .lock()
-            .unwrap()
-            .get(name)
-            .copied()
-            .unwrap_or(Run::Exit(0))
-    }
-}
-
-/// Report `phase` (exit code `exit`) on every assigned node of the current attempt.
-async fn report_all(api: &Api<Allocation>, name: &str, phase: NodeTaskPhase, exit: Option<i32>) {
-    let _ = api
-        .update_status_with_retry(name, 20, |cur| {
-            let Some(st) = cur.status.clone() else {
-                return false;
-            };
-            let mut changed = false;
-            for n in &st.assigned_nodes {
-                let (phase, code, why) = match lifecycle::should_run(cur, n, st.attempt) {
-                    lifecycle::RunDecision::Stop(r) => (NodeTaskPhase::Failed, None, r),
-                    _ => match (phase, exit) {
-                        (NodeTaskPhase::Running, _) => (NodeTaskPhase::Running, None, ""),
-                        (_, Some(0)) => (
-                            NodeTaskPhase::Succeeded,
-                            Some(0),
-                            lifecycle::node_reason::EXITED,
-                        ),
-                        (_, c) => (
-                            NodeTaskPhase::Failed,
-                            c,
-                            lifecycle::node_reason::NON_ZERO_EXIT,
-                        ),
-                    },
-                };
-                let r = lattice_apis::NodeTaskState {
-                    phase,
-                    attempt: st.attempt,
-                    pid: Some(1),
-                    start_time: Some(now()),
-                    end_time: phase.is_terminal().then(now),
-                    exit_code: code,
-                    reason: (!why.is_empty()).then(|| why.to_string()),
-                    ..Default::default()
-                };
-                changed |= lifecycle::record_node_state(cur, n, r, now());
-            }
-            changed
-        })
-        .await;
-}
-
-/// Simulated agents following `plans` (they report through the store, so they keep
-/// working while the controllers are stopped).
-fn runner(env: &Env, plans: Plans) -> tokio::task::JoinHandle<()> {
-    let api: Api<Allocation> = Api::namespaced(env.client.clone(), "t1");
-    tokio::spawn(async move {
-        loop {
-            if let Ok(list) = api.list(&ListParams::default()).await {
-                for a in list.items {
-                    let st = a.status.clone().unwrap_or_default();
-                    let name = a.name_any().to_string();
-                    let stop = st.assigned_nodes.iter().any(|n| {
-                        matches!(
-                            lifecycle::should_run(&a, n, st.attempt),
-                            lifecycle::RunDecision::Stop(_)
-                        )
-                    });
-                    match st.phase {
-                        AllocationPhase::Staging => {
-                            report_all(&api, &name, NodeTaskPhase::Running, None).await
-                        }
-                        AllocationPhase::Running => match plans.get(&name) {
-                            _ if stop => report_all(&api, &name, NodeTaskPhase::Failed, None).await,
-                            Run::Exit(code) => {
-                                report_all(&api, &name, NodeTaskPhase::Succeeded, Some(code)).await
-                            }
-                            Run::Hold => {}
-                        },
-                        _ => {}
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-}
-
-fn reason_of(a: &Allocation) -> Option<&str> {
-    a.status.as_ref().and_then(|s| s.reason.as_deref())
-}
-
-fn message_of(a: &Allocation) -> String {
-    a.status
-        .as_ref()
-        .and_then(|s| s.message.clone())
-        .unwrap_or_default()
-}
-
-fn records(a: &Allocation) -> Vec<(String, bool)> {
-    a.status
-        .as_ref()
-        .map(|s| {
-            s.dependencies
-                .iter()
-                .map(|d| (d.description.clone(), d.satisfied))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn epoch_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
 
 /// When `DependenciesMet` became True (epoch seconds, whole seconds as stored).
 fn met_at(a: &Allocation) -> f64 {
@@ -226,26 +60,6 @@ async fn wait_waiting_only(env: &Env, name: &str, needle: &str, gone: &str) -> A
     .await
 }
 
-async fn wait_never(env: &Env, name: &str, needle: &str) -> Allocation {
-    let a = env.wait_phase("t1", name, AllocationPhase::Cancelled).await;
-    assert_eq!(reason_of(&a), Some("dependency_never_satisfied"), "{name}");
-    assert!(
-        message_of(&a).contains(needle),
-        "{name}: {}",
-        message_of(&a)
-    );
-    assert_eq!(a.status.as_ref().unwrap().attempt, 0, "{name} never ran");
-    a
-}
-
-async fn annotate(env: &Env, name: &str, key: &str, value: serde_json::Value) {
-    let patch = Patch::Merge(json!({"metadata": {"annotations": {key: value}}}));
-    env.allocations("t1")
-        .patch(name, &PatchParams::default(), &patch)
-        .await
-        .expect("annotate");
-}
-
 /// Submit an allocation held out of the queue until [`release`].
 async fn held(env: &Env, name: &str, extra: serde_json::Value) {
     let mut v = json!({"metadata": {"annotations": {HOLD: "true"}}});
@@ -270,7 +84,7 @@ async fn deps(env: &Env, name: &str, depends_on: serde_json::Value) {
 async fn any_of_releases_on_the_first_alternative_and_cancels_only_when_none_can_hold() {
     let (env, _hb) = cluster(&["n1", "n2", "n3", "n4"]).await;
     let plans = Plans::default();
-    let _runner = runner(&env, plans.clone());
+    let _runner = scripted_runner(&env, "t1", plans.clone());
     for a in ["a1", "a2", "b1", "b2", "c1", "c2", "r", "g1", "g2"] {
         held(&env, a, json!({})).await;
     }
@@ -324,7 +138,7 @@ async fn any_of_releases_on_the_first_alternative_and_cancels_only_when_none_can
     assert_eq!(env.get("t1", "a1").await.phase(), AllocationPhase::Pending);
 
     // An alternative that fails does not cancel; the other one releases it later.
-    plans.set("b1", Run::Exit(3));
+    plans.set("b1", Run::Exit(3, Duration::ZERO));
     release(&env, "b1").await;
     env.wait_phase("t1", "b1", AllocationPhase::Failed).await;
     // Still waiting, now for b2 only.
@@ -342,7 +156,7 @@ async fn any_of_releases_on_the_first_alternative_and_cancels_only_when_none_can
         .await;
 
     // Every alternative can never hold: cancelled, naming each.
-    plans.set("c1", Run::Exit(3));
+    plans.set("c1", Run::Exit(3, Duration::ZERO));
     release(&env, "c1").await;
     env.wait_phase("t1", "c1", AllocationPhase::Failed).await;
     wait_waiting_only(&env, "none", "any of: c2 (failure)", "c1").await;
@@ -382,7 +196,7 @@ async fn any_of_releases_on_the_first_alternative_and_cancels_only_when_none_can
 async fn delay_releases_not_before_the_recorded_event_plus_the_delay() {
     let (mut env, _hb) = cluster(&["n1", "n2", "n3", "n4"]).await;
     let plans = Plans::default();
-    let _runner = runner(&env, plans.clone());
+    let _runner = scripted_runner(&env, "t1", plans.clone());
     held(&env, "p", json!({})).await;
     held(&env, "s", json!({})).await;
     plans.set("s", Run::Hold);
@@ -464,7 +278,7 @@ async fn delay_releases_not_before_the_recorded_event_plus_the_delay() {
     release(&env, "q").await;
     env.wait_phase("t1", "q", AllocationPhase::Running).await;
     env.stop_controllers();
-    plans.set("q", Run::Exit(0));
+    plans.set("q", Run::Exit(0, Duration::ZERO));
     let q = env.wait_phase("t1", "q", AllocationPhase::Completed).await;
     let end = end_of(&q);
     while epoch_now() < end + 3.5 {
@@ -492,8 +306,8 @@ async fn delay_releases_not_before_the_recorded_event_plus_the_delay() {
 async fn array_task_dependency_follows_only_that_element() {
     let (env, _hb) = cluster(&["n1", "n2", "n3", "n4", "n5", "n6"]).await;
     let plans = Plans::default();
-    let _runner = runner(&env, plans.clone());
-    plans.set("arr-1", Run::Exit(3));
+    let _runner = scripted_runner(&env, "t1", plans.clone());
+    plans.set("arr-1", Run::Exit(3, Duration::ZERO));
     plans.set("arr-2", Run::Hold);
     // Submitted before the array exists: waits for it.
     deps(&env, "t0-ok", json!([{"ref": "arr", "taskIndex": 0}])).await;
@@ -545,7 +359,7 @@ async fn array_task_dependency_follows_only_that_element() {
         AllocationPhase::Running
     );
     assert!(!dependencies_met(&w));
-    plans.set("arr-2", Run::Exit(5));
+    plans.set("arr-2", Run::Exit(5, Duration::ZERO));
     env.wait_phase("t1", "t2-any", AllocationPhase::Completed)
         .await;
     env.wait_phase("t1", "arr", AllocationPhase::Failed).await;
@@ -579,7 +393,7 @@ async fn array_task_dependency_follows_only_that_element() {
 async fn delayed_array_task_alternative() {
     let (env, _hb) = cluster(&["n1", "n2", "n3"]).await;
     let plans = Plans::default();
-    let _runner = runner(&env, plans.clone());
+    let _runner = scripted_runner(&env, "t1", plans.clone());
     held(&env, "never-runs", json!({})).await;
     env.submit(
         "t1",

@@ -201,3 +201,20 @@ pub fn rv(v: &Value) -> i64 {
         .and_then(|s| s.parse().ok())
         .expect("resourceVersion")
 }
+
+/// `method path` with bearer token `tok` and an optional JSON body: (status, JSON body or null).
+pub async fn call(
+    s: &TestServer,
+    method: reqwest::Method,
+    path: &str,
+    tok: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut r = s.client.request(method, s.url(path)).bearer_auth(tok);
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let resp = r.send().await.expect("send");
+    let code = resp.status().as_u16();
+    (code, resp.json::<Value>().await.unwrap_or(Value::Null))
+}

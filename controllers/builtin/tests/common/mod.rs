@@ -3,14 +3,15 @@
 //! `lattice-agent` (`lattice_apis::lifecycle::record_node_state`).
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lattice_apis::kinds::dag::DagPhase;
 use lattice_apis::meta::now;
 use lattice_apis::{
-    lifecycle, Allocation, AllocationPhase, Lease, Node, NodeState, NodeTaskPhase, NodeTaskState,
-    ObjectMeta, Tenant, VCluster,
+    lifecycle, Allocation, AllocationPhase, Dag, Lease, Node, NodeState, NodeTaskPhase,
+    NodeTaskState, ObjectMeta, Tenant, VCluster,
 };
 use lattice_runtime::{
     AlwaysLeader, Api, Client, ControllerHost, ListParams, Patch, PatchParams, PostParams,
@@ -315,4 +316,221 @@ pub async fn beat(client: &Client, node: &str) {
         }
         Err(_) => {}
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared by controllers.rs, dag_policies.rs and dependency_options.rs
+// ---------------------------------------------------------------------------------------
+
+pub const HOLD: &str = "lattice.dev/hold";
+
+/// Keep every node's heartbeat fresh.
+pub fn heartbeats(env: &Env, nodes: &[&str]) -> tokio::task::JoinHandle<()> {
+    let client = env.client.clone();
+    let nodes: Vec<String> = nodes.iter().map(|s| s.to_string()).collect();
+    tokio::spawn(async move {
+        loop {
+            for n in &nodes {
+                beat(&client, n).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+}
+
+pub async fn cluster(nodes: &[&str]) -> (Env, tokio::task::JoinHandle<()>) {
+    let mut env = env().await;
+    env.tenant("t1", None).await;
+    env.vcluster("t1", "default", "hpc-backfill").await;
+    for (i, n) in nodes.iter().enumerate() {
+        env.node(n, (i / 2) as u32).await;
+    }
+    let hb = heartbeats(&env, nodes);
+    env.start_controllers(fast_config());
+    (env, hb)
+}
+
+/// What the simulated agents do with an allocation once it is bound.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Run {
+    /// Report Running, then exit with this code after running this long.
+    Exit(i32, Duration),
+    /// Report Running and keep running (until the plan changes or a stop is requested).
+    Hold,
+}
+
+/// Plans by allocation name; names without a plan exit 0 at once.
+#[derive(Clone, Default)]
+pub struct Plans(Arc<Mutex<HashMap<String, Run>>>);
+
+impl Plans {
+    pub fn set(&self, name: &str, run: Run) {
+        self.0.lock().unwrap().insert(name.to_string(), run);
+    }
+    pub fn get(&self, name: &str) -> Run {
+        self.0
+            .lock()
+            .unwrap()
+            .get(name)
+            .copied()
+            .unwrap_or(Run::Exit(0, Duration::ZERO))
+    }
+}
+
+/// Report `phase` (exit code `exit`) on every assigned node of the current attempt; a
+/// node asked to stop reports how it stopped.
+pub async fn report_all(
+    api: &Api<Allocation>,
+    name: &str,
+    phase: NodeTaskPhase,
+    exit: Option<i32>,
+) {
+    let _ = api
+        .update_status_with_retry(name, 20, |cur| {
+            let Some(st) = cur.status.clone() else {
+                return false;
+            };
+            let mut changed = false;
+            for n in &st.assigned_nodes {
+                let (phase, code, why) = match lifecycle::should_run(cur, n, st.attempt) {
+                    lifecycle::RunDecision::Stop(r) => (NodeTaskPhase::Failed, None, r),
+                    _ => match (phase, exit) {
+                        (NodeTaskPhase::Running, _) => (NodeTaskPhase::Running, None, ""),
+                        (_, Some(0)) => (
+                            NodeTaskPhase::Succeeded,
+                            Some(0),
+                            lifecycle::node_reason::EXITED,
+                        ),
+                        (_, c) => (
+                            NodeTaskPhase::Failed,
+                            c,
+                            lifecycle::node_reason::NON_ZERO_EXIT,
+                        ),
+                    },
+                };
+                let r = lattice_apis::NodeTaskState {
+                    phase,
+                    attempt: st.attempt,
+                    pid: Some(1),
+                    start_time: Some(now()),
+                    end_time: phase.is_terminal().then(now),
+                    exit_code: code,
+                    reason: (!why.is_empty()).then(|| why.to_string()),
+                    ..Default::default()
+                };
+                changed |= lifecycle::record_node_state(cur, n, r, now());
+            }
+            changed
+        })
+        .await;
+}
+
+/// Simulated agents following `plans`.
+pub fn scripted_runner(env: &Env, tenant: &str, plans: Plans) -> tokio::task::JoinHandle<()> {
+    let api: Api<Allocation> = Api::namespaced(env.client.clone(), tenant);
+    tokio::spawn(async move {
+        let mut since: HashMap<(String, u32), tokio::time::Instant> = HashMap::new();
+        loop {
+            if let Ok(list) = api.list(&ListParams::default()).await {
+                for a in list.items {
+                    let st = a.status.clone().unwrap_or_default();
+                    let name = a.name_any().to_string();
+                    let stop = st.assigned_nodes.iter().any(|n| {
+                        matches!(
+                            lifecycle::should_run(&a, n, st.attempt),
+                            lifecycle::RunDecision::Stop(_)
+                        )
+                    });
+                    match st.phase {
+                        AllocationPhase::Staging => {
+                            report_all(&api, &name, NodeTaskPhase::Running, None).await;
+                        }
+                        AllocationPhase::Running => {
+                            let t0 = *since
+                                .entry((name.clone(), st.attempt))
+                                .or_insert_with(tokio::time::Instant::now);
+                            match plans.get(&name) {
+                                _ if stop => {
+                                    report_all(&api, &name, NodeTaskPhase::Failed, None).await
+                                }
+                                Run::Exit(code, after) if t0.elapsed() >= after => {
+                                    report_all(&api, &name, NodeTaskPhase::Succeeded, Some(code))
+                                        .await
+                                }
+                                _ => {}
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+}
+
+pub async fn wait_dag(env: &Env, name: &str) -> Dag {
+    let api: Api<Dag> = Api::namespaced(env.client.clone(), "t1");
+    for _ in 0..1500 {
+        let d = api.get(name).await.expect("dag");
+        let phase = d.status.as_ref().map(|s| s.phase).unwrap_or_default();
+        if matches!(
+            phase,
+            DagPhase::Completed | DagPhase::Failed | DagPhase::Cancelled
+        ) {
+            return d;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("DAG {name} did not finish");
+}
+
+pub fn message_of(a: &Allocation) -> String {
+    a.status
+        .as_ref()
+        .and_then(|s| s.message.clone())
+        .unwrap_or_default()
+}
+
+pub fn reason_of(a: &Allocation) -> Option<&str> {
+    a.status.as_ref().and_then(|s| s.reason.as_deref())
+}
+
+pub fn records(a: &Allocation) -> Vec<(String, bool)> {
+    a.status
+        .as_ref()
+        .map(|s| {
+            s.dependencies
+                .iter()
+                .map(|d| (d.description.clone(), d.satisfied))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn epoch_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+pub async fn wait_never(env: &Env, name: &str, needle: &str) -> Allocation {
+    let a = env.wait_phase("t1", name, AllocationPhase::Cancelled).await;
+    assert_eq!(reason_of(&a), Some("dependency_never_satisfied"), "{name}");
+    assert!(
+        message_of(&a).contains(needle),
+        "{name}: {}",
+        message_of(&a)
+    );
+    assert_eq!(a.status.as_ref().unwrap().attempt, 0, "{name} never ran");
+    a
+}
+
+pub async fn annotate(env: &Env, name: &str, key: &str, value: serde_json::Value) {
+    let patch = Patch::Merge(json!({"metadata": {"annotations": {key: value}}}));
+    env.allocations("t1")
+        .patch(name, &PatchParams::default(), &patch)
+        .await
+        .expect("annotate");
 }
