@@ -155,12 +155,12 @@ fn signal_name(n: i32) -> String {
         .unwrap_or_else(|_| n.to_string())
 }
 
-/// The program and arguments for `alloc`: the script (written to the scratch dir), the
-/// entrypoint with its args (exactly, no shell), or a lone entrypoint as a `/bin/sh -c`
-/// command line.
 /// What a batch job's other nodes run: nothing but waiting, ending 0 when stopped.
 const BATCH_HOLDER: &str = "trap 'exit 0' TERM INT HUP; while :; do sleep 3600 & wait $!; done";
 
+/// The program and arguments for `alloc` on `this_node`: the script (written to the
+/// scratch dir), the entrypoint with its args (exactly, no shell), or a lone entrypoint as
+/// a `/bin/sh -c` command line; on a batch job's other nodes, a holder.
 pub fn command_line(
     alloc: &Allocation,
     scratch: &Path,
