@@ -2,40 +2,59 @@
 # Store benchmark: Lattice's embedded store and Debian's etcd 3.4 side by side on loopback,
 # same client (target/release/lattice-bench, etcd-client), same load, equal durability
 # (both fsync every commit before answering). Prints `RESULT name=value` lines and ratios.
+#
+# Knobs (environment):
+#   BENCH_ARGS    extra lattice-bench flags for every run (e.g. "--puts 500 --seconds 2")
+#   BENCH_SKIP_3  =1: skip the 3-member clusters
+#   BENCH_ONLY_3  =1: run only the 3-member clusters (skip the single-member runs)
+#   BENCH_3_ARGS  lattice-bench flags for the 3-member runs (default --puts-only;
+#                 e.g. "--puts-only --seconds 0" for the sequential puts only)
+#   BENCH_LATTICE_SERVER  binary to run instead of target/release/lattice-server, taking
+#                 the same store flags (e.g. target/release/examples/raft-member from
+#                 `cargo build --release -p lattice-store --example raft-member`: the store
+#                 and its etcd port alone); the release build is then skipped
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hack/install-deps.sh >/dev/null
 export PROTOC="${PROTOC:-$(command -v protoc)}"
-echo "==> building release binaries"
-cargo build --release -q -p lattice-server -p lattice-e2e --bins
+lattice_server="${BENCH_LATTICE_SERVER:-target/release/lattice-server}"
+if [ -z "${BENCH_LATTICE_SERVER:-}" ]; then
+  echo "==> building release binaries"
+  cargo build --release -q -p lattice-server -p lattice-e2e --bins
+fi
 
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-echo "==> starting etcd $(etcd --version | head -1 | awk '{print $3}') on 127.0.0.1:23791"
-etcd --name bench --data-dir "$work/etcd" --listen-client-urls http://127.0.0.1:23791 \
-  --advertise-client-urls http://127.0.0.1:23791 --listen-peer-urls http://127.0.0.1:23801 \
-  --initial-advertise-peer-urls http://127.0.0.1:23801 --initial-cluster bench=http://127.0.0.1:23801 \
-  --initial-cluster-state new --log-level error >"$work/etcd.log" 2>&1 &
-pids+=($!)
-echo "==> starting lattice-server on 127.0.0.1:23792 (etcd port)"
-target/release/lattice-server --data-dir "$work/lattice" --api-addr 127.0.0.1:28080 \
-  --tls-addr off --etcd-addr 127.0.0.1:23792 >"$work/lattice.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do
-  ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:23791 endpoint health >/dev/null 2>&1 &&
-  ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:23792 endpoint health >/dev/null 2>&1 && break
-  sleep 0.2
-done
+if [ "${BENCH_ONLY_3:-}" != 1 ]; then
+  echo "==> starting etcd $(etcd --version | head -1 | awk '{print $3}') on 127.0.0.1:23791"
+  etcd --name bench --data-dir "$work/etcd" --listen-client-urls http://127.0.0.1:23791 \
+    --advertise-client-urls http://127.0.0.1:23791 --listen-peer-urls http://127.0.0.1:23801 \
+    --initial-advertise-peer-urls http://127.0.0.1:23801 --initial-cluster bench=http://127.0.0.1:23801 \
+    --initial-cluster-state new --log-level error >"$work/etcd.log" 2>&1 &
+  pids+=($!)
+  echo "==> starting lattice-server on 127.0.0.1:23792 (etcd port)"
+  "$lattice_server" --data-dir "$work/lattice" --api-addr 127.0.0.1:28080 \
+    --tls-addr off --etcd-addr 127.0.0.1:23792 >"$work/lattice.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do
+    ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:23791 endpoint health >/dev/null 2>&1 &&
+    ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:23792 endpoint health >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+fi
 
 out="$work/results"
-for target in "etcd 127.0.0.1:23791" "lattice 127.0.0.1:23792"; do
-  set -- $target
-  echo "==> load against $1"
-  target/release/lattice-bench --name "$1" --endpoint "$2" ${BENCH_ARGS:-} | tee -a "$out"
-done
+touch "$out"
+if [ "${BENCH_ONLY_3:-}" != 1 ]; then
+  for target in "etcd 127.0.0.1:23791" "lattice 127.0.0.1:23792"; do
+    set -- $target
+    echo "==> load against $1"
+    target/release/lattice-bench --name "$1" --endpoint "$2" ${BENCH_ARGS:-} | tee -a "$out"
+  done
+fi
 
 if [ "${BENCH_SKIP_3:-}" != 1 ]; then
   echo "==> 3-member clusters: etcd on 2479[1-3], Lattice (Raft) on 2579[1-3]"
@@ -50,7 +69,7 @@ if [ "${BENCH_SKIP_3:-}" != 1 ]; then
   for i in 1 2 3; do
     flags=(--bootstrap)
     [ $i -gt 1 ] && flags=(--join 127.0.0.1:27901)
-    target/release/lattice-server --data-dir "$work/lattice3-$i" --api-addr 127.0.0.1:2818$i \
+    "$lattice_server" --data-dir "$work/lattice3-$i" --api-addr 127.0.0.1:2818$i \
       --tls-addr off --etcd-addr 127.0.0.1:2579$i --raft-addr 127.0.0.1:2790$i --node-id $i \
       "${flags[@]}" >"$work/lattice3-$i.log" 2>&1 &
     pids+=($!)
@@ -66,7 +85,7 @@ if [ "${BENCH_SKIP_3:-}" != 1 ]; then
   for target in "etcd3 127.0.0.1:24791" "lattice3 127.0.0.1:25791"; do
     set -- $target
     echo "==> load against $1 (3 members)"
-    target/release/lattice-bench --name "$1" --endpoint "$2" --puts-only ${BENCH_ARGS:-} | tee -a "$out"
+    target/release/lattice-bench --name "$1" --endpoint "$2" ${BENCH_3_ARGS:---puts-only} ${BENCH_ARGS:-} | tee -a "$out"
   done
 fi
 

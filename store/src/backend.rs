@@ -92,9 +92,12 @@ pub trait KvBackend: Send + Sync + 'static {
 
     async fn status(&self) -> StoreResult<StoreStatus>;
 
-    /// Most operations (compares plus the ops of the branch taken) one transaction may
-    /// carry; longer transactions fail with `TooManyOps`. Writers that batch (the
-    /// scheduler's bindings) split their batches by it. etcd's default is 128.
+    /// Most operations one transaction may carry (the embedded stores count compares plus
+    /// the ops of the larger branch, nested transactions included: [`crate::mvcc::txn_ops`]);
+    /// longer transactions fail with `TooManyOps`. The embedded stores check it on the
+    /// member that receives the transaction, before proposing it, so members may differ.
+    /// Writers that batch (the scheduler's bindings) split their batches by it. etcd's
+    /// default is 128.
     fn max_txn_ops(&self) -> usize {
         crate::mvcc::Limits::default().max_txn_ops
     }

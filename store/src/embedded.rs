@@ -245,9 +245,12 @@ impl EmbeddedStore {
         }
     }
 
-    /// Propose a command and wait until it is durable.
+    /// Propose a command and wait until it is durable. `--max-txn-ops` is checked here,
+    /// before the command reaches the writer ([`Limits::check_command`]), not when it is
+    /// applied.
     pub async fn propose(&self, cmd: Command) -> StoreResult<CommandResponse> {
         self.check_failed()?;
+        self.shared.config.limits.check_command(&cmd)?;
         let (tx, rx) = oneshot::channel();
         self.requests
             .send(Request::Apply(cmd, tx))

@@ -94,13 +94,53 @@ pub struct LeaseState {
     pub keys: BTreeSet<Bytes>,
 }
 
-/// Request limits, checked before a command is applied so a bad request never changes
-/// state.
+/// Request limits. Key and value sizes are checked before a command is applied, so a bad
+/// request never changes state. `max_txn_ops` is checked only where a request enters the
+/// store, before it is proposed ([`Limits::check_command`]), never when it is applied: a
+/// replicated command must apply the same way on every member, whatever each member's
+/// `--max-txn-ops`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
     pub max_key_bytes: usize,
     pub max_value_bytes: usize,
+    /// Most operations one transaction may carry, counted by [`txn_ops`].
     pub max_txn_ops: usize,
+}
+
+impl Limits {
+    /// The `--max-txn-ops` check, made once, by the member that receives a write, before
+    /// the command is proposed (so an oversized transaction never reaches the log and
+    /// never takes a revision). [`Mvcc::apply`] does not repeat it.
+    pub fn check_command(&self, cmd: &Command) -> StoreResult<()> {
+        if let Command::Txn(req) = cmd {
+            let ops = txn_ops(req);
+            if ops > self.max_txn_ops {
+                return Err(StoreError::TooManyOps {
+                    ops,
+                    limit: self.max_txn_ops,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The operations of a transaction, as `--max-txn-ops` counts them: its compares plus the
+/// ops of its larger branch, a nested transaction counting as one op plus its own count.
+/// It is the most any path through the transaction can execute (the count does not depend
+/// on which branches the compares pick, so it can be checked before the transaction is
+/// proposed); for a transaction without a failure branch it is compares + ops, nested ones
+/// included.
+pub fn txn_ops(req: &TxnRequest) -> usize {
+    fn branch(ops: &[TxnOp]) -> usize {
+        ops.iter().fold(ops.len(), |n, op| match op {
+            TxnOp::Txn(t) => n.saturating_add(txn_ops(t)),
+            _ => n,
+        })
+    }
+    req.compare
+        .len()
+        .saturating_add(branch(&req.success).max(branch(&req.failure)))
 }
 
 impl Default for Limits {
@@ -228,7 +268,9 @@ impl Mvcc {
     }
 
     /// Apply one command. Validation happens before any mutation, so an `Err` leaves the
-    /// state untouched (and is itself deterministic).
+    /// state untouched (and is itself deterministic). `limits.max_txn_ops` is not checked
+    /// here (see [`Limits::check_command`]): a transaction that reached the log applies
+    /// whatever this member's `--max-txn-ops`.
     pub fn apply(
         &mut self,
         cmd: &Command,
@@ -485,7 +527,8 @@ impl Mvcc {
     }
 
     /// Validate the ops the path will execute: sizes, leases, keys that must exist, and
-    /// etcd's rule that one transaction may not write the same key twice.
+    /// etcd's rule that one transaction may not write the same key twice. (The operation
+    /// count is not checked here: it was checked before the transaction was proposed.)
     fn validate_ops(
         &self,
         req: &TxnRequest,
@@ -493,20 +536,12 @@ impl Mvcc {
         limits: &Limits,
         puts: &mut BTreeSet<Bytes>,
         deletes: &mut Vec<KeyRange>,
-        ops_seen: &mut usize,
     ) -> StoreResult<()> {
         let ops = if path.succeeded {
             &req.success
         } else {
             &req.failure
         };
-        *ops_seen += ops.len() + req.compare.len();
-        if *ops_seen > limits.max_txn_ops {
-            return Err(StoreError::TooManyOps {
-                ops: *ops_seen,
-                limit: limits.max_txn_ops,
-            });
-        }
         for c in &req.compare {
             check_key(&c.range.key, limits)?;
         }
@@ -545,7 +580,7 @@ impl Mvcc {
                     let p = nested.next().ok_or_else(|| {
                         StoreError::Backend("nested transaction path out of step".into())
                     })?;
-                    self.validate_ops(t, p, limits, puts, deletes, ops_seen)?;
+                    self.validate_ops(t, p, limits, puts, deletes)?;
                 }
             }
         }
@@ -558,14 +593,7 @@ impl Mvcc {
         limits: &Limits,
     ) -> StoreResult<(TxnResponse, Applied)> {
         let path = self.txn_path(req);
-        self.validate_ops(
-            req,
-            &path,
-            limits,
-            &mut BTreeSet::new(),
-            &mut Vec::new(),
-            &mut 0,
-        )?;
+        self.validate_ops(req, &path, limits, &mut BTreeSet::new(), &mut Vec::new())?;
         let rev = self.revision + 1;
         let mut events = Vec::new();
         let responses = self.execute(req, &path, rev, &mut events);
@@ -959,6 +987,103 @@ mod tests {
             StoreError::DuplicateKey
         );
         assert_eq!(m.revision(), 0);
+    }
+
+    fn puts(prefix: &str, n: usize) -> Vec<TxnOp> {
+        (0..n)
+            .map(|i| TxnOp::Put(PutRequest::new(format!("{prefix}{i}"), "v")))
+            .collect()
+    }
+
+    fn compares(n: usize) -> Vec<Compare> {
+        (0..n)
+            .map(|i| Compare {
+                range: KeyRange::single(format!("c{i}")),
+                result: CompareResult::Equal,
+                target: CompareTarget::Version(0),
+            })
+            .collect()
+    }
+
+    /// A transaction that reached the log applies whatever the local `--max-txn-ops`: the
+    /// limit is checked before proposing, so members with different limits never diverge.
+    #[test]
+    fn apply_ignores_the_local_max_txn_ops() {
+        let tiny = Limits {
+            max_txn_ops: 2,
+            ..Limits::default()
+        };
+        let req = TxnRequest {
+            compare: compares(3),
+            success: vec![
+                TxnOp::Put(PutRequest::new("a", "1")),
+                TxnOp::Txn(TxnRequest {
+                    success: puts("n", 6),
+                    ..Default::default()
+                }),
+            ],
+            failure: vec![],
+        };
+        let cmd = Command::Txn(req);
+        // 3 compares + 2 ops + the nested txn's 6.
+        assert_eq!(
+            tiny.check_command(&cmd).unwrap_err(),
+            StoreError::TooManyOps { ops: 11, limit: 2 }
+        );
+        let mut m = Mvcc::new();
+        match m.apply(&cmd, &tiny).unwrap() {
+            (CommandResponse::Txn(t), _) => assert!(t.succeeded),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(m.revision(), 1);
+        assert_eq!(m.key_count(), 7);
+    }
+
+    #[test]
+    fn txn_ops_counts_compares_the_larger_branch_and_nested_txns() {
+        let flat = TxnRequest {
+            compare: compares(2),
+            success: puts("s", 5),
+            failure: vec![],
+        };
+        assert_eq!(txn_ops(&flat), 7);
+        // The larger branch counts, whichever the compares would pick.
+        let lopsided = TxnRequest {
+            compare: compares(1),
+            success: puts("s", 2),
+            failure: puts("f", 9),
+        };
+        assert_eq!(txn_ops(&lopsided), 10);
+        // A nested txn is one op of its parent's branch plus its own count.
+        let nested = TxnRequest {
+            compare: compares(1),
+            success: vec![
+                TxnOp::Put(PutRequest::new("a", "1")),
+                TxnOp::Txn(lopsided.clone()),
+            ],
+            failure: puts("f", 3),
+        };
+        assert_eq!(txn_ops(&nested), 1 + 2 + 10);
+        assert_eq!(txn_ops(&TxnRequest::default()), 0);
+        let at_limit = Limits {
+            max_txn_ops: 13,
+            ..Limits::default()
+        };
+        at_limit
+            .check_command(&Command::Txn(nested.clone()))
+            .unwrap();
+        let below = Limits {
+            max_txn_ops: 12,
+            ..Limits::default()
+        };
+        assert_eq!(
+            below.check_command(&Command::Txn(nested)).unwrap_err(),
+            StoreError::TooManyOps { ops: 13, limit: 12 }
+        );
+        // Non-transaction commands carry no operations.
+        below
+            .check_command(&Command::Compact { revision: 1 })
+            .unwrap();
     }
 
     #[test]

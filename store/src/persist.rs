@@ -12,7 +12,8 @@
 //! stops the member with a message naming the file, never a silently wrong answer. Each
 //! batch of applied commands is one redb write transaction committed with
 //! `Durability::Immediate` (fsync) before any caller is answered, so data and the applied
-//! revision are always committed together.
+//! revision are always committed together. (A Raft member, whose fsynced Raft log is the
+//! durable record, may commit batches without fsync: see [`Persist::commit_with_raft_meta`].)
 
 use std::path::{Path, PathBuf};
 
@@ -184,20 +185,39 @@ impl Persist {
         revision: i64,
         compact_revision: i64,
     ) -> StoreResult<()> {
-        self.commit_inner(batch, revision, compact_revision, None)
+        self.commit_inner(batch, revision, compact_revision, None, true)
     }
 
-    /// Like [`Persist::commit`], and in the same fsynced transaction record the Raft
-    /// bookkeeping `raft_meta` (last applied log ID and membership), so the data and the
-    /// log position it reflects can never disagree after a crash.
+    /// Like [`Persist::commit`], and in the same transaction record the Raft bookkeeping
+    /// `raft_meta` (last applied log ID and membership), so the data and the log position it
+    /// reflects can never disagree after a crash.
+    ///
+    /// `durable == false` commits without fsync (`redb::Durability::None`): the batch is
+    /// visible at once but becomes durable only with the next durable commit (or
+    /// [`Persist::sync`], or closing the file); a crash before then rolls the file back to
+    /// the last durable commit, data and `raft_meta` together. Only for a caller that can
+    /// redo the lost batches, as a Raft member does by re-applying its log from the
+    /// recorded last applied entry.
     pub fn commit_with_raft_meta(
         &self,
         batch: &[Applied],
         revision: i64,
         compact_revision: i64,
         raft_meta: &[u8],
+        durable: bool,
     ) -> StoreResult<()> {
-        self.commit_inner(batch, revision, compact_revision, Some(raft_meta))
+        self.commit_inner(batch, revision, compact_revision, Some(raft_meta), durable)
+    }
+
+    /// Make every earlier commit durable (one fsynced commit).
+    pub fn sync(&self) -> StoreResult<()> {
+        let txn = self.db.begin_write().map_err(io)?;
+        {
+            // A write of its own, so that the commit is never skipped as empty.
+            let mut meta = txn.open_table(META).map_err(io)?;
+            meta.insert("format", FORMAT).map_err(io)?;
+        }
+        txn.commit().map_err(io)
     }
 
     /// The Raft bookkeeping last written by [`Persist::commit_with_raft_meta`] or
@@ -261,8 +281,12 @@ impl Persist {
         revision: i64,
         compact_revision: i64,
         raft_meta: Option<&[u8]>,
+        durable: bool,
     ) -> StoreResult<()> {
-        let txn = self.db.begin_write().map_err(io)?;
+        let mut txn = self.db.begin_write().map_err(io)?;
+        if !durable {
+            txn.set_durability(redb::Durability::None).map_err(io)?;
+        }
         {
             if let Some(raft_meta) = raft_meta {
                 let mut table = txn.open_table(RAFT_META).map_err(io)?;

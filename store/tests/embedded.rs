@@ -192,6 +192,55 @@ async fn limits_give_clear_errors_and_change_nothing() {
 }
 
 #[tokio::test]
+async fn too_many_ops_is_refused_before_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let limit = store.max_txn_ops();
+    let puts = |n: usize| -> Vec<TxnOp> {
+        (0..n)
+            .map(|i| TxnOp::Put(PutRequest::new(format!("/t/{i}"), "v")))
+            .collect()
+    };
+    let err = store
+        .txn(TxnRequest {
+            compare: vec![],
+            success: puts(limit + 1),
+            failure: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        StoreError::TooManyOps {
+            ops: limit + 1,
+            limit
+        }
+    );
+    assert!(err.to_string().contains("--max-txn-ops"), "{err}");
+    // Counted before the compares are evaluated: the larger branch counts, taken or not.
+    let err = store
+        .txn(TxnRequest {
+            compare: vec![Compare::version("/t/0", CompareResult::Equal, 0)],
+            success: puts(1),
+            failure: puts(limit),
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::TooManyOps { .. }), "{err}");
+    assert_eq!(store.revision(), 0);
+    // Exactly at the limit is fine.
+    let resp = store
+        .txn(TxnRequest {
+            compare: vec![],
+            success: puts(limit),
+            failure: vec![],
+        })
+        .await
+        .unwrap();
+    assert_eq!(resp.revision, 1);
+}
+
+#[tokio::test]
 async fn compaction_answers_compacted_for_reads_and_watches() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path()).await;

@@ -238,6 +238,83 @@ async fn whole_cluster_restarted_from_disk_keeps_all_data() {
     c.shutdown_all().await;
 }
 
+/// Applying an entry does not fsync `state.redb` (only checkpoints do): the fsynced log is
+/// the durable record. A crash, simulated by copying a running member's files (what a power
+/// cut leaves on disk), loses the applies since the last checkpoint, and the member redoes
+/// them from its log: every acknowledged write is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crash_image_redoes_unsynced_applies_from_the_log() {
+    crash_image_keeps_acknowledged_writes(no_tune, 20, true).await;
+}
+
+fn snapshot_and_purge_often(c: &mut RaftConfig) {
+    c.snapshot_logs = 10;
+    c.keep_logs_after_snapshot = 0;
+}
+
+/// The same with the log purged right behind every snapshot: a snapshot makes the state it
+/// covers durable before the log below it can go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crash_image_after_snapshots_and_purges_keeps_acknowledged_writes() {
+    crash_image_keeps_acknowledged_writes(snapshot_and_purge_often, 45, false).await;
+}
+
+async fn crash_image_keeps_acknowledged_writes(
+    tune: fn(&mut RaftConfig),
+    writes: usize,
+    expect_lag: bool,
+) {
+    let started = Instant::now();
+    let mut c = Cluster::start(1, tune).await;
+    let node = c.node(0);
+    let mut last = 0;
+    for i in 0..writes {
+        last = node
+            .put(PutRequest::new(format!("/crash/{i:02}"), format!("{i}")))
+            .await
+            .unwrap()
+            .revision;
+    }
+    // Within a second (and 1,024 entries) of the first apply no checkpoint was due.
+    let no_checkpoint = started.elapsed() < Duration::from_millis(800);
+    if !expect_lag {
+        // Let snapshot builds and log purges triggered by the writes finish.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let image = tempfile::tempdir().unwrap();
+    // The log first: an image whose state is newer than its log is fine, the reverse would
+    // not be a possible crash.
+    for f in [
+        lattice_store::raft::LOG_FILE,
+        lattice_store::persist::STATE_FILE,
+    ] {
+        std::fs::copy(c.dirs[0].path().join(f), image.path().join(f)).unwrap();
+    }
+    c.stop(0).await;
+    if expect_lag && no_checkpoint {
+        let (_, mvcc) = lattice_store::persist::Persist::open(image.path()).unwrap();
+        assert!(
+            mvcc.revision() < last,
+            "the image's state.redb is at revision {} already: nothing to redo",
+            mvcc.revision()
+        );
+    }
+    c.dirs[0] = image;
+    c.restart(0).await;
+    c.wait_leader(Duration::from_secs(10)).await;
+    let node = c.node(0);
+    let resp = node.range(RangeRequest::prefix("/crash/")).await.unwrap();
+    assert_eq!(resp.count, writes as i64);
+    assert!(resp.revision >= last, "{} < {last}", resp.revision);
+    let key = format!("/crash/{:02}", writes - 1);
+    assert_eq!(
+        get_value(&node, &key, true).await.unwrap(),
+        Some(format!("{}", writes - 1))
+    );
+    node.put(PutRequest::new("/crash/new", "n")).await.unwrap();
+    c.shutdown_all().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn add_and_remove_members() {
     let mut c = Cluster::start(3, no_tune).await;
@@ -490,5 +567,80 @@ async fn follower_passes_the_backend_conformance_suite() {
     let follower = c.node((leader + 1) % 3);
     let failed = suite::run_all_collect(Arc::new(follower)).await;
     assert!(failed.is_empty(), "conformance failures: {failed:#?}");
+    c.shutdown_all().await;
+}
+
+/// Members 1 and 3 run with `--max-txn-ops 8`, member 2 with 64.
+fn mixed_txn_limits(c: &mut RaftConfig) {
+    c.limits.max_txn_ops = if c.node_id == 2 { 64 } else { 8 };
+}
+
+fn puts(prefix: &str, n: usize) -> Vec<TxnOp> {
+    (0..n)
+        .map(|i| TxnOp::Put(PutRequest::new(format!("{prefix}{i}"), "v")))
+        .collect()
+}
+
+/// `--max-txn-ops` is checked by the member that receives a transaction, before it is
+/// proposed, and never when an entry is applied: a transaction one member admits is
+/// applied by every member, whatever their own limits (they used to reject it at apply
+/// and diverge), and one it refuses never reaches the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn members_with_different_max_txn_ops_apply_alike() {
+    let mut c = Cluster::start(3, mixed_txn_limits).await;
+    c.wait_leader(Duration::from_secs(10)).await;
+    assert_eq!(c.node(1).max_txn_ops(), 64);
+    assert_eq!(c.node(0).max_txn_ops(), 8);
+
+    // 20 operations: within member 2's limit, over members 1 and 3's.
+    let big = TxnRequest {
+        compare: vec![Compare::version("/big/0", CompareResult::Equal, 0)],
+        success: puts("/big/", 19),
+        failure: vec![],
+    };
+    let resp = c.node(1).txn(big.clone()).await.unwrap();
+    assert!(resp.succeeded);
+    let rev = resp.revision;
+    for i in 0..3 {
+        c.wait_revision(i, rev, Duration::from_secs(10)).await;
+        let got = c
+            .node(i)
+            .range(RangeRequest {
+                serializable: true,
+                ..RangeRequest::prefix("/big/")
+            })
+            .await
+            .unwrap();
+        assert_eq!(got.count, 19, "member {} diverged", i + 1);
+        assert_eq!(c.node(i).revision(), rev, "member {}", i + 1);
+    }
+
+    // The same transaction through members 1 and 3 (leader or follower alike) is refused
+    // there, with their limit, and nothing is proposed: no log entry, no revision.
+    let logs: Vec<u64> = (0..3)
+        .map(|i| c.node(i).raft_status().last_log_index)
+        .collect();
+    for i in [0, 2] {
+        let err = c.node(i).txn(big.clone()).await.unwrap_err();
+        assert_eq!(
+            err,
+            StoreError::TooManyOps { ops: 20, limit: 8 },
+            "member {}",
+            i + 1
+        );
+        assert!(err.to_string().contains("--max-txn-ops"), "{err}");
+    }
+    // A write that is admitted afterwards takes the very next revision and log index.
+    let small = c.node(0).put(PutRequest::new("/small", "x")).await.unwrap();
+    assert_eq!(small.revision, rev + 1);
+    for (i, log) in logs.iter().enumerate() {
+        c.wait_revision(i, rev + 1, Duration::from_secs(10)).await;
+        assert_eq!(
+            c.node(i).raft_status().last_log_index,
+            log + 1,
+            "member {}: an entry besides the small put reached the log",
+            i + 1
+        );
+    }
     c.shutdown_all().await;
 }

@@ -9,12 +9,16 @@
 //! durable before it is. Until flushed, appended entries are served to readers from an
 //! in-memory overlay. `save_vote` returns only once the vote is on disk; `truncate` and
 //! `purge` wait for every earlier append to be flushed, then commit their change.
+//! `save_committed` only records the committed log ID in memory: the writer stores it with
+//! an append it commits, at most every [`COMMITTED_EVERY`] (and at close), so it costs no
+//! transaction of its own and seldom even a page.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{AnyError, Entry, LogId, OptionalSend, StorageError, StorageIOError, Vote};
@@ -62,6 +66,11 @@ enum WriteOp {
 /// Appends committed per fsync at most.
 const MAX_GROUP: usize = 1024;
 
+/// The saved committed log ID rides along with an append at most this often: every page a
+/// commit touches lengthens its fsync, and the value is only a start-up shortcut (see
+/// `save_committed`).
+const COMMITTED_EVERY: Duration = Duration::from_millis(100);
+
 /// The open log database, closable so a member can be restarted in the same process.
 pub(crate) struct LogDb {
     db: RwLock<Option<Database>>,
@@ -69,6 +78,17 @@ pub(crate) struct LogDb {
     /// Appended but not yet flushed entries (visible to readers).
     pending: Mutex<BTreeMap<u64, Entry<TypeConfig>>>,
     writer: Mutex<Option<(mpsc::Sender<WriteOp>, std::thread::JoinHandle<()>)>>,
+    /// The committed log ID last saved, and whether it still has to be written.
+    committed: Mutex<Committed>,
+}
+
+#[derive(Default)]
+struct Committed {
+    /// `None`: nothing saved since the file was opened (read it from the file).
+    latest: Option<Option<LogId<u64>>>,
+    unwritten: bool,
+    /// When it was last handed to the writer.
+    written_at: Option<Instant>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -94,9 +114,17 @@ fn writer_loop(db: Arc<LogDb>, rx: mpsc::Receiver<WriteOp>) {
         let result = if written.is_empty() {
             Ok(())
         } else {
-            db.with(|d| {
+            // The committed log ID saved meanwhile rides along (see `save_committed`).
+            let committed = db.take_unwritten_committed(false);
+            let result = db.with(|d| {
                 let txn = d.begin_write().map_err(|e| e.to_string())?;
                 {
+                    if let Some(c) = &committed {
+                        let payload = postcard::to_allocvec(c).map_err(|e| e.to_string())?;
+                        let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
+                        meta.insert("committed", seal(&payload).as_slice())
+                            .map_err(|e| e.to_string())?;
+                    }
                     let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
                     for op in &ops {
                         if let WriteOp::Append { rows, .. } = op {
@@ -109,7 +137,11 @@ fn writer_loop(db: Arc<LogDb>, rx: mpsc::Receiver<WriteOp>) {
                     }
                 }
                 txn.commit().map_err(|e| e.to_string())
-            })
+            });
+            if result.is_err() && committed.is_some() {
+                lock(&db.committed).unwritten = true;
+            }
+            result
         };
         if result.is_ok() {
             // Durable now: readers find these in the file. Keep any entry that replaced
@@ -153,6 +185,7 @@ impl LogDb {
             path,
             pending: Mutex::new(BTreeMap::new()),
             writer: Mutex::new(None),
+            committed: Mutex::new(Committed::default()),
         });
         let (tx, rx) = mpsc::channel();
         let for_writer = log.clone();
@@ -173,8 +206,26 @@ impl LogDb {
                 tracing::error!("raft log writer panicked");
             }
         }
+        if let Some(c) = self.take_unwritten_committed(true) {
+            if let Err(e) = self.put_meta("committed", &c) {
+                tracing::warn!(error = %e, file = %self.path.display(), "saving the committed log ID failed");
+            }
+        }
         let mut g = self.db.write().unwrap_or_else(|p| p.into_inner());
         g.take();
+    }
+
+    /// The committed log ID saved since the last write of it, if any and if due (always
+    /// with `force`): now to be written.
+    fn take_unwritten_committed(&self, force: bool) -> Option<Option<LogId<u64>>> {
+        let mut c = lock(&self.committed);
+        let recent = c.written_at.is_some_and(|t| t.elapsed() < COMMITTED_EVERY);
+        if !c.unwritten || (recent && !force) {
+            return None;
+        }
+        c.unwritten = false;
+        c.written_at = Some(Instant::now());
+        c.latest
     }
 
     fn send(&self, op: WriteOp) -> Result<(), String> {
@@ -220,16 +271,11 @@ impl LogDb {
         })
     }
 
-    /// Write one meta record; `durable` commits with fsync (`Durability::Immediate`, redb's
-    /// default), otherwise the record rides on the next durable commit.
-    fn put_meta<T: Serialize>(&self, key: &str, value: &T, durable: bool) -> Result<(), String> {
+    /// Write one meta record, durably (`Durability::Immediate`, redb's default: fsync).
+    fn put_meta<T: Serialize>(&self, key: &str, value: &T) -> Result<(), String> {
         let payload = postcard::to_allocvec(value).map_err(|e| e.to_string())?;
         self.with(|db| {
-            let mut txn = db.begin_write().map_err(|e| e.to_string())?;
-            if !durable {
-                txn.set_durability(redb::Durability::None)
-                    .map_err(|e| e.to_string())?;
-            }
+            let txn = db.begin_write().map_err(|e| e.to_string())?;
             {
                 let mut table = txn.open_table(META).map_err(|e| e.to_string())?;
                 table
@@ -382,7 +428,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), SErr> {
         let db = self.db.clone();
         let vote = *vote;
-        blocking(move || db.put_meta("vote", &vote, true))
+        blocking(move || db.put_meta("vote", &vote))
             .await
             .map_err(vote_err)
     }
@@ -394,16 +440,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), SErr> {
-        let db = self.db.clone();
         // The committed index is an optimisation (entries up to it are re-applied on
         // start-up, which the state machine does idempotently): losing it is safe, so it
-        // does not cost an fsync of its own.
-        blocking(move || db.put_meta("committed", &committed, false))
-            .await
-            .map_err(write_err)
+        // costs neither an fsync nor a transaction of its own. It is written with an append
+        // the writer commits, at most every `COMMITTED_EVERY`, and at close.
+        let mut c = lock(&self.db.committed);
+        c.latest = Some(committed);
+        c.unwritten = true;
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, SErr> {
+        if let Some(c) = lock(&self.db.committed).latest {
+            return Ok(c);
+        }
         Ok(self
             .db
             .get_meta::<Option<LogId<u64>>>("committed")

@@ -6,7 +6,9 @@
 //!   openraft is told an append or a vote is durable.
 //! * `state_machine`: [`crate::mvcc::Mvcc`] + [`crate::persist::Persist`]
 //!   (`<data_dir>/state.redb`); each applied batch commits data, last applied log ID and
-//!   membership in one transaction; snapshots are [`crate::Backup`] payloads.
+//!   membership in one transaction, fsynced only at checkpoints (the fsynced log is the
+//!   durable record; a member redoes what a crash lost from it); snapshots are
+//!   [`crate::Backup`] payloads.
 //! * `network`: Raft RPCs and client forwarding over gRPC (`proto/raft.proto`, tonic).
 //!
 //! # Semantics
@@ -132,6 +134,12 @@ type Reply = tokio::sync::oneshot::Sender<Result<(CommandResponse, u64), WireErr
 
 /// Coalesce queued writes into proposals; proposals are pipelined (each one's commit is
 /// awaited in its own task).
+///
+/// openraft 0.9's core appends one proposal at a time and waits for its log flush before it
+/// takes the next one (and before replicating it). So a proposal is handed over only once
+/// the core has dealt with the previous one (a no-op core request queued behind it answers
+/// then): writes arriving meanwhile wait here and go out together, in one entry, one
+/// fsync and one round of replication, instead of queueing one by one inside the core.
 async fn proposer(
     raft: Raft<TypeConfig>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<(Command, Reply)>,
@@ -193,6 +201,9 @@ async fn proposer(
                 let _ = reply.send(answer);
             }
         });
+        // Wait until the core has appended (and flushed) this proposal; an error means Raft
+        // stopped, which the next `client_write_ff` reports.
+        let _ = raft.with_raft_state(|_| ()).await;
     }
 }
 
@@ -645,7 +656,8 @@ impl RaftStore {
         &self.inner.sm.metrics
     }
 
-    /// Newest revision applied and durable on this member.
+    /// Newest revision applied on this member (durable: its entries are in the fsynced
+    /// log, and a crash before the next state checkpoint is redone from there).
     pub fn revision(&self) -> i64 {
         self.inner.sm.published.load(Ordering::Acquire)
     }
@@ -810,7 +822,7 @@ impl RaftStore {
         self.request(ClientRequest::Remove { id }).await.map(|_| ())
     }
 
-    /// Write a consistent backup of this member's latest durable revision to `path`
+    /// Write a consistent backup of this member's latest applied revision to `path`
     /// (restorable with [`crate::Backup::restore_into`] into a single embedded member, or
     /// used to seed a new cluster).
     pub fn backup(&self, path: impl AsRef<std::path::Path>) -> StoreResult<crate::Backup> {
@@ -942,7 +954,14 @@ impl RaftStore {
 
     /// Propose a write and return once it is applied on the leader *and* on this member
     /// (as etcd does), so reads here — serializable ones and watches included — see it.
+    ///
+    /// `--max-txn-ops` is checked here, once, against this member's limit (the one
+    /// [`KvBackend::max_txn_ops`] reports to the writers that batch by it), before the
+    /// command is forwarded or proposed: an oversized transaction never reaches the log.
+    /// Neither the leader nor the state machine checks it again, so members started with
+    /// different limits apply every entry alike.
     async fn propose(&self, cmd: Command) -> StoreResult<CommandResponse> {
+        self.inner.sm.limits.check_command(&cmd)?;
         match self.request(ClientRequest::Write(cmd)).await? {
             ClientReply::Write(r, index) => {
                 self.wait_applied(index).await?;
@@ -1103,6 +1122,8 @@ impl Inner {
         match req {
             ClientRequest::Write(cmd) => {
                 // Not submitted at all unless this member leads: a safe, retryable refusal.
+                // (No `--max-txn-ops` check here: the member that received the write made
+                // it, against its own limit, before forwarding; see `RaftStore::propose`.)
                 self.check_leader()?;
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 self.proposals

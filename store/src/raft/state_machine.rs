@@ -2,10 +2,20 @@
 //! [`Persist`] (`state.redb`), shared with [`super::RaftStore`] for local reads and watches.
 //!
 //! * `apply`: a batch of committed entries is applied in memory, then the data *and* the
-//!   last applied log ID and membership are committed in one fsynced redb transaction;
-//!   only then is the new revision published to readers and watchers. Entries at or
-//!   below the durable `last_applied` are skipped, so re-applying after a restart is a
-//!   no-op (idempotent).
+//!   last applied log ID and membership are committed in one redb transaction; only then
+//!   is the new revision published to readers and watchers. Entries at or below the
+//!   recorded `last_applied` are skipped, so re-applying after a restart is a no-op
+//!   (idempotent).
+//! * Durability: the fsynced Raft log is the durable record of every applied entry, so an
+//!   apply batch is committed *without* fsync (`redb::Durability::None`), and only every
+//!   [`CHECKPOINT_ENTRIES`] entries or [`CHECKPOINT_INTERVAL`] is a commit fsynced (a
+//!   checkpoint). A crash loses at most the commits since the last checkpoint — data and
+//!   `last_applied` together, never one without the other — and the member redoes them
+//!   from its log on restart: openraft re-applies `(last_applied, committed]` before it
+//!   starts, and the rest as the leader reports it committed. The log is purged only
+//!   below a snapshot, and building a snapshot first makes the state covering it durable
+//!   (see `SmShared::build_snapshot`), so the entries to redo are never gone. Closing the
+//!   member (shutdown) makes the state durable too.
 //! * Snapshots are built from a consistent view (the engine under its read lock, with the
 //!   matching `last_applied`) while `apply` may continue afterwards; installing one
 //!   replaces `state.redb` atomically (write beside, fsync, rename).
@@ -37,6 +47,41 @@ type Membership = StoredMembership<u64, BasicNode>;
 /// The latest snapshot: its meta and payload.
 type StoredSnapshot = (SnapshotMeta<u64, BasicNode>, Vec<u8>);
 
+/// An apply batch is committed with fsync (a checkpoint) once this many log entries were
+/// applied since the last one...
+pub(crate) const CHECKPOINT_ENTRIES: u64 = 1024;
+/// ...or once the oldest commit not yet fsynced is this old.
+pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// `state.redb`, and how much of it is not yet durable.
+struct StateFile {
+    persist: Persist,
+    /// Log entries applied by commits made since the last durable one.
+    unsynced: u64,
+    /// When the oldest of those commits was made.
+    unsynced_since: Option<Instant>,
+}
+
+impl StateFile {
+    fn new(persist: Persist) -> Self {
+        Self {
+            persist,
+            unsynced: 0,
+            unsynced_since: None,
+        }
+    }
+
+    /// Make every commit so far durable.
+    fn sync(&mut self) -> StoreResult<()> {
+        if self.unsynced_since.is_some() {
+            self.persist.sync()?;
+            self.unsynced = 0;
+            self.unsynced_since = None;
+        }
+        Ok(())
+    }
+}
+
 fn sm_write_err(e: impl ToString) -> SErr {
     StorageError::IO {
         source: StorageIOError::write_state_machine(AnyError::error(e.to_string())),
@@ -63,15 +108,19 @@ pub(crate) struct SmState {
 /// State shared by the state machine (driven by openraft) and the store front end.
 pub(crate) struct SmShared {
     pub(crate) state: RwLock<SmState>,
-    /// Newest revision that is durable and visible to readers.
+    /// Newest revision that is committed to `state.redb` (durable through the Raft log; see
+    /// the module docs) and visible to readers.
     pub(crate) published: AtomicI64,
     pub(crate) hub: Mutex<WatchHub>,
     pub(crate) catch_up: Notify,
     /// Lease deadlines; acted upon only by the leader (see `RaftStore`).
     pub(crate) deadlines: Mutex<HashMap<i64, Instant>>,
+    /// This member's limits. `max_txn_ops` is enforced by `RaftStore::propose` before a
+    /// write is proposed and is never consulted when applying (`Mvcc::apply` ignores it).
     pub(crate) limits: Limits,
     dir: PathBuf,
-    persist: Mutex<Option<Persist>>,
+    /// Lock order: `state` before `persist`, never the other way round.
+    persist: Mutex<Option<StateFile>>,
     current_snapshot: Mutex<Option<StoredSnapshot>>,
     snapshot_seq: AtomicU64,
     pub(crate) db_size: AtomicI64,
@@ -124,7 +173,7 @@ impl SmShared {
             deadlines: Mutex::new(deadlines),
             limits,
             dir,
-            persist: Mutex::new(Some(persist)),
+            persist: Mutex::new(Some(StateFile::new(persist))),
             current_snapshot: Mutex::new(None),
             snapshot_seq: AtomicU64::new(0),
         }))
@@ -138,29 +187,119 @@ impl SmShared {
         self.state.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Close `state.redb` (member shutdown) and end every watch.
+    /// Make `state.redb` durable and close it (member shutdown), and end every watch.
     pub(crate) fn close(&self) {
-        lock(&self.persist).take();
+        if let Some(mut file) = lock(&self.persist).take() {
+            if let Err(e) = file.sync() {
+                // Not fatal: what was not made durable is redone from the log on restart.
+                tracing::warn!(error = %e, "making state.redb durable at shutdown failed");
+            }
+        }
         lock(&self.hub).close_all();
     }
 
+    /// Apply `entries` to the engine and commit the outcome to `state.redb` (blocking).
+    /// Returns the answers, what changed, and the new revision (to publish).
+    fn apply_entries(
+        &self,
+        entries: Vec<Entry<TypeConfig>>,
+        durable: bool,
+    ) -> StoreResult<(Vec<RaftResponse>, Vec<Applied>, i64)> {
+        let mut responses = Vec::with_capacity(entries.len());
+        let mut applied = Vec::new();
+        let mut fresh = 0u64;
+        let mut guard = self.write();
+        let st = &mut *guard;
+        for entry in entries {
+            // Idempotence: whatever is already applied (and committed) is not applied twice.
+            if st
+                .last_applied
+                .is_some_and(|l| entry.log_id.index <= l.index)
+            {
+                responses.push(RaftResponse::Skipped);
+                continue;
+            }
+            fresh += 1;
+            st.last_applied = Some(entry.log_id);
+            match entry.payload {
+                EntryPayload::Blank => responses.push(RaftResponse::Skipped),
+                EntryPayload::Normal(proposal) => {
+                    let mut results = Vec::with_capacity(proposal.commands.len());
+                    for cmd in &proposal.commands {
+                        match st.mvcc.apply(cmd, &self.limits) {
+                            Ok((resp, a)) => {
+                                applied.push(a);
+                                results.push(Ok(resp));
+                            }
+                            Err(e) => results.push(Err(WireError::from(e))),
+                        }
+                    }
+                    responses.push(RaftResponse::Commands(results));
+                }
+                EntryPayload::Membership(m) => {
+                    st.membership = StoredMembership::new(Some(entry.log_id), m);
+                    responses.push(RaftResponse::Skipped);
+                }
+            }
+        }
+        let revision = st.mvcc.revision();
+        if fresh == 0 {
+            return Ok((responses, applied, revision));
+        }
+        let meta = encode_meta(&st.last_applied, &st.membership)?;
+        let compact = st.mvcc.compact_revision();
+        // Take the file before letting go of the state: whoever reads the state after this
+        // (a snapshot being built) and then takes the file finds this batch committed.
+        let mut file = lock(&self.persist);
+        drop(guard);
+        let file = file.as_mut().ok_or(StoreError::Stopped)?;
+        self.commit(file, &applied, revision, compact, &meta, fresh, durable)?;
+        Ok((responses, applied, revision))
+    }
+
+    /// Whether the commit of the next apply batch, of up to `entries` log entries, is to be
+    /// a checkpoint (fsynced; see the module docs).
+    fn checkpoint_due(&self, entries: u64) -> bool {
+        match lock(&self.persist).as_ref() {
+            Some(file) => {
+                file.unsynced + entries >= CHECKPOINT_ENTRIES
+                    || file
+                        .unsynced_since
+                        .is_some_and(|t| t.elapsed() >= CHECKPOINT_INTERVAL)
+            }
+            None => false,
+        }
+    }
+
+    /// Commit one apply batch covering `entries` log entries, fsynced if `durable`.
+    #[allow(clippy::too_many_arguments)]
     fn commit(
         &self,
+        file: &mut StateFile,
         applied: &[Applied],
         revision: i64,
         compact: i64,
         meta: &[u8],
+        entries: u64,
+        durable: bool,
     ) -> StoreResult<()> {
-        let guard = lock(&self.persist);
-        let persist = guard.as_ref().ok_or(StoreError::Stopped)?;
         let started = Instant::now();
-        persist.commit_with_raft_meta(applied, revision, compact, meta)?;
+        file.persist
+            .commit_with_raft_meta(applied, revision, compact, meta, durable)?;
+        if durable {
+            file.unsynced = 0;
+            file.unsynced_since = None;
+        } else {
+            file.unsynced += entries;
+            file.unsynced_since.get_or_insert(started);
+        }
         self.metrics
             .commit_seconds
             .observe(started.elapsed().as_secs_f64());
         self.metrics.batch_size.observe(applied.len() as f64);
-        self.db_size.store(persist.size_bytes(), Ordering::Relaxed);
-        self.metrics.db_size_bytes.set(persist.size_bytes());
+        let size = file.persist.size_bytes();
+        self.db_size.store(size, Ordering::Relaxed);
+        self.metrics.db_size_bytes.set(size);
         Ok(())
     }
 
@@ -203,6 +342,14 @@ impl SmShared {
                 st.membership.clone(),
             )
         };
+        // Once this snapshot exists openraft may purge the log up to `last_applied`, and a
+        // crash must then not take the state back below it: make it durable first. Every
+        // batch up to `last_applied` is committed by now (`apply_entries` takes the file
+        // before it lets go of the state, the other way round from here).
+        match lock(&self.persist).as_mut() {
+            Some(file) => file.sync().map_err(|e| e.to_string())?,
+            None => return Err("state.redb is closed".into()),
+        }
         let data = postcard::to_allocvec(&backup).map_err(|e| e.to_string())?;
         let seq = self.snapshot_seq.fetch_add(1, Ordering::Relaxed);
         let snapshot_id = match &last_applied {
@@ -221,6 +368,28 @@ impl SmShared {
             snapshot: Box::new(Cursor::new(data)),
         })
     }
+}
+
+/// Most commands in an apply batch applied and committed (without fsync) on the calling
+/// task rather than on a blocking thread.
+const MAX_INLINE_COMMANDS: usize = 256;
+
+/// Whether `entries` are cheap to apply and commit without fsync: few commands, none of
+/// them a compaction (which rewrites history in `state.redb`).
+fn is_light(entries: &[Entry<TypeConfig>]) -> bool {
+    let mut commands = 0;
+    for e in entries {
+        if let EntryPayload::Normal(p) = &e.payload {
+            if p.commands
+                .iter()
+                .any(|c| matches!(c, crate::mvcc::Command::Compact { .. }))
+            {
+                return false;
+            }
+            commands += p.commands.len();
+        }
+    }
+    commands <= MAX_INLINE_COMMANDS
 }
 
 /// openraft's state machine handle.
@@ -263,59 +432,24 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + openraft::OptionalSend,
         I::IntoIter: openraft::OptionalSend,
     {
-        let shared = self.shared.clone();
-        let mut responses = Vec::new();
-        let mut applied = Vec::new();
-        let (revision, compact, meta) = {
-            let mut guard = shared.write();
-            let st = &mut *guard;
-            for entry in entries {
-                // Idempotence: whatever is already durable is not applied twice.
-                if st
-                    .last_applied
-                    .is_some_and(|l| entry.log_id.index <= l.index)
-                {
-                    responses.push(RaftResponse::Skipped);
-                    continue;
-                }
-                st.last_applied = Some(entry.log_id);
-                match entry.payload {
-                    EntryPayload::Blank => responses.push(RaftResponse::Skipped),
-                    EntryPayload::Normal(proposal) => {
-                        let mut results = Vec::with_capacity(proposal.commands.len());
-                        for cmd in &proposal.commands {
-                            match st.mvcc.apply(cmd, &shared.limits) {
-                                Ok((resp, a)) => {
-                                    applied.push(a);
-                                    results.push(Ok(resp));
-                                }
-                                Err(e) => results.push(Err(WireError::from(e))),
-                            }
-                        }
-                        responses.push(RaftResponse::Commands(results));
-                    }
-                    EntryPayload::Membership(m) => {
-                        st.membership = StoredMembership::new(Some(entry.log_id), m);
-                        responses.push(RaftResponse::Skipped);
-                    }
-                }
-            }
-            let meta = encode_meta(&st.last_applied, &st.membership).map_err(sm_write_err)?;
-            (st.mvcc.revision(), st.mvcc.compact_revision(), meta)
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let durable = self.shared.checkpoint_due(entries.len() as u64);
+        // A small batch committed without fsync takes a fraction of a millisecond: done
+        // here, it saves the hand-over to a blocking thread and back on every write's path.
+        // A checkpoint (fsync), a big batch or a compaction goes to a blocking thread.
+        let result = if durable || !is_light(&entries) {
+            let shared = self.shared.clone();
+            tokio::task::spawn_blocking(move || shared.apply_entries(entries, durable))
+                .await
+                .map_err(sm_write_err)?
+        } else {
+            self.shared.apply_entries(entries, false)
         };
-        let commit_shared = shared.clone();
-        let applied = tokio::task::spawn_blocking(move || {
-            commit_shared
-                .commit(&applied, revision, compact, &meta)
-                .map(|_| applied)
-        })
-        .await
-        .map_err(sm_write_err)?
-        .map_err(|e| {
+        let (responses, applied, revision) = result.map_err(|e| {
             tracing::error!(error = %e, "committing applied entries failed; this member stops");
             sm_write_err(e)
         })?;
-        shared.publish(&applied, revision);
+        self.shared.publish(&applied, revision);
         Ok(responses)
     }
 
@@ -350,7 +484,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             shared
                 .db_size
                 .store(persist.size_bytes(), Ordering::Relaxed);
-            *guard = Some(persist);
+            *guard = Some(StateFile::new(persist));
             Ok(mvcc)
         })
         .await
