@@ -343,12 +343,38 @@ pub fn admit_user_on_create(
 /// `new` by `user` (`None`: in-process, trusted): a non-admin may not add, change or
 /// remove the [`USER_ANNOTATION`] (403 Forbidden naming the annotation, both values
 /// and the fix); admins may.
+/// A non-admin may change or delete an Allocation or Dag only when it names no user or
+/// names the caller: the work runs as the named user, so changing someone else's would
+/// run the caller's command as them. Admins and in-process controllers (`None`) may.
+pub fn admit_owner(user: Option<&UserInfo>, kind: &KindInfo, old: &Value) -> ApiResult<()> {
+    let Some(user) = user else {
+        return Ok(());
+    };
+    if !names_submitter(kind) || user.role == Role::Admin {
+        return Ok(());
+    }
+    match user_annotation(old) {
+        Some(owner) if owner.as_str() != Some(user.name.as_str()) => {
+            let why = format!(
+                "it belongs to user {} (metadata.annotations[{USER_ANNOTATION:?}]), whom its \
+                 work runs as; only that user or an admin may change or delete it (user {:?} \
+                 may not)",
+                shown(owner),
+                user.name
+            );
+            Err(forbidden_user_change(kind, old, why))
+        }
+        _ => Ok(()),
+    }
+}
+
 pub fn admit_user_on_update(
     user: Option<&UserInfo>,
     kind: &KindInfo,
     old: &Value,
     new: &Value,
 ) -> ApiResult<()> {
+    admit_owner(user, kind, old)?;
     let Some(user) = user else {
         return Ok(());
     };

@@ -825,6 +825,7 @@ impl Resources {
             let Some((old, old_rev)) = self.read(&key).await? else {
                 return Err(ApiError::not_found(kind.kind, kind.plural, name));
             };
+            auth::admit_owner(self.caller().as_ref(), kind, &old)?;
             if let Some(uid) = &preconditions.uid {
                 let actual = meta_str(&old, "uid").unwrap_or("");
                 if actual != uid {

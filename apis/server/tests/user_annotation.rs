@@ -571,3 +571,38 @@ async fn in_process_writes_are_trusted() {
         .unwrap();
     assert_eq!(user_of(&v), "alice");
 }
+
+#[tokio::test]
+async fn a_non_admin_may_not_change_or_delete_another_users_work() {
+    let s = auth_server().await;
+    let alice = token("alice", Role::User);
+    let bob = token("bob", Role::User);
+    let admin = token("root", Role::Admin);
+    let (c, v) = post(&s, &allocs("t1"), Some(&bob), &alloc_as("bobs", None)).await;
+    assert_eq!(c, 201, "{v}");
+    let path = format!("{}/bobs", allocs("t1"));
+    // Alice would run her command as bob.
+    let (c, e) = patch(
+        &s,
+        &path,
+        Some(&alice),
+        "application/merge-patch+json",
+        &json!({"spec": {"entrypoint": "/bin/echo pwned"}}),
+    )
+    .await;
+    assert_forbidden(c, &e, &["belongs to user \"bob\"", "\"alice\""]);
+    let (c, e) = call(&s, Method::DELETE, &path, Some(&alice), "", None).await;
+    assert_forbidden(c, &e, &["belongs to user \"bob\""]);
+    // Bob and an admin may.
+    let (c, v) = patch(
+        &s,
+        &path,
+        Some(&bob),
+        "application/merge-patch+json",
+        &json!({"metadata": {"labels": {"x": "y"}}}),
+    )
+    .await;
+    assert_eq!(c, 200, "{v}");
+    let (c, v) = call(&s, Method::DELETE, &path, Some(&admin), "", None).await;
+    assert!(c == 200 || c == 202, "{c} {v}");
+}
