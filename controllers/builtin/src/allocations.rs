@@ -696,15 +696,7 @@ fn element_of(
             tg.range
         )));
     }
-    let element = format!("{name}-{i}");
-    let index = i.to_string();
-    let found = store.get_named(a.namespace(), &element).filter(|e| {
-        e.labels().get(TASK_INDEX_LABEL) == Some(&index)
-            && e.owner_references()
-                .iter()
-                .any(|o| Some(o.uid.as_str()) == array.uid())
-    });
-    match found {
+    match array_element(store, a.namespace(), array, i) {
         Some(e) => Ok(e),
         None if array.phase().is_terminal() => Err(DepState::Never(format!(
             "task {i} of {name} was never created ({name} ended {})",
@@ -712,6 +704,25 @@ fn element_of(
         ))),
         None => Err(DepState::Waiting(format!("{name}[{i}] (not created yet)"))),
     }
+}
+
+/// Element `i` of the job array `array` (`<array>-<i>`, labelled with its index and owned
+/// by the array), if it has been created.
+fn array_element(
+    store: &Store<Allocation>,
+    ns: Option<&str>,
+    array: &Allocation,
+    i: u64,
+) -> Option<Arc<Allocation>> {
+    let index = i.to_string();
+    store
+        .get_named(ns, &format!("{}-{i}", array.name_any()))
+        .filter(|e| {
+            e.labels().get(TASK_INDEX_LABEL) == Some(&index)
+                && e.owner_references()
+                    .iter()
+                    .any(|o| Some(o.uid.as_str()) == array.uid())
+        })
 }
 
 /// `corresponding` (Slurm `aftercorr`) on the job array `dep`: `None` when `dep` is not
@@ -736,14 +747,7 @@ fn corresponding_state(
         return Some(DepState::Holds);
     }
     let element = format!("{name}-{i}");
-    let index = i.to_string();
-    let found = store.get_named(a.namespace(), &element).filter(|e| {
-        e.labels().get(TASK_INDEX_LABEL) == Some(&index)
-            && e.owner_references()
-                .iter()
-                .any(|o| Some(o.uid.as_str()) == dep.uid())
-    });
-    Some(match found {
+    Some(match array_element(store, a.namespace(), dep, i) {
         Some(e) => match e.phase() {
             AllocationPhase::Completed => DepState::Holds,
             p if p.is_terminal() => {
