@@ -142,16 +142,23 @@ pub fn register(
 /// Whether a job step of the owner allocation still runs (is not terminal) on `node`: its
 /// processes there must be gone before the node can be handed to anyone else.
 fn step_running_on(ctx: &Ctx, owner: &OwnerKey, node: &str) -> bool {
-    !ctx.allocations
-        .find(|s| {
-            s.spec.step_of.as_deref() == Some(owner.1.as_str())
-                && s.namespace() == Some(owner.0.as_str())
-                && !s.phase().is_terminal()
-                && s.status
-                    .as_ref()
-                    .is_some_and(|st| st.assigned_nodes.iter().any(|n| n == node))
-        })
-        .is_empty()
+    let live_here = |s: &Allocation| {
+        s.spec.step_of.as_deref() == Some(owner.1.as_str())
+            && s.namespace() == Some(owner.0.as_str())
+            && !s.phase().is_terminal()
+            && s.status
+                .as_ref()
+                .is_some_and(|st| st.assigned_nodes.iter().any(|n| n == node))
+    };
+    // Steps are owned by their allocation: the owner index, not a scan of every object.
+    match &owner.2 {
+        Some(uid) => ctx
+            .allocations
+            .by_owner_uid(uid)
+            .iter()
+            .any(|s| live_here(s)),
+        None => !ctx.allocations.find(live_here).is_empty(),
+    }
 }
 
 async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error> {
