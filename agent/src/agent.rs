@@ -128,7 +128,11 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 
     let http = tokio::spawn(server::serve(
         listener,
-        server::AppState { logs, metrics },
+        server::AppState {
+            logs,
+            metrics,
+            attach: Some(ctx.clone()),
+        },
         shutdown.clone(),
     ));
     let reports = tokio::spawn(reporter.run(shutdown.clone()));

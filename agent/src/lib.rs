@@ -27,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod attach;
 pub mod cgroup;
 pub mod config;
 pub mod discovery;

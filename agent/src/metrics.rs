@@ -28,6 +28,10 @@ pub struct Metrics {
     pub workloads_start_failed: Counter,
     /// Workloads supervised now.
     pub workloads_running: Gauge,
+    /// `lattice attach` sessions started.
+    pub attach_sessions: Counter,
+    /// `lattice attach` sessions open now.
+    pub attach_sessions_open: Gauge,
 }
 
 impl Default for Metrics {
@@ -51,6 +55,8 @@ impl Metrics {
             workloads_started: Counter::default(),
             workloads_start_failed: Counter::default(),
             workloads_running: Gauge::default(),
+            attach_sessions: Counter::default(),
+            attach_sessions_open: Gauge::default(),
         };
         registry.register(
             "heartbeats",
@@ -96,6 +102,16 @@ impl Metrics {
             "workloads_running",
             "Workloads supervised now",
             m.workloads_running.clone(),
+        );
+        registry.register(
+            "attach_sessions",
+            "lattice attach sessions started",
+            m.attach_sessions.clone(),
+        );
+        registry.register(
+            "attach_sessions_open",
+            "lattice attach sessions open now",
+            m.attach_sessions_open.clone(),
         );
         Self { registry, ..m }
     }

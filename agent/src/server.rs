@@ -1,5 +1,5 @@
-//! The agent's own HTTP endpoint (`--listen`): `/logs/{namespace}/{name}`, `/metrics`,
-//! `/healthz`. The API server proxies `.../allocations/{name}/log` here.
+//! The agent's own HTTP endpoint (`--listen`): `/logs/{namespace}/{name}`,
+//! `/attach/{namespace}/{name}` (see [`crate::attach`]), `/metrics`, `/healthz`. The API server proxies `.../allocations/{name}/log` here.
 
 use std::sync::Arc;
 
@@ -20,6 +20,14 @@ pub struct AppState {
     pub logs: Arc<Logs>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// What attach sessions need (`None`: attach is refused).
+    pub attach: Option<Arc<crate::agent::Ctx>>,
+}
+
+impl FromRef<AppState> for Option<Arc<crate::agent::Ctx>> {
+    fn from_ref(s: &AppState) -> Self {
+        s.attach.clone()
+    }
 }
 
 impl FromRef<AppState> for Arc<Logs> {
@@ -34,6 +42,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
         .route("/logs/{namespace}/{name}", get(get_logs))
+        .route("/attach/{namespace}/{name}", get(crate::attach::attach))
         .with_state(state)
 }
 

@@ -210,6 +210,40 @@ fn write_script(path: &Path, text: &str, run_as: Option<&RunAs>) -> std::io::Res
     Ok(())
 }
 
+/// The environment of `alloc`'s run `rec` (also that of `lattice attach` sessions in it).
+pub fn workload_env(
+    ctx: &Ctx,
+    alloc: &Allocation,
+    rec: &TaskRecord,
+    user: Option<&RunAs>,
+) -> std::collections::BTreeMap<String, String> {
+    let mut base = env::base_from_agent();
+    if let Some(u) = user {
+        base.insert("HOME".into(), u.home.display().to_string());
+        base.insert("USER".into(), u.name.clone());
+    }
+    env::build(&EnvInputs {
+        alloc,
+        node: &ctx.cfg.node,
+        attempt: rec.attempt,
+        scratch: &rec.scratch_dir,
+        // --slurm-env; `env::build` also honours the allocation's
+        // `lattice.dev/set-slurm-env: "true"` (compat.set_slurm_env at submit).
+        slurm: ctx.cfg.slurm_env,
+        base,
+    })
+}
+
+/// The working directory of `alloc`'s run `rec`: `spec.workingDir` or its scratch directory.
+pub fn workload_cwd(alloc: &Allocation, rec: &TaskRecord) -> std::path::PathBuf {
+    alloc
+        .spec
+        .working_dir
+        .as_ref()
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| rec.scratch_dir.clone())
+}
+
 /// The local user named by [`USER_ANNOTATION`], when the agent may switch to it.
 pub fn run_as(alloc: &Allocation) -> Option<RunAs> {
     let name = alloc.metadata.annotations.get(USER_ANNOTATION)?;
@@ -478,28 +512,9 @@ impl Supervisor {
             user.as_ref(),
             Some(&ctx.cfg.node),
         )?;
-        let mut base = env::base_from_agent();
-        if let Some(u) = &user {
-            base.insert("HOME".into(), u.home.display().to_string());
-            base.insert("USER".into(), u.name.clone());
-        }
-        let vars = env::build(&EnvInputs {
-            alloc,
-            node: &ctx.cfg.node,
-            attempt: self.rec.attempt,
-            scratch: &self.rec.scratch_dir,
-            // --slurm-env; `env::build` also honours the allocation's
-            // `lattice.dev/set-slurm-env: "true"` (compat.set_slurm_env at submit).
-            slurm: ctx.cfg.slurm_env,
-            base,
-        });
+        let vars = workload_env(&ctx, alloc, &self.rec, user.as_ref());
         let (program, args) = fan_out(alloc, &vars, program, args);
-        let cwd = alloc
-            .spec
-            .working_dir
-            .as_ref()
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| self.rec.scratch_dir.clone());
+        let cwd = workload_cwd(alloc, &self.rec);
         let spec = LaunchSpec {
             program,
             args,

@@ -115,8 +115,10 @@ pub enum Command {
     Logs(LogsArgs),
     /// Run a command inside a running allocation (a job step, like srun in an allocation)
     Launch(LaunchArgs),
-    /// Hold nodes for interactive work and open a shell with them (like salloc)
+    /// Hold nodes for interactive work: a terminal on the first node, or `-- CMD` here (like salloc)
     Session(Box<SessionArgs>),
+    /// Open a terminal (or run a command) inside a running allocation, on one of its nodes
+    Attach(AttachArgs),
     /// List the cluster's nodes, or show one
     Nodes(NodesArgs),
     /// Drain, undrain, disable, enable or show one node
@@ -263,7 +265,7 @@ pub struct LaunchArgs {
     /// VAR[,VAR=VALUE...] (only those; with ALL, in addition) [default: ALL]
     #[arg(long, value_name = "ALL|NONE|VARS")]
     pub export: Option<String>,
-    /// Interactive terminal (not supported; use lattice session)
+    /// Run CMD on a terminal on the allocation's first node (`lattice attach`)
     #[arg(long)]
     pub pty: bool,
     /// Command and arguments
@@ -281,9 +283,37 @@ pub struct SessionArgs {
     /// Resources as for submit (--nodes, --walltime, --constraint, --vcluster, --uenv, ...)
     #[command(flatten)]
     pub flags: lattice_compat::SubmitFlags,
-    /// Command to run instead of $SHELL (after `--`)
+    /// Open the shell here with the allocation's variables (like salloc) instead of a
+    /// terminal on its first node
+    #[arg(long)]
+    pub local: bool,
+    /// Command to run here instead of a terminal on the first node (after `--`)
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct AttachArgs {
+    /// Allocation ID (name)
+    pub id: String,
+    /// Node to attach on [default: the allocation's first node]
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
+    /// Command line to run instead of your login shell (split like a shell would)
+    #[arg(long, value_name = "CMD", conflicts_with = "args")]
+    pub command: Option<String>,
+    /// Run on a terminal even when this is not one
+    #[arg(long, conflicts_with = "no_tty")]
+    pub tty: bool,
+    /// No terminal, even when this is one (output and exit status only)
+    #[arg(long)]
+    pub no_tty: bool,
+    /// Do not forward standard input
+    #[arg(long)]
+    pub no_stdin: bool,
+    /// Command and arguments (after `--`)
+    #[arg(last = true, value_name = "CMD")]
+    pub args: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Args)]

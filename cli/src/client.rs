@@ -327,6 +327,35 @@ impl Client {
         }
     }
 
+    /// Opens a WebSocket at `path` (GET with the upgrade headers, subprotocol
+    /// `protocol`) and returns the upgraded connection; an answer other than 101 is the
+    /// API's error.
+    pub async fn websocket(
+        &self,
+        path: &str,
+        protocol: &str,
+    ) -> Result<reqwest::Upgraded, ClientError> {
+        use tokio_tungstenite::tungstenite::handshake::client::generate_key;
+        let url = self.url(path);
+        let resp = self
+            .request(reqwest::Method::GET, path)
+            .version(reqwest::Version::HTTP_11)
+            .header(reqwest::header::CONNECTION, "Upgrade")
+            .header(reqwest::header::UPGRADE, "websocket")
+            .header(reqwest::header::SEC_WEBSOCKET_VERSION, "13")
+            .header(reqwest::header::SEC_WEBSOCKET_KEY, generate_key())
+            .header(reqwest::header::SEC_WEBSOCKET_PROTOCOL, protocol)
+            .send()
+            .await
+            .map_err(|e| self.transport_error(&url, e))?;
+        if resp.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
+            return Err(Self::error_from_response("GET", &url, resp).await);
+        }
+        resp.upgrade()
+            .await
+            .map_err(|e| ClientError::Other(format!("upgrading {url} to a WebSocket: {e}")))
+    }
+
     async fn error_from_response(method: &str, url: &str, resp: reqwest::Response) -> ClientError {
         let code = resp.status().as_u16();
         let text = resp.text().await.unwrap_or_default();

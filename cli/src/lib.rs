@@ -356,7 +356,11 @@ async fn dispatch(
         Command::Usage(a) => cmd::usage::run(&mut ctx, &a, out).await,
         Command::Logs(a) => cmd::logs::run(&mut ctx, &a, out, err, shutdown).await,
         Command::Launch(a) => cmd::launch::launch(&ctx, &a, out, err, shutdown).await,
-        Command::Session(a) => cmd::launch::session(&mut ctx, "session", &a, err, shutdown).await,
+        Command::Session(a) => {
+            let shell = cmd::launch::Shell::for_session(&a);
+            cmd::launch::session(&mut ctx, "session", &a, shell, out, err, shutdown).await
+        }
+        Command::Attach(a) => cmd::attach::run(&ctx, &a, out, err, shutdown).await,
         Command::Nodes(a) => cmd::nodes::list(&mut ctx, &a, out, err).await,
         Command::Node(c) => cmd::nodes::node(&mut ctx, &c, out, err).await,
         Command::Dag(c) => cmd::dag::run(&mut ctx, &c, &mut opts.stdin, out, err).await,

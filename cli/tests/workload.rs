@@ -1326,10 +1326,11 @@ async fn slurm_front_end() {
     assert!(last(&f, "PATCH").path.ends_with("/allocations/eval-job"));
     let r = alice_at(&f, &["compat", "scancel"], d.path()).await;
     assert_eq!(r.code, 2);
-    // srun inside an allocation runs a step; a terminal on a node is refused up front.
+    // srun inside an allocation runs a step (`--pty`: `lattice attach`); a terminal on an
+    // open descriptor of srun's is refused up front.
     let r = alice_at(
         &f,
-        &["compat", "srun", "--jobid=eval-job", "--pty", "bash"],
+        &["compat", "srun", "--jobid=eval-job", "--pty=3", "bash"],
         d.path(),
     )
     .await;

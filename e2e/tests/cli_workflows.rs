@@ -1304,6 +1304,120 @@ fn up_demo_runs_the_example_workflow() {
     assert!(!data.join("up.json").exists());
 }
 
+/// `lattice attach`: a command or a terminal inside a running allocation, on the node
+/// asked for (the first by default), with the run's environment, input forwarded and the
+/// remote exit status; every attach is an `Attached` event; the session ends with the
+/// allocation and is refused once it ended. `lattice session` without a command and
+/// `srun --pty` open a terminal on the first node.
+#[test]
+fn attach_runs_commands_and_terminals_inside_running_allocations() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = up_detached(dir.path(), 2);
+    let cli = Cli::at(
+        dir.path(),
+        up.url.clone(),
+        up.token.clone(),
+        Box::new(|| logs_of(&up.data)),
+    );
+    cli.wait_nodes_ready(2);
+    let job = cli.submit(&["-N", "2", "--", "sleep", "300"]);
+    let running = cli.wait_phase(&job, "Running", Duration::from_secs(60));
+    let nodes: Vec<String> = running["status"]["assignedNodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_str().map(String::from))
+        .collect();
+    assert_eq!(nodes.len(), 2, "{running}");
+
+    // A command: its output (stderr apart), its exit status, the run's environment.
+    let r = cli.run(&[
+        "attach",
+        &job,
+        "--",
+        "sh",
+        "-c",
+        "echo id=$LATTICE_ALLOC_ID node=$LATTICE_NODEID attached=$LATTICE_ATTACHED; echo oops >&2; exit 7",
+    ]);
+    assert_eq!(r.code, Some(7), "{}\n{}", r.show(), cli.logs());
+    assert!(
+        r.out
+            .contains(&format!("id={job} node={} attached=1", nodes[0])),
+        "{}",
+        r.show()
+    );
+    assert!(
+        r.err.contains("oops") && !r.out.contains("oops"),
+        "{}",
+        r.show()
+    );
+
+    // --node, input forwarded to the command, --command through sh.
+    let out = cli.slurm_ok(&format!(
+        "printf 'a\\nb\\nc\\n' | lattice attach {job} --node {} --command 'wc -l; echo on=$LATTICE_NODEID'",
+        nodes[1]
+    ));
+    assert!(out.contains('3'), "{out}");
+    assert!(out.contains(&format!("on={}", nodes[1])), "{out}");
+
+    // A terminal: what is typed runs in an interactive shell on a pseudo-terminal of the
+    // size asked for (80x24 when this side is not a terminal).
+    let out = cli.slurm_ok(&format!(
+        "(sleep 1; echo 'echo sum=$((6*7)); tty; stty size; exit 3') | lattice attach {job} --tty || echo rc=$?"
+    ));
+    assert!(out.contains("sum=42"), "{out}");
+    assert!(out.contains("/dev/pts/"), "{out}");
+    assert!(out.contains("24 80"), "{out}");
+    assert!(out.contains("rc=3"), "{out}");
+
+    // The audit trail: one Attached event per attach.
+    let evs: Value = serde_json::from_str(&cli.ok(&["get", "events", "-o", "json"])).expect("json");
+    let attached = evs["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["reason"] == "Attached" && e["involvedObject"]["name"] == job.as_str())
+        .count();
+    assert_eq!(attached, 3, "{evs}");
+
+    // The session ends when the allocation does.
+    let mut bg = cli.cmd(&["attach", &job, "--", "sleep", "300"]);
+    bg.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = bg.spawn().expect("attach");
+    std::thread::sleep(Duration::from_secs(2));
+    cli.ok(&["cancel", &job]);
+    let done = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert_ne!(done.status.code(), Some(0), "{err}");
+    assert!(err.contains("stopped running"), "{err}");
+    cli.wait_phase(&job, "Cancelled", Duration::from_secs(60));
+    let r = cli.run(&["attach", &job, "--", "true"]);
+    assert_ne!(r.code, Some(0), "{}", r.show());
+    assert!(r.err.contains("needs a Running allocation"), "{}", r.show());
+
+    // `lattice session` without a command: a shell on its first node (on a terminal when
+    // this side is one); its nodes go back when the shell exits.
+    let out = cli.slurm_ok(
+        "echo 'echo in-session node=$LATTICE_NODEID; exit 4' | lattice session -N 1 || echo session-rc=$?",
+    );
+    assert!(out.contains("in-session node=node-"), "{out}");
+    assert!(out.contains("session-rc=4"), "{out}");
+
+    // srun --pty: inside an allocation, and as Slurm's interactive job.
+    let held = cli.submit(&["-N", "1", "--", "sleep", "300"]);
+    cli.wait_phase(&held, "Running", Duration::from_secs(60));
+    let out = cli.slurm_ok(&format!(
+        "srun --jobid={held} --pty sh -c 'echo step-pty=$LATTICE_ALLOC_ID $(tty)' </dev/null"
+    ));
+    assert!(out.contains(&format!("step-pty={held} /dev/pts/")), "{out}");
+    let out =
+        cli.slurm_ok("echo 'echo interactive-job $LATTICE_NODEID; exit 0' | srun -N1 --pty bash");
+    assert!(out.contains("interactive-job node-"), "{out}");
+    cli.ok(&["cancel", &held]);
+}
+
 /// Job steps and sessions: `lattice session` (salloc) holds nodes and runs a local
 /// shell inside which `lattice launch` / `srun` run tasks on them; a step's exit status
 /// comes back; `lattice launch --alloc` runs in a batch job; a step ends with its

@@ -148,7 +148,7 @@ fn to_resource(
 /// another tenant's object of the same name is neither returned nor revealed (a 404, not a
 /// 403); a name in several readable tenants is a 409 asking for `?tenant=`. The caller
 /// still authorizes the access it needs on the object's tenant.
-async fn find(
+pub(crate) async fn find(
     inner: &Inner,
     k: &'static lattice_apis::KindInfo,
     id: &str,

@@ -25,6 +25,7 @@ use axum::Router;
 use lattice_store::KvBackend;
 
 pub mod apply;
+pub mod attach;
 pub mod auth;
 pub mod discovery;
 pub mod errors;
@@ -208,6 +209,10 @@ impl ApiServer {
                 get(logs::allocation_log),
             )
             .route(
+                &format!("{api_prefix}/namespaces/{{ns}}/allocations/{{name}}/attach"),
+                get(attach::attach),
+            )
+            .route(
                 &format!("{api_prefix}/nodes/{{name}}/heartbeat"),
                 axum::routing::post(heartbeat::node_heartbeat),
             )
@@ -224,6 +229,8 @@ impl ApiServer {
             .route("/v1/{plural}/{id}", any(intent::item))
             .route("/v1/dags/{id}/graph", get(intent::dag_graph))
             .route("/v1/allocations/{id}/tasks", post(intent::launch_tasks))
+            .route("/v1/allocations/{id}/attach", get(attach::attach_by_id))
+            .route(lattice_apis::attach::REDEEM_PATH, post(attach::redeem))
             .fallback(not_found)
             .layer(axum::middleware::from_fn(auth::request_scope))
             .layer(tower_http::trace::TraceLayer::new_for_http())

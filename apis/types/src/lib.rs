@@ -61,6 +61,7 @@
 
 #![warn(missing_docs)]
 
+pub mod attach;
 pub mod duration;
 pub mod intent;
 pub mod kinds;

@@ -8,12 +8,13 @@ use std::io::{Read, Write};
 use lattice_compat::hostlist;
 use lattice_compat::slurm::{
     phase_to_slurm, sacct_to_lattice, sbatch_output, sbatch_to_lattice, scancel_to_lattice,
-    sinfo_to_lattice, slurm_duration, squeue_to_lattice, Invocation,
+    sinfo_to_lattice, slurm_duration, squeue_to_lattice, Invocation, SbatchInvocation,
 };
 use lattice_compat::SubmitFlags;
 use serde_json::Value;
 
 use crate::cli::{CancelArgs, Command, CompatArgs, HistoryArgs, LogsArgs, NodesArgs, StatusArgs};
+use crate::cmd::launch::Shell;
 use crate::cmd::nodes;
 use crate::cmd::status::{self, Query};
 use crate::cmd::submit;
@@ -91,7 +92,7 @@ pub async fn run(
         "sinfo" => sinfo(ctx, &a.args, out, err).await,
         "sacct" => sacct(ctx, &a.args, out, err).await,
         "srun" => srun(ctx, &a.args, out, err, &mut shutdown).await,
-        "salloc" => salloc(ctx, &a.args, err, shutdown).await,
+        "salloc" => salloc(ctx, &a.args, out, err, shutdown).await,
         other => Err(
             CliError::new(format!("compat {other}"), "unknown Slurm command")
                 .detail(format!("Known: {}", TOOLS.join(", ")))
@@ -662,27 +663,37 @@ async fn sacct(
     Ok(0)
 }
 
+/// The command of an salloc or `srun --pty` line: CMD ARGS, or `--wrap`'s through sh.
+fn session_command(inv: &SbatchInvocation) -> Vec<String> {
+    if let Some(w) = &inv.wrap {
+        return vec!["/bin/sh".into(), "-c".into(), w.clone()];
+    }
+    inv.script
+        .iter()
+        .chain(inv.script_args.iter())
+        .cloned()
+        .collect()
+}
+
 /// `salloc [OPTIONS] [CMD ARGS...]`: `lattice session` with sbatch's options.
 async fn salloc(
     ctx: &mut Ctx,
     args: &[String],
+    out: &mut dyn Write,
     err: &mut dyn Write,
     shutdown: Shutdown,
 ) -> Result<i32, CliError> {
     let inv = sbatch_to_lattice(args).map_err(|e| slurm_err("salloc", &e))?;
-    let mut command: Vec<String> = inv.script.iter().cloned().collect();
-    command.extend(inv.script_args.iter().cloned());
-    if let Some(w) = &inv.wrap {
-        command = vec!["/bin/sh".into(), "-c".into(), w.clone()];
-    }
+    let command = session_command(&inv);
     let sa = crate::cli::SessionArgs {
         flags: SubmitFlags {
             sbatch_args: without_wrap(&inv.sbatch_args),
             ..Default::default()
         },
         command,
+        local: true,
     };
-    crate::cmd::launch::session(ctx, "salloc", &sa, err, shutdown).await
+    crate::cmd::launch::session(ctx, "salloc", &sa, Shell::Here, out, err, shutdown).await
 }
 
 /// `srun` inside an allocation (`--jobid`, or `LATTICE_ALLOC_ID`/`SLURM_JOB_ID` set): a
@@ -704,6 +715,16 @@ async fn srun_step(
             writeln!(err, "srun: warning: {w}")?;
         }
     }
+    if st.pty {
+        let at = crate::cli::AttachArgs {
+            id: st.req.alloc.clone(),
+            args: st.req.command.clone(),
+            tty: true,
+            ..Default::default()
+        };
+        let tenant = ctx.tenant.clone();
+        return crate::cmd::attach::attach(ctx, &tenant, &at, out, err, shutdown).await;
+    }
     crate::cmd::launch::run_step(ctx, "srun", &st.req, out, err, shutdown).await
 }
 
@@ -722,6 +743,22 @@ async fn srun(
     }
     // Outside an allocation srun submits one and runs the command in it, like Slurm.
     // srun's options are sbatch's; the first non-option word starts the command.
+    // `srun [OPTIONS] --pty CMD` (Slurm's interactive job): a session with a terminal
+    // on its first node.
+    if let Some(rest) = crate::cmd::launch::srun_without_pty(args) {
+        let inv = sbatch_to_lattice(&rest).map_err(|e| slurm_err("srun", &e))?;
+        let command = session_command(&inv);
+        let sa = crate::cli::SessionArgs {
+            flags: SubmitFlags {
+                sbatch_args: without_wrap(&inv.sbatch_args),
+                ..Default::default()
+            },
+            command,
+            local: false,
+        };
+        let sd = std::mem::replace(shutdown, Box::pin(std::future::pending::<()>()));
+        return crate::cmd::launch::session(ctx, "srun", &sa, Shell::FirstNode, out, err, sd).await;
+    }
     let inv = sbatch_to_lattice(args).map_err(|e| slurm_err("srun", &e))?;
     let Some(prog) = inv.script.clone().or_else(|| inv.wrap.clone()) else {
         return Err(CliError::new("srun", "no command given")

@@ -56,7 +56,7 @@ _lattice_dynamic() {
         *)
             if [[ "$cur" != -* ]]; then
                 case "$cmd" in
-                    status|cancel|logs|watch) kind=allocations ;;
+                    status|cancel|logs|watch|attach) kind=allocations ;;
                     nodes) kind=nodes ;;
                     node) [[ $pos -ge 2 ]] && kind=nodes ;;
                     dag) case "$sub" in status|cancel) [[ $pos -ge 2 ]] && kind=dags ;; esac ;;
@@ -121,7 +121,7 @@ _lattice() {
         *)
             if [[ "$cur" != -* ]]; then
                 case "$cmd" in
-                    status|cancel|logs|watch) kind=allocations ;;
+                    status|cancel|logs|watch|attach) kind=allocations ;;
                     nodes) kind=nodes ;;
                     node) (( pos >= 2 )) && kind=nodes ;;
                     dag) case "$sub" in status|cancel) (( pos >= 2 )) && kind=dags ;; esac ;;
@@ -202,7 +202,7 @@ end
 function __lattice_dynamic_kind
     set -l w (__lattice_command_words)
     switch "$w[1]"
-        case status cancel logs watch
+        case status cancel logs watch attach
             echo allocations
         case nodes
             echo nodes
@@ -238,6 +238,7 @@ complete -c lattice -n '__lattice_wants allocations' -f -a '(lattice __complete 
 complete -c lattice -n '__lattice_wants nodes' -f -a '(lattice __complete nodes 2>/dev/null)'
 complete -c lattice -n '__lattice_wants dags' -f -a '(lattice __complete dags (__lattice_tenant_args) 2>/dev/null)'
 complete -c lattice -n '__lattice_command_is logs' -l node -r -f -a '(lattice __complete nodes 2>/dev/null)'
+complete -c lattice -n '__lattice_command_is attach' -l node -r -f -a '(lattice __complete nodes 2>/dev/null)'
 complete -c lattice -l vcluster -r -f -a '(lattice __complete vclusters (__lattice_tenant_args) 2>/dev/null)'
 complete -c lattice -s n -s t -l tenant -r -f -a '(lattice __complete tenants 2>/dev/null)'
 "#;

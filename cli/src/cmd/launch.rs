@@ -465,19 +465,22 @@ pub async fn launch(
     err: &mut dyn Write,
     mut shutdown: Shutdown,
 ) -> Result<i32, CliError> {
-    if a.pty {
-        return Err(CliError::new(
-            "launch",
-            "--pty (an interactive terminal on a node) is not supported",
-        )
-        .hint("run commands with lattice launch CMD, or use lattice session for a local shell holding the nodes")
-        .exit_code(exit::USAGE));
-    }
     let Some(alloc) = a.alloc.clone().or_else(|| alloc_from_env(ctx)) else {
         return Err(CliError::new("launch", "no allocation given")
             .hint("name it with --alloc=ID, or run inside an allocation (lattice session)")
             .exit_code(exit::USAGE));
     };
+    if a.pty {
+        // A terminal on the allocation's first node: `lattice attach`.
+        let at = crate::cli::AttachArgs {
+            id: alloc,
+            args: a.command.clone(),
+            tty: true,
+            ..Default::default()
+        };
+        let tenant = ctx.tenant.clone();
+        return crate::cmd::attach::attach(ctx, &tenant, &at, out, err, &mut shutdown).await;
+    }
     let mut env = Vec::new();
     for kv in &a.env {
         let Some((k, v)) = kv.split_once('=') else {
@@ -510,12 +513,36 @@ enum Held {
     Exited(i32),
 }
 
+/// Where a session's shell (or command) runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shell {
+    /// Here, with the allocation's variables (salloc; `lattice session -- CMD` or `--local`).
+    Here,
+    /// On the allocation's first node, through `lattice attach` (`lattice session`,
+    /// `srun --pty`).
+    FirstNode,
+}
+
+impl Shell {
+    /// `lattice session`'s choice: a terminal on the first node unless a command or
+    /// `--local` is given.
+    pub fn for_session(a: &SessionArgs) -> Shell {
+        if a.local || !a.command.is_empty() {
+            Shell::Here
+        } else {
+            Shell::FirstNode
+        }
+    }
+}
+
 /// Runs `lattice session` (and `salloc`): `tool` names the messages. Once the allocation
 /// exists, every way out cancels it (best effort; a failed cancel is reported).
 pub async fn session(
     ctx: &mut Ctx,
     tool: &str,
     a: &SessionArgs,
+    shell: Shell,
+    out: &mut dyn Write,
     err: &mut dyn Write,
     mut shutdown: Shutdown,
 ) -> Result<i32, CliError> {
@@ -540,7 +567,19 @@ pub async fn session(
     let tenant = s(&created, "/metadata/namespace")
         .unwrap_or(&ctx.tenant)
         .to_string();
-    let held = hold(ctx, tool, a, &id, &tenant, err, &mut shutdown, &mut hangup).await;
+    let held = hold(
+        ctx,
+        tool,
+        a,
+        shell,
+        &id,
+        &tenant,
+        out,
+        err,
+        &mut shutdown,
+        &mut hangup,
+    )
+    .await;
     // Every way out gives the nodes back.
     match cancel_by_name(ctx, &tenant, &id).await {
         Ok(line) if !ctx.quiet => {
@@ -567,8 +606,10 @@ async fn hold(
     ctx: &Ctx,
     tool: &str,
     a: &SessionArgs,
+    shell: Shell,
     id: &str,
     tenant: &str,
+    out: &mut dyn Write,
     err: &mut dyn Write,
     shutdown: &mut Shutdown,
     hangup: &mut HangUp,
@@ -631,6 +672,17 @@ async fn hold(
     let nodelist = lattice_compat::hostlist::compress(&nodes);
     if !ctx.quiet {
         writeln!(err, "{tool}: granted allocation {id} on {nodelist}")?;
+    }
+    if shell == Shell::FirstNode {
+        let at = crate::cli::AttachArgs {
+            id: id.to_string(),
+            node: nodes.first().cloned(),
+            args: a.command.clone(),
+            ..Default::default()
+        };
+        return crate::cmd::attach::attach(ctx, tenant, &at, out, err, shutdown)
+            .await
+            .map(Held::Exited);
     }
     let mut command = a.command.clone();
     if command.is_empty() {
@@ -736,6 +788,8 @@ async fn run_shell(
 pub struct SrunStep {
     /// The step (its `alloc` is empty unless `--jobid` was given).
     pub req: StepRequest,
+    /// `--pty`: the command runs on a terminal on the first node (`lattice attach`).
+    pub pty: bool,
     /// Warnings.
     pub warnings: Vec<String>,
 }
@@ -960,6 +1014,24 @@ pub fn srun_jobid(args: &[String]) -> Option<String> {
         .next_back()
 }
 
+/// srun's command line without its `--pty` option, when it has one (among srun's own
+/// options, not the command's arguments).
+pub fn srun_without_pty(args: &[String]) -> Option<Vec<String>> {
+    let (_, start) = srun_options(args).ok()?;
+    let start = start.min(args.len());
+    let (own, command) = args.split_at(start);
+    if !own.iter().any(|a| a == "--pty") {
+        return None;
+    }
+    Some(
+        own.iter()
+            .filter(|a| *a != "--pty")
+            .chain(command)
+            .cloned()
+            .collect(),
+    )
+}
+
 /// Parses srun's command line for a step (`srun [OPTIONS] CMD [ARGS...]`).
 pub fn parse_srun_step(args: &[String]) -> Result<SrunStep, String> {
     let mut st = SrunStep::default();
@@ -980,10 +1052,14 @@ pub fn parse_srun_step(args: &[String]) -> Result<SrunStep, String> {
             "jobid" => st.req.alloc = v,
             "D" | "chdir" => st.req.chdir = Some(v),
             "l" | "label" => st.req.label = true,
+            // A terminal on the first node (`lattice attach`); srun's `--pty=FD` form
+            // (a terminal already open) is not ours to use.
+            "pty" if o.value.is_none() => st.pty = true,
             "pty" => {
-                return Err(
-                    "--pty (an interactive terminal on a node) is not supported; run commands with srun CMD, or use salloc for a local shell holding the nodes".into(),
-                )
+                return Err(format!(
+                    "{}: a pseudo-terminal on an open descriptor is not supported; use --pty",
+                    o.shown
+                ))
             }
             "export" => {
                 // Checked now, applied to this process's environment when the step is made.
@@ -1040,9 +1116,17 @@ mod tests {
         assert_eq!(st.req.command, v(&["./app", "-n", "3"]));
         assert_eq!(st.warnings.len(), 3, "{:?}", st.warnings);
         assert!(st.warnings[1].starts_with("-c 4:"), "{:?}", st.warnings);
-        assert!(parse_srun_step(&v(&["--pty", "bash"]))
+        let st = parse_srun_step(&v(&["--pty", "-l", "bash", "--pty"])).unwrap();
+        assert!(st.pty);
+        assert_eq!(st.req.command, v(&["bash", "--pty"]));
+        assert!(parse_srun_step(&v(&["--pty=3", "bash"]))
             .unwrap_err()
-            .contains("--pty"));
+            .contains("--pty=3"));
+        assert_eq!(
+            srun_without_pty(&v(&["-N1", "--pty", "bash", "--pty"])),
+            Some(v(&["-N1", "bash", "--pty"]))
+        );
+        assert_eq!(srun_without_pty(&v(&["-N1", "bash", "--pty"])), None);
         assert!(parse_srun_step(&v(&["-n"]))
             .unwrap_err()
             .contains("needs a value"));

@@ -1,0 +1,566 @@
+//! `GET /attach/{namespace}/{name}` (WebSocket): a terminal or a command inside one of
+//! this node's running allocations, for `lattice attach` through the API server.
+//!
+//! The bearer token is a single-use ticket the API server wrote; the agent redeems it
+//! (`POST /v1/attach/redeem` with its own credentials) and runs exactly what it grants:
+//! the command (or the owner's login shell) as the allocation's user, with the run's
+//! environment (`LATTICE_*`, `SLURM_*`) and working directory, in its cgroup, in a
+//! session of its own, on a pseudo-terminal when asked. The session ends when the client
+//! leaves (SIGHUP to its process group, SIGKILL shortly after), when the command exits,
+//! or when the allocation's run on this node ends. The framing is described in
+//! [`lattice_apis::attach`].
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{self, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use lattice_apis::attach::{self as proto, AttachStatus, AttachTicket, TerminalSize};
+use lattice_apis::Allocation;
+use lattice_runtime::Api;
+use nix::libc;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::sync::mpsc;
+
+use crate::agent::Ctx;
+use crate::runtime::RunAs;
+use crate::state::TaskRecord;
+use crate::supervisor::{run_as, workload_cwd, workload_env};
+
+/// How often a session checks that the allocation still runs here.
+const RUN_CHECK: Duration = Duration::from_secs(1);
+/// SIGHUP, then this long before SIGKILL.
+const HANGUP_GRACE: Duration = Duration::from_secs(2);
+
+fn refuse(code: StatusCode, msg: impl Into<String>) -> Response {
+    let msg = msg.into();
+    tracing::info!(code = code.as_u16(), %msg, "attach refused");
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::json!({ "message": msg }).to_string(),
+    )
+        .into_response()
+}
+
+/// The handler.
+pub async fn attach(
+    State(ctx): State<Option<Arc<Ctx>>>,
+    Path((namespace, name)): Path<(String, String)>,
+    Query(params): Query<Vec<(String, String)>>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    let Some(ctx) = ctx else {
+        return refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this agent does not serve attach",
+        );
+    };
+    let Some(secret) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "attach needs the API server's ticket as 'Authorization: Bearer <ticket>'; use `lattice attach`",
+        );
+    };
+    let ticket = match redeem(&ctx, secret.trim()).await {
+        Ok(t) => t,
+        Err((code, msg)) => return refuse(code, msg),
+    };
+    if ticket.node != ctx.cfg.node || ticket.namespace != namespace || ticket.name != name {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            format!(
+                "the ticket is for {}/{} on node {}, not {namespace}/{name} on {}",
+                ticket.namespace, ticket.name, ticket.node, ctx.cfg.node
+            ),
+        );
+    }
+    let Ok(ws) = ws else {
+        return refuse(StatusCode::BAD_REQUEST, "attach is a WebSocket upgrade");
+    };
+    let Some(rec) = running(&ctx, &ticket.uid) else {
+        return refuse(
+            StatusCode::CONFLICT,
+            format!(
+                "allocation {namespace}/{name} is not running on node {}",
+                ctx.cfg.node
+            ),
+        );
+    };
+    let api: Api<Allocation> = Api::namespaced(ctx.client.clone(), &namespace);
+    let alloc = match api.get(&name).await {
+        Ok(a) if a.metadata.uid.as_deref() == Some(ticket.uid.as_str()) => a,
+        Ok(_) => {
+            return refuse(
+                StatusCode::CONFLICT,
+                format!("allocation {namespace}/{name} was replaced"),
+            )
+        }
+        Err(e) => {
+            return refuse(
+                StatusCode::BAD_GATEWAY,
+                format!("cannot read allocation {namespace}/{name}: {e}"),
+            )
+        }
+    };
+    let opt = |k: &str| {
+        params
+            .iter()
+            .rev()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+    };
+    let size = TerminalSize {
+        cols: opt("cols").and_then(|v| v.parse().ok()).unwrap_or(80),
+        rows: opt("rows").and_then(|v| v.parse().ok()).unwrap_or(24),
+    };
+    let user = run_as(&alloc);
+    let mut env = workload_env(&ctx, &alloc, &rec, user.as_ref());
+    env.insert("LATTICE_ATTACHED".into(), "1".into());
+    if ticket.tty {
+        env.insert(
+            "TERM".into(),
+            opt("term").unwrap_or_else(|| "xterm-256color".into()),
+        );
+    }
+    let (program, args) = command(&ticket, user.as_ref());
+    let spec = SessionSpec {
+        program,
+        args,
+        env,
+        cwd: workload_cwd(&alloc, &rec),
+        user,
+        cgroup: rec.cgroup.clone(),
+        tty: ticket.tty.then_some(size),
+        stdin: ticket.stdin,
+    };
+    tracing::info!(allocation = %name, tenant = %namespace, by = %ticket.user, command = ?ticket.command, tty = ticket.tty, "attach session");
+    ws.protocols([proto::PROTOCOL])
+        .on_upgrade(move |sock| session(ctx, rec, spec, sock))
+}
+
+/// Exchange the ticket for its grant.
+async fn redeem(ctx: &Ctx, secret: &str) -> Result<AttachTicket, (StatusCode, String)> {
+    let url = format!(
+        "{}{}",
+        ctx.cfg.api_url.trim_end_matches('/'),
+        proto::REDEEM_PATH
+    );
+    let mut req = reqwest::Client::new()
+        .post(url)
+        .timeout(Duration::from_secs(10))
+        .json(&proto::RedeemRequest {
+            ticket: secret.to_string(),
+        });
+    if let Some(t) = &ctx.cfg.token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.map_err(|e| {
+        (
+            StatusCode::BAD_GATEWAY,
+            format!("cannot redeem the ticket: {e}"),
+        )
+    })?;
+    let code = resp.status();
+    let body = resp.bytes().await.unwrap_or_default();
+    if !code.is_success() {
+        let msg = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+        let code = if code == StatusCode::FORBIDDEN {
+            StatusCode::FORBIDDEN
+        } else {
+            StatusCode::BAD_GATEWAY
+        };
+        return Err((code, format!("the API server refused the ticket: {msg}")));
+    }
+    serde_json::from_slice(&body).map_err(|e| {
+        (
+            StatusCode::BAD_GATEWAY,
+            format!("the API server's ticket does not decode: {e}"),
+        )
+    })
+}
+
+/// This node's live run of the allocation `uid` (the latest attempt).
+fn running(ctx: &Ctx, uid: &str) -> Option<TaskRecord> {
+    ctx.state
+        .read(|s| {
+            s.tasks
+                .values()
+                .filter(|r| r.uid == uid && r.pid.is_some() && r.stop_reason.is_none())
+                .max_by_key(|r| r.attempt)
+                .cloned()
+        })
+        .filter(|r| r.pid.is_some_and(crate::runtime::group_exists))
+}
+
+/// The ticket's command, or the user's login shell.
+fn command(t: &AttachTicket, user: Option<&RunAs>) -> (String, Vec<String>) {
+    if let Some((p, rest)) = t.command.split_first() {
+        return (p.clone(), rest.to_vec());
+    }
+    let shell = user
+        .and_then(|u| {
+            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(u.uid))
+                .ok()
+                .flatten()
+        })
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::getuid())
+                .ok()
+                .flatten()
+        })
+        .map(|u| u.shell)
+        .filter(|s| s.is_file())
+        .unwrap_or_else(|| PathBuf::from("/bin/sh"));
+    // A terminal gets an interactive shell; without one, the shell reads its input.
+    (shell.display().to_string(), Vec::new())
+}
+
+struct SessionSpec {
+    program: String,
+    args: Vec<String>,
+    env: BTreeMap<String, String>,
+    cwd: PathBuf,
+    user: Option<RunAs>,
+    cgroup: Option<PathBuf>,
+    tty: Option<TerminalSize>,
+    stdin: bool,
+}
+
+/// A started session: its process and where its bytes go.
+struct Started {
+    child: tokio::process::Child,
+    /// Output chunks: (channel, bytes); closed when every output stream ended.
+    output: mpsc::Receiver<(u8, Bytes)>,
+    /// Input; `None` when input is not forwarded.
+    input: Option<std::sync::mpsc::Sender<Input>>,
+}
+
+enum Input {
+    Bytes(Bytes),
+    Resize(TerminalSize),
+    Close,
+}
+
+fn winsize(s: TerminalSize) -> libc::winsize {
+    libc::winsize {
+        ws_row: s.rows,
+        ws_col: s.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+/// Start the command (as root: the child drops to the user itself, after joining the
+/// cgroup, so the group write needs no rights the user lacks).
+fn start(spec: &SessionSpec) -> std::io::Result<Started> {
+    let mut cmd = tokio::process::Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .env_clear()
+        .envs(&spec.env)
+        .current_dir(&spec.cwd)
+        .kill_on_drop(false);
+    let procs = spec
+        .cgroup
+        .as_ref()
+        .and_then(|c| CString::new(c.join("cgroup.procs").display().to_string()).ok());
+    let ids = spec.user.as_ref().map(|u| (u.uid, u.gid));
+    let tty = spec.tty.is_some();
+    let mut pty_master: Option<OwnedFd> = None;
+    if let Some(size) = spec.tty {
+        let pty = nix::pty::openpty(Some(&winsize(size)), None).map_err(std::io::Error::from)?;
+        if let Some((uid, gid)) = ids {
+            nix::unistd::fchown(
+                pty.slave.as_raw_fd(),
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .map_err(std::io::Error::from)?;
+        }
+        cmd.stdin(Stdio::from(pty.slave.try_clone()?))
+            .stdout(Stdio::from(pty.slave.try_clone()?))
+            .stderr(Stdio::from(pty.slave));
+        pty_master = Some(pty.master);
+    } else {
+        cmd.stdin(if spec.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    }
+    // SAFETY: only async-signal-safe system calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if tty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(p) = &procs {
+                // Best effort, as for the workload itself.
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd >= 0 {
+                    libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                }
+            }
+            if let Some((uid, gid)) = ids {
+                if libc::setgroups(0, std::ptr::null()) < 0
+                    || libc::setgid(gid) < 0
+                    || libc::setuid(uid) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    // Our copies of the terminal's slave side went with `cmd`: the master reads EOF (EIO)
+    // once the session's processes closed theirs.
+    drop(cmd);
+    let (out_tx, output) = mpsc::channel(64);
+    let input = if let Some(master) = pty_master {
+        let reader = std::fs::File::from(master);
+        let writer = reader.try_clone()?;
+        pump(reader, proto::STDOUT, out_tx);
+        Some(feed(writer, true))
+    } else {
+        if let Some(o) = child.stdout.take() {
+            pump(blocking(o.into_owned_fd()?)?, proto::STDOUT, out_tx.clone());
+        }
+        if let Some(e) = child.stderr.take() {
+            pump(blocking(e.into_owned_fd()?)?, proto::STDERR, out_tx);
+        }
+        match child.stdin.take() {
+            Some(i) => Some(feed(blocking(i.into_owned_fd()?)?, false)),
+            None => None,
+        }
+    };
+    Ok(Started {
+        child,
+        output,
+        input: if spec.stdin || tty { input } else { None },
+    })
+}
+
+/// tokio's pipe ends are non-blocking; the pump threads want blocking ones.
+fn blocking(fd: OwnedFd) -> std::io::Result<std::fs::File> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL).map_err(std::io::Error::from)?;
+    let flags = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
+    fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(flags)).map_err(std::io::Error::from)?;
+    Ok(std::fs::File::from(fd))
+}
+
+/// Copy `src` to `tx` on a thread (blocking reads; a terminal's master ends with EIO).
+fn pump(mut src: std::fs::File, channel: u8, tx: mpsc::Sender<(u8, Bytes)>) {
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match src.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if tx
+                        .blocking_send((channel, Bytes::copy_from_slice(&buf[..n])))
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Write input to `dst` on a thread; resizes apply to a terminal.
+fn feed(dst: std::fs::File, terminal: bool) -> std::sync::mpsc::Sender<Input> {
+    let (tx, rx) = std::sync::mpsc::channel::<Input>();
+    std::thread::spawn(move || {
+        let mut dst = Some(dst);
+        while let Ok(m) = rx.recv() {
+            let Some(f) = dst.as_mut() else { break };
+            match m {
+                Input::Bytes(b) => {
+                    if f.write_all(&b).is_err() {
+                        break;
+                    }
+                }
+                Input::Resize(s) if terminal => {
+                    let ws = winsize(s);
+                    // SAFETY: TIOCSWINSZ reads one winsize from the pointer.
+                    unsafe { libc::ioctl(f.as_raw_fd(), libc::TIOCSWINSZ as _, &ws) };
+                }
+                Input::Resize(_) => {}
+                // A terminal's end of input is its EOF character; a pipe closes.
+                Input::Close if terminal => {
+                    let _ = f.write_all(&[4]);
+                }
+                Input::Close => dst = None,
+            }
+        }
+    });
+    tx
+}
+
+fn hang_up(pgid: Option<u32>) {
+    let Some(p) = pgid.and_then(|p| i32::try_from(p).ok()) else {
+        return;
+    };
+    let _ = kill(Pid::from_raw(-p), Signal::SIGHUP);
+    let _ = kill(Pid::from_raw(-p), Signal::SIGCONT);
+    std::thread::spawn(move || {
+        std::thread::sleep(HANGUP_GRACE);
+        let _ = kill(Pid::from_raw(-p), Signal::SIGKILL);
+    });
+}
+
+async fn send_status(tx: &mut futures::stream::SplitSink<WebSocket, Message>, st: &AttachStatus) {
+    let body = serde_json::to_vec(st).unwrap_or_default();
+    let _ = tx
+        .send(Message::Binary(proto::frame(proto::STATUS, &body).into()))
+        .await;
+}
+
+async fn session(ctx: Arc<Ctx>, rec: TaskRecord, spec: SessionSpec, sock: WebSocket) {
+    ctx.metrics.attach_sessions.inc();
+    ctx.metrics.attach_sessions_open.inc();
+    let (mut tx, mut rx) = sock.split();
+    let mut started = match start(&spec) {
+        Ok(s) => s,
+        Err(e) => {
+            let error = Some(format!("cannot start {:?}: {e}", spec.program));
+            send_status(
+                &mut tx,
+                &AttachStatus {
+                    error,
+                    ..Default::default()
+                },
+            )
+            .await;
+            let _ = tx.send(Message::Close(None)).await;
+            ctx.metrics.attach_sessions_open.dec();
+            return;
+        }
+    };
+    let pgid = started.child.id();
+    let mut check = tokio::time::interval(RUN_CHECK);
+    let mut client_open = true;
+    let mut output_open = true;
+    let mut exited: Option<std::process::ExitStatus> = None;
+    let status = loop {
+        tokio::select! {
+            out = started.output.recv(), if output_open => match out {
+                Some((ch, b)) => {
+                    if tx.send(Message::Binary(proto::frame(ch, &b).into())).await.is_err() {
+                        client_open = false;
+                        hang_up(pgid);
+                        break None;
+                    }
+                }
+                None => {
+                    output_open = false;
+                    if let Some(st) = exited {
+                        break Some(exit_status(st));
+                    }
+                }
+            },
+            msg = rx.next(), if client_open => match msg {
+                Some(Ok(Message::Binary(b))) => {
+                    let Some((&ch, data)) = b.split_first() else { continue };
+                    let m = match ch {
+                        proto::STDIN => Input::Bytes(Bytes::copy_from_slice(data)),
+                        proto::RESIZE => match serde_json::from_slice::<TerminalSize>(data) {
+                            Ok(s) => Input::Resize(s),
+                            Err(_) => continue,
+                        },
+                        proto::CLOSE if data == [proto::STDIN] => Input::Close,
+                        _ => continue,
+                    };
+                    if let Some(i) = &started.input {
+                        let _ = i.send(m);
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {
+                    client_open = false;
+                    hang_up(pgid);
+                    break None;
+                }
+                Some(Ok(_)) => {}
+            },
+            st = started.child.wait(), if exited.is_none() => {
+                let st = match st {
+                    Ok(s) => s,
+                    Err(e) => break Some(AttachStatus { error: Some(format!("waiting for the command: {e}")), ..Default::default() }),
+                };
+                exited = Some(st);
+                // Whatever the command left running in its session goes with it (as
+                // when a terminal closes); its output drains first.
+                hang_up(pgid);
+                if !output_open {
+                    break Some(exit_status(st));
+                }
+                // A process that left the session may hold the output open: not for long.
+                let drained = tokio::time::timeout(Duration::from_secs(1), async {
+                    while let Some((ch, b)) = started.output.recv().await {
+                        if tx.send(Message::Binary(proto::frame(ch, &b).into())).await.is_err() {
+                            break;
+                        }
+                    }
+                })
+                .await;
+                let _ = drained;
+                break Some(exit_status(st));
+            }
+            _ = check.tick() => {
+                if running(&ctx, &rec.uid).is_none() {
+                    hang_up(pgid);
+                    break Some(AttachStatus {
+                        error: Some(format!("allocation {}/{} stopped running on this node", rec.namespace, rec.name)),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+    };
+    if let Some(st) = status {
+        send_status(&mut tx, &st).await;
+        let _ = tx.send(Message::Close(None)).await;
+    }
+    if exited.is_none() {
+        let _ = started.child.wait().await;
+    }
+    ctx.metrics.attach_sessions_open.dec();
+    tracing::info!(allocation = %rec.name, tenant = %rec.namespace, client_open, "attach session ended");
+}
+
+fn exit_status(st: std::process::ExitStatus) -> AttachStatus {
+    use std::os::unix::process::ExitStatusExt;
+    AttachStatus {
+        exit_code: st.code(),
+        signal: st.signal(),
+        error: None,
+    }
+}
