@@ -43,7 +43,7 @@ agent_pids=()
 for i in 1 2 3 4; do
   LATTICE_AGENT_TOKEN=$token target/release/lattice-agent --node-id "node-0$i" \
     --api-url "http://$api" --state-dir "$work/agents/node-0$i" \
-    --topology-group $(( (i - 1) / 2 )) >"$work/agent-$i.log" 2>&1 &
+    --topology-group $(( (i - 1) / 2 )) --unknown-user agent >"$work/agent-$i.log" 2>&1 &
   agent_pids+=($!); pids+=($!)
 done
 for _ in $(seq 300); do

@@ -130,7 +130,10 @@ pub async fn attach(
         cols: opt("cols").and_then(|v| v.parse().ok()).unwrap_or(80),
         rows: opt("rows").and_then(|v| v.parse().ok()).unwrap_or(24),
     };
-    let user = run_as(&alloc);
+    let user = match run_as(&alloc, ctx.cfg.unknown_user) {
+        Ok(u) => u,
+        Err(why) => return refuse(StatusCode::CONFLICT, why),
+    };
     let mut env = workload_env(&ctx, &alloc, &rec, user.as_ref());
     env.insert("LATTICE_ATTACHED".into(), "1".into());
     if ticket.tty {
@@ -251,8 +254,8 @@ struct Started {
     child: tokio::process::Child,
     /// Output chunks: (channel, bytes); closed when every output stream ended.
     output: mpsc::Receiver<(u8, Bytes)>,
-    /// Input; `None` when input is not forwarded.
-    input: Option<std::sync::mpsc::Sender<Input>>,
+    /// Input and resizes (bounded: a command that does not read holds the client back).
+    input: Option<mpsc::Sender<Input>>,
 }
 
 enum Input {
@@ -270,29 +273,50 @@ fn winsize(s: TerminalSize) -> libc::winsize {
     }
 }
 
-/// Start the command (as root: the child drops to the user itself, after joining the
-/// cgroup, so the group write needs no rights the user lacks).
+/// Not inherited by anything the agent starts later (another user's workload, say).
+fn cloexec(fd: &OwnedFd) -> std::io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    fcntl(fd.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))
+        .map(drop)
+        .map_err(std::io::Error::from)
+}
+
+fn c_path(p: &std::path::Path) -> std::io::Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} contains a NUL byte", p.display()),
+        )
+    })
+}
+
+/// Start the command. The child joins the run's cgroup, drops to the user and only then
+/// enters the working directory (as the user, so it reaches nothing the user could not).
 fn start(spec: &SessionSpec) -> std::io::Result<Started> {
     let mut cmd = tokio::process::Command::new(&spec.program);
     cmd.args(&spec.args)
         .env_clear()
         .envs(&spec.env)
-        .current_dir(&spec.cwd)
         .kill_on_drop(false);
-    let procs = spec
-        .cgroup
-        .as_ref()
-        .and_then(|c| CString::new(c.join("cgroup.procs").display().to_string()).ok());
+    let procs = match &spec.cgroup {
+        Some(c) => Some(c_path(&c.join("cgroup.procs"))?),
+        None => None,
+    };
+    let cwd = c_path(&spec.cwd)?;
     let ids = spec.user.as_ref().map(|u| (u.uid, u.gid));
     let tty = spec.tty.is_some();
     let mut pty_master: Option<OwnedFd> = None;
     if let Some(size) = spec.tty {
         let pty = nix::pty::openpty(Some(&winsize(size)), None).map_err(std::io::Error::from)?;
-        if let Some((uid, gid)) = ids {
+        cloexec(&pty.master)?;
+        cloexec(&pty.slave)?;
+        if let Some((uid, _)) = ids {
+            // The user's terminal; its group stays `tty` (mode 0620, as login gives).
             nix::unistd::fchown(
                 pty.slave.as_raw_fd(),
                 Some(nix::unistd::Uid::from_raw(uid)),
-                Some(nix::unistd::Gid::from_raw(gid)),
+                None,
             )
             .map_err(std::io::Error::from)?;
         }
@@ -312,18 +336,25 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
     // SAFETY: only async-signal-safe system calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
+            crate::runtime::cloexec_inherited();
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             if tty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            // The run's cgroup (its limits, and it ends with the run): a session outside
+            // it is refused rather than left unbounded.
             if let Some(p) = &procs {
-                // Best effort, as for the workload itself.
                 let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd >= 0 {
-                    libc::write(fd, b"0".as_ptr().cast(), 1);
-                    libc::close(fd);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let wrote = libc::write(fd, b"0".as_ptr().cast(), 1);
+                let e = std::io::Error::last_os_error();
+                libc::close(fd);
+                if wrote != 1 {
+                    return Err(e);
                 }
             }
             if let Some((uid, gid)) = ids {
@@ -334,6 +365,9 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
                     return Err(std::io::Error::last_os_error());
                 }
             }
+            if libc::chdir(cwd.as_ptr()) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             Ok(())
         });
     }
@@ -341,6 +375,26 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
     // Our copies of the terminal's slave side went with `cmd`: the master reads EOF (EIO)
     // once the session's processes closed theirs.
     drop(cmd);
+    match wire(&mut child, pty_master) {
+        Ok((output, input)) => Ok(Started {
+            child,
+            output,
+            input,
+        }),
+        Err(e) => {
+            // Never a session nobody watches.
+            if let Some(sid) = child.id() {
+                signal_session(sid, Signal::SIGKILL);
+            }
+            Err(e)
+        }
+    }
+}
+
+type Wired = (mpsc::Receiver<(u8, Bytes)>, Option<mpsc::Sender<Input>>);
+
+/// Threads between the started command and the session: output out, input in.
+fn wire(child: &mut tokio::process::Child, pty_master: Option<OwnedFd>) -> std::io::Result<Wired> {
     let (out_tx, output) = mpsc::channel(64);
     let input = if let Some(master) = pty_master {
         let reader = std::fs::File::from(master);
@@ -359,11 +413,7 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
             None => None,
         }
     };
-    Ok(Started {
-        child,
-        output,
-        input: if spec.stdin || tty { input } else { None },
-    })
+    Ok((output, input))
 }
 
 /// tokio's pipe ends are non-blocking; the pump threads want blocking ones.
@@ -396,11 +446,11 @@ fn pump(mut src: std::fs::File, channel: u8, tx: mpsc::Sender<(u8, Bytes)>) {
 }
 
 /// Write input to `dst` on a thread; resizes apply to a terminal.
-fn feed(dst: std::fs::File, terminal: bool) -> std::sync::mpsc::Sender<Input> {
-    let (tx, rx) = std::sync::mpsc::channel::<Input>();
+fn feed(dst: std::fs::File, terminal: bool) -> mpsc::Sender<Input> {
+    let (tx, mut rx) = mpsc::channel::<Input>(64);
     std::thread::spawn(move || {
         let mut dst = Some(dst);
-        while let Ok(m) = rx.recv() {
+        while let Some(m) = rx.blocking_recv() {
             let Some(f) = dst.as_mut() else { break };
             match m {
                 Input::Bytes(b) => {
@@ -425,23 +475,68 @@ fn feed(dst: std::fs::File, terminal: bool) -> std::sync::mpsc::Sender<Input> {
     tx
 }
 
-fn hang_up(pgid: Option<u32>) {
-    let Some(p) = pgid.and_then(|p| i32::try_from(p).ok()) else {
+/// Signal every process in session `sid` (an interactive shell gives each of its jobs a
+/// process group of its own, all in its session); how many there were.
+fn signal_session(sid: u32, sig: Signal) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut n = 0;
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid pgrp session ...`; comm may hold spaces and parentheses.
+        let session = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(3))
+            .and_then(|s| s.parse::<u32>().ok());
+        if session == Some(sid) {
+            let _ = kill(Pid::from_raw(pid), sig);
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The terminal went away: SIGHUP (and SIGCONT, for stopped jobs) to the session's
+/// processes, SIGKILL to those left after [`HANGUP_GRACE`]. (A process that made a session
+/// of its own is beyond this; the run's cgroup still ends it with the run.)
+fn hang_up(sid: Option<u32>) {
+    let Some(sid) = sid else {
         return;
     };
-    let _ = kill(Pid::from_raw(-p), Signal::SIGHUP);
-    let _ = kill(Pid::from_raw(-p), Signal::SIGCONT);
+    if signal_session(sid, Signal::SIGHUP) == 0 {
+        return;
+    }
+    signal_session(sid, Signal::SIGCONT);
     std::thread::spawn(move || {
         std::thread::sleep(HANGUP_GRACE);
-        let _ = kill(Pid::from_raw(-p), Signal::SIGKILL);
+        signal_session(sid, Signal::SIGKILL);
     });
 }
 
 async fn send_status(tx: &mut futures::stream::SplitSink<WebSocket, Message>, st: &AttachStatus) {
     let body = serde_json::to_vec(st).unwrap_or_default();
-    let _ = tx
-        .send(Message::Binary(proto::frame(proto::STATUS, &body).into()))
-        .await;
+    send_frame(tx, proto::STATUS, &body).await;
+}
+
+/// How long a client may take to accept output before it counts as gone.
+const SEND_LIMIT: Duration = Duration::from_secs(30);
+
+async fn send_frame(
+    tx: &mut futures::stream::SplitSink<WebSocket, Message>,
+    channel: u8,
+    data: &[u8],
+) -> bool {
+    let m = Message::Binary(proto::frame(channel, data).into());
+    matches!(
+        tokio::time::timeout(SEND_LIMIT, tx.send(m)).await,
+        Ok(Ok(()))
+    )
 }
 
 async fn session(ctx: Arc<Ctx>, rec: TaskRecord, spec: SessionSpec, sock: WebSocket) {
@@ -466,6 +561,7 @@ async fn session(ctx: Arc<Ctx>, rec: TaskRecord, spec: SessionSpec, sock: WebSoc
         }
     };
     let pgid = started.child.id();
+    let forward_input = spec.stdin;
     let mut check = tokio::time::interval(RUN_CHECK);
     let mut client_open = true;
     let mut output_open = true;
@@ -474,7 +570,7 @@ async fn session(ctx: Arc<Ctx>, rec: TaskRecord, spec: SessionSpec, sock: WebSoc
         tokio::select! {
             out = started.output.recv(), if output_open => match out {
                 Some((ch, b)) => {
-                    if tx.send(Message::Binary(proto::frame(ch, &b).into())).await.is_err() {
+                    if !send_frame(&mut tx, ch, &b).await {
                         client_open = false;
                         hang_up(pgid);
                         break None;
@@ -487,20 +583,21 @@ async fn session(ctx: Arc<Ctx>, rec: TaskRecord, spec: SessionSpec, sock: WebSoc
                     }
                 }
             },
-            msg = rx.next(), if client_open => match msg {
+            // While the command's input is backed up, the client waits (TCP backpressure).
+            msg = rx.next(), if client_open && started.input.as_ref().is_none_or(|i| i.capacity() > 0) => match msg {
                 Some(Ok(Message::Binary(b))) => {
                     let Some((&ch, data)) = b.split_first() else { continue };
                     let m = match ch {
-                        proto::STDIN => Input::Bytes(Bytes::copy_from_slice(data)),
+                        proto::STDIN if forward_input => Input::Bytes(Bytes::copy_from_slice(data)),
                         proto::RESIZE => match serde_json::from_slice::<TerminalSize>(data) {
                             Ok(s) => Input::Resize(s),
                             Err(_) => continue,
                         },
-                        proto::CLOSE if data == [proto::STDIN] => Input::Close,
+                        proto::CLOSE if forward_input && data == [proto::STDIN] => Input::Close,
                         _ => continue,
                     };
                     if let Some(i) = &started.input {
-                        let _ = i.send(m);
+                        let _ = i.try_send(m);
                     }
                 }
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {
@@ -525,7 +622,7 @@ async fn session(ctx: Arc<Ctx>, rec: TaskRecord, spec: SessionSpec, sock: WebSoc
                 // A process that left the session may hold the output open: not for long.
                 let drained = tokio::time::timeout(Duration::from_secs(1), async {
                     while let Some((ch, b)) = started.output.recv().await {
-                        if tx.send(Message::Binary(proto::frame(ch, &b).into())).await.is_err() {
+                        if !send_frame(&mut tx, ch, &b).await {
                             break;
                         }
                     }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// `lattice-agent`.
 #[derive(Debug, Parser)]
@@ -86,6 +86,11 @@ pub struct AgentArgs {
     /// Also set the SLURM_* environment variables in workloads.
     #[arg(long)]
     pub slurm_env: bool,
+    /// An allocation whose user (`lattice.dev/user`) has no account on this node, when the
+    /// agent runs as root: `refuse` it (it fails, saying so) or run it as the `agent`'s own
+    /// user (single-user dev clusters such as `lattice up`).
+    #[arg(long, value_enum, default_value_t = UnknownUser::Refuse)]
+    pub unknown_user: UnknownUser,
     /// Bytes of live log tail kept in memory per allocation.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     pub log_buffer_bytes: usize,
@@ -124,6 +129,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{s:?} is not a duration ({e}); use e.g. \"500ms\", \"5s\" or \"1m\""))
 }
 
+/// `--unknown-user`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum UnknownUser {
+    /// The allocation fails (`user X has no account on node N`).
+    #[default]
+    Refuse,
+    /// Run it as the agent's own user.
+    Agent,
+}
+
 /// The validated configuration of a running agent.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -157,6 +172,8 @@ pub struct Config {
     pub topology_group: Option<u32>,
     /// `--slurm-env`.
     pub slurm_env: bool,
+    /// `--unknown-user`.
+    pub unknown_user: UnknownUser,
     /// `--log-buffer-bytes`.
     pub log_buffer_bytes: usize,
     /// `--cgroup-root` (`None`: off).
@@ -209,6 +226,7 @@ impl Config {
             features: a.features,
             topology_group: a.topology_group,
             slurm_env: a.slurm_env,
+            unknown_user: a.unknown_user,
             log_buffer_bytes: a.log_buffer_bytes,
             cgroup_root,
         })

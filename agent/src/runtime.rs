@@ -242,6 +242,28 @@ pub fn parse_signal(s: &str) -> Option<Signal> {
     name.parse().ok()
 }
 
+/// For `pre_exec`: marks every descriptor above 2 close-on-exec, so a started workload or
+/// attach session inherits none of the agent's (nor any the agent itself inherited, such
+/// as a build tool's jobserver pipes). Async-signal-safe: one system call, or a bounded
+/// `fcntl` loop where `close_range` is missing (Linux before 5.11).
+pub fn cloexec_inherited() {
+    // SAFETY: close_range(2) and fcntl(2) on descriptor numbers only.
+    unsafe {
+        if nix::libc::syscall(
+            nix::libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            nix::libc::CLOSE_RANGE_CLOEXEC,
+        ) == 0
+        {
+            return;
+        }
+        for fd in 3..4096 {
+            nix::libc::fcntl(fd, nix::libc::F_SETFD, nix::libc::FD_CLOEXEC);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

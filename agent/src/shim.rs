@@ -144,6 +144,13 @@ pub fn run(args: ShimArgs) -> i32 {
     if let (Some(uid), Some(gid)) = (args.uid, args.gid) {
         cmd.uid(uid).gid(gid);
     }
+    // SAFETY: cloexec_inherited makes only async-signal-safe system calls.
+    unsafe {
+        cmd.pre_exec(|| {
+            crate::runtime::cloexec_inherited();
+            Ok(())
+        });
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {

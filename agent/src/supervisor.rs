@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use crate::agent::{Ctx, SettleGuard};
 use crate::cgroup::Cgroups;
+use crate::config::UnknownUser;
 use crate::env::{self, EnvInputs};
 use crate::logs::spool::{Frame, SpoolReader};
 use crate::logs::{LogHub, LogKey, Stream};
@@ -244,22 +245,36 @@ pub fn workload_cwd(alloc: &Allocation, rec: &TaskRecord) -> std::path::PathBuf 
         .unwrap_or_else(|| rec.scratch_dir.clone())
 }
 
-/// The local user named by [`USER_ANNOTATION`], when the agent may switch to it.
-pub fn run_as(alloc: &Allocation) -> Option<RunAs> {
-    let name = alloc.metadata.annotations.get(USER_ANNOTATION)?;
+/// The local user named by [`USER_ANNOTATION`], when the agent may switch to it: `None`
+/// without the annotation or when the agent is not root; an error for a user with no
+/// account here, unless `--unknown-user=agent` runs such work as the agent's user.
+pub fn run_as(alloc: &Allocation, unknown: UnknownUser) -> Result<Option<RunAs>, String> {
+    let Some(name) = alloc.metadata.annotations.get(USER_ANNOTATION) else {
+        return Ok(None);
+    };
     if !nix::unistd::geteuid().is_root() {
-        return None;
+        return Ok(None);
     }
     match nix::unistd::User::from_name(name) {
-        Ok(Some(u)) => Some(RunAs {
+        Ok(Some(u)) => Ok(Some(RunAs {
             name: u.name,
             uid: u.uid.as_raw(),
             gid: u.gid.as_raw(),
             home: u.dir,
-        }),
-        _ => {
-            tracing::warn!(user = %name, "no such local user; running as the agent's user");
-            None
+        })),
+        found => {
+            let why = match found {
+                Err(e) => format!("cannot look up user {name:?} on this node: {e}"),
+                _ => format!("user {name:?} has no account on this node"),
+            };
+            if unknown == UnknownUser::Agent {
+                tracing::warn!(user = %name, "{why}; running as the agent's user (--unknown-user=agent)");
+                return Ok(None);
+            }
+            Err(format!(
+                "{why} (metadata.annotations[\"{USER_ANNOTATION}\"]); create the account, or start \
+                 the agent with --unknown-user=agent to run such work as the agent's user"
+            ))
         }
     }
 }
@@ -492,7 +507,7 @@ impl Supervisor {
     /// Prepare the scratch dir, logs and command, and start the workload.
     async fn launch(&mut self, alloc: &Allocation) -> Result<(), String> {
         let ctx = self.ctx.clone();
-        let user = run_as(alloc);
+        let user = run_as(alloc, ctx.cfg.unknown_user)?;
         std::fs::create_dir_all(&self.rec.scratch_dir).map_err(|e| {
             format!(
                 "cannot create the scratch directory {}: {e}",

@@ -6,6 +6,7 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use common::*;
 use lattice_apis::AllocationPhase;
@@ -37,6 +38,63 @@ async fn runs_as_the_annotated_user_when_root() {
     wait_phase(&server, "as-nobody", AllocationPhase::Completed).await;
     let (_, out) = server.logs("as-nobody", "").await;
     assert_eq!(out, format!("{}\nnobody\nwrote\n", nobody.uid.as_raw()));
+}
+
+/// A user with no account on the node: as root the agent refuses the work (it fails,
+/// naming the user and the fix) unless `--unknown-user=agent` lets it run as the agent's
+/// user; not as root it never switches users.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_an_account_is_refused_unless_the_agent_runs_it_as_itself() {
+    let server = Server::start();
+    let strict_root = tempfile::tempdir().unwrap();
+    let lax_root = tempfile::tempdir().unwrap();
+    let _strict = Agent::start(
+        &server,
+        "node-strict",
+        strict_root.path(),
+        &["--unknown-user", "refuse"],
+    );
+    let _lax = Agent::start(&server, "node-lax", lax_root.path(), &[]);
+    let ghost = json!({"annotations": {"lattice.dev/user": "no-such-user-lattice-test"}});
+    let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_default();
+    for (name, node) in [("ghost-strict", "node-strict"), ("ghost-lax", "node-lax")] {
+        create_with(
+            &server,
+            name,
+            json!({"entrypoint": "id -un"}),
+            ghost.clone(),
+        )
+        .await;
+        bind(&server, name, &[node], Some(600)).await;
+    }
+    if nix::unistd::geteuid().is_root() {
+        // The start failure is reported (and the allocation requeued, as for any start
+        // failure, until its requeue budget is spent).
+        let api = server.allocations();
+        let message = wait_for("the refusal", Duration::from_secs(60), || {
+            let api = api.clone();
+            async move {
+                let a = api.get("ghost-strict").await.ok()?;
+                let m = a.status?.message?;
+                m.contains("has no account on this node").then_some(m)
+            }
+        })
+        .await;
+        assert!(
+            message.contains(r#"user "no-such-user-lattice-test" has no account on this node"#)
+                && message.contains("--unknown-user=agent"),
+            "{message}"
+        );
+    } else {
+        wait_phase(&server, "ghost-strict", AllocationPhase::Completed).await;
+    }
+    wait_phase(&server, "ghost-lax", AllocationPhase::Completed).await;
+    let (_, out) = server.logs("ghost-lax", "").await;
+    assert_eq!(out.trim(), me, "ran as the agent's user");
 }
 
 /// A writable cgroup v2 mount, if the machine has one.
@@ -89,4 +147,91 @@ async fn cgroup_holds_the_workload_and_kills_escapees() {
         (!dir.exists()).then_some(())
     })
     .await;
+}
+
+/// `lattice attach` into a root agent's run of user nobody: the session runs as nobody, in
+/// the run's scratch directory and cgroup (where the machine has one), on a terminal owned
+/// by nobody, with no descriptor of the agent's (a PTY master, say) inherited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_runs_as_the_user_in_the_runs_directory_and_cgroup() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    if nix::unistd::User::from_name("nobody")
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        eprintln!("skipped: no user nobody");
+        return;
+    }
+    let server = Server::start();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let node = format!("att-{}", std::process::id());
+    let cg = cgroup2_root().map(|p| p.display().to_string());
+    let mut flags = vec![];
+    if let Some(c) = &cg {
+        flags.extend(["--cgroup-root", c.as_str()]);
+    }
+    let _agent = Agent::start(&server, &node, root.path(), &flags);
+    let job = create_with(
+        &server,
+        "held",
+        json!({"entrypoint": "sleep 300"}),
+        json!({"annotations": {"lattice.dev/user": "nobody"}}),
+    )
+    .await;
+    let uid = job.metadata.uid.clone().unwrap();
+    bind(&server, "held", &[&node], Some(600)).await;
+    wait_phase(&server, "held", AllocationPhase::Running).await;
+    let attach = |args: &[&str]| {
+        let out = std::process::Command::new(workspace_bin("lattice"))
+            .arg("attach")
+            .arg("held")
+            .args(args)
+            .env("LATTICE_API_URL", &server.url)
+            .env("LATTICE_TOKEN", &server.token)
+            .env_remove("LATTICE_TOKEN_FILE")
+            .env_remove("LATTICE_CONFIG")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("lattice attach");
+        let text = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
+        assert!(
+            out.status.success(),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let out = attach(&[
+        "--",
+        "sh",
+        "-c",
+        "id -un; pwd; cat /proc/self/cgroup; echo fds $(ls /proc/self/fd)",
+    ]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"nobody"), "{out}");
+    assert!(
+        lines
+            .get(1)
+            .is_some_and(|d| d.ends_with(&format!("scratch/{uid}-1"))),
+        "{out}"
+    );
+    if cg.is_some() {
+        assert!(out.contains(&format!("/lattice/{node}/{uid}-1")), "{out}");
+    }
+    // 0-2, and 3: the directory ls reads.
+    assert!(out.contains("fds 0 1 2 3\n"), "{out}");
+    let out = attach(&[
+        "--tty",
+        "--",
+        "sh",
+        "-c",
+        "stat -c %U $(tty); echo fds $(ls /proc/self/fd)",
+    ]);
+    assert!(out.starts_with("nobody\n"), "{out}");
+    assert!(out.contains("fds 0 1 2 3\n"), "{out}");
 }

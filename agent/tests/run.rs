@@ -54,6 +54,15 @@ async fn exit_codes_arguments_scripts_and_environment() {
         json!({"script": "echo $((6 * 7))\n"}),
     )
     .await;
+    // Nothing the agent holds (or inherited, e.g. cargo's jobserver pipes here) reaches
+    // the workload: 0-2, and 3, the directory ls reads.
+    submit(
+        &server,
+        "descriptors",
+        "node-a",
+        json!({"script": "echo $(ls /proc/self/fd)\n"}),
+    )
+    .await;
     submit(
         &server,
         "environment",
@@ -104,6 +113,8 @@ async fn exit_codes_arguments_scripts_and_environment() {
 
     wait_phase(&server, "plain-script", AllocationPhase::Completed).await;
     assert_eq!(server.logs("plain-script", "").await.1, "42\n");
+    wait_phase(&server, "descriptors", AllocationPhase::Completed).await;
+    assert_eq!(server.logs("descriptors", "").await.1, "0 1 2 3\n");
 
     let env = wait_phase(&server, "environment", AllocationPhase::Completed).await;
     let (_, out) = server.logs("environment", "").await;

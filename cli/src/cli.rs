@@ -299,7 +299,7 @@ pub struct AttachArgs {
     /// Node to attach on [default: the allocation's first node]
     #[arg(long, value_name = "NODE")]
     pub node: Option<String>,
-    /// Command line to run instead of your login shell (split like a shell would)
+    /// Command line to run instead of your login shell (run by `sh -c` on the node)
     #[arg(long, value_name = "CMD", conflicts_with = "args")]
     pub command: Option<String>,
     /// Run on a terminal even when this is not one

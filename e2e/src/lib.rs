@@ -258,6 +258,7 @@ impl Agent {
             .arg(&self.api_url)
             .arg("--state-dir")
             .arg(&self.state_dir)
+            .args(["--unknown-user", "agent"])
             .args(&self.extra)
             .env("LATTICE_AGENT_TOKEN", &self.token)
             .stdout(Stdio::null())

@@ -226,6 +226,12 @@ impl Agent {
             .arg("--state-dir")
             .arg(&self.state_dir)
             .args(["--heartbeat-interval", "500ms", "--grace-period", "1s"])
+            // Test users have no accounts here; a test that checks refusal says so.
+            .args(if self.extra.iter().any(|a| a == "--unknown-user") {
+                &[][..]
+            } else {
+                &["--unknown-user", "agent"][..]
+            })
             .args(&self.extra)
             .env("LATTICE_AGENT_TOKEN", &self.token)
             .env("NO_COLOR", "1")

@@ -65,7 +65,7 @@ impl Request {
         let mut r = Request::default();
         for (k, v) in pairs {
             let size = |v: &str| {
-                v.parse::<u16>().map_err(|_| {
+                v.parse::<u16>().ok().filter(|n| *n > 0).ok_or_else(|| {
                     ApiError::bad_request(format!(
                         "query parameter {k}={v:?} is not a terminal size (1-65535)"
                     ))
@@ -283,8 +283,28 @@ async fn open(
         .put(put)
         .await
         .map_err(|e| ApiError::unavailable(format!("cannot record the attach ticket: {e}")))?;
-    record_event(inner, &ticket, obj).await;
+    match connect(&addr, ns, name, &node, &secret, &req).await {
+        Ok(sock) => {
+            record_event(inner, &ticket, obj).await;
+            Ok((ticket, sock))
+        }
+        Err(e) => {
+            // A ticket no agent took is void at once, not in a minute.
+            let _ = backend.lease_revoke(lease.id).await;
+            Err(e)
+        }
+    }
+}
 
+/// Open the agent's side, presenting the ticket `secret`.
+async fn connect(
+    addr: &str,
+    ns: &str,
+    name: &str,
+    node: &str,
+    secret: &str,
+    req: &Request,
+) -> ApiResult<AgentSocket> {
     let mut url = reqwest::Url::parse(&format!("ws://{addr}/attach/{ns}/{name}"))
         .map_err(|e| ApiError::internal(format!("node {node}'s agent address {addr:?}: {e}")))?;
     {
@@ -316,16 +336,13 @@ async fn open(
     let unreachable = |e: String| {
         ApiError::unavailable(format!("cannot reach node {node}'s agent at {addr}: {e}"))
     };
-    let tcp = tokio::time::timeout(
-        Duration::from_secs(5),
-        tokio::net::TcpStream::connect(&addr),
-    )
-    .await
-    .map_err(|_| unreachable("timed out".into()))?
-    .map_err(|e| unreachable(e.to_string()))?;
+    let tcp = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| unreachable("timed out".into()))?
+        .map_err(|e| unreachable(e.to_string()))?;
     let _ = tcp.set_nodelay(true);
     match tokio_tungstenite::client_async(request, tcp).await {
-        Ok((sock, _)) => Ok((ticket, sock)),
+        Ok((sock, _)) => Ok(sock),
         Err(tungstenite::Error::Http(resp)) => {
             // The agent's own refusal (not running there, say): its status and message.
             let code = resp.status().as_u16();
@@ -433,6 +450,7 @@ async fn relay(client: WebSocket, agent: AgentSocket) {
 
 /// `POST /v1/attach/redeem` (admins, i.e. node agents): the ticket's grant, once.
 pub async fn redeem(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Body) -> Response {
+    let start = Instant::now();
     let r = async {
         let user = authenticate(&inner, &headers).await?;
         if user.role != Role::Admin {
@@ -478,5 +496,12 @@ pub async fn redeem(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: B
         ))
     }
     .await;
-    r.unwrap_or_else(|e| e.into_response())
+    let resp = r.unwrap_or_else(|e| e.into_response());
+    inner.metrics.observe(
+        "redeem",
+        "Allocation",
+        resp.status().as_u16(),
+        start.elapsed().as_secs_f64(),
+    );
+    resp
 }

@@ -87,6 +87,16 @@ fn read_stdin() -> mpsc::Receiver<Option<Vec<u8>>> {
     rx
 }
 
+/// The next delivery of `sig` (never, for one that could not be set up).
+async fn next_signal(sig: &mut Option<tokio::signal::unix::Signal>) {
+    if let Some(s) = sig {
+        if s.recv().await.is_some() {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
 /// Runs `lattice attach`.
 pub async fn run(
     ctx: &Ctx,
@@ -161,15 +171,21 @@ pub async fn attach(
     let sock = WebSocketStream::from_raw_socket(upgraded, Role::Client, None).await;
     let (mut tx, mut rx) = sock.split();
 
-    let raw = tty.then(RawMode::enter);
+    // Raw mode hands Ctrl-C and friends to the remote side, so only when input goes there.
+    let raw = (tty && stdin).then(RawMode::enter);
     let mut input = if stdin { Some(read_stdin()) } else { None };
     let mut winch = if tty {
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok()
     } else {
         None
     };
+    // SIGTERM or SIGHUP (this terminal closed) hang the remote side up, and this terminal
+    // gets its mode back.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut hup = signal(SignalKind::hangup()).ok();
     let mut status: Option<AttachStatus> = None;
-    let mut interrupted = false;
+    let mut stopped_by: Option<i32> = None;
     loop {
         tokio::select! {
             m = rx.next() => match m {
@@ -222,15 +238,25 @@ pub async fn attach(
                 }
             }
             _ = &mut *shutdown => {
-                interrupted = true;
+                stopped_by = Some(libc::SIGINT);
+                let _ = tx.send(Message::Close(None)).await;
+                break;
+            }
+            _ = next_signal(&mut term) => {
+                stopped_by = Some(libc::SIGTERM);
+                let _ = tx.send(Message::Close(None)).await;
+                break;
+            }
+            _ = next_signal(&mut hup) => {
+                stopped_by = Some(libc::SIGHUP);
                 let _ = tx.send(Message::Close(None)).await;
                 break;
             }
         }
     }
     drop(raw);
-    if interrupted {
-        return Ok(130);
+    if let Some(sig) = stopped_by {
+        return Ok(128 + sig);
     }
     match status {
         Some(AttachStatus { error: Some(e), .. }) => {

@@ -716,14 +716,7 @@ async fn srun_step(
         }
     }
     if st.pty {
-        let at = crate::cli::AttachArgs {
-            id: st.req.alloc.clone(),
-            args: st.req.command.clone(),
-            tty: true,
-            ..Default::default()
-        };
-        let tenant = ctx.tenant.clone();
-        return crate::cmd::attach::attach(ctx, &tenant, &at, out, err, shutdown).await;
+        return crate::cmd::launch::pty_step(ctx, "srun", &st.req, out, err, shutdown).await;
     }
     crate::cmd::launch::run_step(ctx, "srun", &st.req, out, err, shutdown).await
 }

@@ -470,17 +470,6 @@ pub async fn launch(
             .hint("name it with --alloc=ID, or run inside an allocation (lattice session)")
             .exit_code(exit::USAGE));
     };
-    if a.pty {
-        // A terminal on the allocation's first node: `lattice attach`.
-        let at = crate::cli::AttachArgs {
-            id: alloc,
-            args: a.command.clone(),
-            tty: true,
-            ..Default::default()
-        };
-        let tenant = ctx.tenant.clone();
-        return crate::cmd::attach::attach(ctx, &tenant, &at, out, err, &mut shutdown).await;
-    }
     let mut env = Vec::new();
     for kv in &a.env {
         let Some((k, v)) = kv.split_once('=') else {
@@ -502,7 +491,50 @@ pub async fn launch(
         chdir: a.chdir.clone(),
         label: a.label,
     };
+    if a.pty {
+        return pty_step(ctx, "launch", &req, out, err, &mut shutdown).await;
+    }
     run_step(ctx, "launch", &req, out, err, &mut shutdown).await
+}
+
+/// `--pty` (`lattice launch`, srun in an allocation): the command on a terminal on the
+/// allocation's first node, i.e. `lattice attach`; the step's other options have no
+/// meaning there and are warned about.
+pub async fn pty_step(
+    ctx: &Ctx,
+    tool: &str,
+    req: &StepRequest,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    shutdown: &mut Shutdown,
+) -> Result<i32, CliError> {
+    let ignored: Vec<&str> = [
+        ("--ntasks", req.ntasks.is_some()),
+        ("--nodes", req.nodes.is_some()),
+        ("--ntasks-per-node", req.tasks_per_node.is_some()),
+        ("--label", req.label),
+        ("--chdir", req.chdir.is_some()),
+        ("--export", req.export.is_some()),
+        ("--env", !req.env.is_empty()),
+    ]
+    .into_iter()
+    .filter_map(|(o, given)| given.then_some(o))
+    .collect();
+    if !ctx.quiet && !ignored.is_empty() {
+        writeln!(
+            err,
+            "{tool}: warning: {} ignored with --pty (one terminal on the first node, as the allocation's environment)",
+            ignored.join(", ")
+        )?;
+    }
+    let at = crate::cli::AttachArgs {
+        id: req.alloc.clone(),
+        args: req.command.clone(),
+        tty: true,
+        ..Default::default()
+    };
+    let tenant = ctx.tenant.clone();
+    crate::cmd::attach::attach(ctx, &tenant, &at, out, err, shutdown).await
 }
 
 /// How a session ended, before its allocation is given back.

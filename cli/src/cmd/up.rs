@@ -642,6 +642,9 @@ async fn start(
                 group.to_string(),
                 "--listen".into(),
                 "127.0.0.1:0".into(),
+                // One user's local cluster: work runs as whoever started it.
+                "--unknown-user".into(),
+                "agent".into(),
             ];
             std::fs::create_dir_all(dir.join("agents").join(&node)).map_err(|e| {
                 CliError::new(
