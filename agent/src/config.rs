@@ -91,6 +91,14 @@ pub struct AgentArgs {
     /// user (single-user dev clusters such as `lattice up`).
     #[arg(long, value_enum, default_value_t = UnknownUser::Refuse)]
     pub unknown_user: UnknownUser,
+    /// The API URL commands inside jobs use (`LATTICE_API_URL` in workloads) [default:
+    /// --api-url].
+    #[arg(long, value_name = "URL")]
+    pub job_api_url: Option<String>,
+    /// The `lattice` CLI that `srun`, `sbatch`, `squeue`, ... on a job's PATH run; `off`
+    /// for none [default: `lattice` beside this binary, if there].
+    #[arg(long, value_name = "PATH")]
+    pub lattice_cli: Option<PathBuf>,
     /// Bytes of live log tail kept in memory per allocation.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     pub log_buffer_bytes: usize,
@@ -174,6 +182,10 @@ pub struct Config {
     pub slurm_env: bool,
     /// `--unknown-user`.
     pub unknown_user: UnknownUser,
+    /// `--job-api-url`.
+    pub job_api_url: Option<String>,
+    /// `--lattice-cli` (resolved; `None`: no command wrappers in jobs).
+    pub lattice_cli: Option<PathBuf>,
     /// `--log-buffer-bytes`.
     pub log_buffer_bytes: usize,
     /// `--cgroup-root` (`None`: off).
@@ -227,6 +239,22 @@ impl Config {
             topology_group: a.topology_group,
             slurm_env: a.slurm_env,
             unknown_user: a.unknown_user,
+            job_api_url: a.job_api_url,
+            lattice_cli: match a.lattice_cli {
+                Some(p) if p.as_os_str() == "off" => None,
+                Some(p) => {
+                    anyhow::ensure!(
+                        p.is_file(),
+                        "--lattice-cli {}: no such file; give the path of the lattice CLI, or off",
+                        p.display()
+                    );
+                    Some(p)
+                }
+                None => std::env::current_exe()
+                    .ok()
+                    .and_then(|e| Some(e.parent()?.join("lattice")))
+                    .filter(|p| p.is_file()),
+            },
             log_buffer_bytes: a.log_buffer_bytes,
             cgroup_root,
         })

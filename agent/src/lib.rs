@@ -30,6 +30,7 @@ pub mod agent;
 pub mod attach;
 pub mod cgroup;
 pub mod config;
+pub mod credentials;
 pub mod discovery;
 pub mod env;
 pub mod heartbeat;

@@ -223,7 +223,7 @@ pub fn workload_env(
         base.insert("HOME".into(), u.home.display().to_string());
         base.insert("USER".into(), u.name.clone());
     }
-    env::build(&EnvInputs {
+    let mut vars = env::build(&EnvInputs {
         alloc,
         node: &ctx.cfg.node,
         attempt: rec.attempt,
@@ -232,7 +232,9 @@ pub fn workload_env(
         // `lattice.dev/set-slurm-env: "true"` (compat.set_slurm_env at submit).
         slurm: ctx.cfg.slurm_env,
         base,
-    })
+    });
+    crate::credentials::add_env(&ctx.cfg, &rec.scratch_dir, &mut vars);
+    vars
 }
 
 /// The working directory of `alloc`'s run `rec`: `spec.workingDir` or its scratch directory.
@@ -527,6 +529,7 @@ impl Supervisor {
             user.as_ref(),
             Some(&ctx.cfg.node),
         )?;
+        crate::credentials::prepare(&ctx, alloc, &self.rec.scratch_dir, user.as_ref()).await;
         let vars = workload_env(&ctx, alloc, &self.rec, user.as_ref());
         let (program, args) = fan_out(alloc, &vars, program, args);
         let cwd = workload_cwd(alloc, &self.rec);

@@ -1405,6 +1405,27 @@ fn attach_runs_commands_and_terminals_inside_running_allocations() {
     assert!(out.contains("in-session node=node-"), "{out}");
     assert!(out.contains("session-rc=4"), "{out}");
 
+    // Commands in a batch job reach the API as its user (a job token, 0600, and
+    // srun/squeue/... on its PATH): srun starts a step on the job's two nodes.
+    cli.write(
+        "steps.sh",
+        "#!/bin/sh\n#SBATCH -N 2\nsrun sh -c 'echo step-on=$LATTICE_NODEID'\necho srun-rc=$?\n\
+         squeue -h -o %i -j \"$LATTICE_ALLOC_ID\"\nstat -c token-mode=%a \"$LATTICE_TOKEN_FILE\"\n",
+    );
+    let jid = cli.slurm_ok("sbatch --wait --parsable -o 'steps-%j.out' steps.sh");
+    let jid = jid.trim();
+    let text = std::fs::read_to_string(cli.work.join(format!("steps-{jid}.out")))
+        .unwrap_or_else(|e| panic!("steps-{jid}.out: {e}\n{}", cli.logs()));
+    for n in &nodes {
+        assert!(text.contains(&format!("step-on={n}")), "{text}");
+    }
+    assert!(text.contains("srun-rc=0"), "{text}");
+    assert!(
+        text.lines().any(|l| l.trim() == jid),
+        "squeue in the job:\n{text}"
+    );
+    assert!(text.contains("token-mode=600"), "{text}");
+
     // srun --pty: inside an allocation, and as Slurm's interactive job.
     let held = cli.submit(&["-N", "1", "--", "sleep", "300"]);
     cli.wait_phase(&held, "Running", Duration::from_secs(60));

@@ -31,6 +31,7 @@ pub mod discovery;
 pub mod errors;
 pub mod heartbeat;
 pub mod intent;
+pub mod job_token;
 pub mod logs;
 pub mod metrics;
 pub mod objects;
@@ -230,6 +231,7 @@ impl ApiServer {
             .route("/v1/dags/{id}/graph", get(intent::dag_graph))
             .route("/v1/allocations/{id}/tasks", post(intent::launch_tasks))
             .route("/v1/allocations/{id}/attach", get(attach::attach_by_id))
+            .route("/v1/allocations/{id}/token", post(job_token::job_token))
             .route(lattice_apis::attach::REDEEM_PATH, post(attach::redeem))
             .fallback(not_found)
             .layer(axum::middleware::from_fn(auth::request_scope))

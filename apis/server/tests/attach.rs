@@ -422,3 +422,63 @@ async fn attach_is_refused_to_others_and_outside_running_allocations() {
         .expect("by id");
     let _ = ws.close(None).await;
 }
+
+/// `POST /v1/allocations/{id}/token` (node agents only): a token of the allocation's user,
+/// for its tenant only; `null` with authentication off.
+#[tokio::test]
+async fn job_tokens_act_as_the_allocations_user_in_its_tenant() {
+    let f = fixture().await;
+    let (c, e) = call(
+        &f.s,
+        Method::POST,
+        "/v1/allocations/a1/token",
+        &f.alice,
+        None,
+    )
+    .await;
+    assert_eq!(c, 403, "only agents ask: {e}");
+    let (c, t) = call(
+        &f.s,
+        Method::POST,
+        "/v1/allocations/a1/token?tenant=t1",
+        &f.admin,
+        None,
+    )
+    .await;
+    assert_eq!(c, 200, "{t}");
+    assert_eq!(
+        (t["user"].as_str(), t["tenant"].as_str()),
+        (Some("alice"), Some("t1"))
+    );
+    assert!(t["expirationTimestamp"].is_string(), "{t}");
+    let job = t["token"].as_str().expect("a token").to_string();
+    // It is alice, in t1 only, and not an admin.
+    let (c, l) = call(&f.s, Method::GET, &allocs("t1"), &job, None).await;
+    assert_eq!(c, 200, "{l}");
+    let (c, _) = call(&f.s, Method::GET, &allocs("t2"), &job, None).await;
+    assert_eq!(c, 403);
+    let (c, _) = call(&f.s, Method::POST, "/v1/allocations/a1/token", &job, None).await;
+    assert_eq!(c, 403, "a job token mints nothing");
+    let mut mine = alloc("from-job", "t1");
+    mine["metadata"]["annotations"] = json!({USER: "alice"});
+    let (c, e) = call(&f.s, Method::POST, &allocs("t1"), &job, Some(mine)).await;
+    assert_eq!(c, 201, "submits as alice: {e}");
+    let mut theirs = alloc("as-bob", "t1");
+    theirs["metadata"]["annotations"] = json!({USER: "bob"});
+    let (c, _) = call(&f.s, Method::POST, &allocs("t1"), &job, Some(theirs)).await;
+    assert_eq!(c, 403, "and only as alice");
+
+    // Authentication off: no token to mint.
+    let open = start().await;
+    let (c, _) = open
+        .post(&allocs("t1"), &{
+            let mut a = alloc("j", "t1");
+            a["metadata"]["annotations"] = json!({USER: "carol"});
+            a
+        })
+        .await;
+    assert_eq!(c, 201);
+    let (c, t) = open.post("/v1/allocations/j/token", &json!({})).await;
+    assert_eq!(c, 200, "{t}");
+    assert!(t["token"].is_null(), "{t}");
+}
