@@ -132,6 +132,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             logs,
             metrics,
             attach: Some(ctx.clone()),
+            proxy: Arc::new(server::ProxyKey::new(
+                &ctx.cfg.api_url,
+                ctx.cfg.token.clone(),
+            )),
         },
         shutdown.clone(),
     ));

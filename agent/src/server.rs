@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
-use axum::extract::{FromRef, State};
-use axum::http::{header, HeaderValue};
+use axum::extract::{FromRef, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -22,6 +23,98 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// What attach sessions need (`None`: attach is refused).
     pub attach: Option<Arc<crate::agent::Ctx>>,
+    /// Checks that log requests come from the API server.
+    pub proxy: Arc<ProxyKey>,
+}
+
+/// This agent's copy of the key the API server signs proxied requests with
+/// ([`lattice_apis::proxy_auth`]), fetched on first need with the agent's credentials.
+#[derive(Debug)]
+pub struct ProxyKey {
+    api_url: String,
+    token: Option<String>,
+    key: tokio::sync::OnceCell<Vec<u8>>,
+}
+
+impl ProxyKey {
+    /// Fetched from the API at `api_url` with `token`.
+    pub fn new(api_url: &str, token: Option<String>) -> Self {
+        Self {
+            api_url: api_url.trim_end_matches('/').to_string(),
+            token,
+            key: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    async fn get(&self) -> Result<&[u8], String> {
+        self.key
+            .get_or_try_init(|| async {
+                let mut req = reqwest::Client::new()
+                    .get(format!(
+                        "{}{}",
+                        self.api_url,
+                        lattice_apis::proxy_auth::KEY_PATH
+                    ))
+                    .timeout(std::time::Duration::from_secs(10));
+                if let Some(t) = &self.token {
+                    req = req.bearer_auth(t);
+                }
+                let resp = req.send().await.map_err(|e| e.to_string())?;
+                let code = resp.status();
+                let body: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
+                let hex = body.get("key").and_then(|k| k.as_str()).ok_or_else(|| {
+                    format!(
+                        "{code}: {}",
+                        body.get("message")
+                            .and_then(|m| m.as_str())
+                            .unwrap_or_default()
+                    )
+                })?;
+                (0..hex.len())
+                    .step_by(2)
+                    .map(|i| {
+                        hex.get(i..i + 2)
+                            .and_then(|b| u8::from_str_radix(b, 16).ok())
+                    })
+                    .collect::<Option<Vec<u8>>>()
+                    .ok_or_else(|| "the API server's proxy key is not hex".to_string())
+            })
+            .await
+            .map(Vec::as_slice)
+    }
+}
+
+/// Only the API server (a valid signature) reads logs here.
+async fn from_api_server(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    use lattice_apis::proxy_auth::{verify, HEADER};
+    let path = req.uri().path().to_string();
+    let deny = |code: StatusCode, msg: String| {
+        tracing::info!(%path, %msg, "log request refused");
+        (code, msg).into_response()
+    };
+    let Some(sig) = req.headers().get(HEADER).and_then(|v| v.to_str().ok()) else {
+        return deny(
+            StatusCode::UNAUTHORIZED,
+            format!("logs are served through the API server (`lattice logs`); this request has no {HEADER} signature"),
+        );
+    };
+    let key = match s.proxy.get().await {
+        Ok(k) => k,
+        Err(e) => {
+            return deny(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("cannot check the request: no proxy key from the API server ({e})"),
+            )
+        }
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    if let Err(e) = verify(key, sig, req.method().as_str(), &path, now) {
+        return deny(StatusCode::FORBIDDEN, e);
+    }
+    next.run(req).await
 }
 
 impl FromRef<AppState> for Option<Arc<crate::agent::Ctx>> {
@@ -41,7 +134,13 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
-        .route("/logs/{namespace}/{name}", get(get_logs))
+        .route(
+            "/logs/{namespace}/{name}",
+            get(get_logs).route_layer(middleware::from_fn_with_state(
+                state.clone(),
+                from_api_server,
+            )),
+        )
         .route("/attach/{namespace}/{name}", get(crate::attach::attach))
         .with_state(state)
 }

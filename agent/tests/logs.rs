@@ -143,3 +143,40 @@ async fn logs_filters_follow_and_several_nodes() {
     assert_eq!(code, 503, "{out}");
     assert!(out.contains("unreachable"), "{out}");
 }
+
+/// The agent serves logs only to the API server: a request straight to its endpoint
+/// without the API server's signature is refused (401), a forged one too (403), while the
+/// same logs come through the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_serves_logs_only_to_the_api_server() {
+    let server = Server::start();
+    let root = tempfile::tempdir().unwrap();
+    let _a = Agent::start(&server, "node-a", root.path(), &[]);
+    submit(
+        &server,
+        "secret",
+        "node-a",
+        json!({"entrypoint": "echo s3cr3t"}),
+    )
+    .await;
+    wait_phase(&server, "secret", AllocationPhase::Completed).await;
+    let (c, out) = server.logs("secret", "").await;
+    assert_eq!((c, out.as_str()), (200, "s3cr3t\n"));
+    let node = server.nodes().get("node-a").await.expect("node");
+    let addr = node
+        .status
+        .and_then(|s| s.agent)
+        .and_then(|a| a.address)
+        .expect("agent address");
+    let url = format!("http://{addr}/logs/default/secret");
+    let direct = reqwest::get(&url).await.expect("request");
+    assert_eq!(direct.status().as_u16(), 401);
+    assert!(!direct.text().await.unwrap_or_default().contains("s3cr3t"));
+    let forged = reqwest::Client::new()
+        .get(&url)
+        .header("x-lattice-proxy", "99999999999.00ff")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(forged.status().as_u16(), 403);
+}

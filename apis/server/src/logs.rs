@@ -178,6 +178,7 @@ async fn serve(
     }
 
     let mut upstreams = Vec::new();
+    let key = inner.proxy_key().await?;
     let mut missing = Vec::new();
     for node in &selected {
         let obj = match inner.resources.get(nodes_kind, None, node).await {
@@ -198,9 +199,17 @@ async fn serve(
                 "node {node} has no agent address (its agent never registered)"
             )));
         };
-        let url = format!("http://{addr}/logs/{ns}/{name}");
+        let path = format!("/logs/{ns}/{name}");
+        let url = format!("http://{addr}{path}");
+        let expires = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default()
+            + lattice_apis::proxy_auth::TTL_SECS;
+        let signature = lattice_apis::proxy_auth::sign(&key, "GET", &path, expires);
         let resp = http_client()
             .get(&url)
+            .header(lattice_apis::proxy_auth::HEADER, signature)
             .query(&forwarded)
             .send()
             .await

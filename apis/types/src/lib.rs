@@ -68,6 +68,7 @@ pub mod kinds;
 pub mod lifecycle;
 pub mod meta;
 pub mod metric;
+pub mod proxy_auth;
 pub mod registry;
 pub mod resource;
 pub mod schemas;
