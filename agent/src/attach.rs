@@ -509,11 +509,12 @@ fn hang_up(sid: Option<u32>) {
     let Some(sid) = sid else {
         return;
     };
-    if signal_session(sid, Signal::SIGHUP) == 0 {
-        return;
-    }
-    signal_session(sid, Signal::SIGCONT);
+    // Scanning /proc blocks: not on the async runtime.
     std::thread::spawn(move || {
+        if signal_session(sid, Signal::SIGHUP) == 0 {
+            return;
+        }
+        signal_session(sid, Signal::SIGCONT);
         std::thread::sleep(HANGUP_GRACE);
         signal_session(sid, Signal::SIGKILL);
     });
@@ -645,6 +646,16 @@ async fn session(ctx: Arc<Ctx>, rec: TaskRecord, spec: SessionSpec, sock: WebSoc
     if let Some(st) = status {
         send_status(&mut tx, &st).await;
         let _ = tx.send(Message::Close(None)).await;
+        // The close handshake: dropping the socket before the peer's Close arrives
+        // resets the connection, and a reset can discard the status in flight.
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            while let Some(Ok(m)) = rx.next().await {
+                if matches!(m, Message::Close(_)) {
+                    break;
+                }
+            }
+        })
+        .await;
     }
     if exited.is_none() {
         let _ = started.child.wait().await;

@@ -1,19 +1,23 @@
 //! What commands inside a job need to reach the API as the job's user, as Slurm jobs can
 //! run `srun`, `sbatch` or `squeue` without logging in: before a run starts the agent
-//! asks the API server for a job token (`POST /v1/allocations/{id}/token`, see
-//! `apis/server/src/job_token.rs`) and writes, in the run's scratch directory, owned by
-//! the user:
+//! asks the API server for a job token (`POST /v1/allocations/{id}/token?uid=`, see
+//! `apis/server/src/job_token.rs`) and writes, in `<run dir>/creds/` (the agent's own
+//! directory, so the user can replace nothing in it while root writes):
 //!
-//! * `.lattice/token` (mode 0600): the token (none with authentication off);
-//! * `.lattice/bin/`: `lattice`, `srun`, `sbatch`, `squeue`, `scancel`, `salloc`, `sinfo`
-//!   and `sacct`, each a two-line script that runs the `lattice` CLI (`--lattice-cli`),
-//!   the Slurm names through `lattice compat`.
+//! * `token` (mode 0600, the user's): the token. None with authentication off, and none
+//!   when the work would run as the agent's user for someone else (a root agent without
+//!   the user's account), unless the agent runs with `--unknown-user=agent` (one user's
+//!   cluster) or not as root (every job is the agent's user anyway);
+//! * `bin/`: `lattice`, `srun`, `sbatch`, `squeue`, `scancel`, `salloc`, `sinfo` and
+//!   `sacct`, each a two-line script that runs the `lattice` CLI (`--lattice-cli`), the
+//!   Slurm names through `lattice compat`.
 //!
 //! The run's environment then has `LATTICE_API_URL` (`--job-api-url`, default
-//! `--api-url`), `LATTICE_TOKEN_FILE` and `.lattice/bin` first on `PATH`, so `srun ./app`
+//! `--api-url`), `LATTICE_TOKEN_FILE` and `creds/bin` first on `PATH`, so `srun ./app`
 //! in a batch script starts a job step of it (`LATTICE_ALLOC_ID` says which) on its nodes.
-//! Attach sessions in the run get the same. Everything here is best effort: a run whose
-//! token could not be had still runs (its commands get the API's 401, which says why).
+//! Attach sessions in the run get the same. The directory goes with the run's workspace.
+//! Everything here is best effort: a run whose token could not be had still runs (its
+//! commands get the API's 401, which says why).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -23,23 +27,28 @@ use std::time::Duration;
 use lattice_apis::Allocation;
 
 use crate::agent::Ctx;
-use crate::config::Config;
+use crate::config::{Config, UnknownUser};
 use crate::runtime::RunAs;
 
-/// Under the run's scratch directory.
-pub const DIR: &str = ".lattice";
+/// Under the run's directory.
+pub const DIR: &str = "creds";
 /// The commands put on a job's `PATH`: `lattice` itself, and Slurm's through `lattice
 /// compat`.
 pub const COMMANDS: [&str; 8] = [
     "lattice", "srun", "sbatch", "squeue", "scancel", "salloc", "sinfo", "sacct",
 ];
 
-fn token_path(scratch: &Path) -> PathBuf {
-    scratch.join(DIR).join("token")
+/// `<run dir>/creds`.
+pub fn dir(run_dir: &Path) -> PathBuf {
+    run_dir.join(DIR)
 }
 
-fn bin_dir(scratch: &Path) -> PathBuf {
-    scratch.join(DIR).join("bin")
+fn token_path(run_dir: &Path) -> PathBuf {
+    dir(run_dir).join("token")
+}
+
+fn bin_dir(run_dir: &Path) -> PathBuf {
+    dir(run_dir).join("bin")
 }
 
 /// Single-quoted for sh.
@@ -57,31 +66,41 @@ pub fn wrapper(cli: &Path, command: &str) -> String {
     }
 }
 
-fn write_owned(path: &Path, text: &str, mode: u32, user: Option<&RunAs>) -> std::io::Result<()> {
-    std::fs::write(path, text)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-    if let Some(u) = user {
-        std::os::unix::fs::chown(path, Some(u.uid), Some(u.gid))?;
+/// A fresh file (never through a link), given to `owner` by its descriptor.
+fn write_new(path: &Path, text: &str, mode: u32, owner: Option<&RunAs>) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    // A leftover of an earlier try: ours, in our directory.
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)?;
+    f.write_all(text.as_bytes())?;
+    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    if let Some(u) = owner {
+        std::os::unix::fs::fchown(&f, Some(u.uid), Some(u.gid))?;
     }
     Ok(())
 }
 
-fn mkdir_owned(path: &Path, user: Option<&RunAs>) -> std::io::Result<()> {
+/// The agent's directory, readable and searchable by everyone (the token file itself is
+/// the user's alone).
+fn mkdir_shared(path: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))?;
-    if let Some(u) = user {
-        std::os::unix::fs::chown(path, Some(u.uid), Some(u.gid))?;
-    }
-    Ok(())
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
 }
 
 /// Ask the API server for the allocation's job token; `Ok(None)` with authentication off.
 async fn request_token(ctx: &Ctx, alloc: &Allocation) -> Result<Option<String>, String> {
     let url = format!(
-        "{}/v1/allocations/{}/token?tenant={}",
+        "{}/v1/allocations/{}/token?tenant={}&uid={}",
         ctx.cfg.api_url.trim_end_matches('/'),
         alloc.metadata.name_str(),
-        alloc.metadata.namespace_str()
+        alloc.metadata.namespace_str(),
+        alloc.metadata.uid.as_deref().unwrap_or_default()
     );
     let mut req = reqwest::Client::new()
         .post(url)
@@ -102,22 +121,28 @@ async fn request_token(ctx: &Ctx, alloc: &Allocation) -> Result<Option<String>, 
     Ok(body.get("token").and_then(|t| t.as_str()).map(String::from))
 }
 
+/// Whether the run of a job of its named user may hold that user's token: it runs as
+/// them, or this agent serves one user (`--unknown-user=agent`, or not root).
+fn may_hold_token(cfg: &Config, user: Option<&RunAs>) -> bool {
+    user.is_some() || cfg.unknown_user == UnknownUser::Agent || !nix::unistd::geteuid().is_root()
+}
+
 /// Write the run's token and command wrappers (see the module docs).
-pub async fn prepare(ctx: &Ctx, alloc: &Allocation, scratch: &Path, user: Option<&RunAs>) {
+pub async fn prepare(ctx: &Ctx, alloc: &Allocation, run_dir: &Path, user: Option<&RunAs>) {
     let name = alloc.metadata.name_str();
-    let dir = scratch.join(DIR);
-    if let Err(e) = mkdir_owned(&dir, user) {
+    let dir = dir(run_dir);
+    if let Err(e) = mkdir_shared(&dir) {
         tracing::warn!(allocation = %name, dir = %dir.display(), error = %e, "cannot make the job's credentials directory");
         return;
     }
-    if alloc
+    let named = alloc
         .metadata
         .annotations
-        .contains_key(lattice_apis::steps::USER_ANNOTATION)
-    {
+        .contains_key(lattice_apis::steps::USER_ANNOTATION);
+    if named && may_hold_token(&ctx.cfg, user) {
         match request_token(ctx, alloc).await {
             Ok(Some(t)) => {
-                if let Err(e) = write_owned(&token_path(scratch), &t, 0o600, user) {
+                if let Err(e) = write_new(&token_path(run_dir), &t, 0o600, user) {
                     tracing::warn!(allocation = %name, error = %e, "cannot write the job token");
                 }
             }
@@ -130,26 +155,26 @@ pub async fn prepare(ctx: &Ctx, alloc: &Allocation, scratch: &Path, user: Option
     let Some(cli) = &ctx.cfg.lattice_cli else {
         return;
     };
-    let bin = bin_dir(scratch);
-    let made = mkdir_owned(&bin, user).and_then(|()| {
+    let bin = bin_dir(run_dir);
+    let made = mkdir_shared(&bin).and_then(|()| {
         COMMANDS
             .iter()
-            .try_for_each(|c| write_owned(&bin.join(c), &wrapper(cli, c), 0o755, user))
+            .try_for_each(|c| write_new(&bin.join(c), &wrapper(cli, c), 0o755, None))
     });
     if let Err(e) = made {
         tracing::warn!(allocation = %name, error = %e, "cannot write the job's command wrappers");
     }
 }
 
-/// The run's environment additions, from what [`prepare`] left in `scratch`.
-pub fn add_env(cfg: &Config, scratch: &Path, env: &mut BTreeMap<String, String>) {
+/// The run's environment additions, from what [`prepare`] left in `run_dir`.
+pub fn add_env(cfg: &Config, run_dir: &Path, env: &mut BTreeMap<String, String>) {
     let api = cfg.job_api_url.as_deref().unwrap_or(&cfg.api_url);
     env.insert("LATTICE_API_URL".into(), api.to_string());
-    let token = token_path(scratch);
+    let token = token_path(run_dir);
     if token.exists() {
         env.insert("LATTICE_TOKEN_FILE".into(), token.display().to_string());
     }
-    let bin = bin_dir(scratch);
+    let bin = bin_dir(run_dir);
     if bin.is_dir() {
         let path = match env.get("PATH") {
             Some(p) if !p.is_empty() => format!("{}:{p}", bin.display()),

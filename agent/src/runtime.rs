@@ -244,8 +244,8 @@ pub fn parse_signal(s: &str) -> Option<Signal> {
 
 /// For `pre_exec`: marks every descriptor above 2 close-on-exec, so a started workload or
 /// attach session inherits none of the agent's (nor any the agent itself inherited, such
-/// as a build tool's jobserver pipes). Async-signal-safe: one system call, or a bounded
-/// `fcntl` loop where `close_range` is missing (Linux before 5.11).
+/// as a build tool's jobserver pipes). Async-signal-safe: one system call, or an `fcntl`
+/// loop up to the descriptor limit where `close_range` is missing (Linux before 5.11).
 pub fn cloexec_inherited() {
     // SAFETY: close_range(2) and fcntl(2) on descriptor numbers only.
     unsafe {
@@ -258,7 +258,16 @@ pub fn cloexec_inherited() {
         {
             return;
         }
-        for fd in 3..4096 {
+        let mut lim = nix::libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        let top = if nix::libc::getrlimit(nix::libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur.min(1 << 20) as i32
+        } else {
+            4096
+        };
+        for fd in 3..top {
             nix::libc::fcntl(fd, nix::libc::F_SETFD, nix::libc::FD_CLOEXEC);
         }
     }

@@ -33,8 +33,13 @@ pub struct AppState {
 pub struct ProxyKey {
     api_url: String,
     token: Option<String>,
-    key: tokio::sync::OnceCell<Vec<u8>>,
+    /// The key and when it was fetched.
+    key: tokio::sync::Mutex<Option<(Arc<Vec<u8>>, std::time::Instant)>>,
 }
+
+/// A key that signatures do not match is fetched again (a restored or replaced store), at
+/// most this often.
+const REFETCH_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl ProxyKey {
     /// Fetched from the API at `api_url` with `token`.
@@ -42,45 +47,53 @@ impl ProxyKey {
         Self {
             api_url: api_url.trim_end_matches('/').to_string(),
             token,
-            key: tokio::sync::OnceCell::new(),
+            key: tokio::sync::Mutex::new(None),
         }
     }
 
-    async fn get(&self) -> Result<&[u8], String> {
-        self.key
-            .get_or_try_init(|| async {
-                let mut req = reqwest::Client::new()
-                    .get(format!(
-                        "{}{}",
-                        self.api_url,
-                        lattice_apis::proxy_auth::KEY_PATH
-                    ))
-                    .timeout(std::time::Duration::from_secs(10));
-                if let Some(t) = &self.token {
-                    req = req.bearer_auth(t);
-                }
-                let resp = req.send().await.map_err(|e| e.to_string())?;
-                let code = resp.status();
-                let body: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
-                let hex = body.get("key").and_then(|k| k.as_str()).ok_or_else(|| {
-                    format!(
-                        "{code}: {}",
-                        body.get("message")
-                            .and_then(|m| m.as_str())
-                            .unwrap_or_default()
-                    )
-                })?;
-                (0..hex.len())
-                    .step_by(2)
-                    .map(|i| {
-                        hex.get(i..i + 2)
-                            .and_then(|b| u8::from_str_radix(b, 16).ok())
-                    })
-                    .collect::<Option<Vec<u8>>>()
-                    .ok_or_else(|| "the API server's proxy key is not hex".to_string())
+    /// The key: the one held, or (none held, or `stale` and not fetched lately) a fresh one.
+    async fn get(&self, stale: bool) -> Result<Arc<Vec<u8>>, String> {
+        let mut held = self.key.lock().await;
+        if let Some((k, at)) = held.as_ref() {
+            if !stale || at.elapsed() < REFETCH_EVERY {
+                return Ok(k.clone());
+            }
+        }
+        let fresh = Arc::new(self.fetch().await?);
+        *held = Some((fresh.clone(), std::time::Instant::now()));
+        Ok(fresh)
+    }
+
+    async fn fetch(&self) -> Result<Vec<u8>, String> {
+        let mut req = reqwest::Client::new()
+            .get(format!(
+                "{}{}",
+                self.api_url,
+                lattice_apis::proxy_auth::KEY_PATH
+            ))
+            .timeout(std::time::Duration::from_secs(10));
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|e| e.to_string())?;
+        let code = resp.status();
+        let body: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
+        let hex = body.get("key").and_then(|k| k.as_str()).ok_or_else(|| {
+            format!(
+                "{code}: {}",
+                body.get("message")
+                    .and_then(|m| m.as_str())
+                    .unwrap_or_default()
+            )
+        })?;
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| {
+                hex.get(i..i + 2)
+                    .and_then(|b| u8::from_str_radix(b, 16).ok())
             })
-            .await
-            .map(Vec::as_slice)
+            .collect::<Option<Vec<u8>>>()
+            .ok_or_else(|| "the API server's proxy key is not hex".to_string())
     }
 }
 
@@ -98,20 +111,31 @@ async fn from_api_server(State(s): State<AppState>, req: Request, next: Next) ->
             format!("logs are served through the API server (`lattice logs`); this request has no {HEADER} signature"),
         );
     };
-    let key = match s.proxy.get().await {
-        Ok(k) => k,
-        Err(e) => {
-            return deny(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("cannot check the request: no proxy key from the API server ({e})"),
-            )
-        }
-    };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_default();
-    if let Err(e) = verify(key, sig, req.method().as_str(), &path, now) {
+    let method = req.method().as_str().to_string();
+    let mut checked = Err(String::new());
+    // A mismatch may be a replaced key: fetched again once (rate-limited) before refusing.
+    for stale in [false, true] {
+        checked = match s.proxy.get(stale).await {
+            Ok(key) => verify(&key, sig, &method, &path, now),
+            Err(e) => {
+                return deny(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("cannot check the request: no proxy key from the API server ({e})"),
+                )
+            }
+        };
+        if !checked
+            .as_ref()
+            .is_err_and(|e| e.contains("does not match"))
+        {
+            break;
+        }
+    }
+    if let Err(e) = checked {
         return deny(StatusCode::FORBIDDEN, e);
     }
     next.run(req).await

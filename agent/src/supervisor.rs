@@ -233,7 +233,7 @@ pub fn workload_env(
         slurm: ctx.cfg.slurm_env,
         base,
     });
-    crate::credentials::add_env(&ctx.cfg, &rec.scratch_dir, &mut vars);
+    crate::credentials::add_env(&ctx.cfg, &rec.run_dir, &mut vars);
     vars
 }
 
@@ -529,7 +529,7 @@ impl Supervisor {
             user.as_ref(),
             Some(&ctx.cfg.node),
         )?;
-        crate::credentials::prepare(&ctx, alloc, &self.rec.scratch_dir, user.as_ref()).await;
+        crate::credentials::prepare(&ctx, alloc, &self.rec.run_dir, user.as_ref()).await;
         let vars = workload_env(&ctx, alloc, &self.rec, user.as_ref());
         let (program, args) = fan_out(alloc, &vars, program, args);
         let cwd = workload_cwd(alloc, &self.rec);
@@ -813,6 +813,8 @@ pub fn cleanup_workspace(rec: &TaskRecord) {
         Cgroups::remove(cg);
     }
     crate::logs::store::remove_dir(&rec.scratch_dir);
+    // The job token goes with the run.
+    crate::logs::store::remove_dir(&crate::credentials::dir(&rec.run_dir));
 }
 
 /// `start + status.walltimeSeconds`, if the allocation has a walltime.

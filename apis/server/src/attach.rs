@@ -442,11 +442,33 @@ async fn relay(client: WebSocket, agent: AgentSocket) {
     };
     // Output after the client left, or input after the command ended, goes nowhere:
     // the first side to finish ends the relay.
-    tokio::select! {
-        _ = up => {}
-        _ = down => {}
-    }
+    let client_left = tokio::select! {
+        _ = up => true,
+        _ = down => false,
+    };
+    // Finish the close handshake with the side just told to close: dropping a socket
+    // whose peer still sends (its Close reply) resets the connection, and a reset can
+    // discard frames the peer has not read yet (the exit status, say).
+    let _ = tokio::time::timeout(LINGER, async {
+        if client_left {
+            while let Some(Ok(m)) = a_rx.next().await {
+                if m.is_close() {
+                    break;
+                }
+            }
+        } else {
+            while let Some(Ok(m)) = c_rx.next().await {
+                if matches!(m, ws::Message::Close(_)) {
+                    break;
+                }
+            }
+        }
+    })
+    .await;
 }
+
+/// How long a closing side waits for its peer's Close.
+const LINGER: Duration = Duration::from_secs(2);
 
 /// `POST /v1/attach/redeem` (admins, i.e. node agents): the ticket's grant, once.
 pub async fn redeem(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Body) -> Response {

@@ -45,6 +45,17 @@ pub async fn job_token(
         let k = kind_by_plural("allocations")
             .ok_or_else(|| ApiError::internal("allocations not registered"))?;
         let obj = crate::intent::find(&inner, k, &id, params.get("tenant"), &user).await?;
+        // The run asking is of this very allocation, not of one that had its name.
+        if let Some(uid) = params.get("uid").filter(|u| !u.is_empty()) {
+            let have = obj.pointer("/metadata/uid").and_then(Value::as_str);
+            if have != Some(uid) {
+                return Err(ApiError::new(
+                    409,
+                    "Conflict",
+                    format!("allocation {id} is not the one with uid {uid} (it was replaced)"),
+                ));
+            }
+        }
         let ns = obj
             .pointer("/metadata/namespace")
             .and_then(Value::as_str)

@@ -452,6 +452,16 @@ async fn job_tokens_act_as_the_allocations_user_in_its_tenant() {
     );
     assert!(t["expirationTimestamp"].is_string(), "{t}");
     let job = t["token"].as_str().expect("a token").to_string();
+    // Only for the allocation the agent runs (its uid), not one that took its name.
+    let (c, e) = call(
+        &f.s,
+        Method::POST,
+        "/v1/allocations/a1/token?tenant=t1&uid=not-it",
+        &f.admin,
+        None,
+    )
+    .await;
+    assert_eq!(c, 409, "{e}");
     // It is alice, in t1 only, and not an admin.
     let (c, l) = call(&f.s, Method::GET, &allocs("t1"), &job, None).await;
     assert_eq!(c, 200, "{l}");

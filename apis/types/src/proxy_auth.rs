@@ -11,6 +11,8 @@ use ring::hmac;
 pub const HEADER: &str = "x-lattice-proxy";
 /// How long a signature is good for.
 pub const TTL_SECS: u64 = 60;
+/// Clock difference tolerated between the API server and an agent.
+pub const SKEW_SECS: u64 = 30;
 /// Where the key is kept.
 pub const STORE_KEY: &str = "/lattice/agent-proxy-key";
 /// The API route agents read the key from (admin credentials).
@@ -36,8 +38,10 @@ pub fn verify(key: &[u8], value: &str, method: &str, path: &str, now: u64) -> Re
     let expires: u64 = expires
         .parse()
         .map_err(|_| format!("malformed {HEADER} header"))?;
-    if expires < now {
-        return Err(format!("the {HEADER} signature expired"));
+    if expires + SKEW_SECS < now {
+        return Err(format!(
+            "the {HEADER} signature expired (or this node's clock is more than {SKEW_SECS} s ahead)"
+        ));
     }
     if expires > now + 10 * TTL_SECS {
         return Err(format!("the {HEADER} signature is valid for too long"));
@@ -64,7 +68,8 @@ mod tests {
         let key = b"k".repeat(32);
         let h = sign(&key, "GET", "/logs/t/a", 1000);
         assert!(verify(&key, &h, "GET", "/logs/t/a", 990).is_ok());
-        assert!(verify(&key, &h, "GET", "/logs/t/a", 1001)
+        assert!(verify(&key, &h, "GET", "/logs/t/a", 1000 + SKEW_SECS).is_ok());
+        assert!(verify(&key, &h, "GET", "/logs/t/a", 1001 + SKEW_SECS)
             .unwrap_err()
             .contains("expired"));
         assert!(verify(&key, &h, "GET", "/logs/t/b", 990).is_err());
