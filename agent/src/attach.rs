@@ -305,6 +305,17 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
     };
     let cwd = c_path(&spec.cwd)?;
     let ids = spec.user.as_ref().map(|u| (u.uid, u.gid));
+    let groups: Vec<libc::gid_t> = spec
+        .user
+        .as_ref()
+        .map(|u| {
+            if u.groups.is_empty() {
+                vec![u.gid]
+            } else {
+                u.groups.clone()
+            }
+        })
+        .unwrap_or_default();
     let tty = spec.tty.is_some();
     let mut pty_master: Option<OwnedFd> = None;
     if let Some(size) = spec.tty {
@@ -358,7 +369,7 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
                 }
             }
             if let Some((uid, gid)) = ids {
-                if libc::setgroups(0, std::ptr::null()) < 0
+                if libc::setgroups(groups.len(), groups.as_ptr()) < 0
                     || libc::setgid(gid) < 0
                     || libc::setuid(uid) < 0
                 {

@@ -126,6 +126,9 @@ pub struct ShimArgs {
     /// ... and this gid.
     #[arg(long, requires = "uid")]
     pub gid: Option<u32>,
+    /// ... with these supplementary groups (the user's, as login gives them).
+    #[arg(long, value_delimiter = ',', requires = "uid")]
+    pub groups: Vec<u32>,
     /// The program and its arguments, passed exactly.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,

@@ -28,6 +28,8 @@ pub struct RunAs {
     pub uid: u32,
     /// Primary gid.
     pub gid: u32,
+    /// Supplementary groups (the primary one included), as `initgroups` would set them.
+    pub groups: Vec<u32>,
     /// Home directory.
     pub home: PathBuf,
 }
@@ -120,6 +122,10 @@ impl ProcessRuntime for BareProcess {
                 .arg(u.uid.to_string())
                 .arg("--gid")
                 .arg(u.gid.to_string());
+            if !u.groups.is_empty() {
+                let g: Vec<String> = u.groups.iter().map(u32::to_string).collect();
+                cmd.arg("--groups").arg(g.join(","));
+            }
         }
         cmd.arg("--")
             .arg(&spec.program)

@@ -136,18 +136,40 @@ pub fn run(args: ShimArgs) -> i32 {
     };
     let mut cmd = Command::new(program);
     cmd.args(rest)
-        .current_dir(&args.cwd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    if let (Some(uid), Some(gid)) = (args.uid, args.gid) {
-        cmd.uid(uid).gid(gid);
-    }
-    // SAFETY: cloexec_inherited makes only async-signal-safe system calls.
+    let cwd = match std::ffi::CString::new(args.cwd.as_os_str().as_encoded_bytes()) {
+        Ok(c) => c,
+        Err(_) => {
+            eprintln!("lattice shim: the working directory contains a NUL byte");
+            return 2;
+        }
+    };
+    let ids = args.uid.zip(args.gid);
+    let groups: Vec<nix::libc::gid_t> = if args.groups.is_empty() {
+        args.gid.into_iter().collect()
+    } else {
+        args.groups.clone()
+    };
+    // SAFETY: only async-signal-safe system calls between fork and exec. The user's
+    // groups and ids are set here (std's `uid`/`gid` would drop the supplementary
+    // groups), and the working directory is entered as the user, after them.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             crate::runtime::cloexec_inherited();
+            if let Some((uid, gid)) = ids {
+                if nix::libc::setgroups(groups.len(), groups.as_ptr()) < 0
+                    || nix::libc::setgid(gid) < 0
+                    || nix::libc::setuid(uid) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if nix::libc::chdir(cwd.as_ptr()) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             Ok(())
         });
     }

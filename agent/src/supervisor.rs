@@ -258,12 +258,20 @@ pub fn run_as(alloc: &Allocation, unknown: UnknownUser) -> Result<Option<RunAs>,
         return Ok(None);
     }
     match nix::unistd::User::from_name(name) {
-        Ok(Some(u)) => Ok(Some(RunAs {
-            name: u.name,
-            uid: u.uid.as_raw(),
-            gid: u.gid.as_raw(),
-            home: u.dir,
-        })),
+        Ok(Some(u)) => {
+            let groups = std::ffi::CString::new(u.name.as_str())
+                .ok()
+                .and_then(|n| nix::unistd::getgrouplist(&n, u.gid).ok())
+                .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+                .unwrap_or_else(|| vec![u.gid.as_raw()]);
+            Ok(Some(RunAs {
+                name: u.name,
+                uid: u.uid.as_raw(),
+                gid: u.gid.as_raw(),
+                home: u.dir,
+                groups,
+            }))
+        }
         found => {
             let why = match found {
                 Err(e) => format!("cannot look up user {name:?} on this node: {e}"),

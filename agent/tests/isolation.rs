@@ -210,10 +210,29 @@ async fn attach_runs_as_the_user_in_the_runs_directory_and_cgroup() {
         "--",
         "sh",
         "-c",
-        "id -un; pwd; cat /proc/self/cgroup; echo fds $(ls /proc/self/fd)",
+        "id -un; pwd; cat /proc/self/cgroup; echo fds $(ls /proc/self/fd); echo groups $(id -G)",
     ]);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.first(), Some(&"nobody"), "{out}");
+    // Its groups as login gives them (initgroups), not just the primary one.
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let mut want: Vec<u32> = nix::unistd::getgrouplist(c"nobody", nobody.gid)
+        .unwrap()
+        .into_iter()
+        .map(|g| g.as_raw())
+        .collect();
+    want.sort();
+    want.dedup();
+    let mut got: Vec<u32> = out
+        .lines()
+        .find_map(|l| l.strip_prefix("groups "))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|g| g.parse().ok())
+        .collect();
+    got.sort();
+    got.dedup();
+    assert_eq!(got, want, "{out}");
     assert!(
         lines
             .get(1)
