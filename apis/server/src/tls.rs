@@ -130,7 +130,11 @@ impl TlsListener {
         tokio::spawn(async move {
             loop {
                 let (tcp, peer) = match listener.accept().await {
-                    Ok(c) => c,
+                    Ok(c) => {
+                        // No Nagle delay on watch streams (see `heartbeat::ConnFd`).
+                        let _ = c.0.set_nodelay(true);
+                        c
+                    }
                     Err(e) => {
                         // Out of file descriptors and the like: back off, keep serving.
                         tracing::warn!(error = %e, "TLS accept failed");

@@ -37,7 +37,12 @@ fn classify<'a>(c: &'a Change, sel: &Selectors) -> Option<(&'static str, &'a Val
     match c.kind {
         ChangeKind::Put => {
             let now = sel.matches(&c.object);
-            let before = c.prev.as_ref().map(|p| sel.matches(p));
+            // Without selectors only the previous state's existence matters.
+            let before = if sel.is_empty() {
+                c.has_prev().then_some(true)
+            } else {
+                c.prev().map(|p| sel.matches(p))
+            };
             match (before, now) {
                 (None, true) | (Some(false), true) => Some(("ADDED", &c.object)),
                 (Some(true), true) => Some(("MODIFIED", &c.object)),

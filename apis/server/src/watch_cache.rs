@@ -37,8 +37,11 @@ pub struct Change {
     pub kind: ChangeKind,
     /// Put: the new object; Delete: the last state, with the deletion's resourceVersion.
     pub object: Arc<Value>,
-    /// The previous state (None for a creation).
-    pub prev: Option<Arc<Value>>,
+    /// The previous state (None for a creation): decoded on first use, as only
+    /// watchers with selectors look at it.
+    prev: OnceLock<Option<Arc<Value>>>,
+    /// The stored previous value and its revision, until `prev` is decoded.
+    prev_raw: Option<(Bytes, i64)>,
     /// The NDJSON line of this change as ADDED / MODIFIED / DELETED, serialised once
     /// for all watchers.
     lines: [OnceLock<Bytes>; 3],
@@ -57,9 +60,48 @@ impl Change {
             key,
             kind,
             object,
-            prev,
+            prev: OnceLock::from(prev),
+            prev_raw: None,
             lines: Default::default(),
         }
+    }
+
+    /// A change whose previous state is decoded from `prev` (the stored value and its
+    /// revision) only if [`Change::prev`] is called.
+    pub fn with_stored_prev(
+        rev: i64,
+        key: Bytes,
+        kind: ChangeKind,
+        object: Arc<Value>,
+        prev: Option<(Bytes, i64)>,
+    ) -> Self {
+        Self {
+            rev,
+            key,
+            kind,
+            object,
+            prev: OnceLock::new(),
+            prev_raw: prev,
+            lines: Default::default(),
+        }
+    }
+
+    /// Whether there is a previous state (false for a creation); does not decode it.
+    pub fn has_prev(&self) -> bool {
+        match self.prev.get() {
+            Some(p) => p.is_some(),
+            None => self.prev_raw.is_some(),
+        }
+    }
+
+    /// The previous state (None for a creation, or when it does not decode).
+    pub fn prev(&self) -> Option<&Arc<Value>> {
+        self.prev
+            .get_or_init(|| {
+                let (value, rev) = self.prev_raw.as_ref()?;
+                decode(value, *rev).ok().map(Arc::new)
+            })
+            .as_ref()
     }
 
     /// `{"type": ty, "object": <object>}\n`, memoised.
@@ -152,25 +194,28 @@ impl KindCache {
         ok
     }
 
-    fn push(&self, changes: Vec<Change>, rev: i64, metrics: &Metrics) {
+    fn push(&self, c: Change, metrics: &Metrics) {
+        let c = Arc::new(c);
         let mut st = self.lock();
-        for c in changes {
-            let c = Arc::new(c);
-            st.last_rev = st.last_rev.max(c.rev);
-            st.ring.push_back(c.clone());
-            while st.ring.len() > self.capacity {
-                if let Some(old) = st.ring.pop_front() {
-                    st.valid_from = st.valid_from.max(old.rev);
-                }
+        st.last_rev = st.last_rev.max(c.rev);
+        st.ring.push_back(c.clone());
+        while st.ring.len() > self.capacity {
+            if let Some(old) = st.ring.pop_front() {
+                st.valid_from = st.valid_from.max(old.rev);
             }
-            metrics
-                .watch_cache_events
-                .get_or_create(&crate::metrics::KindLabel {
-                    kind: self.kind.kind.into(),
-                })
-                .inc();
-            let _ = self.tx.send(CacheMsg::Change(c));
         }
+        metrics
+            .watch_cache_events
+            .get_or_create(&crate::metrics::KindLabel {
+                kind: self.kind.kind.into(),
+            })
+            .inc();
+        let _ = self.tx.send(CacheMsg::Change(c));
+    }
+
+    /// Every change up to `rev` was pushed.
+    fn progress(&self, rev: i64) {
+        let mut st = self.lock();
         if rev > st.last_rev {
             st.last_rev = rev;
             let _ = self.tx.send(CacheMsg::Progress(rev));
@@ -199,15 +244,14 @@ impl KindCache {
 
 /// Convert a store event into a [`Change`].
 pub fn convert_event(ev: &lattice_store::Event) -> Option<Change> {
+    let prev = ev
+        .prev_kv
+        .as_ref()
+        .map(|p| (p.value.clone(), p.mod_revision));
     match ev.kind {
         EventType::Put => {
             let object = decode(&ev.kv.value, ev.kv.mod_revision).ok()?;
-            let prev = ev
-                .prev_kv
-                .as_ref()
-                .and_then(|p| decode(&p.value, p.mod_revision).ok())
-                .map(Arc::new);
-            Some(Change::new(
+            Some(Change::with_stored_prev(
                 ev.kv.mod_revision,
                 ev.kv.key.clone(),
                 ChangeKind::Put,
@@ -221,8 +265,7 @@ pub fn convert_event(ev: &lattice_store::Event) -> Option<Change> {
                 return None;
             };
             let object = decode(&p.value, ev.kv.mod_revision).ok()?;
-            let prev = decode(&p.value, p.mod_revision).ok().map(Arc::new);
-            Some(Change::new(
+            Some(Change::with_stored_prev(
                 ev.kv.mod_revision,
                 ev.kv.key.clone(),
                 ChangeKind::Delete,
@@ -342,9 +385,13 @@ async fn feed(backend: Arc<dyn KvBackend>, cache: Arc<KindCache>, metrics: Arc<M
         loop {
             match stream.next().await {
                 Some(Ok(batch)) => {
-                    let changes: Vec<Change> =
-                        batch.events.iter().filter_map(convert_event).collect();
-                    cache.push(changes, batch.revision, &metrics);
+                    // Each change goes out as soon as it is decoded: a large batch (a
+                    // burst of commits) does not hold its first change back until the
+                    // last one is decoded.
+                    for c in batch.events.iter().filter_map(convert_event) {
+                        cache.push(c, &metrics);
+                    }
+                    cache.progress(batch.revision);
                 }
                 Some(Err(e)) => {
                     tracing::warn!(kind = cache.kind.kind, error = %e, "watch cache: store watch failed; restarting");

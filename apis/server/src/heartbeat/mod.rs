@@ -79,6 +79,12 @@ impl
 {
     fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
         use std::os::fd::AsRawFd;
+        // Called once per accepted connection, so also the place for its socket options:
+        // watch streams are many small writes, and with Nagle's algorithm each one waits
+        // for the client's (delayed) ACK of the previous one — tens of milliseconds.
+        if let Err(e) = stream.io().set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
         ConnFd(stream.io().as_raw_fd())
     }
 }

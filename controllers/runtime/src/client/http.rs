@@ -137,11 +137,21 @@ fn selector_query(label: &Option<String>, field: &Option<String>) -> Vec<(&'stat
     q
 }
 
+/// One NDJSON watch line. Deserialised into this (rather than a `Value` that the
+/// object is then cloned out of) so the object is parsed once and moved, not copied.
+#[derive(serde::Deserialize)]
+struct WatchLine {
+    #[serde(rename = "type", default)]
+    ty: String,
+    #[serde(default)]
+    object: Value,
+}
+
 /// Parse one NDJSON watch line.
 fn parse_event(line: &[u8]) -> Result<RawWatchEvent> {
-    let v: Value = serde_json::from_slice(line).map_err(|e| Error::decode("watch event", e))?;
-    let ty = v.get("type").and_then(Value::as_str).unwrap_or("");
-    let obj = v.get("object").cloned().unwrap_or(Value::Null);
+    let WatchLine { ty, object: obj } =
+        serde_json::from_slice(line).map_err(|e| Error::decode("watch event", e))?;
+    let ty = ty.as_str();
     Ok(match ty {
         "ADDED" => RawWatchEvent::Added(obj),
         "MODIFIED" => RawWatchEvent::Modified(obj),
@@ -206,31 +216,38 @@ impl Transport for HttpTransport {
         }
         let resp = self.send(self.request(Method::GET, &url).query(&q)).await?;
         let body = resp.bytes_stream();
+        // State: the body, the bytes not yet split into lines, how much of them is
+        // known to hold no newline (so each chunk is scanned once), and whether done.
         let stream = futures::stream::unfold(
-            (body, BytesMut::new(), false),
-            |(mut body, mut buf, done)| async move {
+            (body, BytesMut::new(), 0usize, false),
+            |(mut body, mut buf, mut scanned, done)| async move {
                 if done {
                     return None;
                 }
                 loop {
-                    if let Some(i) = buf.iter().position(|b| *b == b'\n') {
-                        let line = buf.split_to(i + 1);
-                        let line = &line[..i];
+                    if let Some(i) = buf[scanned..].iter().position(|b| *b == b'\n') {
+                        let line = buf.split_to(scanned + i + 1);
+                        scanned = 0;
+                        let line = &line[..line.len() - 1];
                         if line.iter().all(u8::is_ascii_whitespace) {
                             continue;
                         }
-                        return Some((parse_event(line), (body, buf, false)));
+                        return Some((parse_event(line), (body, buf, scanned, false)));
                     }
+                    scanned = buf.len();
                     match body.next().await {
                         Some(Ok(chunk)) => buf.extend_from_slice(chunk.chunk()),
                         Some(Err(e)) => {
-                            return Some((Err(Error::Transport(e.to_string())), (body, buf, true)))
+                            return Some((
+                                Err(Error::Transport(e.to_string())),
+                                (body, buf, scanned, true),
+                            ))
                         }
                         None => {
                             // A last line without a newline.
                             if buf.iter().any(|b| !b.is_ascii_whitespace()) {
                                 let line = buf.split();
-                                return Some((parse_event(&line), (body, buf, true)));
+                                return Some((parse_event(&line), (body, buf, 0, true)));
                             }
                             return None;
                         }

@@ -79,7 +79,12 @@ fn classify(c: &Change, sel: &Selectors) -> Option<RawWatchEvent> {
     match c.kind {
         ChangeKind::Put => {
             let now = sel.matches(&c.object);
-            let before = c.prev.as_ref().map(|p| sel.matches(p));
+            // Without selectors only the previous state's existence matters.
+            let before = if sel.is_empty() {
+                c.has_prev().then_some(true)
+            } else {
+                c.prev().map(|p| sel.matches(p))
+            };
             match (before, now) {
                 (None | Some(false), true) => Some(RawWatchEvent::Added(obj())),
                 (Some(true), true) => Some(RawWatchEvent::Modified(obj())),
