@@ -191,7 +191,11 @@ pub async fn serve_watch(
                 }
                 item = source.next() => match item {
                     Ok(Item::Change(c)) => {
-                        last = last.max(c.rev);
+                        // Other keys of this revision may still be on their way: a
+                        // bookmark names it once a later change or the cache's progress
+                        // shows it complete (a resume from one revision earlier at most
+                        // repeats this revision's events, never skips one).
+                        last = last.max(c.rev - 1);
                         if !c.key.starts_with(&prefix) {
                             continue;
                         }
