@@ -161,14 +161,7 @@ async fn finish(
         )
     }
     .await;
-    let resp = r.unwrap_or_else(|e| e.into_response());
-    inner.metrics.observe(
-        "attach",
-        "Allocation",
-        resp.status().as_u16(),
-        start.elapsed().as_secs_f64(),
-    );
-    resp
+    observed(inner, "attach", start, r)
 }
 
 /// Check, record and open the agent's side. Errors here are the client's HTTP answer.
@@ -518,9 +511,20 @@ pub async fn redeem(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: B
         ))
     }
     .await;
+    observed(&inner, "redeem", start, r)
+}
+
+/// The answer of a handler of allocation subresources, counted in the request metrics
+/// under `verb` (attach, redeem, token).
+pub fn observed(
+    inner: &Inner,
+    verb: &'static str,
+    start: std::time::Instant,
+    r: ApiResult<Response>,
+) -> Response {
     let resp = r.unwrap_or_else(|e| e.into_response());
     inner.metrics.observe(
-        "redeem",
+        verb,
         "Allocation",
         resp.status().as_u16(),
         start.elapsed().as_secs_f64(),

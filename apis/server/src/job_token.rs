@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{json, Value};
 
+use crate::attach::observed;
 use crate::auth::{mint_token, Role};
 use crate::errors::ApiError;
 use crate::routes::{authenticate, json_response, kind_by_plural, Params};
@@ -107,12 +108,5 @@ pub async fn job_token(
         ))
     }
     .await;
-    let resp = r.unwrap_or_else(|e| e.into_response());
-    inner.metrics.observe(
-        "token",
-        "Allocation",
-        resp.status().as_u16(),
-        start.elapsed().as_secs_f64(),
-    );
-    resp
+    observed(&inner, "token", start, r)
 }

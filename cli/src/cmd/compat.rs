@@ -663,6 +663,24 @@ async fn sacct(
     Ok(0)
 }
 
+/// `lattice session` for an salloc or `srun --pty` line (`tool`): sbatch's options, the
+/// command, and whether it runs here (`local`).
+fn session_args(
+    tool: &str,
+    args: &[String],
+    local: bool,
+) -> Result<crate::cli::SessionArgs, CliError> {
+    let inv = sbatch_to_lattice(args).map_err(|e| slurm_err(tool, &e))?;
+    Ok(crate::cli::SessionArgs {
+        flags: SubmitFlags {
+            sbatch_args: without_wrap(&inv.sbatch_args),
+            ..Default::default()
+        },
+        command: session_command(&inv),
+        local,
+    })
+}
+
 /// The command of an salloc or `srun --pty` line: CMD ARGS, or `--wrap`'s through sh.
 fn session_command(inv: &SbatchInvocation) -> Vec<String> {
     if let Some(w) = &inv.wrap {
@@ -683,16 +701,7 @@ async fn salloc(
     err: &mut dyn Write,
     shutdown: Shutdown,
 ) -> Result<i32, CliError> {
-    let inv = sbatch_to_lattice(args).map_err(|e| slurm_err("salloc", &e))?;
-    let command = session_command(&inv);
-    let sa = crate::cli::SessionArgs {
-        flags: SubmitFlags {
-            sbatch_args: without_wrap(&inv.sbatch_args),
-            ..Default::default()
-        },
-        command,
-        local: true,
-    };
+    let sa = session_args("salloc", args, true)?;
     crate::cmd::launch::session(ctx, "salloc", &sa, Shell::Here, out, err, shutdown).await
 }
 
@@ -739,16 +748,7 @@ async fn srun(
     // `srun [OPTIONS] --pty CMD` (Slurm's interactive job): a session with a terminal
     // on its first node.
     if let Some(rest) = crate::cmd::launch::srun_without_pty(args) {
-        let inv = sbatch_to_lattice(&rest).map_err(|e| slurm_err("srun", &e))?;
-        let command = session_command(&inv);
-        let sa = crate::cli::SessionArgs {
-            flags: SubmitFlags {
-                sbatch_args: without_wrap(&inv.sbatch_args),
-                ..Default::default()
-            },
-            command,
-            local: false,
-        };
+        let sa = session_args("srun", &rest, false)?;
         let sd = std::mem::replace(shutdown, Box::pin(std::future::pending::<()>()));
         return crate::cmd::launch::session(ctx, "srun", &sa, Shell::FirstNode, out, err, sd).await;
     }
