@@ -96,7 +96,7 @@ impl EmbeddedStore {
     /// Open the store in `dir` (created if missing), replaying its durable state.
     pub async fn open(dir: impl AsRef<Path>, config: StoreConfig) -> StoreResult<EmbeddedStore> {
         let dir = dir.as_ref().to_path_buf();
-        let (persist, mvcc) = tokio::task::spawn_blocking(move || Persist::open(&dir))
+        let (persist, mvcc) = tokio::task::spawn_blocking(move || Persist::open_with_wal(&dir))
             .await
             .map_err(|e| StoreError::Io(e.to_string()))??;
         let now = Instant::now();
@@ -288,7 +288,7 @@ impl EmbeddedStore {
     }
 }
 
-fn writer_loop(shared: Arc<Shared>, persist: Persist, mut rx: mpsc::Receiver<Request>) {
+fn writer_loop(shared: Arc<Shared>, mut persist: Persist, mut rx: mpsc::Receiver<Request>) {
     let limits = shared.config.limits.clone();
     let max_batch = shared.config.max_batch.max(1);
     let mut pending: Vec<Request> = Vec::with_capacity(max_batch);

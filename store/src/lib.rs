@@ -27,6 +27,7 @@ pub mod mvcc;
 pub mod persist;
 pub mod raft;
 pub mod types;
+pub mod wal;
 pub mod watch;
 
 pub use backend::{KvBackend, WatchStream};

@@ -10,10 +10,13 @@
 //!
 //! Every record carries a CRC-32 of its payload, checked at start-up: a corrupted record
 //! stops the member with a message naming the file, never a silently wrong answer. Each
-//! batch of applied commands is one redb write transaction committed with
-//! `Durability::Immediate` (fsync) before any caller is answered, so data and the applied
-//! revision are always committed together. (A Raft member, whose fsynced Raft log is the
-//! durable record, may commit batches without fsync: see [`Persist::commit_with_raft_meta`].)
+//! batch of applied commands is one redb write transaction, so data and the applied
+//! revision are always committed together, and it is durable before any caller is
+//! answered: either through the write-ahead log ([`crate::wal`], the single-member
+//! store: `meta.wal_seq` says which log record the file holds last) with redb committing
+//! durably only at checkpoints, or by committing with `Durability::Immediate` (fsync).
+//! (A Raft member, whose fsynced Raft log is the durable record, commits batches without
+//! fsync: see [`Persist::commit_with_raft_meta`].)
 
 use std::path::{Path, PathBuf};
 
@@ -22,7 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{StoreError, StoreResult};
 use crate::mvcc::{Applied, Mvcc};
-use crate::types::{EventType, KeyValue};
+use crate::types::{Event, EventType, KeyValue};
+use crate::wal::{Wal, CHECKPOINT_BYTES, CHECKPOINT_EVERY, WAL_FILE};
 
 const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("history");
 const BASE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("base");
@@ -75,6 +79,77 @@ fn unseal<'a>(record: &'a [u8], what: &dyn Fn() -> String) -> StoreResult<&'a [u
 pub struct Persist {
     db: Database,
     path: PathBuf,
+    /// The write-ahead log, when batches are made durable through it.
+    wal: Option<WalState>,
+}
+
+struct WalState {
+    wal: Wal,
+    last_checkpoint: std::time::Instant,
+}
+
+/// One batch as logged: what [`Persist::commit`] was given.
+#[derive(Serialize, Deserialize)]
+struct WalBatch {
+    revision: i64,
+    compact_revision: i64,
+    applied: Vec<WalApplied>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WalApplied {
+    revision: Option<(i64, Vec<StoredChange>)>,
+    compacted: Option<i64>,
+    leases: Vec<(i64, Option<i64>)>,
+}
+
+impl WalBatch {
+    fn of(batch: &[Applied], revision: i64, compact_revision: i64) -> WalBatch {
+        WalBatch {
+            revision,
+            compact_revision,
+            applied: batch
+                .iter()
+                .map(|a| WalApplied {
+                    revision: a.revision.as_ref().map(|(rev, events)| {
+                        (
+                            *rev,
+                            events
+                                .iter()
+                                .map(|e| StoredChange {
+                                    kind: e.kind,
+                                    kv: e.kv.clone(),
+                                })
+                                .collect(),
+                        )
+                    }),
+                    compacted: a.compacted,
+                    leases: a.leases.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    fn into_applied(self) -> Vec<Applied> {
+        self.applied
+            .into_iter()
+            .map(|a| Applied {
+                revision: a.revision.map(|(rev, changes)| {
+                    let events: Vec<Event> = changes
+                        .into_iter()
+                        .map(|c| Event {
+                            kind: c.kind,
+                            kv: c.kv,
+                            prev_kv: None,
+                        })
+                        .collect();
+                    (rev, events.into())
+                }),
+                compacted: a.compacted,
+                leases: a.leases,
+            })
+            .collect()
+    }
 }
 
 impl Persist {
@@ -88,10 +163,109 @@ impl Persist {
                 path.display()
             ))
         })?;
-        let persist = Persist { db, path };
+        let persist = Persist {
+            db,
+            path,
+            wal: None,
+        };
         persist.init_tables()?;
+        // A directory the single-member store used: its log may hold writes the state
+        // file has only in it. Opened without the log they would be lost (and applied
+        // over newer data if the log were used again later).
+        if Wal::has_newer(dir, persist.wal_seq()?)? {
+            return Err(StoreError::Corrupt(format!(
+                "{} holds writes that {} does not have yet (a single-member store stopped \
+                 without a checkpoint); start this data directory once as a single member \
+                 (without --raft-addr) to fold them in",
+                dir.join(WAL_FILE).display(),
+                persist.path.display()
+            )));
+        }
+        let _ = std::fs::remove_file(dir.join(WAL_FILE));
         let mvcc = persist.load()?;
         Ok((persist, mvcc))
+    }
+
+    /// Like [`Persist::open`], with the write-ahead log `dir/wal.log`: the records the
+    /// state file does not hold yet (a crash came before their checkpoint) are applied
+    /// to it first.
+    pub fn open_with_wal(dir: &Path) -> StoreResult<(Persist, Mvcc)> {
+        std::fs::create_dir_all(dir).map_err(|e| io(format!("creating {}: {e}", dir.display())))?;
+        let path = dir.join(STATE_FILE);
+        let db = Database::create(&path).map_err(|e| {
+            StoreError::Corrupt(format!(
+                "cannot open {}: {e}; restore from a backup",
+                path.display()
+            ))
+        })?;
+        let mut persist = Persist {
+            db,
+            path,
+            wal: None,
+        };
+        persist.init_tables()?;
+        let held = persist.wal_seq()?;
+        let (mut wal, records) = Wal::open(dir, held)?;
+        let wal_path = dir.join(WAL_FILE);
+        let mut last = held;
+        for rec in records {
+            if rec.seq <= held {
+                continue;
+            }
+            if rec.seq != last + 1 {
+                return Err(StoreError::Corrupt(format!(
+                    "{}: the log goes on at record {} but {} holds records up to {held}; \
+                     restore from a backup",
+                    wal_path.display(),
+                    rec.seq,
+                    persist.path.display()
+                )));
+            }
+            let batch: WalBatch = postcard::from_bytes(&rec.payload).map_err(|e| {
+                StoreError::Corrupt(format!(
+                    "{}: record {} undecodable: {e}",
+                    wal_path.display(),
+                    rec.seq
+                ))
+            })?;
+            let (revision, compact) = (batch.revision, batch.compact_revision);
+            persist.commit_inner(
+                &batch.into_applied(),
+                revision,
+                compact,
+                None,
+                false,
+                Some(rec.seq),
+            )?;
+            last = rec.seq;
+        }
+        if last > held {
+            tracing::info!(
+                records = last - held,
+                file = %wal_path.display(),
+                "applied the write-ahead log's records after the last checkpoint"
+            );
+            persist.sync()?;
+        }
+        wal.restart();
+        wal.shrink()?;
+        persist.wal = Some(WalState {
+            wal,
+            last_checkpoint: std::time::Instant::now(),
+        });
+        let mvcc = persist.load()?;
+        Ok((persist, mvcc))
+    }
+
+    /// The last write-ahead log record the state file holds (0: none).
+    fn wal_seq(&self) -> StoreResult<u64> {
+        let txn = self.db.begin_read().map_err(io)?;
+        let meta = txn.open_table(META).map_err(io)?;
+        Ok(meta
+            .get("wal_seq")
+            .map_err(io)?
+            .map_or(0, |v| v.value())
+            .max(0) as u64)
     }
 
     fn init_tables(&self) -> StoreResult<()> {
@@ -178,14 +352,38 @@ impl Persist {
         Ok(mvcc)
     }
 
-    /// Make a batch of applied commands durable in one fsynced transaction.
+    /// Make a batch of applied commands durable: appended to the write-ahead log (one
+    /// `fdatasync`) and committed to the state file without fsync, with a durable
+    /// checkpoint every so often; without a log, one fsynced transaction.
     pub fn commit(
-        &self,
+        &mut self,
         batch: &[Applied],
         revision: i64,
         compact_revision: i64,
     ) -> StoreResult<()> {
-        self.commit_inner(batch, revision, compact_revision, None, true)
+        let Some(w) = self.wal.as_mut() else {
+            return self.commit_inner(batch, revision, compact_revision, None, true, None);
+        };
+        let payload =
+            postcard::to_allocvec(&WalBatch::of(batch, revision, compact_revision)).map_err(io)?;
+        let seq = w.wal.append(&payload)?;
+        let checkpoint =
+            w.wal.written() >= CHECKPOINT_BYTES || w.last_checkpoint.elapsed() >= CHECKPOINT_EVERY;
+        self.commit_inner(
+            batch,
+            revision,
+            compact_revision,
+            None,
+            checkpoint,
+            Some(seq),
+        )?;
+        if checkpoint {
+            if let Some(w) = self.wal.as_mut() {
+                w.wal.restart();
+                w.last_checkpoint = std::time::Instant::now();
+            }
+        }
+        Ok(())
     }
 
     /// Like [`Persist::commit`], and in the same transaction record the Raft bookkeeping
@@ -206,7 +404,14 @@ impl Persist {
         raft_meta: &[u8],
         durable: bool,
     ) -> StoreResult<()> {
-        self.commit_inner(batch, revision, compact_revision, Some(raft_meta), durable)
+        self.commit_inner(
+            batch,
+            revision,
+            compact_revision,
+            Some(raft_meta),
+            durable,
+            None,
+        )
     }
 
     /// Make every earlier commit durable (one fsynced commit).
@@ -282,6 +487,7 @@ impl Persist {
         compact_revision: i64,
         raft_meta: Option<&[u8]>,
         durable: bool,
+        wal_seq: Option<u64>,
     ) -> StoreResult<()> {
         let mut txn = self.db.begin_write().map_err(io)?;
         if !durable {
@@ -353,6 +559,9 @@ impl Persist {
             if let Some(c) = batch.iter().filter_map(|a| a.compacted).max() {
                 meta.insert("base_revision", c - 1).map_err(io)?;
             }
+            if let Some(seq) = wal_seq {
+                meta.insert("wal_seq", seq as i64).map_err(io)?;
+            }
         }
         txn.commit().map_err(io)
     }
@@ -418,10 +627,14 @@ impl Backup {
     /// Create a fresh data directory holding this backup (compact revision = revision).
     pub fn restore_into(&self, dir: &Path) -> StoreResult<()> {
         let path = dir.join(STATE_FILE);
-        if path.exists() {
+        // A log left there would be applied over the restored state.
+        if let Some(p) = [path.clone(), dir.join(WAL_FILE)]
+            .iter()
+            .find(|p| p.exists())
+        {
             return Err(StoreError::InvalidArgument(format!(
                 "{} already exists: restore needs an empty data directory",
-                path.display()
+                p.display()
             )));
         }
         std::fs::create_dir_all(dir).map_err(io)?;
