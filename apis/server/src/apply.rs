@@ -12,7 +12,7 @@
 //! * Update (PUT/PATCH/POST): the writer silently takes ownership of the fields it changed.
 //! * Stored in `metadata.managedFields` in the `FieldsV1` format (`{"f:spec":{"f:x":{}}}`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde_json::{json, Map, Value};
 
@@ -259,10 +259,105 @@ pub fn scoped(obj: &Value, subresource: Option<&str>) -> Value {
     Value::Object(out)
 }
 
+/// The leaf paths of `new` (as [`leaves_into`] lists them) whose value differs from the
+/// one at the same path in `old`: one walk of both trees, with each list-map of `old`
+/// indexed by item key once, instead of a lookup from the root per path (linear in
+/// every list on the way, so quadratic for a Dag's thousand steps).
+fn changed_leaves(new_root: &Value, old_root: Option<&Value>, lists: &ListMaps) -> FieldSet {
+    struct Walk<'a> {
+        new_root: &'a Value,
+        old_root: Option<&'a Value>,
+        lists: &'a ListMaps,
+        out: FieldSet,
+    }
+    impl Walk<'_> {
+        fn go(&mut self, new: &Value, old: Option<&Value>, prefix: &mut Path) {
+            match new {
+                Value::Object(m) if !m.is_empty() => {
+                    let old_m = old.and_then(Value::as_object);
+                    for (k, child) in m {
+                        prefix.push(Seg::F(k.clone()));
+                        self.go(child, old_m.and_then(|o| o.get(k)), prefix);
+                        prefix.pop();
+                    }
+                }
+                Value::Array(a) if !a.is_empty() => {
+                    if let Some(keys) = self.lists.keys_for(prefix) {
+                        if let Some(ks) = a
+                            .iter()
+                            .map(|e| item_key(e, keys))
+                            .collect::<Option<Vec<_>>>()
+                        {
+                            // The first item with a key is the one a path names.
+                            let mut old_items: HashMap<String, &Value> = HashMap::new();
+                            if let Some(oa) = old.and_then(Value::as_array) {
+                                for e in oa {
+                                    if let Some(k) = item_key(e, keys) {
+                                        old_items.entry(k).or_insert(e);
+                                    }
+                                }
+                            }
+                            let mut seen: HashSet<&str> = HashSet::new();
+                            for (e, k) in a.iter().zip(&ks) {
+                                prefix.push(Seg::K(k.clone()));
+                                if seen.insert(k.as_str()) {
+                                    self.go(e, old_items.get(k).copied(), prefix);
+                                } else {
+                                    self.duplicate(e, prefix);
+                                }
+                                prefix.pop();
+                            }
+                            return;
+                        }
+                    }
+                    self.leaf(new, old, prefix);
+                }
+                _ => self.leaf(new, old, prefix),
+            }
+        }
+
+        fn leaf(&mut self, new: &Value, old: Option<&Value>, prefix: &Path) {
+            if old != Some(new) {
+                self.out.insert(prefix.clone());
+            }
+        }
+
+        /// A later item with an earlier item's key: its paths name the first item's
+        /// values, so compare them the slow way (invalid input; never on a hot path).
+        fn duplicate(&mut self, item: &Value, prefix: &mut Path) {
+            let mut paths = FieldSet::new();
+            leaves_into(item, prefix, &mut paths, self.lists);
+            for p in paths {
+                if self.old_root.and_then(|o| get_path(o, &p)) != get_path(self.new_root, &p) {
+                    self.out.insert(p);
+                }
+            }
+        }
+    }
+    let mut w = Walk {
+        new_root,
+        old_root,
+        lists,
+        out: FieldSet::new(),
+    };
+    if let Value::Object(m) = new_root {
+        let old_m = old_root.and_then(Value::as_object);
+        for (k, v) in m {
+            let mut p = vec![Seg::F(k.clone())];
+            w.go(v, old_m.and_then(|o| o.get(k)), &mut p);
+        }
+    }
+    w.out
+}
+
 pub fn field_set(obj: &Value, subresource: Option<&str>, lists: &ListMaps) -> FieldSet {
+    scoped_field_set(&scoped(obj, subresource), lists)
+}
+
+/// [`field_set`] of an object already [`scoped`].
+fn scoped_field_set(s: &Value, lists: &ListMaps) -> FieldSet {
     let mut out = FieldSet::new();
-    let s = scoped(obj, subresource);
-    if let Value::Object(m) = &s {
+    if let Value::Object(m) = s {
         for (k, v) in m {
             let mut p = vec![Seg::F(k.clone())];
             leaves_into(v, &mut p, &mut out, lists);
@@ -457,52 +552,54 @@ pub fn read_entries(obj: &Value) -> Vec<Entry> {
     else {
         return Vec::new();
     };
-    arr.iter()
-        .filter_map(|e| {
-            Some(Entry {
-                manager: e.get("manager")?.as_str()?.to_string(),
-                operation: e
-                    .get("operation")
-                    .and_then(Value::as_str)
-                    .unwrap_or("Update")
-                    .to_string(),
-                subresource: e
-                    .get("subresource")
-                    .and_then(Value::as_str)
-                    .map(String::from),
-                api_version: e
-                    .get("apiVersion")
-                    .and_then(Value::as_str)
-                    .unwrap_or(lattice_apis::API_VERSION)
-                    .to_string(),
-                time: e.get("time").and_then(Value::as_str).map(String::from),
-                fields: e.get("fieldsV1").map(from_fields_v1).unwrap_or_default(),
-            })
-        })
-        .collect()
+    arr.iter().filter_map(read_entry).collect()
+}
+
+fn read_entry(e: &Value) -> Option<Entry> {
+    Some(Entry {
+        manager: e.get("manager")?.as_str()?.to_string(),
+        operation: e
+            .get("operation")
+            .and_then(Value::as_str)
+            .unwrap_or("Update")
+            .to_string(),
+        subresource: e
+            .get("subresource")
+            .and_then(Value::as_str)
+            .map(String::from),
+        api_version: e
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or(lattice_apis::API_VERSION)
+            .to_string(),
+        time: e.get("time").and_then(Value::as_str).map(String::from),
+        fields: e.get("fieldsV1").map(from_fields_v1).unwrap_or_default(),
+    })
+}
+
+/// One entry as stored; `None` for an entry that owns nothing (dropped).
+fn entry_value(e: &Entry) -> Option<Value> {
+    if e.fields.is_empty() {
+        return None;
+    }
+    let mut v = json!({
+        "manager": e.manager,
+        "operation": e.operation,
+        "apiVersion": e.api_version,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": to_fields_v1(&e.fields),
+    });
+    if let Some(t) = &e.time {
+        v["time"] = Value::String(t.clone());
+    }
+    if let Some(s) = &e.subresource {
+        v["subresource"] = Value::String(s.clone());
+    }
+    Some(v)
 }
 
 pub fn write_entries(obj: &mut Value, entries: &[Entry]) {
-    let arr: Vec<Value> = entries
-        .iter()
-        .filter(|e| !e.fields.is_empty())
-        .map(|e| {
-            let mut v = json!({
-                "manager": e.manager,
-                "operation": e.operation,
-                "apiVersion": e.api_version,
-                "fieldsType": "FieldsV1",
-                "fieldsV1": to_fields_v1(&e.fields),
-            });
-            if let Some(t) = &e.time {
-                v["time"] = Value::String(t.clone());
-            }
-            if let Some(s) = &e.subresource {
-                v["subresource"] = Value::String(s.clone());
-            }
-            v
-        })
-        .collect();
+    let arr: Vec<Value> = entries.iter().filter_map(entry_value).collect();
     if let Some(m) = crate::objects::meta_mut(obj) {
         if arr.is_empty() {
             m.remove("managedFields");
@@ -659,24 +756,26 @@ pub fn record_update(
     subresource: Option<&str>,
     lists: &ListMaps,
 ) {
-    let mut entries = old.map(read_entries).unwrap_or_default();
-    let new_set = field_set(new, subresource, lists);
-    let old_set = old
-        .map(|o| field_set(o, subresource, lists))
+    // Only the entries of this write's scope (the status, or everything else) can
+    // change: the others are carried over as they are, unparsed (a Dag's spec entry
+    // is hundreds of kilobytes that a status write need not read or rebuild).
+    let status_scope = subresource == Some("status");
+    let (mut entries, slots) = read_scope(old, new, status_scope);
+    let new_s = scoped(new, subresource);
+    let old_s = old.map(|o| scoped(o, subresource));
+    let new_set = scoped_field_set(&new_s, lists);
+    let old_set = old_s
+        .as_ref()
+        .map(|o| scoped_field_set(o, lists))
         .unwrap_or_default();
-    // On create every field is new: no per-path lookups (a list-map lookup is linear
-    // in the list, so comparing path by path is quadratic for a 1,000-step Dag).
-    let changed: FieldSet = match old {
+    let changed: FieldSet = match &old_s {
+        // On create every field is new.
         None => new_set.clone(),
-        Some(o) => new_set
-            .iter()
-            .filter(|p| get_path(o, p) != get_path(new, p))
-            .cloned()
-            .collect(),
+        Some(o) => changed_leaves(&new_s, Some(o), lists),
     };
     let removed: FieldSet = old_set.difference(&new_set).cloned().collect();
     if changed.is_empty() && removed.is_empty() {
-        write_entries(new, &entries);
+        write_scope(new, slots, &entries);
         return;
     }
     for e in entries.iter_mut() {
@@ -698,8 +797,92 @@ pub fn record_update(
     // only keep what still exists
     mine.retain(|p| new_set.contains(p));
     upsert(&mut entries, manager, "Update", subresource, mine);
-    retain_nonempty(&mut entries);
-    write_entries(new, &entries);
+    write_scope(new, slots, &entries);
+}
+
+/// Where each kept managedFields entry sits: carried over unparsed (another scope), or
+/// parsed (index into the entries of this scope).
+enum Slot {
+    Raw(Value),
+    Parsed(usize),
+}
+
+/// The managedFields of `old` as entries of the status scope (or of the other one),
+/// parsed, and the slots of all entries in their order. `new` usually carries the same
+/// array (an update starts from the stored object): then it is moved out of `new`
+/// rather than copied.
+fn read_scope(old: Option<&Value>, new: &mut Value, status_scope: bool) -> (Vec<Entry>, Vec<Slot>) {
+    let mut entries = Vec::new();
+    let mut slots = Vec::new();
+    let Some(old_arr) = old
+        .and_then(|o| o.pointer("/metadata/managedFields"))
+        .and_then(Value::as_array)
+    else {
+        return (entries, slots);
+    };
+    let arr = match new
+        .pointer_mut("/metadata/managedFields")
+        .filter(|v| v.as_array() == Some(old_arr))
+    {
+        Some(v) => match v.take() {
+            Value::Array(a) => a,
+            _ => Vec::new(),
+        },
+        None => old_arr.clone(),
+    };
+    for e in arr {
+        // As read_entries: an entry without a manager is dropped.
+        if e.get("manager").and_then(Value::as_str).is_none() {
+            continue;
+        }
+        let in_scope =
+            (e.get("subresource").and_then(Value::as_str) == Some("status")) == status_scope;
+        if in_scope {
+            if let Some(parsed) = read_entry(&e) {
+                slots.push(Slot::Parsed(entries.len()));
+                entries.push(parsed);
+            }
+        } else if e
+            .get("fieldsV1")
+            .and_then(Value::as_object)
+            .is_some_and(|f| !f.is_empty())
+        {
+            slots.push(Slot::Raw(e));
+        }
+    }
+    (entries, slots)
+}
+
+/// Write managedFields back in their order: carried-over entries as they were, this
+/// scope's (non-empty) entries rebuilt, new ones last.
+fn write_scope(obj: &mut Value, slots: Vec<Slot>, entries: &[Entry]) {
+    let mut arr = Vec::with_capacity(slots.len() + 1);
+    let mut written = vec![false; entries.len()];
+    for slot in slots {
+        match slot {
+            Slot::Raw(v) => arr.push(v),
+            Slot::Parsed(i) => {
+                written[i] = true;
+                if let Some(v) = entry_value(&entries[i]) {
+                    arr.push(v);
+                }
+            }
+        }
+    }
+    for (e, done) in entries.iter().zip(written) {
+        if !done {
+            if let Some(v) = entry_value(e) {
+                arr.push(v);
+            }
+        }
+    }
+    if let Some(m) = crate::objects::meta_mut(obj) {
+        if arr.is_empty() {
+            m.remove("managedFields");
+        } else {
+            m.insert("managedFields".into(), Value::Array(arr));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -45,15 +45,87 @@ pub fn decode_kv(kv: &KeyValue) -> ApiResult<Value> {
     decode(&kv.value, kv.mod_revision)
 }
 
-/// Serialise for storage: the object without `metadata.resourceVersion`.
+/// Serialise for storage: the object without `metadata.resourceVersion` (written
+/// around it, not from a copy: stored objects can be a megabyte).
 pub fn encode(obj: &Value) -> ApiResult<Bytes> {
-    let mut o = obj.clone();
-    if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("resourceVersion");
-    }
-    serde_json::to_vec(&o)
+    serde_json::to_vec(&WithoutRv(obj))
         .map(Bytes::from)
         .map_err(|e| ApiError::internal(format!("cannot encode object: {e}")))
+}
+
+/// An object serialised without `metadata.resourceVersion`.
+struct WithoutRv<'a>(&'a Value);
+
+impl serde::Serialize for WithoutRv<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let Value::Object(top) = self.0 else {
+            return self.0.serialize(s);
+        };
+        let mut map = s.serialize_map(Some(top.len()))?;
+        for (k, v) in top {
+            match v {
+                Value::Object(meta) if k == "metadata" => {
+                    map.serialize_entry(k, &MetaWithoutRv(meta))?
+                }
+                _ => map.serialize_entry(k, v)?,
+            }
+        }
+        map.end()
+    }
+}
+
+struct MetaWithoutRv<'a>(&'a Map<String, Value>);
+
+impl serde::Serialize for MetaWithoutRv<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let n = self.0.len() - usize::from(self.0.contains_key("resourceVersion"));
+        let mut map = s.serialize_map(Some(n))?;
+        for (k, v) in self.0 {
+            if k != "resourceVersion" {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// Whether two objects are the same but for `metadata.resourceVersion` (what
+/// comparing their [`encode`]d forms says, without encoding either).
+pub fn same_but_rv(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter().all(|(k, v)| match y.get(k) {
+                    Some(w) if k == "metadata" => same_except(v, w, &["resourceVersion"]),
+                    Some(w) => v == w,
+                    None => false,
+                })
+        }
+        _ => a == b,
+    }
+}
+
+/// Whether two objects have the same spec part (all but metadata, status, apiVersion
+/// and kind), compared in place.
+pub fn same_spec(a: &Value, b: &Value) -> bool {
+    same_except(a, b, &["metadata", "status", "apiVersion", "kind"])
+}
+
+/// Whether two values are equal once the fields `skip` are removed from both (when
+/// they are objects).
+fn same_except(a: &Value, b: &Value, skip: &[&str]) -> bool {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let kept =
+                |m: &Map<String, Value>| m.keys().filter(|k| !skip.contains(&k.as_str())).count();
+            kept(x) == kept(y)
+                && x.iter()
+                    .all(|(k, v)| skip.contains(&k.as_str()) || y.get(k) == Some(v))
+        }
+        _ => a == b,
+    }
 }
 
 pub fn set_rv(obj: &mut Value, rv: i64) {
@@ -108,18 +180,6 @@ pub fn finalizers(obj: &Value) -> Vec<String> {
 pub fn is_terminating(obj: &Value) -> bool {
     obj.pointer("/metadata/deletionTimestamp")
         .is_some_and(|v| !v.is_null())
-}
-
-/// The object with metadata and status removed: what `generation` tracks.
-pub fn spec_part(obj: &Value) -> Value {
-    let mut o = obj.clone();
-    if let Some(m) = o.as_object_mut() {
-        m.remove("metadata");
-        m.remove("status");
-        m.remove("apiVersion");
-        m.remove("kind");
-    }
-    o
 }
 
 pub fn now_rfc3339() -> String {

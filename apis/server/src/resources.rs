@@ -469,7 +469,9 @@ impl Resources {
         if kind.kind == "Allocation" && subresource == Some("status") {
             check_terminal_phase(old, &new)?;
         }
-        let mut result = if subresource == Some("status") {
+        let mut result = if subresource == Some("status") && !apply_op && old.is_object() {
+            status_over(old, new)
+        } else if subresource == Some("status") {
             let mut r = old.clone();
             if let Some(o) = r.as_object_mut() {
                 match new.get("status") {
@@ -566,7 +568,7 @@ impl Resources {
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
             .unwrap_or(1);
-        let gen = if spec_part(&result) != spec_part(old) {
+        let gen = if !same_spec(&result, old) {
             old_gen + 1
         } else {
             old_gen
@@ -589,10 +591,10 @@ impl Resources {
         mut result: Value,
         dry_run: bool,
     ) -> ApiResult<WriteOutcome> {
-        let value = encode(&result)?;
-        if value == encode(old)? {
+        if same_but_rv(&result, old) {
             return Ok(WriteOutcome::Done(old.clone()));
         }
+        let value = encode(&result)?;
         let delete_now = is_terminating(&result) && finalizers(&result).is_empty();
         if dry_run {
             set_rv(&mut result, old_rev);
@@ -1084,6 +1086,28 @@ fn conflict_error(kind: &KindInfo, name: &str, conflicts: &[apply::Conflict]) ->
         ),
     )
     .with_details(json!({"name": name, "group": GROUP, "kind": kind.plural, "causes": causes}))
+}
+
+/// A `/status` write's result: `old` with `new`'s status (none if `new` has none or
+/// null). Built from `new`, replacing only what differs from `old` (usually nothing:
+/// `new` is `old` patched), so a large object is compared, not copied.
+fn status_over(old: &Value, mut new: Value) -> Value {
+    let (Some(old_o), Some(r)) = (old.as_object(), new.as_object_mut()) else {
+        return new;
+    };
+    r.retain(|k, _| k == "status" || old_o.contains_key(k));
+    for (k, v) in old_o {
+        if k == "status" {
+            continue;
+        }
+        if r.get(k) != Some(v) {
+            r.insert(k.clone(), v.clone());
+        }
+    }
+    if r.get("status").is_some_and(Value::is_null) {
+        r.remove("status");
+    }
+    new
 }
 
 /// Completed, Failed and Cancelled are final: a late report from an agent or a

@@ -493,8 +493,14 @@ impl Resource for Dag {
             errs,
         );
         if let Some(st) = &self.status {
+            let tasks: std::collections::HashSet<&str> = self
+                .spec
+                .allocations
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect();
             for name in st.tasks.keys() {
-                if !self.spec.allocations.iter().any(|t| &t.name == name) {
+                if !tasks.contains(name.as_str()) {
                     errs.push(
                         format!("status.tasks[{:?}]", truncate(name, 63)),
                         "is not a task in spec.allocations; remove it",
