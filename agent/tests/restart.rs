@@ -76,8 +76,14 @@ async fn restarted_agent_reattaches_and_reports_real_exit_codes() {
     assert_eq!(n.exit_code, Some(5), "the real exit code, not Lost: {n:?}");
     assert_eq!(n.reason.as_deref(), Some("NonZeroExit"));
     assert_eq!(a.status.as_ref().unwrap().exit_code, Some(5));
-    // Its output, including what it wrote while the agent was down.
-    let (code, out) = server.logs("ends-while-down", "").await;
+    // Its output, including what it wrote while the agent was down. The restarted agent
+    // listens on a new port, which its registration announces only after it reported
+    // the re-attached runs: until then the server answers 503 (agent unreachable).
+    let (code, out) = wait_for("the restarted agent's logs", LIMIT, || async {
+        let (code, out) = server.logs("ends-while-down", "").await;
+        (code != 503).then_some((code, out))
+    })
+    .await;
     assert_eq!(code, 200, "{out}");
     assert!(
         out.starts_with("started ") && out.ends_with("finishing 5\n"),

@@ -84,6 +84,10 @@ struct DagRun {
     /// When the Dag's status was last handed to the writer (status writes are coalesced:
     /// the object carries every step's spec, so writing it per step would be quadratic).
     last_status_write: Option<Instant>,
+    /// The phase last handed to the writer: the cached Dag shows it only once that
+    /// (large, background) write has landed, and a phase change must not be written
+    /// again on every pass until then.
+    sent_phase: Option<DagPhase>,
     /// Writes non-terminal statuses in the background, so a large Dag's status write
     /// never sits between a predecessor's end and its successor's release.
     writer: Option<StatusWriter>,
@@ -380,6 +384,7 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
                 cancelled: false,
                 started_at: dag.status.as_ref().and_then(|s| s.start_time),
                 last_status_write: None,
+                sent_phase: None,
                 writer: None,
                 child_names: dag
                     .spec
@@ -635,7 +640,9 @@ async fn drive(
     // The status: at once when the phase changes, otherwise at most every status_every.
     let every = status_every(dag.spec.allocations.len());
     let phase_now = status_phase(run);
-    let phase_before = dag.status.as_ref().map(|s| s.phase);
+    let phase_before = run
+        .sent_phase
+        .or_else(|| dag.status.as_ref().map(|s| s.phase));
     // The next full pass of a running DAG: its safety net needs a wake-up of its own.
     let until_full = until_full(run.last_full);
     if phase_before == Some(phase_now) {
@@ -665,6 +672,7 @@ async fn drive(
         writer.send(status);
     }
     run.last_status_write = Some(Instant::now());
+    run.sent_phase = Some(phase_now);
     Ok((terminal, (!terminal).then_some(until_full)))
 }
 
