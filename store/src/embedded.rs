@@ -331,20 +331,25 @@ fn writer_loop(shared: Arc<Shared>, mut persist: Persist, mut rx: mpsc::Receiver
         let wrote = applied
             .iter()
             .any(|a| a.revision.is_some() || a.compacted.is_some() || !a.leases.is_empty());
+        // Durable first (the write-ahead log); the state file is written after the
+        // answers, below: a crash in between is repaired from the log.
         let result = if wrote {
-            persist.commit(&applied, revision, compact_revision)
+            persist.log(&applied, revision, compact_revision)
         } else {
-            Ok(())
+            Ok(None)
         };
-        if let Err(e) = result {
-            tracing::error!(error = %e, "commit failed; the store stops accepting requests");
-            *lock(&shared.failed) = Some(e.clone());
-            for (reply, _) in replies {
-                let _ = reply.send(Err(e.clone()));
+        let logged = match result {
+            Ok(logged) => logged,
+            Err(e) => {
+                tracing::error!(error = %e, "commit failed; the store stops accepting requests");
+                *lock(&shared.failed) = Some(e.clone());
+                for (reply, _) in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+                lock(&shared.hub).close_all();
+                return;
             }
-            lock(&shared.hub).close_all();
-            return;
-        }
+        };
         if wrote {
             shared
                 .metrics
@@ -391,6 +396,14 @@ fn writer_loop(shared: Arc<Shared>, mut persist: Persist, mut rx: mpsc::Receiver
         shared.metrics.writes.inc_by(revisions.len() as u64);
         for (reply, result) in replies {
             let _ = reply.send(result);
+        }
+        if let Err(e) = persist.materialize(&applied, revision, compact_revision, logged) {
+            // Everything answered is in the log; the next start writes it to the state
+            // file. Until then this member stops.
+            tracing::error!(error = %e, "writing the state file failed; the store stops accepting requests");
+            *lock(&shared.failed) = Some(e);
+            lock(&shared.hub).close_all();
+            return;
         }
         if let Some(done) = stop {
             lock(&shared.hub).close_all();

@@ -155,20 +155,7 @@ impl WalBatch {
 impl Persist {
     /// Open (or create) `dir/state.redb` and rebuild the engine from it.
     pub fn open(dir: &Path) -> StoreResult<(Persist, Mvcc)> {
-        std::fs::create_dir_all(dir).map_err(|e| io(format!("creating {}: {e}", dir.display())))?;
-        let path = dir.join(STATE_FILE);
-        let db = Database::create(&path).map_err(|e| {
-            StoreError::Corrupt(format!(
-                "cannot open {}: {e}; restore from a backup",
-                path.display()
-            ))
-        })?;
-        let persist = Persist {
-            db,
-            path,
-            wal: None,
-        };
-        persist.init_tables()?;
+        let persist = Persist::open_file(dir)?;
         // A directory the single-member store used: its log may hold writes the state
         // file has only in it. Opened without the log they would be lost (and applied
         // over newer data if the log were used again later).
@@ -190,20 +177,7 @@ impl Persist {
     /// state file does not hold yet (a crash came before their checkpoint) are applied
     /// to it first.
     pub fn open_with_wal(dir: &Path) -> StoreResult<(Persist, Mvcc)> {
-        std::fs::create_dir_all(dir).map_err(|e| io(format!("creating {}: {e}", dir.display())))?;
-        let path = dir.join(STATE_FILE);
-        let db = Database::create(&path).map_err(|e| {
-            StoreError::Corrupt(format!(
-                "cannot open {}: {e}; restore from a backup",
-                path.display()
-            ))
-        })?;
-        let mut persist = Persist {
-            db,
-            path,
-            wal: None,
-        };
-        persist.init_tables()?;
+        let mut persist = Persist::open_file(dir)?;
         let held = persist.wal_seq()?;
         let (mut wal, records) = Wal::open(dir, held)?;
         let wal_path = dir.join(WAL_FILE);
@@ -255,6 +229,25 @@ impl Persist {
         });
         let mvcc = persist.load()?;
         Ok((persist, mvcc))
+    }
+
+    /// Open (or create) `dir/state.redb` with its tables, without a log, not loaded.
+    fn open_file(dir: &Path) -> StoreResult<Persist> {
+        std::fs::create_dir_all(dir).map_err(|e| io(format!("creating {}: {e}", dir.display())))?;
+        let path = dir.join(STATE_FILE);
+        let db = Database::create(&path).map_err(|e| {
+            StoreError::Corrupt(format!(
+                "cannot open {}: {e}; restore from a backup",
+                path.display()
+            ))
+        })?;
+        let persist = Persist {
+            db,
+            path,
+            wal: None,
+        };
+        persist.init_tables()?;
+        Ok(persist)
     }
 
     /// The last write-ahead log record the state file holds (0: none).
@@ -352,21 +345,50 @@ impl Persist {
         Ok(mvcc)
     }
 
-    /// Make a batch of applied commands durable: appended to the write-ahead log (one
-    /// `fdatasync`) and committed to the state file without fsync, with a durable
-    /// checkpoint every so often; without a log, one fsynced transaction.
+    /// Make a batch of applied commands durable and write it to the state file:
+    /// [`Persist::log`] then [`Persist::materialize`].
     pub fn commit(
         &mut self,
         batch: &[Applied],
         revision: i64,
         compact_revision: i64,
     ) -> StoreResult<()> {
+        let logged = self.log(batch, revision, compact_revision)?;
+        self.materialize(batch, revision, compact_revision, logged)
+    }
+
+    /// Make a batch of applied commands durable: one record appended to the write-ahead
+    /// log (one `fdatasync`). Without a log, one fsynced transaction of the state file
+    /// (and nothing is left for [`Persist::materialize`]). Returns the record's sequence
+    /// number.
+    pub fn log(
+        &mut self,
+        batch: &[Applied],
+        revision: i64,
+        compact_revision: i64,
+    ) -> StoreResult<Option<u64>> {
         let Some(w) = self.wal.as_mut() else {
-            return self.commit_inner(batch, revision, compact_revision, None, true, None);
+            self.commit_inner(batch, revision, compact_revision, None, true, None)?;
+            return Ok(None);
         };
         let payload =
             postcard::to_allocvec(&WalBatch::of(batch, revision, compact_revision)).map_err(io)?;
-        let seq = w.wal.append(&payload)?;
+        w.wal.append(&payload).map(Some)
+    }
+
+    /// Write a batch [`Persist::log`] made durable into the state file, without fsync
+    /// (a crash before the next checkpoint is repaired from the log), with a durable
+    /// checkpoint every so often. The batch can be answered before this: it is durable.
+    pub fn materialize(
+        &mut self,
+        batch: &[Applied],
+        revision: i64,
+        compact_revision: i64,
+        logged: Option<u64>,
+    ) -> StoreResult<()> {
+        let (Some(seq), Some(w)) = (logged, self.wal.as_ref()) else {
+            return Ok(());
+        };
         let checkpoint =
             w.wal.written() >= CHECKPOINT_BYTES || w.last_checkpoint.elapsed() >= CHECKPOINT_EVERY;
         self.commit_inner(
