@@ -91,6 +91,25 @@ impl serde::Serialize for MetaWithoutRv<'_> {
     }
 }
 
+/// Equality of JSON as stored: unlike `Value`'s `==`, it tells `0.0` from `-0.0`, which
+/// serialise differently.
+pub fn identical(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            x == y && x.as_f64().map(f64::to_bits) == y.as_f64().map(f64::to_bits)
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(v, w)| identical(v, w))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| identical(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
 /// Whether two objects are the same but for `metadata.resourceVersion` (what
 /// comparing their [`encode`]d forms says, without encoding either).
 pub fn same_but_rv(a: &Value, b: &Value) -> bool {
@@ -98,33 +117,40 @@ pub fn same_but_rv(a: &Value, b: &Value) -> bool {
         (Value::Object(x), Value::Object(y)) => {
             x.len() == y.len()
                 && x.iter().all(|(k, v)| match y.get(k) {
-                    Some(w) if k == "metadata" => same_except(v, w, &["resourceVersion"]),
-                    Some(w) => v == w,
+                    Some(w) if k == "metadata" => {
+                        same_except(v, w, &["resourceVersion"], identical)
+                    }
+                    Some(w) => identical(v, w),
                     None => false,
                 })
         }
-        _ => a == b,
+        _ => identical(a, b),
     }
 }
 
 /// Whether two objects have the same spec part (all but metadata, status, apiVersion
 /// and kind), compared in place.
 pub fn same_spec(a: &Value, b: &Value) -> bool {
-    same_except(a, b, &["metadata", "status", "apiVersion", "kind"])
+    same_except(
+        a,
+        b,
+        &["metadata", "status", "apiVersion", "kind"],
+        |v, w| v == w,
+    )
 }
 
-/// Whether two values are equal once the fields `skip` are removed from both (when
-/// they are objects).
-fn same_except(a: &Value, b: &Value, skip: &[&str]) -> bool {
+/// Whether two values are equal by `eq` once the fields `skip` are removed from both
+/// (when they are objects).
+fn same_except(a: &Value, b: &Value, skip: &[&str], eq: fn(&Value, &Value) -> bool) -> bool {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
             let kept =
                 |m: &Map<String, Value>| m.keys().filter(|k| !skip.contains(&k.as_str())).count();
             kept(x) == kept(y)
                 && x.iter()
-                    .all(|(k, v)| skip.contains(&k.as_str()) || y.get(k) == Some(v))
+                    .all(|(k, v)| skip.contains(&k.as_str()) || y.get(k).is_some_and(|w| eq(v, w)))
         }
-        _ => a == b,
+        _ => eq(a, b),
     }
 }
 
@@ -223,5 +249,49 @@ pub fn admit(kind: &KindInfo, obj: Value) -> ApiResult<Value> {
             &name,
             errs.0.into_iter().map(|e| (e.path, e.message)).collect(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn in_place_comparisons_agree_with_the_stored_forms() {
+        let a = json!({"apiVersion": "v", "kind": "K",
+            "metadata": {"name": "x", "resourceVersion": "5"},
+            "spec": {"x": 0.0, "l": [1, 2]}, "status": {"p": 1}});
+        // encode drops metadata.resourceVersion and nothing else.
+        let stored: Value = serde_json::from_slice(&encode(&a).unwrap()).unwrap();
+        let mut expect = a.clone();
+        expect["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("resourceVersion");
+        assert_eq!(stored, expect);
+
+        let mut b = a.clone();
+        b["metadata"]["resourceVersion"] = json!("9");
+        assert!(same_but_rv(&a, &b));
+        assert_eq!(encode(&a).unwrap(), encode(&b).unwrap());
+        // -0.0 == 0.0 as values, but not as stored text.
+        let mut c = a.clone();
+        c["spec"]["x"] = json!(-0.0);
+        assert!(!same_but_rv(&a, &c));
+        assert_ne!(encode(&a).unwrap(), encode(&c).unwrap());
+        assert!(
+            same_spec(&a, &c),
+            "the generation compares values, as before"
+        );
+        let mut d = a.clone();
+        d["status"]["p"] = json!(2);
+        assert!(same_spec(&a, &d) && !same_but_rv(&a, &d));
+        let mut e = a.clone();
+        e["spec"]["l"] = json!([1]);
+        assert!(!same_spec(&a, &e));
+        let mut f = a.clone();
+        f["metadata"]["labels"] = json!({"k": "v"});
+        assert!(same_spec(&a, &f) && !same_but_rv(&a, &f));
     }
 }

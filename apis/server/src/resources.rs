@@ -1100,7 +1100,7 @@ fn status_over(old: &Value, mut new: Value) -> Value {
         if k == "status" {
             continue;
         }
-        if r.get(k) != Some(v) {
+        if !r.get(k).is_some_and(|x| identical(x, v)) {
             r.insert(k.clone(), v.clone());
         }
     }
