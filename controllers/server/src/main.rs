@@ -22,6 +22,12 @@ use clap::{Parser, Subcommand, ValueEnum};
 use lattice_store::grpc::{EtcdGrpcServer, ServerInfo};
 use lattice_store::{EmbeddedStore, KvBackend, Limits, StoreConfig};
 
+/// mimalloc rather than glibc's malloc: the API server's JSON work allocates a lot from
+/// many threads, and glibc's malloc/free took about 23 % of the server's CPU under
+/// `hack/bench-api.sh` (perf, 2026-11-25).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The embedded store's default `--max-txn-ops`: room for one binding of 2,046 nodes
 /// (etcd's 128 would cap a binding at 62 nodes).
 const EMBEDDED_MAX_TXN_OPS: usize = 4096;

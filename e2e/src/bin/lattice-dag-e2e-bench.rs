@@ -21,6 +21,10 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 
+/// The allocator `lattice-server` uses, so the in-process controllers run as they do there.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 struct Args {
     #[command(subcommand)]
