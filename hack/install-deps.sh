@@ -3,6 +3,7 @@
 # installed only when its command (or marker file) is missing, and `apt-get update` runs
 # only if something must be installed.
 #
+#   gcc                a C compiler for mimalloc (lattice-server's allocator) and the linker
 #   protobuf-compiler  protoc, needed by etcd-client's build script (lattice-store)
 #   libprotobuf-dev    google/protobuf/*.proto (descriptor.proto, struct.proto) for the same
 #   etcd-server        /usr/bin/etcd, the real etcd used by lattice-store's tests
@@ -17,6 +18,7 @@ set -euo pipefail
 # "<file or command to check> <debian package>" per line; an absolute path is checked with
 # `test -e`, anything else with `command -v`.
 PACKAGES=(
+  "cc gcc"
   "protoc protobuf-compiler"
   "/usr/include/google/protobuf/descriptor.proto libprotobuf-dev"
   "etcd etcd-server"
