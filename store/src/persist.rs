@@ -88,7 +88,7 @@ struct WalState {
     last_checkpoint: std::time::Instant,
 }
 
-/// One batch as logged: what [`Persist::commit`] was given.
+/// One batch as logged: what [`Persist::log`] was given.
 #[derive(Serialize, Deserialize)]
 struct WalBatch {
     revision: i64,
@@ -345,18 +345,6 @@ impl Persist {
         Ok(mvcc)
     }
 
-    /// Make a batch of applied commands durable and write it to the state file:
-    /// [`Persist::log`] then [`Persist::materialize`].
-    pub fn commit(
-        &mut self,
-        batch: &[Applied],
-        revision: i64,
-        compact_revision: i64,
-    ) -> StoreResult<()> {
-        let logged = self.log(batch, revision, compact_revision)?;
-        self.materialize(batch, revision, compact_revision, logged)
-    }
-
     /// Make a batch of applied commands durable: one record appended to the write-ahead
     /// log (one `fdatasync`). Without a log, one fsynced transaction of the state file
     /// (and nothing is left for [`Persist::materialize`]). Returns the record's sequence
@@ -408,7 +396,7 @@ impl Persist {
         Ok(())
     }
 
-    /// Like [`Persist::commit`], and in the same transaction record the Raft bookkeeping
+    /// Commit a batch to the state file and, in the same transaction, record the Raft bookkeeping
     /// `raft_meta` (last applied log ID and membership), so the data and the log position it
     /// reflects can never disagree after a crash.
     ///
