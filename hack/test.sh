@@ -9,6 +9,9 @@ echo "==> installing test dependencies (hack/install-deps.sh)"
 hack/install-deps.sh
 export PROTOC="${PROTOC:-$(command -v protoc)}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# No incremental caches: a one-shot run gains nothing from them and they cost gigabytes of
+# disk (set CARGO_INCREMENTAL=1 to keep them for repeated local runs).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
