@@ -1,5 +1,6 @@
 //! The write-ahead log of the single-member embedded store (`wal.log` beside
-//! `state.redb`).
+//! `state.redb`), and of a Raft member's log (`raft-log.wal` beside `raft-log.redb`,
+//! see `raft::log_store`).
 //!
 //! A redb commit with `Durability::Immediate` costs two fsyncs and rewrites several
 //! pages (about 1 ms here), while writing one record into space the file already has and
@@ -77,7 +78,13 @@ impl Wal {
     /// Open (or create) `dir/wal.log` and read the records of its chain newer than
     /// `held` (the last one the state file holds).
     pub fn open(dir: &Path, held: u64) -> StoreResult<(Wal, Vec<Record>)> {
-        let path = dir.join(WAL_FILE);
+        Wal::open_named(dir, WAL_FILE, held)
+    }
+
+    /// [`Wal::open`] for a log named `name` (the Raft log keeps its own beside the state
+    /// machine's directory entries).
+    pub fn open_named(dir: &Path, name: &str, held: u64) -> StoreResult<(Wal, Vec<Record>)> {
+        let path = dir.join(name);
         let created = !path.exists();
         let mut file = OpenOptions::new()
             .read(true)

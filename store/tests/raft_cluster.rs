@@ -285,6 +285,7 @@ async fn crash_image_keeps_acknowledged_writes(
     // The log first: an image whose state is newer than its log is fine, the reverse would
     // not be a possible crash.
     for f in [
+        lattice_store::raft::LOG_WAL_FILE,
         lattice_store::raft::LOG_FILE,
         lattice_store::persist::STATE_FILE,
     ] {

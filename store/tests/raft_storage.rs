@@ -151,3 +151,65 @@ async fn apply_is_durable_idempotent_and_snapshots_round_trip() {
     log.close();
     sm.close();
 }
+
+/// A crash image: `raft-log.redb` as of its last durable commit (the vote), the
+/// write-ahead log as of later appends. Opening it inserts the appends again; damage to a
+/// record before a valid later one stops the start with an error naming the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_after_the_last_checkpoint_come_back_from_the_write_ahead_log() {
+    use lattice_store::raft::{LOG_FILE, LOG_WAL_FILE};
+    use openraft::storage::{RaftLogReader, RaftLogStorageExt};
+    use openraft::testing::blank_ent;
+    let dir = tempfile::tempdir().unwrap();
+    let image = tempfile::tempdir().unwrap();
+    let (mut log, sm) = open_storage(dir.path(), Limits::default()).unwrap();
+    log.save_vote(&Vote::new(4, 1)).await.unwrap();
+    std::fs::copy(dir.path().join(LOG_FILE), image.path().join(LOG_FILE)).unwrap();
+    // Two groups: two log records.
+    let ents = |r: std::ops::RangeInclusive<u64>| {
+        r.map(|i| normal(i, vec![put(&format!("/k{i}"), &format!("v{i}"))]))
+            .collect::<Vec<_>>()
+    };
+    log.blocking_append(ents(1..=3)).await.unwrap();
+    log.blocking_append(vec![blank_ent::<TypeConfig>(4, 1, 4)])
+        .await
+        .unwrap();
+    std::fs::copy(
+        dir.path().join(LOG_WAL_FILE),
+        image.path().join(LOG_WAL_FILE),
+    )
+    .unwrap();
+    log.close();
+    sm.close();
+
+    let damaged = tempfile::tempdir().unwrap();
+    for f in [LOG_FILE, LOG_WAL_FILE] {
+        std::fs::copy(image.path().join(f), damaged.path().join(f)).unwrap();
+    }
+
+    for _ in 0..2 {
+        // Twice: the second start finds everything in raft-log.redb already.
+        let (mut log, sm) = open_storage(image.path(), Limits::default()).unwrap();
+        assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(4, 1)));
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(4));
+        let got = log.try_get_log_entries(1..=4).await.unwrap();
+        let mut want = ents(1..=3);
+        want.push(blank_ent::<TypeConfig>(4, 1, 4));
+        assert_eq!(got, want);
+        log.close();
+        sm.close();
+    }
+
+    // Damage the first record's payload (its header is 16 bytes; the second record is
+    // intact): the start fails and names the log file.
+    let wal = damaged.path().join(LOG_WAL_FILE);
+    let mut bytes = std::fs::read(&wal).unwrap();
+    bytes[20] ^= 0xff;
+    std::fs::write(&wal, bytes).unwrap();
+    let err = match open_storage(damaged.path(), Limits::default()) {
+        Ok(_) => panic!("a damaged raft log opened"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains(LOG_WAL_FILE), "{err}");
+}

@@ -1,17 +1,26 @@
-//! The Raft log on redb (`raft-log.redb`).
+//! The Raft log: `raft-log.redb`, made durable through a write-ahead log
+//! (`raft-log.wal`, [`crate::wal`]).
 //!
 //! Tables: `log`: index → `crc32 | postcard(Entry)`; `meta`: `vote`, `committed`,
-//! `last_purged` → `crc32 | postcard(..)`.
+//! `last_purged`, `wal_seq` → `crc32 | postcard(..)`.
 //!
 //! Durability: appends go to one writer thread that drains every queued append into one
-//! redb transaction committed with `Durability::Immediate` (fsync) — group commit — and
-//! only *then* fires each append's flush callback, so openraft never counts an entry as
-//! durable before it is. Until flushed, appended entries are served to readers from an
-//! in-memory overlay. `save_vote` returns only once the vote is on disk; `truncate` and
-//! `purge` wait for every earlier append to be flushed, then commit their change.
-//! `save_committed` only records the committed log ID in memory: the writer stores it with
-//! an append it commits, at most every [`COMMITTED_EVERY`] (and at close), so it costs no
-//! transaction of its own and seldom even a page.
+//! write-ahead log record made durable with one `fdatasync` — group commit — and only
+//! *then* fires each append's flush callback, so openraft never counts an entry as durable
+//! before it is. The entries are then inserted into `raft-log.redb` in a transaction
+//! committed *without* fsync (a redb commit with `Durability::Immediate` is two fsyncs and
+//! several page writes, about four times the cost of the log record); a durable redb
+//! commit (a checkpoint) follows every [`CHECKPOINT_BYTES`] of log or [`CHECKPOINT_EVERY`],
+//! after which the write-ahead log starts over. Every redb commit records the sequence
+//! number of the last log record it holds (`wal_seq`); at start-up the records after it
+//! are inserted again. Until inserted, appended entries are served to readers from an
+//! in-memory overlay.
+//!
+//! `save_vote`, `truncate` and `purge` go through the same writer, after every earlier
+//! append, and commit durably (a checkpoint): so a log record is never replayed over a
+//! later truncation. `save_committed` only records the committed log ID in memory: the
+//! writer stores it with an append, at most every [`COMMITTED_EVERY`] (and at close), so
+//! it costs nothing of its own.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -22,16 +31,19 @@ use std::time::{Duration, Instant};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{AnyError, Entry, LogId, OptionalSend, StorageError, StorageIOError, Vote};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{seal, unseal, TypeConfig};
+use crate::wal::{Wal, CHECKPOINT_BYTES, CHECKPOINT_EVERY};
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 pub const LOG_FILE: &str = "raft-log.redb";
+/// The write-ahead log of `raft-log.redb`.
+pub const LOG_WAL_FILE: &str = "raft-log.wal";
 
 type SErr = StorageError<u64>;
 
@@ -53,29 +65,57 @@ fn vote_err(e: impl ToString) -> SErr {
     }
 }
 
-/// Work for the writer thread.
+type Reply = tokio::sync::oneshot::Sender<Result<(), String>>;
+/// Sealed log rows (`crc32 | postcard(Entry)`) by log ID.
+type Rows = Vec<(LogId<u64>, Vec<u8>)>;
+
+/// Work for the writer thread, done in the order sent.
 enum WriteOp {
     Append {
-        rows: Vec<(LogId<u64>, Vec<u8>)>,
+        rows: Rows,
         callback: LogFlushed<TypeConfig>,
     },
-    /// Answered once every earlier append is durable.
-    Barrier(tokio::sync::oneshot::Sender<Result<(), String>>),
+    /// Remove the entries in `range` and, for a purge, record `last_purged`; durably.
+    Remove {
+        range: (Bound<u64>, Bound<u64>),
+        purged: Option<LogId<u64>>,
+        reply: Reply,
+    },
+    /// Write one meta record (`crc32 | postcard`), durably.
+    Meta {
+        key: &'static str,
+        sealed: Vec<u8>,
+        reply: Reply,
+    },
+}
+
+/// One write-ahead log record: the rows of a group of appends, and the committed log ID
+/// if it was due to be saved.
+#[derive(Serialize)]
+struct LogBatchRef<'a> {
+    rows: Vec<(u64, &'a [u8])>,
+    committed: Option<Option<LogId<u64>>>,
+}
+
+/// [`LogBatchRef`] read back (same encoding).
+#[derive(Deserialize)]
+struct LogBatch {
+    rows: Vec<(u64, Vec<u8>)>,
+    committed: Option<Option<LogId<u64>>>,
 }
 
 /// Appends committed per fsync at most.
 const MAX_GROUP: usize = 1024;
 
-/// The saved committed log ID rides along with an append at most this often: every page a
-/// commit touches lengthens its fsync, and the value is only a start-up shortcut (see
-/// `save_committed`).
+/// The saved committed log ID rides along with an append at most this often: the value
+/// is only a start-up shortcut (see `save_committed`).
 const COMMITTED_EVERY: Duration = Duration::from_millis(100);
 
 /// The open log database, closable so a member can be restarted in the same process.
 pub(crate) struct LogDb {
     db: RwLock<Option<Database>>,
     path: PathBuf,
-    /// Appended but not yet flushed entries (visible to readers).
+    /// Appended but not yet in `raft-log.redb` (visible to readers).
     pending: Mutex<BTreeMap<u64, Entry<TypeConfig>>>,
     writer: Mutex<Option<(mpsc::Sender<WriteOp>, std::thread::JoinHandle<()>)>>,
     /// The committed log ID last saved, and whether it still has to be written.
@@ -95,7 +135,147 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn writer_loop(db: Arc<LogDb>, rx: mpsc::Receiver<WriteOp>) {
+fn put_sealed(txn: &WriteTransaction, key: &str, sealed: &[u8]) -> Result<(), String> {
+    let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
+    meta.insert(key, sealed).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn sealed<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
+    postcard::to_allocvec(value)
+        .map(|p| seal(&p))
+        .map_err(|e| e.to_string())
+}
+
+/// The writer thread's state.
+struct Writer {
+    db: Arc<LogDb>,
+    wal: Wal,
+    /// Sequence number of the last log record `raft-log.redb` holds.
+    wal_seq: u64,
+    last_checkpoint: Instant,
+    /// A failed redb commit: the entries are durable in the log but the state file can no
+    /// longer be trusted to hold them, so nothing more is accepted.
+    failed: Option<String>,
+}
+
+impl Writer {
+    /// One redb transaction: `fill`, then `wal_seq`; fsynced when `durable`.
+    fn commit(
+        &self,
+        durable: bool,
+        fill: impl FnOnce(&WriteTransaction) -> Result<(), String>,
+    ) -> Result<(), String> {
+        self.db.with(|d| {
+            let mut txn = d.begin_write().map_err(|e| e.to_string())?;
+            if !durable {
+                txn.set_durability(redb::Durability::None)
+                    .map_err(|e| e.to_string())?;
+            }
+            fill(&txn)?;
+            put_sealed(&txn, "wal_seq", &sealed(&self.wal_seq)?)?;
+            txn.commit().map_err(|e| e.to_string())
+        })
+    }
+
+    /// A durable commit of everything so far (with `fill`); the log starts over.
+    fn checkpoint(
+        &mut self,
+        fill: impl FnOnce(&WriteTransaction) -> Result<(), String>,
+    ) -> Result<(), String> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        self.commit(true, fill)?;
+        self.wal.restart();
+        self.last_checkpoint = Instant::now();
+        Ok(())
+    }
+
+    /// Make a group of appends durable, answer them, then insert them into redb.
+    fn flush(&mut self, appends: Vec<(Rows, LogFlushed<TypeConfig>)>) {
+        if appends.is_empty() {
+            return;
+        }
+        let committed = self.db.take_unwritten_committed(false);
+        let logged = match &self.failed {
+            Some(e) => Err(e.clone()),
+            None => {
+                let batch = LogBatchRef {
+                    rows: appends
+                        .iter()
+                        .flat_map(|(rows, _)| rows.iter().map(|(id, b)| (id.index, b.as_slice())))
+                        .collect(),
+                    committed,
+                };
+                postcard::to_allocvec(&batch)
+                    .map_err(|e| e.to_string())
+                    .and_then(|payload| self.wal.append(&payload).map_err(|e| e.to_string()))
+            }
+        };
+        let seq = match logged {
+            Ok(seq) => seq,
+            Err(e) => {
+                tracing::error!(error = %e, file = %self.db.path.display(), "flushing the raft log failed");
+                if committed.is_some() {
+                    lock(&self.db.committed).unwritten = true;
+                }
+                for (_, callback) in appends {
+                    callback.log_io_completed(Err(std::io::Error::other(e.clone())));
+                }
+                return;
+            }
+        };
+        // Durable: openraft may count these entries now.
+        let mut written = Vec::new();
+        let mut rows_all = Vec::new();
+        for (rows, callback) in appends {
+            callback.log_io_completed(Ok(()));
+            written.extend(rows.iter().map(|(id, _)| *id));
+            rows_all.push(rows);
+        }
+        self.wal_seq = seq;
+        let inserted = self.commit(false, |txn| {
+            if let Some(c) = &committed {
+                put_sealed(txn, "committed", &sealed(c)?)?;
+            }
+            let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
+            for (id, bytes) in rows_all.iter().flatten() {
+                table
+                    .insert(id.index, bytes.as_slice())
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        });
+        if let Err(e) = inserted {
+            // The entries stay in the overlay (readers still find them) and in the log
+            // (the next start inserts them); nothing more is accepted.
+            tracing::error!(error = %e, file = %self.db.path.display(), "writing the raft log file failed; the member stops accepting log writes");
+            self.failed = Some(format!("{}: {e}", self.db.path.display()));
+            return;
+        }
+        {
+            // In the file now. Keep any entry that replaced one of them in the meantime
+            // (truncate + re-append).
+            let mut pending = lock(&self.db.pending);
+            for id in &written {
+                if pending.get(&id.index).is_some_and(|e| e.log_id == *id) {
+                    pending.remove(&id.index);
+                }
+            }
+        }
+        if self.wal.written() >= CHECKPOINT_BYTES
+            || self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
+        {
+            if let Err(e) = self.checkpoint(|_| Ok(())) {
+                tracing::error!(error = %e, file = %self.db.path.display(), "raft log checkpoint failed; the member stops accepting log writes");
+                self.failed = Some(e);
+            }
+        }
+    }
+}
+
+fn writer_loop(mut w: Writer, rx: mpsc::Receiver<WriteOp>) {
     while let Ok(first) = rx.recv() {
         let mut ops = vec![first];
         while ops.len() < MAX_GROUP {
@@ -104,67 +284,45 @@ fn writer_loop(db: Arc<LogDb>, rx: mpsc::Receiver<WriteOp>) {
                 Err(_) => break,
             }
         }
-        let written: Vec<LogId<u64>> = ops
-            .iter()
-            .flat_map(|op| match op {
-                WriteOp::Append { rows, .. } => rows.iter().map(|(id, _)| *id).collect(),
-                WriteOp::Barrier(_) => Vec::new(),
-            })
-            .collect();
-        let result = if written.is_empty() {
-            Ok(())
-        } else {
-            // The committed log ID saved meanwhile rides along (see `save_committed`).
-            let committed = db.take_unwritten_committed(false);
-            let result = db.with(|d| {
-                let txn = d.begin_write().map_err(|e| e.to_string())?;
-                {
-                    if let Some(c) = &committed {
-                        let payload = postcard::to_allocvec(c).map_err(|e| e.to_string())?;
-                        let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
-                        meta.insert("committed", seal(&payload).as_slice())
-                            .map_err(|e| e.to_string())?;
-                    }
-                    let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
-                    for op in &ops {
-                        if let WriteOp::Append { rows, .. } = op {
-                            for (id, bytes) in rows {
-                                table
-                                    .insert(id.index, bytes.as_slice())
-                                    .map_err(|e| e.to_string())?;
-                            }
-                        }
-                    }
-                }
-                txn.commit().map_err(|e| e.to_string())
-            });
-            if result.is_err() && committed.is_some() {
-                lock(&db.committed).unwritten = true;
-            }
-            result
-        };
-        if result.is_ok() {
-            // Durable now: readers find these in the file. Keep any entry that replaced
-            // one of them in the meantime (truncate + re-append).
-            let mut pending = lock(&db.pending);
-            for id in &written {
-                if pending.get(&id.index).is_some_and(|e| e.log_id == *id) {
-                    pending.remove(&id.index);
-                }
-            }
-        } else if let Err(e) = &result {
-            tracing::error!(error = %e, file = %db.path.display(), "flushing the raft log failed");
-        }
+        let mut appends = Vec::new();
         for op in ops {
             match op {
-                WriteOp::Append { callback, .. } => {
-                    callback.log_io_completed(result.clone().map_err(std::io::Error::other))
+                WriteOp::Append { rows, callback } => appends.push((rows, callback)),
+                WriteOp::Remove {
+                    range,
+                    purged,
+                    reply,
+                } => {
+                    w.flush(std::mem::take(&mut appends));
+                    let res = w.checkpoint(|txn| {
+                        let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
+                        table
+                            .retain_in(range, |_, _| false)
+                            .map_err(|e| e.to_string())?;
+                        if let Some(p) = &purged {
+                            put_sealed(txn, "last_purged", &sealed(p)?)?;
+                        }
+                        Ok(())
+                    });
+                    let _ = reply.send(res);
                 }
-                WriteOp::Barrier(tx) => {
-                    let _ = tx.send(result.clone());
+                WriteOp::Meta { key, sealed, reply } => {
+                    w.flush(std::mem::take(&mut appends));
+                    let res = w.checkpoint(|txn| put_sealed(txn, key, &sealed));
+                    let _ = reply.send(res);
                 }
             }
         }
+        w.flush(appends);
+    }
+    // Closing: everything into the file durably, the committed log ID included.
+    let committed = w.db.take_unwritten_committed(true);
+    let res = w.checkpoint(|txn| match &committed {
+        Some(c) => put_sealed(txn, "committed", &sealed(c)?),
+        None => Ok(()),
+    });
+    if let Err(e) = res {
+        tracing::warn!(error = %e, file = %w.db.path.display(), "final raft log checkpoint failed (the next start replays the log)");
     }
 }
 
@@ -187,28 +345,92 @@ impl LogDb {
             writer: Mutex::new(None),
             committed: Mutex::new(Committed::default()),
         });
+        let wal = log.recover(dir)?;
         let (tx, rx) = mpsc::channel();
-        let for_writer = log.clone();
+        let writer = Writer {
+            db: log.clone(),
+            wal_seq: log.get_meta::<u64>("wal_seq")?.unwrap_or(0),
+            wal,
+            last_checkpoint: Instant::now(),
+            failed: None,
+        };
         let handle = std::thread::Builder::new()
             .name("raft-log-writer".into())
-            .spawn(move || writer_loop(for_writer, rx))
+            .spawn(move || writer_loop(writer, rx))
             .map_err(|e| format!("starting the raft log writer: {e}"))?;
         *lock(&log.writer) = Some((tx, handle));
         Ok(log)
     }
 
-    /// Flush what is queued, stop the writer and close the file; later calls fail.
+    /// Insert the write-ahead log's records that `raft-log.redb` does not hold (a crash
+    /// came before their checkpoint), durably; the log then starts over.
+    fn recover(&self, dir: &Path) -> Result<Wal, String> {
+        let held = self.get_meta::<u64>("wal_seq")?.unwrap_or(0);
+        let (mut wal, records) =
+            Wal::open_named(dir, LOG_WAL_FILE, held).map_err(|e| e.to_string())?;
+        let wal_path = dir.join(LOG_WAL_FILE);
+        let mut last = held;
+        let mut batches = Vec::new();
+        for rec in records {
+            if rec.seq != last + 1 {
+                return Err(format!(
+                    "{}: the log goes on at record {} but {} holds records up to {held}; \
+                     restore from a backup",
+                    wal_path.display(),
+                    rec.seq,
+                    self.path.display()
+                ));
+            }
+            let batch: LogBatch = postcard::from_bytes(&rec.payload).map_err(|e| {
+                format!(
+                    "{}: record {} undecodable: {e}",
+                    wal_path.display(),
+                    rec.seq
+                )
+            })?;
+            batches.push(batch);
+            last = rec.seq;
+        }
+        if last > held {
+            let entries: usize = batches.iter().map(|b| b.rows.len()).sum();
+            self.with(|d| {
+                let txn = d.begin_write().map_err(|e| e.to_string())?;
+                {
+                    let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
+                    for batch in &batches {
+                        if let Some(c) = &batch.committed {
+                            put_sealed(&txn, "committed", &sealed(c)?)?;
+                        }
+                        for (index, bytes) in &batch.rows {
+                            table
+                                .insert(*index, bytes.as_slice())
+                                .map_err(|e| e.to_string())?;
+                        }
+                    }
+                }
+                put_sealed(&txn, "wal_seq", &sealed(&last)?)?;
+                txn.commit().map_err(|e| e.to_string())
+            })?;
+            tracing::info!(
+                records = last - held,
+                entries,
+                file = %wal_path.display(),
+                "inserted the raft log's write-ahead records after the last checkpoint"
+            );
+        }
+        wal.restart();
+        wal.shrink().map_err(|e| e.to_string())?;
+        Ok(wal)
+    }
+
+    /// Flush what is queued, stop the writer (which checkpoints) and close the file;
+    /// later calls fail.
     pub(crate) fn close(&self) {
         let writer = lock(&self.writer).take();
         if let Some((tx, handle)) = writer {
             drop(tx);
             if handle.join().is_err() {
                 tracing::error!("raft log writer panicked");
-            }
-        }
-        if let Some(c) = self.take_unwritten_committed(true) {
-            if let Err(e) = self.put_meta("committed", &c) {
-                tracing::warn!(error = %e, file = %self.path.display(), "saving the committed log ID failed");
             }
         }
         let mut g = self.db.write().unwrap_or_else(|p| p.into_inner());
@@ -237,10 +459,10 @@ impl LogDb {
         }
     }
 
-    /// Wait until every append queued so far is durable.
-    async fn barrier(&self) -> Result<(), String> {
+    /// Send `op` (made with the reply channel) and wait for the writer's answer.
+    async fn request(&self, op: impl FnOnce(Reply) -> WriteOp) -> Result<(), String> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.send(WriteOp::Barrier(tx))?;
+        self.send(op(tx))?;
         rx.await
             .map_err(|_| "raft log writer stopped".to_string())?
     }
@@ -268,21 +490,6 @@ impl LogDb {
                 }
                 None => Ok(None),
             }
-        })
-    }
-
-    /// Write one meta record, durably (`Durability::Immediate`, redb's default: fsync).
-    fn put_meta<T: Serialize>(&self, key: &str, value: &T) -> Result<(), String> {
-        let payload = postcard::to_allocvec(value).map_err(|e| e.to_string())?;
-        self.with(|db| {
-            let txn = db.begin_write().map_err(|e| e.to_string())?;
-            {
-                let mut table = txn.open_table(META).map_err(|e| e.to_string())?;
-                table
-                    .insert(key, seal(&payload).as_slice())
-                    .map_err(|e| e.to_string())?;
-            }
-            txn.commit().map_err(|e| e.to_string())
         })
     }
 
@@ -348,33 +555,6 @@ impl LogDb {
             Ok(out)
         })
     }
-
-    /// Remove entries in `range`, and (for a purge) record `last_purged`, in one commit.
-    fn remove(
-        &self,
-        range: (Bound<u64>, Bound<u64>),
-        purged: Option<&LogId<u64>>,
-    ) -> Result<(), String> {
-        let purged = match purged {
-            Some(p) => Some(postcard::to_allocvec(p).map_err(|e| e.to_string())?),
-            None => None,
-        };
-        self.with(|db| {
-            let txn = db.begin_write().map_err(|e| e.to_string())?;
-            {
-                let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
-                table
-                    .retain_in(range, |_, _| false)
-                    .map_err(|e| e.to_string())?;
-                if let Some(p) = &purged {
-                    let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
-                    meta.insert("last_purged", seal(p).as_slice())
-                        .map_err(|e| e.to_string())?;
-                }
-            }
-            txn.commit().map_err(|e| e.to_string())
-        })
-    }
 }
 
 /// openraft's log storage (and log reader) over [`LogDb`].
@@ -389,14 +569,6 @@ impl LogStore {
     pub fn close(&self) {
         self.db.close();
     }
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| format!("storage task failed: {e}"))?
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -426,9 +598,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), SErr> {
-        let db = self.db.clone();
-        let vote = *vote;
-        blocking(move || db.put_meta("vote", &vote))
+        let sealed = sealed(vote).map_err(vote_err)?;
+        self.db
+            .request(|reply| WriteOp::Meta {
+                key: "vote",
+                sealed,
+                reply,
+            })
             .await
             .map_err(vote_err)
     }
@@ -484,25 +660,28 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), SErr> {
         tracing::debug!(%log_id, "truncating raft log");
         lock(&self.db.pending).retain(|i, _| *i < log_id.index);
-        self.db.barrier().await.map_err(write_err)?;
-        let db = self.db.clone();
-        blocking(move || db.remove((Bound::Included(log_id.index), Bound::Unbounded), None))
+        // After every earlier append (the writer keeps the order), durably.
+        self.db
+            .request(|reply| WriteOp::Remove {
+                range: (Bound::Included(log_id.index), Bound::Unbounded),
+                purged: None,
+                reply,
+            })
             .await
             .map_err(write_err)
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), SErr> {
         tracing::debug!(%log_id, "purging raft log");
-        self.db.barrier().await.map_err(write_err)?;
+        self.db
+            .request(|reply| WriteOp::Remove {
+                range: (Bound::Unbounded, Bound::Included(log_id.index)),
+                purged: Some(log_id),
+                reply,
+            })
+            .await
+            .map_err(write_err)?;
         lock(&self.db.pending).retain(|i, _| *i > log_id.index);
-        let db = self.db.clone();
-        blocking(move || {
-            db.remove(
-                (Bound::Unbounded, Bound::Included(log_id.index)),
-                Some(&log_id),
-            )
-        })
-        .await
-        .map_err(write_err)
+        Ok(())
     }
 }

@@ -2,8 +2,8 @@
 //! replicated [`KvBackend`].
 //!
 //! # Pieces
-//! * `log_store`: the Raft log on redb (`<data_dir>/raft-log.redb`), fsynced before
-//!   openraft is told an append or a vote is durable.
+//! * `log_store`: the Raft log on redb (`<data_dir>/raft-log.redb`) behind a write-ahead
+//!   log (`raft-log.wal`), fsynced before openraft is told an append or a vote is durable.
 //! * `state_machine`: [`crate::mvcc::Mvcc`] + [`crate::persist::Persist`]
 //!   (`<data_dir>/state.redb`); each applied batch commits data, last applied log ID and
 //!   membership in one transaction, fsynced only at checkpoints (the fsynced log is the
@@ -91,7 +91,7 @@ use crate::error::{StoreError, StoreResult};
 use crate::mvcc::{Command, CommandResponse, Limits};
 use crate::types::*;
 
-pub use log_store::{LogStore, LOG_FILE};
+pub use log_store::{LogStore, LOG_FILE, LOG_WAL_FILE};
 pub use network::{NetShared, NetworkFactory, PeerClient};
 pub use state_machine::{SnapshotBuilder, StateMachine};
 
@@ -383,7 +383,7 @@ pub(crate) fn unseal(record: &[u8]) -> Result<&[u8], String> {
 pub struct RaftConfig {
     /// This member's ID (`--node-id`); never reuse the ID of a removed member.
     pub node_id: u64,
-    /// Holds `raft-log.redb` and `state.redb`.
+    /// Holds `raft-log.redb`, `raft-log.wal` and `state.redb`.
     pub data_dir: PathBuf,
     /// Where the Raft gRPC service listens (`--raft-addr`); port 0 picks a free port.
     pub raft_addr: SocketAddr,
