@@ -216,11 +216,22 @@ impl Writer {
         let seq = match logged {
             Ok(seq) => seq,
             Err(e) => {
-                tracing::error!(error = %e, file = %self.db.path.display(), "flushing the raft log failed");
+                tracing::error!(error = %e, file = %self.db.path.display(), "flushing the raft log failed; the member stops accepting log writes");
+                // The record's bytes may have reached the disk under a sequence number
+                // the log will hand out again: no checkpoint (which restarts the log
+                // and would let a later start replay that record) may follow.
+                self.failed.get_or_insert_with(|| e.clone());
                 if committed.is_some() {
                     lock(&self.db.committed).unwritten = true;
                 }
-                for (_, callback) in appends {
+                let mut pending = lock(&self.db.pending);
+                for (rows, callback) in appends {
+                    // Not durable anywhere: readers must not see them.
+                    for (id, _) in &rows {
+                        if pending.get(&id.index).is_some_and(|en| en.log_id == *id) {
+                            pending.remove(&id.index);
+                        }
+                    }
                     callback.log_io_completed(Err(std::io::Error::other(e.clone())));
                 }
                 return;

@@ -440,7 +440,15 @@ pub fn open_storage(
 ) -> StoreResult<(LogStore, StateMachine)> {
     let dir = dir.into();
     let log = log_store::LogDb::open(&dir).map_err(StoreError::Io)?;
-    let sm = SmShared::open(dir, limits)?;
+    let sm = match SmShared::open(dir, limits) {
+        Ok(sm) => sm,
+        Err(e) => {
+            // Stop the log's writer thread and close its file, or a retry in this
+            // process would find them still held.
+            log.close();
+            return Err(e);
+        }
+    };
     Ok((LogStore { db: log }, StateMachine { shared: sm }))
 }
 
