@@ -179,29 +179,10 @@ impl Persist {
     pub fn open_with_wal(dir: &Path) -> StoreResult<(Persist, Mvcc)> {
         let mut persist = Persist::open_file(dir)?;
         let held = persist.wal_seq()?;
-        let (mut wal, records) = Wal::open(dir, held)?;
+        let (mut wal, batches) = Wal::open_decoded::<WalBatch>(dir, WAL_FILE, held, &persist.path)?;
         let wal_path = dir.join(WAL_FILE);
         let mut last = held;
-        for rec in records {
-            if rec.seq <= held {
-                continue;
-            }
-            if rec.seq != last + 1 {
-                return Err(StoreError::Corrupt(format!(
-                    "{}: the log goes on at record {} but {} holds records up to {held}; \
-                     restore from a backup",
-                    wal_path.display(),
-                    rec.seq,
-                    persist.path.display()
-                )));
-            }
-            let batch: WalBatch = postcard::from_bytes(&rec.payload).map_err(|e| {
-                StoreError::Corrupt(format!(
-                    "{}: record {} undecodable: {e}",
-                    wal_path.display(),
-                    rec.seq
-                ))
-            })?;
+        for (seq, batch) in batches {
             let (revision, compact) = (batch.revision, batch.compact_revision);
             persist.commit_inner(
                 &batch.into_applied(),
@@ -209,9 +190,9 @@ impl Persist {
                 compact,
                 None,
                 false,
-                Some(rec.seq),
+                Some(seq),
             )?;
-            last = rec.seq;
+            last = seq;
         }
         if last > held {
             tracing::info!(

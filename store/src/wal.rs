@@ -112,6 +112,45 @@ impl Wal {
         Ok((wal, records))
     }
 
+    /// [`Wal::open_named`], with the records after `held` decoded (postcard) and checked
+    /// to go on from `held` without a gap; `state` names the file that holds the records
+    /// up to `held` (for the error).
+    pub fn open_decoded<T: serde::de::DeserializeOwned>(
+        dir: &Path,
+        name: &str,
+        held: u64,
+        state: &Path,
+    ) -> StoreResult<(Wal, Vec<(u64, T)>)> {
+        let (wal, records) = Wal::open_named(dir, name, held)?;
+        let path = dir.join(name);
+        let mut last = held;
+        let mut out = Vec::with_capacity(records.len());
+        for rec in records {
+            if rec.seq <= held {
+                continue;
+            }
+            if rec.seq != last + 1 {
+                return Err(StoreError::Corrupt(format!(
+                    "{}: the log goes on at record {} but {} holds records up to {held}; \
+                     restore from a backup",
+                    path.display(),
+                    rec.seq,
+                    state.display()
+                )));
+            }
+            let value = postcard::from_bytes(&rec.payload).map_err(|e| {
+                StoreError::Corrupt(format!(
+                    "{}: record {} undecodable: {e}",
+                    path.display(),
+                    rec.seq
+                ))
+            })?;
+            out.push((rec.seq, value));
+            last = rec.seq;
+        }
+        Ok((wal, out))
+    }
+
     /// Whether `dir/wal.log` holds records newer than `held`.
     pub fn has_newer(dir: &Path, held: u64) -> StoreResult<bool> {
         let path = dir.join(WAL_FILE);

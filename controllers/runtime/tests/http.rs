@@ -178,15 +178,24 @@ async fn watcher_and_controller_over_http() {
         .await
         .unwrap();
     let mut w = watcher::watcher(Api::<Allocation>::all(client.clone()), fast_watcher());
-    let mut saw_init = false;
+    // The initial list first (with a1), then a2 created afterwards must come as a change.
+    // (Creating a2 before the list has finished made a2 part of the list whenever the list
+    // was slow, and the test then waited for a change that never came.)
+    let mut listed = Vec::new();
+    loop {
+        match tokio::time::timeout(T, w.next()).await.unwrap().unwrap() {
+            Event::InitDone => break,
+            Event::InitApply(o) => listed.push(o.name_any().to_string()),
+            _ => {}
+        }
+    }
+    assert!(listed.contains(&"a1".to_string()), "{listed:?}");
     api.create(&PostParams::default(), &alloc("a2", "t1"))
         .await
         .unwrap();
     loop {
         match tokio::time::timeout(T, w.next()).await.unwrap().unwrap() {
-            Event::InitDone => saw_init = true,
-            Event::Apply(o) | Event::InitApply(o) if o.name_any() == "a2" && saw_init => break,
-            Event::InitApply(o) if o.name_any() == "a2" => {}
+            Event::Apply(o) if o.name_any() == "a2" => break,
             _ => {}
         }
     }

@@ -377,31 +377,11 @@ impl LogDb {
     /// came before their checkpoint), durably; the log then starts over.
     fn recover(&self, dir: &Path) -> Result<Wal, String> {
         let held = self.get_meta::<u64>("wal_seq")?.unwrap_or(0);
-        let (mut wal, records) =
-            Wal::open_named(dir, LOG_WAL_FILE, held).map_err(|e| e.to_string())?;
+        let (mut wal, records) = Wal::open_decoded::<LogBatch>(dir, LOG_WAL_FILE, held, &self.path)
+            .map_err(|e| e.to_string())?;
         let wal_path = dir.join(LOG_WAL_FILE);
-        let mut last = held;
-        let mut batches = Vec::new();
-        for rec in records {
-            if rec.seq != last + 1 {
-                return Err(format!(
-                    "{}: the log goes on at record {} but {} holds records up to {held}; \
-                     restore from a backup",
-                    wal_path.display(),
-                    rec.seq,
-                    self.path.display()
-                ));
-            }
-            let batch: LogBatch = postcard::from_bytes(&rec.payload).map_err(|e| {
-                format!(
-                    "{}: record {} undecodable: {e}",
-                    wal_path.display(),
-                    rec.seq
-                )
-            })?;
-            batches.push(batch);
-            last = rec.seq;
-        }
+        let last = records.last().map_or(held, |(seq, _)| *seq);
+        let batches: Vec<LogBatch> = records.into_iter().map(|(_, b)| b).collect();
         if last > held {
             let entries: usize = batches.iter().map(|b| b.rows.len()).sum();
             self.with(|d| {
