@@ -81,8 +81,8 @@ impl Wal {
         Wal::open_named(dir, WAL_FILE, held)
     }
 
-    /// [`Wal::open`] for a log named `name` (the Raft log keeps its own beside the state
-    /// machine's directory entries).
+    /// [`Wal::open`] for a log named `name` (a Raft member's log has its own,
+    /// `raft-log.wal`).
     pub fn open_named(dir: &Path, name: &str, held: u64) -> StoreResult<(Wal, Vec<Record>)> {
         let path = dir.join(name);
         let created = !path.exists();
