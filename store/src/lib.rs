@@ -33,7 +33,7 @@ pub mod watch;
 pub use backend::{KvBackend, WatchStream};
 pub use embedded::{EmbeddedStore, StoreConfig};
 pub use error::{StoreError, StoreResult};
-pub use metrics::StoreMetrics;
+pub use metrics::{RaftMetrics, StoreMetrics};
 pub use mvcc::Limits;
 pub use persist::Backup;
 pub use types::*;

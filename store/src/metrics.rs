@@ -57,3 +57,47 @@ impl StoreMetrics {
         );
     }
 }
+
+/// Prometheus metrics of a Raft member (`lattice_raft_*`), besides the gauges the server
+/// derives from openraft's own metrics.
+#[derive(Clone, Debug)]
+pub struct RaftMetrics {
+    /// From a proposal handed to openraft until its entry is committed and applied here
+    /// (the leader's view of a replicated write).
+    pub commit_seconds: Histogram,
+    /// One write of the Raft log: its write-ahead record and `fdatasync`.
+    pub log_flush_seconds: Histogram,
+    /// Durable commits of `raft-log.redb` (after each, the write-ahead log starts over).
+    pub log_checkpoints: Counter,
+}
+
+impl Default for RaftMetrics {
+    fn default() -> Self {
+        Self {
+            commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            log_flush_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            log_checkpoints: Counter::default(),
+        }
+    }
+}
+
+impl RaftMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("lattice_raft");
+        r.register(
+            "commit_duration_seconds",
+            "From a proposal to its entry committed and applied on this member",
+            self.commit_seconds.clone(),
+        );
+        r.register(
+            "log_flush_duration_seconds",
+            "Time to make one Raft log write durable (write-ahead record and fdatasync)",
+            self.log_flush_seconds.clone(),
+        );
+        r.register(
+            "log_checkpoints",
+            "Durable commits of the Raft log file",
+            self.log_checkpoints.clone(),
+        );
+    }
+}

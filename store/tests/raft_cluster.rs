@@ -49,6 +49,28 @@ async fn bootstrap_replicates_to_every_member() {
     let st = c.node(leader).status().await.unwrap();
     assert_eq!(st.leader, leader as u64 + 1);
     assert!(st.raft_term >= 1 && st.raft_applied_index >= 30);
+    // The leader timed the 30 proposals (some share one when they arrive together) and
+    // every member its log writes.
+    let count = |i: usize, name: &str| -> u64 {
+        let mut registry = prometheus_client::registry::Registry::default();
+        c.node(i).raft_metrics().register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let line = format!("{name}_count ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .unwrap_or_else(|| panic!("no {name}_count in\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(count(leader, "lattice_raft_commit_duration_seconds") >= 1);
+    for i in 0..3 {
+        assert!(
+            count(i, "lattice_raft_log_flush_duration_seconds") >= 1,
+            "member {i}"
+        );
+    }
     c.shutdown_all().await;
 }
 

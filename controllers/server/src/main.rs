@@ -312,6 +312,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Backend::Embedded if args.raft_addr.is_some() => {
             let store = start_raft(&args, &data_dir, limits.clone()).await?;
             store.metrics().register(&mut registry);
+            store.raft_metrics().register(&mut registry);
             register_raft_gauges(&store, &mut registry);
             info.member_id = args.node_id;
             info.membership = Some(Arc::new(RaftMembership(store.clone())));

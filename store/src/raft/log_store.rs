@@ -36,6 +36,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::{seal, unseal, TypeConfig};
+use crate::metrics::RaftMetrics;
 use crate::wal::{Wal, CHECKPOINT_BYTES, CHECKPOINT_EVERY};
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
@@ -120,6 +121,8 @@ pub(crate) struct LogDb {
     writer: Mutex<Option<(mpsc::Sender<WriteOp>, std::thread::JoinHandle<()>)>>,
     /// The committed log ID last saved, and whether it still has to be written.
     committed: Mutex<Committed>,
+    /// Flush latency and checkpoints here; the member's commit latency (`RaftStore`).
+    pub(crate) metrics: RaftMetrics,
 }
 
 #[derive(Default)]
@@ -189,6 +192,7 @@ impl Writer {
         self.commit(true, fill)?;
         self.wal.restart();
         self.last_checkpoint = Instant::now();
+        self.db.metrics.log_checkpoints.inc();
         Ok(())
     }
 
@@ -208,9 +212,15 @@ impl Writer {
                         .collect(),
                     committed,
                 };
-                postcard::to_allocvec(&batch)
+                let started = Instant::now();
+                let logged = postcard::to_allocvec(&batch)
                     .map_err(|e| e.to_string())
-                    .and_then(|payload| self.wal.append(&payload).map_err(|e| e.to_string()))
+                    .and_then(|payload| self.wal.append(&payload).map_err(|e| e.to_string()));
+                self.db
+                    .metrics
+                    .log_flush_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                logged
             }
         };
         let seq = match logged {
@@ -355,6 +365,7 @@ impl LogDb {
             pending: Mutex::new(BTreeMap::new()),
             writer: Mutex::new(None),
             committed: Mutex::new(Committed::default()),
+            metrics: RaftMetrics::default(),
         });
         let wal = log.recover(dir)?;
         let (tx, rx) = mpsc::channel();

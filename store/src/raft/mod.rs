@@ -143,6 +143,7 @@ type Reply = tokio::sync::oneshot::Sender<Result<(CommandResponse, u64), WireErr
 async fn proposer(
     raft: Raft<TypeConfig>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<(Command, Reply)>,
+    metrics: crate::metrics::RaftMetrics,
 ) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
@@ -153,6 +154,8 @@ async fn proposer(
             }
         }
         let (commands, replies): (Vec<Command>, Vec<Reply>) = batch.into_iter().unzip();
+        let proposed = std::time::Instant::now();
+        let commit_seconds = metrics.commit_seconds.clone();
         let receiver = match raft.client_write_ff(Proposal { commands }).await {
             Ok(r) => r,
             Err(e) => {
@@ -164,7 +167,11 @@ async fn proposer(
             }
         };
         tokio::spawn(async move {
-            let answers: Vec<Result<(CommandResponse, u64), WireError>> = match receiver.await {
+            let answer = receiver.await;
+            if matches!(answer, Ok(Ok(_))) {
+                commit_seconds.observe(proposed.elapsed().as_secs_f64());
+            }
+            let answers: Vec<Result<(CommandResponse, u64), WireError>> = match answer {
                 Ok(Ok(resp)) => match resp.data {
                     RaftResponse::Commands(results) if results.len() == replies.len() => {
                         let index = resp.log_id.index;
@@ -562,7 +569,7 @@ impl RaftStore {
         };
 
         let (proposals, proposals_rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(proposer(raft.clone(), proposals_rx));
+        tokio::spawn(proposer(raft.clone(), proposals_rx, log.metrics.clone()));
         let inner = Arc::new(Inner {
             proposals,
             advertise: advertise.clone(),
@@ -656,6 +663,12 @@ impl RaftStore {
     /// The network switches of this member (tests: [`NetShared::set_partitioned`]).
     pub fn network(&self) -> &NetShared {
         &self.inner.net
+    }
+
+    /// Raft metrics of this member (`lattice_raft_*`: commit latency, log flush latency,
+    /// log checkpoints); register with the server's registry.
+    pub fn raft_metrics(&self) -> &crate::RaftMetrics {
+        &self.inner.log.metrics
     }
 
     /// Store metrics of this member (`lattice_store_*`; register with
