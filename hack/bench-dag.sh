@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # DAG benchmarks, printing `RESULT name=value` lines:
-#  1. the pure engine (lattice-dag-bench): validation of a 10,000-step DAG
-#     (target validate_10000_ms < 20) and one dispatch decision (engine_release_p99_ms);
+#  1. the pure engine (lattice-dag-bench): its validation of a 10,000-step DAG
+#     (engine_validate_10000_ms, what the CLI checks before submitting) and one dispatch
+#     decision (engine_release_p99_ms); then the API server's admission of a 10,000-step
+#     DAG (lattice-dag-e2e-bench admission: typed parse, defaults, every step checked as
+#     an Allocation, names, references, cycles; target validate_10000_ms < 20);
 #  2. the DAG controller in-process on an embedded store: from a predecessor's terminal
 #     status write to its successor's release, over a BENCH_DAG_STEPS-step chain
 #     (release_p99_ms; target < 5 ms);
 #  3. end to end on a local cluster started with `lattice up --detach` (release
 #     lattice-server --dev + BENCH_DAG_AGENTS agents, default 4; stopped with
 #     `lattice down`): a BENCH_DAG_STEPS-step chain and a BENCH_DAG_STEPS-wide
-#     fan-out/fan-in of /bin/true steps. Per shape: total wall time (dag_<shape>_<n>_s),
+#     fan-out/fan-in (root, BENCH_DAG_STEPS workers, join; the bench raises the cluster's
+#     scheduling.max_dag_size for it and resets it) of /bin/true steps. Per shape: total wall time (dag_<shape>_<n>_s),
 #     the steps' own runtime on the critical path (dag_<shape>_<n>_steps_runtime_s, from
 #     dag_step_runtime_ms, /bin/true measured locally), and the overhead over it
 #     (dag_<shape>_<n>_overhead_s, dag_<shape>_<n>_overhead_ms_per_step).
@@ -23,6 +27,8 @@ cargo build --release -q -p lattice-server -p lattice-agent -p lattice-cli -p la
 
 echo "==> engine"
 target/release/lattice-dag-bench
+echo "==> API server admission of a 10,000-step DAG"
+target/release/lattice-dag-e2e-bench admission --steps 10000
 echo "==> controller, in-process, $STEPS-step chain"
 target/release/lattice-dag-e2e-bench in-process --steps "$STEPS"
 

@@ -475,14 +475,19 @@ pub enum AdminCommand {
     /// vClusters: scheduler type, weights, configuration
     #[command(subcommand)]
     Vcluster(VClusterCommand),
-    /// Client-side defaults: read or change keys of this CLI's own config file (no server call)
+    /// Cluster settings (scheduling.max_dag_size) and this CLI's own defaults
     ///
-    /// `get` and `set` only edit the local CLI config file (`--config`, `$LATTICE_CONFIG`,
-    /// `$XDG_CONFIG_HOME/lattice/config.yaml` or `~/.config/lattice/config.yaml`). The CLI
-    /// reads the keys api_url, token, token_file, tenant (default_tenant), default_vcluster
-    /// and output_format; any other key is stored but has no effect. Nothing is sent to the
-    /// server: there is no cluster-wide configuration resource, so cluster settings (the
-    /// seed's `accounting.enabled`, ...) cannot be changed here.
+    /// Cluster settings live on the server and apply to the whole cluster at once:
+    /// `get KEY`, `set KEY=VALUE` and `unset KEY` (back to the server's flag, e.g.
+    /// `lattice-server --max-dag-size`) of scheduling.max_dag_size; `cluster` lists them.
+    /// Changing one needs administrator credentials.
+    ///
+    /// Every other key is a client-side default: `get` and `set` only edit the local CLI
+    /// config file (`--config`, `$LATTICE_CONFIG`, `$XDG_CONFIG_HOME/lattice/config.yaml`
+    /// or `~/.config/lattice/config.yaml`), nothing is sent to the server. The CLI reads the
+    /// keys api_url, token, token_file, tenant (default_tenant), default_vcluster and
+    /// output_format; any other key is stored but has no effect (the seed's other cluster
+    /// settings, `accounting.enabled`, ..., do not exist on the server yet).
     #[command(subcommand)]
     Config(AdminConfigCommand),
     /// Raft / store status of the server
@@ -674,19 +679,45 @@ pub enum VClusterCommand {
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum AdminConfigCommand {
-    /// Print a key of the local CLI config file (dotted), or the whole file (token redacted)
+    /// Print a setting: a cluster setting (scheduling.max_dag_size) from the server, any
+    /// other dotted key from the local CLI config file (or the whole file, token redacted)
     Get {
-        /// Dotted key, e.g. default_vcluster
+        /// Dotted key, e.g. scheduling.max_dag_size or default_vcluster
         key: Option<String>,
     },
-    /// Write KEY=VALUE (or KEY VALUE) into the local CLI config file; client-side only,
-    /// nothing changes on the server
+    /// Set KEY=VALUE (or KEY VALUE): a cluster setting (scheduling.max_dag_size) on the
+    /// server for the whole cluster (administrators), any other key in the local CLI config
+    /// file
     Set {
         /// KEY=VALUE or KEY
         assignment: String,
         /// The value, when not given as KEY=VALUE
         value: Option<String>,
     },
+    /// Reset a cluster setting to the server's flag (administrators)
+    Unset {
+        /// The cluster setting, e.g. scheduling.max_dag_size
+        key: String,
+    },
+    /// List the cluster settings with their values and where each comes from
+    Cluster,
+}
+
+impl AdminConfigCommand {
+    /// Whether this command is about the cluster's settings (served by the API server)
+    /// rather than the local CLI config file.
+    pub fn is_cluster(&self) -> bool {
+        let cluster_key = |k: &str| {
+            let k = k.split_once('=').map_or(k, |(k, _)| k);
+            lattice_apis::cluster_config::find(k).is_some()
+        };
+        match self {
+            Self::Get { key } => key.as_deref().is_some_and(cluster_key),
+            Self::Set { assignment, .. } => cluster_key(assignment),
+            Self::Unset { key } => cluster_key(key),
+            Self::Cluster => true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Subcommand)]

@@ -572,6 +572,18 @@ impl Client {
         .await
     }
 
+    /// PUT a JSON document (not an object write: `/v1/admin/config/{key}`).
+    pub async fn put_json(&self, path: &str, body: &Value) -> Result<Value, ClientError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Other(e.to_string()))?;
+        self.send_json(
+            reqwest::Method::PUT,
+            path,
+            &[],
+            Some(("application/json", bytes)),
+        )
+        .await
+    }
+
     /// DELETE an object.
     pub async fn delete(&self, path: &str, opts: &WriteOptions) -> Result<Value, ClientError> {
         let q = dry_run_query(opts);

@@ -286,7 +286,9 @@ async fn dispatch(
         Command::Down(a) => return cmd::up::down(a, out, err).await,
         Command::Admin(a) => {
             if let cli::AdminCommand::Config(c) = a.as_ref() {
-                return cmd::admin::config(c, &flags, env, out);
+                if !c.is_cluster() {
+                    return cmd::admin::config(c, &flags, env, out);
+                }
             }
         }
         _ => {}

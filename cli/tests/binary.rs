@@ -414,20 +414,27 @@ fn zsh_and_fish_completion_complete_names() {
 }
 
 #[test]
-fn admin_config_help_says_it_is_client_side() {
+fn admin_config_help_says_what_is_cluster_wide_and_what_is_client_side() {
     let out = run_ok(lattice().args(["admin", "config", "--help"]));
     assert_eq!(out.status.code(), Some(0));
     let help = String::from_utf8_lossy(&out.stdout);
     for claim in [
-        "Client-side defaults",
+        "Cluster settings (scheduling.max_dag_size)",
+        "apply to the whole cluster at once",
+        "client-side default",
         "only edit the local CLI config file",
-        "Nothing is sent to the",
-        "cannot be changed here",
+        "nothing is sent to the server",
+        "do not exist on the server yet",
     ] {
         assert!(help.contains(claim), "{claim:?} missing from:\n{help}");
     }
     let out = run_ok(lattice().args(["admin", "config", "set", "--help"]));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing changes on the server"));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("for the whole cluster"), "{help}");
+    assert!(
+        help.contains("any other key in the local CLI config file"),
+        "{help}"
+    );
 }
 
 #[test]

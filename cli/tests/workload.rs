@@ -1047,7 +1047,7 @@ async fn dag_submit_leaves_the_size_limit_to_the_server() {
     // The seed's two lines, once.
     assert_eq!(
         r.err,
-        "Error: DAG exceeds maximum size (1001 allocations, limit: 1000)\n  Hint: Split the workflow into smaller DAGs or increase the limit via system configuration. (lattice-server --max-dag-size)\n",
+        "Error: DAG exceeds maximum size (1001 allocations, limit: 1000)\n  Hint: Split the workflow into smaller DAGs or increase the limit via system configuration. (an administrator: `lattice admin config set scheduling.max_dag_size=N`)\n",
     );
 }
 

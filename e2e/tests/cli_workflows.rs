@@ -830,10 +830,62 @@ allocations:
 #[test]
 fn dag_submit_status_list_and_cancel() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Cluster::start(dir.path(), 2, &[], &[]);
+    // A server whose flag admits 3 tasks per Dag; the 4-task workflow needs the
+    // cluster setting raised.
+    let c = Cluster::start(dir.path(), 2, &["--max-dag-size", "3"], &[]);
     let cli = Cli::new(&c);
     cli.wait_nodes_ready(2);
     cli.write("workflow.yaml", WORKFLOW);
+    // `lattice get dag -w`, started before the submission: rows as the Dag changes.
+    let mut watch = cli.cmd(&["get", "dag", "-w"]);
+    watch
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut watch = watch.spawn().expect("spawn get dag -w");
+    let watch_out = watch.stdout.take().expect("stdout");
+    let (tx, watch_rows) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(watch_out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // The Dag size limit is a cluster setting an administrator changes at run time.
+    let max = ["admin", "config", "get", "scheduling.max_dag_size"];
+    assert_eq!(cli.ok(&max), "3\n");
+    let r = cli.run(&["dag", "submit", "workflow.yaml"]);
+    assert_ne!(r.code, Some(0), "{}", r.show());
+    assert!(r.err.contains("(4 allocations, limit: 3)"), "{}", r.show());
+    assert!(
+        r.err
+            .contains("lattice admin config set scheduling.max_dag_size=N"),
+        "{}",
+        r.show()
+    );
+    let r = cli.run(&["admin", "config", "set", "scheduling.max_dag_size=0"]);
+    assert_ne!(r.code, Some(0), "{}", r.show());
+    assert!(
+        r.err.contains("whole number of tasks from 1 to 100000"),
+        "{}",
+        r.show()
+    );
+    assert_eq!(
+        cli.ok(&["admin", "config", "set", "scheduling.max_dag_size=5"]),
+        "Set scheduling.max_dag_size = 5 for the whole cluster\n"
+    );
+    let table = cli.ok(&["admin", "config", "cluster"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("scheduling.max_dag_size")
+                && l.contains(" 5 ")
+                && l.contains("cluster")),
+        "{table}"
+    );
+    // Admitted above the server's flag, and run to the end by the DAG controller (below).
     let out = cli.ok(&["dag", "submit", "workflow.yaml"]);
     assert_eq!(out.trim(), "Submitted DAG pipeline with 4 allocations");
 
@@ -851,6 +903,38 @@ fn dag_submit_status_list_and_cancel() {
             .contains(&p.as_str())
             .then_some(())
     });
+    // The watch printed the Dag as it went, ending with its Completed row.
+    let mut rows: Vec<String> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !rows
+        .iter()
+        .any(|r| r.starts_with("pipeline ") && r.contains("Completed"))
+    {
+        match watch_rows.recv_timeout(Duration::from_millis(200)) {
+            Ok(r) => rows.push(r),
+            Err(_) if Instant::now() < deadline => {}
+            Err(e) => {
+                let _ = watch.kill();
+                panic!("get dag -w never showed pipeline Completed ({e}); rows: {rows:#?}");
+            }
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(rows[0].starts_with("NAME "), "a header first: {rows:#?}");
+    let mine: Vec<&String> = rows.iter().filter(|r| r.starts_with("pipeline ")).collect();
+    assert!(mine.len() >= 2, "a row per change: {rows:#?}");
+    assert!(!mine[0].contains("Completed"), "{rows:#?}");
+    assert_eq!(
+        cli.ok(&["admin", "config", "unset", "scheduling.max_dag_size"]),
+        "Reset scheduling.max_dag_size: 3 (the server's flag)\n"
+    );
+    assert_eq!(cli.ok(&max), "3\n");
+    // `dag status -o yaml` is the object.
+    let y: serde_yaml::Value =
+        serde_yaml::from_str(&cli.ok(&["dag", "status", "pipeline", "-o", "yaml"])).expect("yaml");
+    assert_eq!(y["kind"].as_str(), Some("Dag"));
+    assert_eq!(y["status"]["phase"].as_str(), Some("Completed"));
     let graph = cli.ok(&["dag", "status", "pipeline", "--graph"]);
     // The seed's arrow view; the failure handler branches off below `train`.
     let top = "preprocess [Completed] → train [Completed] → evaluate [Completed]";

@@ -303,6 +303,32 @@ fn cases() -> Vec<Case> {
                 ],
             ),
         },
+        // The same paths when train fails: evaluate and deploy can never run (cancelled,
+        // never started) and notify-failure runs on train's failure edge; caught, so the
+        // Dag is Completed.
+        Case {
+            name: "failure-train-fails",
+            steps: vec![
+                step("train", &[], &exits(1)),
+                step("evaluate", &[("train", "success")], &exits(0)),
+                step("deploy", &[("evaluate", "success")], &exits(0)),
+                step(
+                    "notify-failure",
+                    &[("train", "failure"), ("evaluate", "failure")],
+                    &exits(0),
+                ),
+            ],
+            during: Nothing,
+            expect: run(
+                "Completed",
+                vec![
+                    failed("train"),
+                    cancelled_unrun("evaluate"),
+                    cancelled_unrun("deploy"),
+                    completed("notify-failure"),
+                ],
+            ),
+        },
         // `failure` whose predecessor succeeds: the handler is skipped, never runs.
         Case {
             name: "failure-not-met-skips",
@@ -671,7 +697,7 @@ fn cases() -> Vec<Case> {
                 // The seed's two lines, once.
                 cli: Stderr::Exact(format!(
                     "Error: DAG exceeds maximum size (1001 allocations, limit: 1000)\n  \
-                     Hint: {SIZE_HINT} (lattice-server --max-dag-size)\n"
+                     Hint: {SIZE_HINT} (an administrator: `lattice admin config set scheduling.max_dag_size=N`)\n"
                 )),
             },
         },
@@ -692,7 +718,7 @@ fn cases() -> Vec<Case> {
                     "dependencies form a cycle: a → b → c → a; remove one of these edges".into(),
                 )],
                 cli: Stderr::Exact(
-                    "Error: DAG \"{dag}\" rejected — dependency cycle: a -> b -> c -> a\n  \
+                    "Error: DAG \"{dag}\" rejected — dependency cycle: a → b → c → a\n  \
                      Hint: Remove one of the edges on the cycle; a DAG must not loop.\n"
                         .into(),
                 ),

@@ -1,8 +1,11 @@
 //! The seed's Intent API (`/v1/...`) as thin translations onto the resources.
 //!
 //! * `POST /v1/allocations` / `POST /v1/dags`: the body is either a whole resource
-//!   object (with `kind`) or an intent: `{"tenant": "t", "name": "n"?, ...spec fields}`,
-//!   which becomes `{metadata: {namespace: tenant, name | generateName}, spec: rest}`.
+//!   object (with `kind`) or an intent: `{"tenant": "t", "name": "n"?, ...spec fields}`
+//!   (also wrapped as `{"allocation": {...}}` / `{"dag": {...}}`), which becomes
+//!   `{metadata: {namespace: tenant, name | generateName}, spec: rest}`. The rest is
+//!   the seed's request: snake_case or camelCase fields, the task-group form and the
+//!   `workflow.yaml` short form (translated by [`lattice_apis::intent`]), or a `spec`.
 //!   `tenant` may also come from `?tenant=`.
 //! * `GET /v1/<plural>` lists (all tenants, or `?tenant=`); `GET /v1/<plural>/{id}`
 //!   finds the object whose name is `id` in `?tenant=` (or `id` is `tenant/name`); without
@@ -119,6 +122,27 @@ fn to_resource(
             .ok_or_else(|| ApiError::bad_request("metadata.namespace (the tenant) is required"))?;
         return Ok((Value::Object(m), t));
     }
+    // The seed's request shapes: `{"allocation": {...}}` / `{"dag": {...}}`, snake_case
+    // fields, the task-group form `{type: task_group, template, range: {start, end},
+    // concurrency}` and the workflow short form (`lattice_apis::intent`).
+    let wrapper = match k.kind {
+        "Allocation" => "allocation",
+        "Dag" => "dag",
+        _ => "",
+    };
+    // Unwrapped when nothing but `tenant` and `name` stands beside the wrapper (those
+    // count as the inner ones' defaults); anything else is left for admission to report.
+    if matches!(m.get(wrapper), Some(Value::Object(_)))
+        && m.keys()
+            .all(|k| k == wrapper || k == "tenant" || k == "name")
+    {
+        if let Some(Value::Object(mut inner)) = m.remove(wrapper) {
+            for (k, v) in std::mem::take(&mut m) {
+                inner.entry(k).or_insert(v);
+            }
+            m = inner;
+        }
+    }
     let t = m
         .remove("tenant")
         .and_then(|v| v.as_str().map(String::from))
@@ -136,7 +160,14 @@ fn to_resource(
     if let Some(l) = m.remove("labels") {
         meta.insert("labels".into(), l);
     }
-    let spec = m.remove("spec").unwrap_or(Value::Object(m));
+    let spec = match (m.remove("spec"), k.kind) {
+        (Some(spec), _) => spec,
+        (None, "Allocation") => {
+            lattice_apis::intent::allocation_from_intent(&Value::Object(m)).spec
+        }
+        (None, "Dag") => lattice_apis::intent::dag_from_workflow(&Value::Object(m)).spec,
+        (None, _) => Value::Object(m),
+    };
     Ok((
         json!({"apiVersion": lattice_apis::API_VERSION, "kind": k.kind, "metadata": meta, "spec": spec}),
         t,

@@ -27,6 +27,7 @@ use lattice_store::KvBackend;
 pub mod apply;
 pub mod attach;
 pub mod auth;
+pub mod cluster_config;
 pub mod discovery;
 pub mod errors;
 pub mod heartbeat;
@@ -271,6 +272,13 @@ impl ApiServer {
             .route(
                 &format!("/openapi/v3/apis/{}", lattice_apis::API_VERSION),
                 get(openapi_doc),
+            )
+            .route("/v1/admin/config", get(cluster_config::list))
+            .route(
+                "/v1/admin/config/{key}",
+                get(cluster_config::get)
+                    .put(cluster_config::put)
+                    .delete(cluster_config::delete),
             )
             .route("/v1/{plural}", any(intent::collection))
             .route("/v1/{plural}/{id}", any(intent::item))

@@ -140,16 +140,33 @@ impl Resources {
         self
     }
 
-    /// The limit on tasks per `Dag` enforced at admission.
+    /// The server's limit on tasks per `Dag` (`--max-dag-size`); the cluster setting
+    /// `scheduling.max_dag_size` overrides it ([`dag_limit`](Self::dag_limit)).
     pub fn max_dag_size(&self) -> usize {
         self.max_dag_size
+    }
+
+    /// The limit on tasks per `Dag` in force for a write of `kind`: read from the store
+    /// (the cluster setting, else the server's flag) only for writes that may grow a
+    /// Dag's tasks; a `/status` write keeps the spec, so it needs no read.
+    pub async fn dag_limit(&self, kind: &KindInfo, subresource: Option<&str>) -> ApiResult<usize> {
+        if kind.kind != "Dag" || subresource == Some("status") {
+            return Ok(self.max_dag_size);
+        }
+        crate::cluster_config::max_dag_size(&*self.backend, self.max_dag_size).await
     }
 
     /// Admission checks that depend on the server's configuration (the kinds' own
     /// `admit` takes none): a `Dag` may have at most `max_dag_size` tasks. On update the
     /// limit applies only when the task count grows, so a Dag admitted under a higher
     /// limit keeps accepting status writes and shrinking edits after the limit is lowered.
-    fn admit_configured(&self, kind: &KindInfo, new: &Value, old: Option<&Value>) -> ApiResult<()> {
+    fn admit_configured(
+        &self,
+        kind: &KindInfo,
+        new: &Value,
+        old: Option<&Value>,
+        dag_limit: usize,
+    ) -> ApiResult<()> {
         if kind.kind != "Dag" {
             return Ok(());
         }
@@ -162,7 +179,7 @@ impl Resources {
         if old.is_some_and(|o| n <= tasks(o)) {
             return Ok(());
         }
-        match lattice_apis::kinds::dag::dag_size_error(n, self.max_dag_size) {
+        match lattice_apis::kinds::dag::dag_size_error(n, dag_limit) {
             None => Ok(()),
             Some(msg) => Err(ApiError::invalid(
                 kind.kind,
@@ -406,7 +423,8 @@ impl Resources {
         // After the managed fields: a `lattice.dev/user` the server fills in belongs to
         // no field manager, so a later apply that omits it keeps it.
         auth::admit_user_on_create(self.caller().as_ref(), kind, &mut obj)?;
-        self.admit_configured(kind, &obj, None)?;
+        let dag_limit = self.dag_limit(kind, None).await?;
+        self.admit_configured(kind, &obj, None, dag_limit)?;
         let obj = admit(kind, obj)?;
         if name_of(&obj) != name {
             return Err(ApiError::internal("admission changed the object's name"));
@@ -437,6 +455,7 @@ impl Resources {
 
     /// Build the object to store from the current one and the caller's new version,
     /// following the spec/status rules; `None` when nothing changes.
+    #[allow(clippy::too_many_arguments)]
     fn prepare_update(
         &self,
         kind: &'static KindInfo,
@@ -445,6 +464,7 @@ impl Resources {
         subresource: Option<&str>,
         opts: &WriteOptions,
         apply_op: bool,
+        dag_limit: usize,
     ) -> ApiResult<Value> {
         if !new.is_object() {
             return Err(ApiError::bad_request(
@@ -562,7 +582,7 @@ impl Resources {
                 self.lists(kind),
             );
         }
-        self.admit_configured(kind, &result, Some(old))?;
+        self.admit_configured(kind, &result, Some(old), dag_limit)?;
         let mut result = admit(kind, result)?;
         let old_gen = old
             .pointer("/metadata/generation")
@@ -663,7 +683,8 @@ impl Resources {
         if rv != old_rev {
             return Err(ApiError::stale(kind.plural, name));
         }
-        let result = self.prepare_update(kind, &old, new, subresource, opts, false)?;
+        let dag_limit = self.dag_limit(kind, subresource).await?;
+        let result = self.prepare_update(kind, &old, new, subresource, opts, false, dag_limit)?;
         match self
             .commit(kind, key, &old, old_rev, result, opts.dry_run)
             .await?
@@ -771,8 +792,16 @@ impl Resources {
                     p
                 }
             };
-            let result =
-                self.prepare_update(kind, &old, patched, subresource, opts, applied.is_some())?;
+            let dag_limit = self.dag_limit(kind, subresource).await?;
+            let result = self.prepare_update(
+                kind,
+                &old,
+                patched,
+                subresource,
+                opts,
+                applied.is_some(),
+                dag_limit,
+            )?;
             match self
                 .commit(kind, key.clone(), &old, old_rev, result, opts.dry_run)
                 .await?

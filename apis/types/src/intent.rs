@@ -107,24 +107,39 @@ pub fn allocation_from_intent(req: &Value) -> IntentAllocation {
     let name = take_string(&mut spec, "name");
     let tenant = take_string(&mut spec, "tenant");
     // Task group form: {type: task_group, template: {...}, range: {start, end}, concurrency}.
+    // Nothing is dropped: a template field also given beside it stays in `template`, and
+    // a range without whole-number bounds stays as written, for admission to report.
     if spec.get("type").and_then(Value::as_str) == Some("task_group") {
         spec.remove("type");
         let template = spec.remove("template");
         let range = spec.remove("range");
         let concurrency = spec.remove("concurrency");
-        if let Some(Value::Object(t)) = template {
-            for (k, v) in t {
-                spec.entry(k).or_insert(v);
+        match template {
+            Some(Value::Object(t)) => {
+                let mut left = Map::new();
+                for (k, v) in t {
+                    if spec.contains_key(&k) {
+                        left.insert(k, v);
+                    } else {
+                        spec.insert(k, v);
+                    }
+                }
+                if !left.is_empty() {
+                    spec.insert("template".into(), Value::Object(left));
+                }
             }
+            Some(other) => {
+                spec.insert("template".into(), other);
+            }
+            None => {}
         }
         let range = match range {
             Some(Value::Object(r)) => {
-                let n = |k: &str| r.get(k).and_then(Value::as_u64).map(|v| v.to_string());
-                Value::String(format!(
-                    "{}-{}",
-                    n("start").unwrap_or_default(),
-                    n("end").unwrap_or_default()
-                ))
+                let n = |k: &str| r.get(k).and_then(Value::as_u64);
+                match (n("start"), n("end"), r.len()) {
+                    (Some(a), Some(b), 2) => Value::String(format!("{a}-{b}")),
+                    _ => Value::Object(r),
+                }
             }
             Some(other) => other,
             None => Value::Null,
@@ -144,48 +159,60 @@ pub fn allocation_from_intent(req: &Value) -> IntentAllocation {
     }
 }
 
-/// Move seed-only shapes to their resource fields.
+/// Move seed-only shapes to their resource fields. Nothing is dropped: a value whose
+/// place is already taken (both `nodes` and `resources.nodes`, say) stays where it was
+/// written, and admission reports it by its path.
 fn normalize_spec(spec: &mut Map<String, Value>) {
     // data: {mounts, defaults} → dataMounts, dataDefaults
     if let Some(Value::Object(mut data)) = spec.remove("data") {
-        if let Some(m) = data.remove("mounts") {
-            spec.insert("dataMounts".into(), m);
-        }
-        if let Some(d) = data.remove("defaults") {
-            spec.insert("dataDefaults".into(), d);
+        for (from, to) in [("mounts", "dataMounts"), ("defaults", "dataDefaults")] {
+            if !spec.contains_key(to) {
+                if let Some(v) = data.remove(from) {
+                    spec.insert(to.into(), v);
+                }
+            }
         }
         if !data.is_empty() {
             spec.insert("data".into(), Value::Object(data)); // reported as unknown
         }
     }
     // lifecycle.preemptionClass → preemptionClass
-    if let Some(Value::Object(lc)) = spec.get_mut("lifecycle") {
-        if let Some(pc) = lc.remove("preemptionClass") {
-            spec.entry("preemptionClass").or_insert(pc);
+    if !spec.contains_key("preemptionClass") {
+        if let Some(Value::Object(lc)) = spec.get_mut("lifecycle") {
+            if let Some(pc) = lc.remove("preemptionClass") {
+                spec.insert("preemptionClass".into(), pc);
+            }
         }
     }
     // The workflow.yaml short form: nodes / walltime / uenv / view / image at the top.
-    if let Some(n) = spec.remove("nodes") {
-        object_at(spec, "resources").entry("nodes").or_insert(n);
-    }
-    if let Some(w) = spec.remove("walltime") {
-        object_at(spec, "lifecycle").entry("walltime").or_insert(w);
-    }
-    for k in ["uenv", "view", "image"] {
-        if let Some(v) = spec.remove(k) {
-            object_at(spec, "environment").entry(k).or_insert(v);
-        }
+    for (key, parent) in [
+        ("nodes", "resources"),
+        ("walltime", "lifecycle"),
+        ("uenv", "environment"),
+        ("view", "environment"),
+        ("image", "environment"),
+    ] {
+        move_into(spec, key, parent);
     }
 }
 
-fn object_at<'a>(m: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
-    let slot = m.entry(key).or_insert_with(|| Value::Object(Map::new()));
-    if !slot.is_object() {
-        *slot = Value::Object(Map::new());
+/// `spec[key]` → `spec[parent][key]` when `parent` is an object (or absent) without `key`.
+fn move_into(spec: &mut Map<String, Value>, key: &str, parent: &str) {
+    let free = match spec.get(parent) {
+        None => true,
+        Some(Value::Object(o)) => !o.contains_key(key),
+        Some(_) => false,
+    };
+    if !free {
+        return;
     }
-    match slot {
-        Value::Object(o) => o,
-        _ => unreachable!("just made an object"),
+    if let Some(v) = spec.remove(key) {
+        if let Value::Object(o) = spec
+            .entry(parent)
+            .or_insert_with(|| Value::Object(Map::new()))
+        {
+            o.insert(key.into(), v);
+        }
     }
 }
 
@@ -247,6 +274,14 @@ fn task_from_intent(item: &Value) -> Value {
         return item.clone();
     };
     let mut m = m.clone();
+    if m.contains_key("spec") {
+        // Already a task of the resource form (`{name, dependsOn, spec}`): kept as it is,
+        // so admission reports anything else with its path.
+        if let Some(d) = m.remove("depends_on") {
+            m.entry("dependsOn").or_insert(d);
+        }
+        return Value::Object(m);
+    }
     let name = m.remove("name").or_else(|| m.remove("id"));
     let deps = m.remove("depends_on").or_else(|| m.remove("dependsOn"));
     let spec = allocation_from_intent(&Value::Object(m)).spec;

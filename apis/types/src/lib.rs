@@ -62,6 +62,7 @@
 #![warn(missing_docs)]
 
 pub mod attach;
+pub mod cluster_config;
 pub mod duration;
 pub mod intent;
 pub mod kinds;
@@ -111,4 +112,4 @@ pub use registry::{
     SYSTEM_NAMESPACE, VERSION,
 };
 pub use resource::Resource;
-pub use validation::validate_dns1123_name;
+pub use validation::{validate_dns1123_name, MAX_REPORTED_ERRORS};

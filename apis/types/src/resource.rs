@@ -91,8 +91,36 @@ pub fn parse_strict<T: Resource>(value: serde_json::Value) -> Result<T, Validati
 pub const MAX_DEPTH: usize = 64;
 
 /// Path of the first value nested deeper than `max`, found without recursion
-/// (so a hostile document cannot overflow the stack here).
+/// (so a hostile document cannot overflow the stack here). Paths are only built once a
+/// document turned out too deep: a valid one costs a walk, no allocation per value.
 fn too_deep(root: &serde_json::Value, max: usize) -> Option<String> {
+    let mut stack: Vec<(&serde_json::Value, usize)> = vec![(root, 0)];
+    let mut deep = false;
+    while let Some((v, depth)) = stack.pop() {
+        if depth > max {
+            deep = true;
+            break;
+        }
+        let nested = |c: &&serde_json::Value| c.is_array() || c.is_object();
+        match v {
+            serde_json::Value::Array(items) => {
+                stack.extend(items.iter().filter(nested).map(|c| (c, depth + 1)))
+            }
+            serde_json::Value::Object(map) => {
+                stack.extend(map.values().filter(nested).map(|c| (c, depth + 1)))
+            }
+            _ => {}
+        }
+    }
+    if deep {
+        too_deep_path(root, max)
+    } else {
+        None
+    }
+}
+
+/// [`too_deep`]'s second pass: the path of the first value nested deeper than `max`.
+fn too_deep_path(root: &serde_json::Value, max: usize) -> Option<String> {
     let mut stack: Vec<(&serde_json::Value, usize, String)> = vec![(root, 0, String::new())];
     while let Some((v, depth, path)) = stack.pop() {
         if depth > max {

@@ -79,32 +79,56 @@ impl From<FieldError> for ValidationErrors {
     }
 }
 
-/// Accumulates errors while a validator walks an object.
+/// Accumulates errors while a validator walks an object. Errors on list elements (paths
+/// with `[`) are kept up to [`MAX_REPORTED_ERRORS`] and only counted beyond, so a huge
+/// bad request costs no more than a small one; errors on whole-object fields (the cycle
+/// of a DAG, say) are always kept.
 #[derive(Debug, Default)]
-pub struct Errors(pub Vec<FieldError>);
+pub struct Errors(pub Vec<FieldError>, usize);
 
 impl Errors {
     /// Record an error at `path`.
     pub fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(FieldError::new(path, message));
+        self.keep(FieldError::new(path, message));
     }
 
     /// Record `e` if it is an error.
     pub fn extend(&mut self, e: Option<FieldError>) {
         if let Some(e) = e {
+            self.keep(e);
+        }
+    }
+
+    fn keep(&mut self, e: FieldError) {
+        if self.0.len() >= MAX_REPORTED_ERRORS - 1 && e.path.contains('[') {
+            self.1 += 1;
+        } else {
             self.0.push(e);
         }
     }
 
-    /// `Ok` when nothing was recorded.
-    pub fn into_result(self) -> Result<(), ValidationErrors> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(ValidationErrors(self.0))
+    /// `Ok` when nothing was recorded. At most [`MAX_REPORTED_ERRORS`] element errors
+    /// are reported, then one saying how many more there were (an answer must not grow
+    /// with a bad request's size).
+    pub fn into_result(mut self) -> Result<(), ValidationErrors> {
+        if self.0.is_empty() && self.1 == 0 {
+            return Ok(());
         }
+        if self.1 > 0 {
+            self.0.push(FieldError::new(
+                "(more)",
+                format!(
+                    "{} more errors like the ones above; fix those and submit again",
+                    self.1
+                ),
+            ));
+        }
+        Err(ValidationErrors(self.0))
     }
 }
+
+/// Most field errors one answer reports.
+pub const MAX_REPORTED_ERRORS: usize = 100;
 
 /// Longest free-text string (messages, scripts are separate) we accept in a spec.
 pub(crate) const MAX_TEXT_LEN: usize = 4096;
@@ -112,10 +136,11 @@ pub(crate) const MAX_TEXT_LEN: usize = 4096;
 pub(crate) const MAX_SCRIPT_LEN: usize = 1024 * 1024;
 
 /// Checks that a free-text field is not absurdly long.
-pub(crate) fn check_len(errs: &mut Errors, path: &str, value: &str, max: usize) {
+/// `path` is formatted only when the check fails (pass `format_args!`).
+pub(crate) fn check_len(errs: &mut Errors, path: impl fmt::Display, value: &str, max: usize) {
     if value.len() > max {
         errs.push(
-            path,
+            path.to_string(),
             format!(
                 "is {} bytes long, the limit is {max}; shorten it",
                 value.len()
@@ -143,7 +168,12 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
 /// '-' and '.', starting and ending with a letter or digit, at most 253 chars).
 ///
 /// Returns `None` when the name is valid.
-pub fn validate_dns1123_name(path: &str, name: &str) -> Option<FieldError> {
+pub fn validate_dns1123_name(path: impl fmt::Display, name: &str) -> Option<FieldError> {
+    if is_dns1123_subdomain(name) {
+        return None;
+    }
+    let path = path.to_string();
+    let path = path.as_str();
     if name.is_empty() {
         return Some(FieldError::new(
             path,
@@ -174,7 +204,12 @@ pub fn validate_dns1123_name(path: &str, name: &str) -> Option<FieldError> {
 
 /// Validate a DNS-1123 label (at most 63 characters, no dots): used for
 /// namespaces (tenants) and other names that become path segments or labels.
-pub fn validate_dns1123_label(path: &str, name: &str) -> Option<FieldError> {
+pub fn validate_dns1123_label(path: impl fmt::Display, name: &str) -> Option<FieldError> {
+    if is_dns1123_label(name) {
+        return None;
+    }
+    let path = path.to_string();
+    let path = path.as_str();
     if name.is_empty() {
         return Some(FieldError::new(
             path,

@@ -530,6 +530,43 @@ fn dag_rules() {
         })
         .collect();
     admit("Dag", dag(Value::Array(chain))).expect("long chain is fine");
+    // Many dangling references: the answer stays small (a capped list of errors, each
+    // naming a few tasks), whatever the DAG's size.
+    // A cycle (t0 → t1 → t0) among them is still reported.
+    let dangling: Vec<Value> = (0..1000)
+        .map(|i| {
+            let mut refs: Vec<Value> = (0..20)
+                .map(|k| json!({"ref": format!("gone-{i}-{k}")}))
+                .collect();
+            if i < 2 {
+                refs.push(json!({"ref": format!("t{}", 1 - i)}));
+            }
+            t(&format!("t{i}"), Value::Array(refs))
+        })
+        .collect();
+    let e = admit("Dag", dag(Value::Array(dangling))).expect_err("dangling refs");
+    assert_eq!(e.0.len(), MAX_REPORTED_ERRORS + 1, "{}", e.0.len());
+    // Sorted names: t0, t1, t10, t100, ...
+    assert!(
+        e.0[0]
+            .message
+            .contains("use one of: t0, t1, t10, t100, t101"),
+        "{}",
+        e.0[0]
+    );
+    assert!(e.0[0].message.contains("1000 tasks in all"), "{}", e.0[0]);
+    assert!(
+        e.0.iter()
+            .any(|f| f.path == "spec.allocations" && f.message.contains("cycle")),
+        "{e}"
+    );
+    let last = e.0.last().expect("errors");
+    assert!(last.message.starts_with("19901 more errors"), "{last}");
+    assert!(
+        e.to_string().len() < 32 * 1024,
+        "{} bytes",
+        e.to_string().len()
+    );
 }
 
 #[test]
@@ -943,4 +980,30 @@ fn dag_edges_reject_standalone_dependency_schemes() {
         "{r:?}"
     );
     admit("Dag", dag(json!({"a": "any"}))).expect("short form still valid");
+}
+
+#[test]
+fn documents_nested_too_deep_are_refused_with_the_path() {
+    // 70 levels of lists under spec.args: refused before typed parsing, naming where.
+    let mut v = json!("x");
+    for _ in 0..70 {
+        v = json!([v]);
+    }
+    let (path, msg) = one_error(admit(
+        "Allocation",
+        alloc(json!({"entrypoint": "/bin/true", "args": v})),
+    ));
+    assert!(path.starts_with("spec.args[0][0]"), "{path}");
+    assert!(msg.contains("nested more than 64 levels deep"), "{msg}");
+    // 60 levels deep is not refused for depth (it is a wrong type instead).
+    let mut v = json!("x");
+    for _ in 0..60 {
+        v = json!([v]);
+    }
+    let e = admit(
+        "Allocation",
+        alloc(json!({"entrypoint": "/bin/true", "args": v})),
+    )
+    .expect_err("type");
+    assert!(!e.to_string().contains("levels deep"), "{e}");
 }

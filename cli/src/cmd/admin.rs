@@ -657,8 +657,8 @@ async fn vcluster(
     }
 }
 
-/// `admin config get|set`: dotted keys in the CLI config file (the server has no
-/// cluster-configuration resource).
+/// `admin config get|set` of keys that are not cluster settings: dotted keys in the CLI
+/// config file.
 pub fn config(
     c: &AdminConfigCommand,
     flags: &FlagValues,
@@ -773,6 +773,16 @@ pub fn config(
             writeln!(out, "Set {key} = {raw} in {}", path.display())?;
             Ok(0)
         }
+        AdminConfigCommand::Unset { key } => Err(CliError::new(
+            format!("admin config unset {key}"),
+            format!(
+                "{key:?} is not a cluster setting (those are: {})",
+                lattice_apis::cluster_config::keys()
+            ),
+        )
+        .hint("edit the local CLI config file with `lattice admin config set KEY=VALUE`")
+        .exit_code(exit::USAGE)),
+        AdminConfigCommand::Cluster => Ok(0),
     }
 }
 
@@ -884,6 +894,104 @@ pub async fn run(
         AdminCommand::Raft(RaftCommand::Status) => raft_status(ctx, out).await,
         AdminCommand::Drain(a) => crate::cmd::nodes::drain(ctx, a, out).await,
         AdminCommand::Undrain(a) => crate::cmd::nodes::undrain(ctx, &a.id, out).await,
-        AdminCommand::Config(_) => Ok(0),
+        AdminCommand::Config(c) => cluster_config(ctx, c, out).await,
     }
+}
+
+/// A setting's value as a line (`2000`, `true`, `text`).
+fn plain(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// `admin config get KEY|set KEY=VALUE|unset KEY|cluster` for the cluster's settings
+/// (`/v1/admin/config`): stored on the server, in force for every API server at once.
+async fn cluster_config(
+    ctx: &mut Ctx,
+    c: &AdminConfigCommand,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
+    let path = |k: &str| format!("/v1/admin/config/{k}");
+    let v = match c {
+        AdminConfigCommand::Get { key: Some(key) } => ctx
+            .client
+            .get(&path(key))
+            .await
+            .map_err(|e| CliError::from_client(format!("get the cluster setting {key}"), e))?,
+        AdminConfigCommand::Set { assignment, value } => {
+            let (key, raw) = match (assignment.split_once('='), value) {
+                (_, Some(v)) => (assignment.as_str(), v.as_str()),
+                (Some((k, v)), None) => (k, v),
+                (None, None) => {
+                    return Err(CliError::new(
+                        format!("admin config set {assignment}"),
+                        "no value given",
+                    )
+                    .hint(format!("lattice admin config set {assignment}=VALUE"))
+                    .exit_code(exit::USAGE))
+                }
+            };
+            let val: Value =
+                serde_yaml::from_str(raw).unwrap_or_else(|_| Value::String(raw.into()));
+            let v = ctx
+                .client
+                .put_json(&path(key), &json!({ "value": val }))
+                .await
+                .map_err(|e| write_err(format!("set the cluster setting {key}"), e))?;
+            if !print_obj(ctx, out, &v)? {
+                writeln!(
+                    out,
+                    "Set {key} = {} for the whole cluster",
+                    plain(&v["value"])
+                )?;
+            }
+            return Ok(0);
+        }
+        AdminConfigCommand::Unset { key } => {
+            let v = ctx
+                .client
+                .delete(&path(key), &WriteOptions::default())
+                .await
+                .map_err(|e| write_err(format!("reset the cluster setting {key}"), e))?;
+            if !print_obj(ctx, out, &v)? {
+                writeln!(
+                    out,
+                    "Reset {key}: {} (the server's flag)",
+                    plain(&v["value"])
+                )?;
+            }
+            return Ok(0);
+        }
+        AdminConfigCommand::Cluster | AdminConfigCommand::Get { key: None } => {
+            let v = ctx
+                .client
+                .get("/v1/admin/config")
+                .await
+                .map_err(|e| CliError::from_client("list the cluster settings", e))?;
+            if !print_obj(ctx, out, &v)? {
+                let mut t = Table::new(
+                    ["SETTING", "VALUE", "SOURCE", "DESCRIPTION"]
+                        .iter()
+                        .map(|x| x.to_string())
+                        .collect(),
+                );
+                for item in v["items"].as_array().into_iter().flatten() {
+                    t.rows.push(vec![
+                        s(item, "/key").unwrap_or(DASH).to_string(),
+                        item.get("value").map_or_else(|| DASH.to_string(), plain),
+                        s(item, "/source").unwrap_or(DASH).to_string(),
+                        s(item, "/description").unwrap_or(DASH).to_string(),
+                    ]);
+                }
+                out.write_all(t.render(false).as_bytes())?;
+            }
+            return Ok(0);
+        }
+    };
+    if !print_obj(ctx, out, &v)? {
+        writeln!(out, "{}", plain(&v["value"]))?;
+    }
+    Ok(0)
 }

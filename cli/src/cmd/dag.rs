@@ -379,8 +379,9 @@ pub async fn run(
                 if let Some(msg) = dag_size_error(n, DEFAULT_MAX_DAG_SIZE) {
                     writeln!(
                         err,
-                        "Warning: {msg} (the default limit; a server started with a larger \
-                         --max-dag-size accepts it)"
+                        "Warning: {msg} (the default limit; a cluster whose administrator \
+                         raised it with `lattice admin config set scheduling.max_dag_size=N` \
+                         or lattice-server --max-dag-size accepts it)"
                     )?;
                 }
                 print(out, &m)?;
@@ -403,7 +404,7 @@ pub async fn run(
                         let msg = &e.why[at..];
                         let msg = msg.find(')').map_or(msg, |end| &msg[..=end]);
                         return CliError::new(msg, "").hint(format!(
-                            "{} (lattice-server --max-dag-size)",
+                            "{} (an administrator: `lattice admin config set scheduling.max_dag_size=N`)",
                             lattice_apis::kinds::dag::DAG_SIZE_HINT
                         ));
                     } else if e.why.contains("(422)") {

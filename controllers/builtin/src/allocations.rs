@@ -4,8 +4,9 @@
 //!   stopped by its agents, see `lattice_apis::lifecycle`);
 //! * `spec.dependsOn`: the allocation stays out of the queue (reason
 //!   `waiting_for_dependencies`) until every dependency holds — then the condition
-//!   `DependenciesMet` is set and the scheduler sees it — or is cancelled with reason
-//!   `dependency_never_satisfied` when one never can.
+//!   `DependenciesMet` is set and the scheduler sees it — or fails with reason
+//!   `dependency_never_satisfied` when one never can (Flux RFC 26's fatal exception: it
+//!   never ran, and a `failure` (afternotok) dependency on it holds as on any failure).
 //!
 //! # Dependency schemes
 //!
@@ -35,7 +36,7 @@
 //! | `anyOf: true` | `?` between entries | (for the group of all such entries, with `beginTime` and `singleton` entries too) any one of them holds | every one of them can never hold |
 //!
 //! Entries without `anyOf` must all hold, and the any-of group too when there is one. An
-//! alternative that can never hold does not cancel the allocation while another one may
+//! alternative that can never hold does not fail the allocation while another one may
 //! still hold. A `delay` is timed from the times A recorded, so a controller that notices
 //! late (restart, backlog) releases at once and never later than needed; the allocation
 //! requeues itself for that instant (as for `beginTime`). The element of a `taskIndex`
@@ -44,7 +45,7 @@
 //! **aftercorr** (job arrays, Slurm `aftercorr`, the seed's `Corresponding`). On the
 //! array B (the parent) the entry holds as soon as the job array A exists; B's elements
 //! carry it and each one waits for its own index: B\[i\] starts once A\[i\] Completed and
-//! is cancelled (`dependency_never_satisfied`) when A\[i\] Failed or was Cancelled (or A
+//! fails (`dependency_never_satisfied`) when A\[i\] Failed or was Cancelled (or A
 //! ended without ever creating it), while the other indices go on. Indices of B that A
 //! does not have hold at once, as if they had no such dependency (the seed: "extra
 //! indices ... enter the scheduler queue as if they were root nodes"). When A is not a
@@ -61,7 +62,7 @@
 //! `inout` replaces the writers before it, which is what chains jobs), leaving out writers
 //! that had already ended unsuccessfully before X was submitted (they are no longer
 //! current). X holds when all of them Completed; when one of them fails or is cancelled,
-//! X is cancelled (RFC 26's fatal exception) with a message naming that writer.
+//! X fails (RFC 26's fatal exception) with a message naming that writer.
 //!
 //! **Scope rule** (RFC 26: "A non-instance owner can only create a dependency with the
 //! type in within this scope"): an allocation declaring `out` or `inout` in scope
@@ -1123,9 +1124,10 @@ async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, anyhow::
     }
     if let Some(msg) = scope_violation(&ctx, &a).await? {
         ctx.shared.index().unregister(&me);
-        cancel_unsatisfiable(
+        end_unsatisfiable(
             &api,
             &a,
+            AllocationPhase::Cancelled,
             (DEPENDENCY_NOT_PERMITTED, "NotPermitted"),
             &msg,
             Vec::new(),
@@ -1139,9 +1141,12 @@ async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, anyhow::
 
     if let Some(fatal) = &v.fatal {
         let msg = format!("dependency can never be satisfied: {fatal}");
-        cancel_unsatisfiable(
+        // Flux RFC 26: a dependency that can never be satisfied is a fatal exception,
+        // the job fails (and `afternotok` on it holds, as on any failure).
+        end_unsatisfiable(
             &api,
             &a,
+            AllocationPhase::Failed,
             (reason::DEPENDENCY_NEVER_SATISFIED, "NeverSatisfied"),
             &msg,
             v.records.clone(),
@@ -1247,9 +1252,12 @@ async fn scope_violation(ctx: &Ctx, a: &Allocation) -> Result<Option<String>, an
 
 /// Cancel an unbound allocation whose dependencies can never be satisfied (or are not
 /// permitted): `reason` is (status reason, `DependenciesMet` condition reason).
-async fn cancel_unsatisfiable(
+/// End an allocation whose dependencies can never hold (`phase` Failed) or that may not
+/// have them (Cancelled), before it ever ran.
+async fn end_unsatisfiable(
     api: &Api<Allocation>,
     a: &Allocation,
+    phase: AllocationPhase,
     reason: (&str, &str),
     msg: &str,
     records: Vec<DependencyStatus>,
@@ -1260,7 +1268,7 @@ async fn cancel_unsatisfiable(
         }
         let st = cur.status.get_or_insert_with(Default::default);
         st.dependencies = merge_records(&st.dependencies, records.clone());
-        st.phase = AllocationPhase::Cancelled;
+        st.phase = phase;
         st.reason = Some(reason.0.into());
         st.message = Some(msg.to_string());
         st.end_time = Some(now());
@@ -1271,7 +1279,7 @@ async fn cancel_unsatisfiable(
         true
     })
     .await?;
-    tracing::info!(allocation = %a.object_ref(), %msg, "cancelled");
+    tracing::info!(allocation = %a.object_ref(), ?phase, %msg, "dependencies cannot hold");
     Ok(())
 }
 

@@ -346,13 +346,13 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
             }
             let def = DagDef::from_value(&serde_json::to_value(dag.as_ref())?)
                 .map_err(|e| anyhow::anyhow!("{}: {} ({})", e.path, e.message, e.hint))?;
-            // The API server admits at most `max_dag_size` tasks (the same
-            // `--max-dag-size`); a Dag that already started under a higher limit keeps
-            // running after the limit is lowered, as admission lets it keep its size.
-            let mut limits = ctx.limits;
-            if dag.status.as_ref().is_some_and(|s| s.start_time.is_some()) {
-                limits.max_dag_size = limits.max_dag_size.max(def.steps.len());
-            }
+            // The size limit is admission's (the API server's `--max-dag-size`, or the
+            // cluster setting `scheduling.max_dag_size` an administrator changes while
+            // Dags run): a Dag in the store was admitted, whatever the limit is now.
+            let limits = Limits {
+                max_dag_size: usize::MAX,
+                ..ctx.limits
+            };
             let validated = match validate(&def, &limits) {
                 Ok(v) => v,
                 Err(errs) => {

@@ -20,7 +20,7 @@
 //! ## Dependencies of standalone allocations
 //!
 //! `spec.dependsOn` entries hold an allocation out of the queue until the condition
-//! `DependenciesMet` is True (or cancel it with reason `dependency_never_satisfied`):
+//! `DependenciesMet` is True (or fail it with reason `dependency_never_satisfied`):
 //!
 //! ```yaml
 //! dependsOn:

@@ -309,9 +309,7 @@ async fn dependencies_between_allocations() {
     let held = env.get("t1", "on-ok").await;
     assert_ne!(held.phase(), AllocationPhase::Staging);
     env.wait_phase("t1", "first", AllocationPhase::Failed).await;
-    let ok = env
-        .wait_phase("t1", "on-ok", AllocationPhase::Cancelled)
-        .await;
+    let ok = env.wait_phase("t1", "on-ok", AllocationPhase::Failed).await;
     assert_eq!(
         ok.status.unwrap().reason.as_deref(),
         Some("dependency_never_satisfied")
@@ -425,6 +423,52 @@ fn task_phases(d: &Dag) -> BTreeMap<String, String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dag_steps_are_owned_by_the_dag_and_held_steps_say_why() {
+    let (env, _hb) = cluster(&["n1", "n2"]).await;
+    let api: Api<Dag> = Api::namespaced(env.client.clone(), "t1");
+    // The root needs more nodes than there are: it stays Pending, its successor held.
+    let dag: Dag = serde_json::from_value(json!({
+        "metadata": {"name": "wait", "namespace": "t1"},
+        "spec": {"allocations": [
+            {"name": "big", "spec": {"entrypoint": "/bin/true", "resources": {"nodes": 9}, "lifecycle": {"walltime": "1h"}}},
+            {"name": "after", "dependsOn": [{"ref": "big", "condition": "any"}],
+             "spec": {"entrypoint": "/bin/true", "lifecycle": {"walltime": "1h"}}},
+        ]},
+    }))
+    .expect("dag");
+    let created = api.create(&PostParams::default(), &dag).await.expect("dag");
+    let held = env
+        .wait_alloc("t1", "wait-after", "held with a reason", |a| {
+            a.metadata.annotations.contains_key("lattice.dev/hold")
+                && a.status.as_ref().and_then(|s| s.reason.as_deref())
+                    == Some("waiting_for_dependencies")
+        })
+        .await;
+    assert_eq!(
+        held.status.as_ref().and_then(|s| s.message.as_deref()),
+        Some("waiting for dependencies: big (any)")
+    );
+    assert_eq!(held.phase(), AllocationPhase::Pending);
+    for step in ["wait-big", "wait-after"] {
+        let a = env.get("t1", step).await;
+        assert_eq!(
+            a.labels().get("lattice.dev/dag").map(String::as_str),
+            Some("wait"),
+            "{step}"
+        );
+        let owner = &a.metadata.owner_references;
+        assert_eq!(owner.len(), 1, "{step}: {owner:?}");
+        assert_eq!(
+            (owner[0].kind.as_str(), owner[0].name.as_str()),
+            ("Dag", "wait"),
+            "{step}"
+        );
+        assert_eq!(Some(&owner[0].uid), created.metadata.uid.as_ref(), "{step}");
+        assert_eq!(owner[0].controller, Some(true), "{step}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1228,7 +1272,7 @@ async fn flux_string_symbols_chain_and_fail() {
     plans.set("f1", Run::Exit(2, Duration::ZERO));
     wait_never(&env, "f2", "writer f1 of symbol \"model\" ended Failed").await;
     wait_never(&env, "f3", "writer f1").await;
-    wait_never(&env, "f4", "writer f3 of symbol \"model\" ended Cancelled").await;
+    wait_never(&env, "f4", "writer f3 of symbol \"model\" ended Failed").await;
     // Writers that had ended unsuccessfully before a job was submitted are not current.
     let ended = env.get("t1", "f3").await.status.unwrap().end_time.unwrap();
     while lattice_apis::meta::now() <= ended {
@@ -1838,10 +1882,10 @@ async fn aftercorr_between_job_arrays_is_per_index() {
         .await;
     let train = env.wait_phase("t1", "train", AllocationPhase::Failed).await;
     let tasks = train.status.unwrap().tasks.unwrap();
-    assert_eq!((tasks.total, tasks.completed, tasks.failed), (6, 5, 0));
+    assert_eq!((tasks.total, tasks.completed, tasks.failed), (6, 5, 1));
 
     // A predecessor array cancelled before creating some elements: their successors
-    // are cancelled too (they can never run), each for its own reason.
+    // fail (they can never run), each for its own reason.
     plans.set("p2-0", Run::Hold);
     env.submit(
         "t1",

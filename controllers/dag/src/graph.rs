@@ -767,7 +767,7 @@ impl DagError {
             Self::DuplicateEdge { step, target } => {
                 format!("allocation {step:?} lists dependency {target:?} more than once")
             }
-            Self::Cycle { path } => format!("dependency cycle: {}", path.join(" -> ")),
+            Self::Cycle { path } => format!("dependency cycle: {}", path.join(" → ")),
             Self::CorrespondingNeedsTaskGroups { step, target } => format!(
                 "allocation {step:?} uses `corresponding` on {target:?}, but `corresponding` links task groups and both must have one"
             ),

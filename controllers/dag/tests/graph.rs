@@ -217,10 +217,8 @@ fn validation_table() {
                 step("d", &[]),
             ],
             |e| {
-                e.iter().any(|e| {
-                    e.to_string()
-                        .starts_with("dependency cycle: a -> b -> c -> a")
-                })
+                e.iter()
+                    .any(|e| e.to_string().starts_with("dependency cycle: a → b → c → a"))
             },
         ),
         (

@@ -1,17 +1,22 @@
 //! DAG benchmarks beyond the pure engine (`lattice-dag-bench`):
 //!
+//! * `admission`: a `--steps`-step Dag through the API server's admission code:
+//!   `RESULT validate_<n>_ms` (validation of the typed Dag: names, references, cycles,
+//!   every step as an Allocation) and `RESULT admit_<n>_ms` (all of admission: strict
+//!   typed parse of the JSON, defaults, validation, the normalized JSON stored).
 //! * `in-process`: the real DAG controller (and the other built-in controllers) on an
 //!   embedded store, in this process. A chain of `--steps` steps; each predecessor's
 //!   terminal status is written through the API and the time until its successor is
 //!   released (its hold lifted, i.e. schedulable) is measured. Prints
 //!   `RESULT release_p50_ms` / `release_p99_ms` (the figure).
 //! * `cluster`: against a running cluster (`--url`, `--token-file`) with real agents: a
-//!   `--steps`-step chain and a `--steps`-wide fan-out/fan-in of `/bin/true` steps, each
-//!   run to completion. Prints, per shape, `dag_<shape>_<n>_s` (total wall time from
+//!   `--steps`-step chain and a `--steps`-wide fan-out/fan-in (root, `--steps` workers,
+//!   join; the cluster's `scheduling.max_dag_size` is raised for it when needed and reset
+//!   afterwards) of `/bin/true` steps, each run to completion. Prints, per shape, `dag_<shape>_<n>_s` (total wall time from
 //!   submission to the Dag's terminal phase), `dag_<shape>_<n>_steps_runtime_s` (the
 //!   steps' own runtime on the critical path: `/bin/true`'s runtime, measured here as
 //!   `dag_step_runtime_ms`, times the steps that must run one after another: n for the
-//!   chain, root + ceil((n-2)/nodes) + join for the fan-out), `dag_<shape>_<n>_overhead_s`
+//!   chain, root + ceil(n/nodes) + join for the fan-out), `dag_<shape>_<n>_overhead_s`
 //!   (wall time minus that runtime) and `dag_<shape>_<n>_overhead_ms_per_step` (that
 //!   overhead over n).
 
@@ -36,6 +41,12 @@ enum Mode {
     /// Controller release latency on an in-process store.
     InProcess {
         #[arg(long, default_value_t = 1000)]
+        steps: usize,
+    },
+    /// The API server's validation and whole admission of one `--steps`-step Dag:
+    /// `RESULT validate_<n>_ms` and `admit_<n>_ms`, medians of 11.
+    Admission {
+        #[arg(long, default_value_t = 10_000)]
         steps: usize,
     },
     /// Chain and fan-out end to end on a running cluster.
@@ -76,14 +87,15 @@ fn chain(name: &str, tenant: &str, n: usize) -> Value {
            "metadata": {"name": name, "namespace": tenant}, "spec": {"allocations": steps}})
 }
 
+/// `root`, then `n` workers after it, then `join` after all of them (n + 2 steps).
 fn fan(name: &str, tenant: &str, n: usize) -> Value {
     let mut steps = vec![step("root".into(), vec![])];
-    for i in 0..n.saturating_sub(2) {
+    for i in 0..n {
         steps.push(step(format!("w{i}"), vec!["root".into()]));
     }
     steps.push(step(
         "join".into(),
-        (0..n.saturating_sub(2)).map(|i| format!("w{i}")).collect(),
+        (0..n).map(|i| format!("w{i}")).collect(),
     ));
     json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Dag",
            "metadata": {"name": name, "namespace": tenant}, "spec": {"allocations": steps}})
@@ -93,6 +105,7 @@ fn fan(name: &str, tenant: &str, n: usize) -> Value {
 async fn main() -> anyhow::Result<()> {
     match Args::parse().mode {
         Mode::InProcess { steps } => in_process(steps).await,
+        Mode::Admission { steps } => admission(steps),
         Mode::Cluster {
             url,
             token_file,
@@ -100,6 +113,79 @@ async fn main() -> anyhow::Result<()> {
             tenant,
         } => cluster(&url, &std::fs::read_to_string(token_file)?, steps, &tenant).await,
     }
+}
+
+/// A random `n`-step Dag: step i depends on one to three earlier steps.
+fn random_dag(n: usize) -> Value {
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |below: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % below.max(1) as u64) as usize
+    };
+    let steps: Vec<Value> = (0..n)
+        .map(|i| {
+            let mut deps: Vec<String> = Vec::new();
+            if i > 0 {
+                for _ in 0..1 + next(3) {
+                    let d = format!("s{}", next(i));
+                    if !deps.contains(&d) {
+                        deps.push(d);
+                    }
+                }
+            }
+            step(format!("s{i}"), deps)
+        })
+        .collect();
+    json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Dag",
+           "metadata": {"name": "big", "namespace": "bench"}, "spec": {"allocations": steps}})
+}
+
+fn admission(n: usize) -> anyhow::Result<()> {
+    let kind = lattice_apis::find_kind("Dag").ok_or_else(|| anyhow::anyhow!("no Dag kind"))?;
+    let dag = random_dag(n);
+    let edges: usize = dag["spec"]["allocations"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|t| t["dependsOn"].as_array().map_or(0, Vec::len))
+                .sum()
+        })
+        .unwrap_or(0);
+    use lattice_apis::Resource;
+    let (mut validate, mut admit) = (Vec::new(), Vec::new());
+    for _ in 0..11 {
+        // The validation proper, on the typed and defaulted Dag: names, references,
+        // cycles, sizes and every step checked as an Allocation.
+        let mut typed: lattice_apis::Dag = lattice_apis::resource::parse_strict(dag.clone())?;
+        typed.default_fields();
+        let t = Instant::now();
+        let checked = typed.validate();
+        validate.push(t.elapsed().as_secs_f64() * 1000.0);
+        if let Err(e) = checked {
+            anyhow::bail!("the bench Dag is invalid: {e}");
+        }
+        // All of admission, as the API server runs it on a request's JSON: strict typed
+        // parse, defaults, validation, and the normalized JSON it stores.
+        let input = dag.clone();
+        let t = Instant::now();
+        let admitted = (kind.admit)(input);
+        admit.push(t.elapsed().as_secs_f64() * 1000.0);
+        if let Err(e) = admitted {
+            anyhow::bail!("the bench Dag was refused: {e}");
+        }
+    }
+    println!("admission: {n} steps, {edges} edges");
+    println!(
+        "RESULT validate_{n}_ms={:.3}",
+        lattice_e2e::percentile(&mut validate, 0.5)
+    );
+    println!(
+        "RESULT admit_{n}_ms={:.3}",
+        lattice_e2e::percentile(&mut admit, 0.5)
+    );
+    Ok(())
 }
 
 async fn in_process(n: usize) -> anyhow::Result<()> {
@@ -240,63 +326,106 @@ async fn cluster(url: &str, token: &str, n: usize, tenant: &str) -> anyhow::Resu
     let runtime_ms = step_runtime_ms(200)?;
     println!("RESULT dag_cluster_nodes={ready}");
     println!("RESULT dag_step_runtime_ms={runtime_ms:.2}");
-    let run = format!("b{}", std::process::id());
-    for (kind, dag) in [
-        ("chain", chain(&format!("{run}-chain"), tenant, n)),
-        ("fanout", fan(&format!("{run}-fan"), tenant, n)),
-    ] {
-        let name = dag["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let start = Instant::now();
+    // The fan-out has n + 2 steps: raise the cluster's Dag size limit for it if needed
+    // (`lattice admin config set scheduling.max_dag_size=N`), and reset it afterwards.
+    let setting = format!(
+        "{}/v1/admin/config/scheduling.max_dag_size",
+        url.trim_end_matches('/')
+    );
+    let limit: Value = http
+        .get(&setting)
+        .bearer_auth(token)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let raised = limit["value"].as_u64().unwrap_or(0) < (n + 2) as u64;
+    if raised {
         let resp = http
-            .post(&base)
+            .put(&setting)
             .bearer_auth(token)
-            .json(&dag)
+            .json(&json!({ "value": n + 2 }))
             .send()
             .await?;
-        if !resp.status().is_success() {
-            anyhow::bail!("submit {kind}: {} {}", resp.status(), resp.text().await?);
-        }
-        let phase = loop {
-            let d: Value = http
-                .get(format!("{base}/{name}"))
-                .bearer_auth(token)
-                .send()
-                .await?
-                .json()
-                .await?;
-            let p = d["status"]["phase"].as_str().unwrap_or("").to_string();
-            if ["Completed", "Failed", "Cancelled"].contains(&p.as_str()) {
-                break p;
-            }
-            if start.elapsed() > Duration::from_secs(600) {
-                anyhow::bail!(
-                    "{kind} DAG did not finish in 600 s: {}",
-                    d["status"]["counts"]
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
-        let wall_s = start.elapsed().as_secs_f64();
-        // The steps' own runtime on the critical path: the chain runs its n steps one
-        // after the other; the fan-out runs root, then its n-2 workers `ready` at a time
-        // (whole nodes each), then join.
-        let serial_steps = match kind {
-            "chain" => n,
-            _ => 2 + n.saturating_sub(2).div_ceil(ready),
-        };
-        let steps_s = serial_steps as f64 * runtime_ms / 1000.0;
-        let overhead_s = (wall_s - steps_s).max(0.0);
-        println!("RESULT dag_{kind}_{n}_phase={phase}");
-        println!("RESULT dag_{kind}_{n}_s={wall_s:.2}");
-        println!("RESULT dag_{kind}_{n}_steps_runtime_s={steps_s:.3}");
-        println!("RESULT dag_{kind}_{n}_overhead_s={overhead_s:.2}");
-        println!(
-            "RESULT dag_{kind}_{n}_overhead_ms_per_step={:.1}",
-            overhead_s * 1000.0 / n as f64
+        anyhow::ensure!(
+            resp.status().is_success(),
+            "raise scheduling.max_dag_size: {} {}",
+            resp.status(),
+            resp.text().await?
         );
     }
-    Ok(())
+    let runs = async {
+        let run = format!("b{}", std::process::id());
+        for (kind, dag) in [
+            ("chain", chain(&format!("{run}-chain"), tenant, n)),
+            ("fanout", fan(&format!("{run}-fan"), tenant, n)),
+        ] {
+            let name = dag["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let start = Instant::now();
+            let resp = http
+                .post(&base)
+                .bearer_auth(token)
+                .json(&dag)
+                .send()
+                .await?;
+            if !resp.status().is_success() {
+                anyhow::bail!("submit {kind}: {} {}", resp.status(), resp.text().await?);
+            }
+            let phase = loop {
+                let d: Value = http
+                    .get(format!("{base}/{name}"))
+                    .bearer_auth(token)
+                    .send()
+                    .await?
+                    .json()
+                    .await?;
+                let p = d["status"]["phase"].as_str().unwrap_or("").to_string();
+                if ["Completed", "Failed", "Cancelled"].contains(&p.as_str()) {
+                    break p;
+                }
+                if start.elapsed() > Duration::from_secs(600) {
+                    anyhow::bail!(
+                        "{kind} DAG did not finish in 600 s: {}",
+                        d["status"]["counts"]
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            let wall_s = start.elapsed().as_secs_f64();
+            // The steps' own runtime on the critical path: the chain runs its n steps one
+            // after the other; the fan-out runs root, then its n workers `ready` at a time
+            // (whole nodes each), then join.
+            let serial_steps = match kind {
+                "chain" => n,
+                _ => 2 + n.div_ceil(ready),
+            };
+            let steps_s = serial_steps as f64 * runtime_ms / 1000.0;
+            let overhead_s = (wall_s - steps_s).max(0.0);
+            println!("RESULT dag_{kind}_{n}_phase={phase}");
+            anyhow::ensure!(phase == "Completed", "the {kind} DAG ended {phase}");
+            println!("RESULT dag_{kind}_{n}_s={wall_s:.2}");
+            println!("RESULT dag_{kind}_{n}_steps_runtime_s={steps_s:.3}");
+            println!("RESULT dag_{kind}_{n}_overhead_s={overhead_s:.2}");
+            println!(
+                "RESULT dag_{kind}_{n}_overhead_ms_per_step={:.1}",
+                overhead_s * 1000.0 / n as f64
+            );
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    // Reset on every way out, then report how the runs went.
+    if raised {
+        let resp = http.delete(&setting).bearer_auth(token).send().await?;
+        anyhow::ensure!(
+            resp.status().is_success(),
+            "reset scheduling.max_dag_size: {} {}",
+            resp.status(),
+            resp.text().await?
+        );
+    }
+    runs
 }

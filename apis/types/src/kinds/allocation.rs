@@ -964,7 +964,7 @@ impl Dependency {
                 errs.push(format!("{dp}.ref"), msg);
             }
         } else if !self.ref_.is_empty() {
-            if let Some(e) = validate_dns1123_name(&format!("{dp}.ref"), &self.ref_) {
+            if let Some(e) = validate_dns1123_name(format_args!("{dp}.ref"), &self.ref_) {
                 errs.0.push(e);
             } else if Some(self.ref_.as_str()) == self_name {
                 errs.push(
@@ -1880,16 +1880,16 @@ impl AllocationSpec {
                 );
             }
         } else if let Some(t) = &self.tenant {
-            errs.extend(validate_dns1123_label(&format!("{p}.tenant"), t));
+            errs.extend(validate_dns1123_label(format_args!("{p}.tenant"), t));
         }
         if let Some(v) = &self.vcluster {
-            errs.extend(validate_dns1123_label(&format!("{p}.vcluster"), v));
+            errs.extend(validate_dns1123_label(format_args!("{p}.vcluster"), v));
         }
         if let Some(pr) = &self.project {
-            check_len(errs, &format!("{p}.project"), pr, 253);
+            check_len(errs, format_args!("{p}.project"), pr, 253);
         }
         if let Some(i) = &self.intent {
-            check_len(errs, &format!("{p}.intent"), i, 253);
+            check_len(errs, format_args!("{p}.intent"), i, 253);
         }
         for (k, v) in &self.tags {
             if k.is_empty() || k.len() > 63 {
@@ -1898,7 +1898,12 @@ impl AllocationSpec {
                     format!("tag key {:?} must be 1–63 characters", truncate(k, 70)),
                 );
             }
-            check_len(errs, &format!("{p}.tags[{:?}]", truncate(k, 63)), v, 256);
+            check_len(
+                errs,
+                format_args!("{p}.tags[{:?}]", truncate(k, 63)),
+                v,
+                256,
+            );
         }
         for (k, v) in &self.env {
             let valid = !k.is_empty()
@@ -1913,7 +1918,7 @@ impl AllocationSpec {
             }
             check_len(
                 errs,
-                &format!("{p}.env[{:?}]", truncate(k, 63)),
+                format_args!("{p}.env[{:?}]", truncate(k, 63)),
                 v,
                 128 * 1024,
             );
@@ -1939,7 +1944,7 @@ impl AllocationSpec {
                     if v.trim().is_empty() || v.chars().any(char::is_whitespace) {
                         errs.push(format!("{ep}.{field}"), format!("{:?} must be non-empty and contain no spaces, e.g. \"prgenv-gnu/24.11:v1\"", truncate(v, 60)));
                     }
-                    check_len(errs, &format!("{ep}.{field}"), v, 512);
+                    check_len(errs, format_args!("{ep}.{field}"), v, 512);
                 }
             }
         }
@@ -1956,13 +1961,13 @@ impl AllocationSpec {
                 if e.trim().is_empty() {
                     errs.push(format!("{p}.entrypoint"), "is empty; set the command to run, e.g. \"/bin/sh\"");
                 }
-                check_len(errs, &format!("{p}.entrypoint"), e, MAX_TEXT_LEN);
+                check_len(errs, format_args!("{p}.entrypoint"), e, MAX_TEXT_LEN);
             }
             (None, Some(s)) => {
                 if s.trim().is_empty() {
                     errs.push(format!("{p}.script"), "is empty; put the batch script's text here");
                 }
-                check_len(errs, &format!("{p}.script"), s, MAX_SCRIPT_LEN);
+                check_len(errs, format_args!("{p}.script"), s, MAX_SCRIPT_LEN);
             }
         }
         if self.script.is_some() && !self.args.is_empty() {
@@ -1978,7 +1983,7 @@ impl AllocationSpec {
             );
         }
         for (i, a) in self.args.iter().enumerate().take(4096) {
-            check_len(errs, &format!("{p}.args[{i}]"), a, 128 * 1024);
+            check_len(errs, format_args!("{p}.args[{i}]"), a, 128 * 1024);
         }
         if let Some(w) = &self.working_dir {
             if !w.starts_with('/') {
@@ -1990,7 +1995,7 @@ impl AllocationSpec {
                     ),
                 );
             }
-            check_len(errs, &format!("{p}.workingDir"), w, MAX_TEXT_LEN);
+            check_len(errs, format_args!("{p}.workingDir"), w, MAX_TEXT_LEN);
         }
         self.validate_resources(p, errs);
         self.validate_step_of(p, self_name, errs);
@@ -2038,7 +2043,7 @@ impl AllocationSpec {
                     "is required, e.g. \"s3://datasets/imagenet\" or \"/store/data\"",
                 );
             }
-            check_len(errs, &format!("{mp}.source"), &m.source, MAX_TEXT_LEN);
+            check_len(errs, format_args!("{mp}.source"), &m.source, MAX_TEXT_LEN);
             if !m.target.starts_with('/') {
                 errs.push(
                     format!("{mp}.target"),
@@ -2053,7 +2058,7 @@ impl AllocationSpec {
                     "must not contain '..'; use a normalized absolute path",
                 );
             }
-            check_len(errs, &format!("{mp}.target"), &m.target, MAX_TEXT_LEN);
+            check_len(errs, format_args!("{mp}.target"), &m.target, MAX_TEXT_LEN);
             if !targets.insert(m.target.as_str()) {
                 errs.push(
                     format!("{mp}.target"),
@@ -2067,14 +2072,14 @@ impl AllocationSpec {
         if let Some(c) = &self.connectivity {
             if let Some(d) = &c.network_domain {
                 errs.extend(validate_dns1123_label(
-                    &format!("{p}.connectivity.networkDomain"),
+                    format_args!("{p}.connectivity.networkDomain"),
                     d,
                 ));
             }
             let mut names = BTreeSet::new();
             for (i, e) in c.expose.iter().enumerate() {
                 let ep = format!("{p}.connectivity.expose[{i}]");
-                errs.extend(validate_dns1123_label(&format!("{ep}.name"), &e.name));
+                errs.extend(validate_dns1123_label(format_args!("{ep}.name"), &e.name));
                 if !names.insert(e.name.as_str()) {
                     errs.push(
                         format!("{ep}.name"),
@@ -2270,25 +2275,25 @@ impl AllocationSpec {
     }
 
     fn validate_resources(&self, p: &str, errs: &mut Errors) {
-        let np = format!("{p}.resources.nodes");
+        let np = || format!("{p}.resources.nodes");
         match self.resources.nodes {
-            NodeCount::Exact(0) => errs.push(np, "must be at least 1, got 0"),
+            NodeCount::Exact(0) => errs.push(np(), "must be at least 1, got 0"),
             NodeCount::Exact(n) if n > MAX_NODES => {
-                errs.push(np, format!("must be at most {MAX_NODES}, got {n}"))
+                errs.push(np(), format!("must be at most {MAX_NODES}, got {n}"))
             }
             NodeCount::Range { min, max } => {
                 if min == 0 {
-                    errs.push(format!("{np}.min"), "must be at least 1, got 0");
+                    errs.push(format!("{}.min", np()), "must be at least 1, got 0");
                 }
                 if min > max {
                     errs.push(
-                        format!("{np}.min"),
+                        format!("{}.min", np()),
                         format!("({min}) must be <= max ({max}); swap them or raise max"),
                     );
                 }
                 if max > MAX_NODES {
                     errs.push(
-                        format!("{np}.max"),
+                        format!("{}.max", np()),
                         format!("must be at most {MAX_NODES}, got {max}"),
                     );
                 }
@@ -2297,23 +2302,23 @@ impl AllocationSpec {
         }
         self.validate_node_names(p, errs);
         let c = &self.resources.constraints;
-        let cp = format!("{p}.resources.constraints");
+        let cp = || format!("{p}.resources.constraints");
         if let Some(g) = c.gpu_count {
             if g == 0 || g > 64 {
-                errs.push(format!("{cp}.gpuCount"), format!("must be between 1 and 64 GPUs per node, got {g}; remove it for CPU-only work"));
+                errs.push(format!("{}.gpuCount", cp()), format!("must be between 1 and 64 GPUs per node, got {g}; remove it for CPU-only work"));
             }
         }
         if let Some(t) = &c.gpu_type {
             if t.trim().is_empty() || t.len() > 64 {
                 errs.push(
-                    format!("{cp}.gpuType"),
+                    format!("{}.gpuType", cp()),
                     "must be a GPU model name of 1–64 characters, e.g. \"GH200\"",
                 );
             }
         }
         if c.memory_gb == Some(0) {
             errs.push(
-                format!("{cp}.memoryGb"),
+                format!("{}.memoryGb", cp()),
                 "must be at least 1; remove it for no memory constraint",
             );
         }
@@ -2325,10 +2330,10 @@ impl AllocationSpec {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
             {
-                errs.push(format!("{cp}.features[{i}]"), format!("{:?} is not a feature name: use letters, digits, '_', '-' or '.' (e.g. \"nvme_scratch\")", truncate(f, 40)));
+                errs.push(format!("{}.features[{i}]", cp()), format!("{:?} is not a feature name: use letters, digits, '_', '-' or '.' (e.g. \"nvme_scratch\")", truncate(f, 40)));
             } else if !feats.insert(f.as_str()) {
                 errs.push(
-                    format!("{cp}.features[{i}]"),
+                    format!("{}.features[{i}]", cp()),
                     format!("{f:?} is listed twice"),
                 );
             }
@@ -2407,7 +2412,7 @@ impl AllocationSpec {
         let np = format!("{p}.resources.nodeNames");
         let mut seen = BTreeSet::new();
         for (i, n) in names.iter().enumerate() {
-            let e = validate_dns1123_name(&format!("{np}[{i}]"), n);
+            let e = validate_dns1123_name(format_args!("{np}[{i}]"), n);
             if e.is_some() {
                 errs.extend(e);
             } else if !seen.insert(n.as_str()) {
@@ -2441,44 +2446,44 @@ impl AllocationSpec {
     }
 
     fn validate_lifecycle(&self, p: &str, errs: &mut Errors) {
-        let lp = format!("{p}.lifecycle");
+        let lp = || format!("{p}.lifecycle");
         if let Some(w) = &self.lifecycle.walltime {
             match parse_duration(w) {
                 Ok(0) => errs.push(
-                    format!("{lp}.walltime"),
+                    format!("{}.walltime", lp()),
                     format!("must be longer than zero; {DURATION_FORMATS}"),
                 ),
                 Ok(_) => {}
-                Err(e) => errs.push(format!("{lp}.walltime"), e),
+                Err(e) => errs.push(format!("{}.walltime", lp()), e),
             }
         }
         match (self.lifecycle.type_, &self.lifecycle.scale_policy) {
             (LifecycleType::Reactive, None) => errs.push(
-                format!("{lp}.scalePolicy"),
+                format!("{}.scalePolicy", lp()),
                 "is required for reactive allocations: set {minNodes, maxNodes, metric, target}, e.g. {minNodes: 1, maxNodes: 8, metric: gpu_utilization, target: 0.8}",
             ),
             (LifecycleType::Reactive, Some(sp)) => {
-                let sp_p = format!("{lp}.scalePolicy");
+                let sp_p = || format!("{}.scalePolicy", lp());
                 if sp.min_nodes == 0 {
-                    errs.push(format!("{sp_p}.minNodes"), "must be at least 1");
+                    errs.push(format!("{}.minNodes", sp_p()), "must be at least 1");
                 }
                 if sp.min_nodes > sp.max_nodes {
-                    errs.push(format!("{sp_p}.minNodes"), format!("({}) must be <= maxNodes ({}); swap them or raise maxNodes", sp.min_nodes, sp.max_nodes));
+                    errs.push(format!("{}.minNodes", sp_p()), format!("({}) must be <= maxNodes ({}); swap them or raise maxNodes", sp.min_nodes, sp.max_nodes));
                 }
                 if sp.max_nodes > MAX_NODES {
-                    errs.push(format!("{sp_p}.maxNodes"), format!("must be at most {MAX_NODES}, got {}", sp.max_nodes));
+                    errs.push(format!("{}.maxNodes", sp_p()), format!("must be at most {MAX_NODES}, got {}", sp.max_nodes));
                 }
                 if sp.metric.trim().is_empty() || sp.metric.len() > 256 {
-                    errs.push(format!("{sp_p}.metric"), "must name a metric (1–256 characters), e.g. \"gpu_utilization\"");
+                    errs.push(format!("{}.metric", sp_p()), "must name a metric (1–256 characters), e.g. \"gpu_utilization\"");
                 } else if let Err(e) = crate::metric::MetricSelector::parse(&sp.metric) {
-                    errs.push(format!("{sp_p}.metric"), e);
+                    errs.push(format!("{}.metric", sp_p()), e);
                 }
                 match &sp.target {
                     ScaleTarget::Number(n) if !n.is_finite() || *n < 0.0 => {
-                        errs.push(format!("{sp_p}.target"), format!("must be a non-negative number, got {n}"))
+                        errs.push(format!("{}.target", sp_p()), format!("must be a non-negative number, got {n}"))
                     }
                     ScaleTarget::Text(t) if t.trim().is_empty() || t.len() > 64 => {
-                        errs.push(format!("{sp_p}.target"), "must be a number (0.8) or a value with a unit (\"100ms\")")
+                        errs.push(format!("{}.target", sp_p()), "must be a number (0.8) or a value with a unit (\"100ms\")")
                     }
                     _ => {}
                 }
@@ -2490,21 +2495,21 @@ impl AllocationSpec {
                 ] {
                     if let Some(d) = v {
                         if let Err(e) = parse_duration(d) {
-                            errs.push(format!("{sp_p}.{field}"), e);
+                            errs.push(format!("{}.{field}", sp_p()), e);
                         }
                     }
                 }
                 if let Some(t) = sp.scale_down_threshold {
                     if !(t.is_finite() && (0.0..=1.0).contains(&t)) {
                         errs.push(
-                            format!("{sp_p}.scaleDownThreshold"),
+                            format!("{}.scaleDownThreshold", sp_p()),
                             format!("must be between 0 and 1 (a fraction of the target), got {t}"),
                         );
                     }
                 }
             }
             (t, Some(_)) => errs.push(
-                format!("{lp}.scalePolicy"),
+                format!("{}.scalePolicy", lp()),
                 format!("is only used by reactive allocations, but lifecycle.type is {}; set type: reactive or remove scalePolicy", match t { LifecycleType::Bounded => "bounded", LifecycleType::Unbounded => "unbounded", LifecycleType::Reactive => "reactive" }),
             ),
             _ => {}
@@ -2533,7 +2538,7 @@ impl AllocationStatus {
     fn validate(&self, errs: &mut Errors) {
         let mut seen = BTreeSet::new();
         for (i, n) in self.assigned_nodes.iter().enumerate() {
-            if let Some(e) = validate_dns1123_name(&format!("status.assignedNodes[{i}]"), n) {
+            if let Some(e) = validate_dns1123_name(format_args!("status.assignedNodes[{i}]"), n) {
                 errs.0.push(e);
             } else if !seen.insert(n.as_str()) {
                 errs.push(

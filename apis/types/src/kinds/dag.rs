@@ -3,7 +3,7 @@
 //! named `<dag>-<task>` and owned by the Dag, releasing each one when its
 //! dependency conditions hold.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -263,7 +263,7 @@ pub struct DagStatus {
 impl DagSpec {
     /// Tasks in a dependency-respecting order, or the names on a cycle.
     pub fn topological_order(&self) -> Result<Vec<&DagTask>, Vec<String>> {
-        let index: BTreeMap<&str, usize> = self
+        let index: HashMap<&str, usize> = self
             .allocations
             .iter()
             .enumerate()
@@ -355,24 +355,22 @@ impl DagSpec {
                 errs.extend(validate_dns1123_label("spec.defaults.networkDomain", v));
             }
         }
-        let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut names: HashMap<&str, usize> = HashMap::with_capacity(self.allocations.len());
         for (i, t) in self.allocations.iter().enumerate() {
             let tp = format!("spec.allocations[{i}]");
-            if let Some(e) = validate_dns1123_label(&format!("{tp}.name"), &t.name) {
+            if let Some(e) = validate_dns1123_label(format_args!("{tp}.name"), &t.name) {
                 errs.0.push(e);
             } else if let Some(prev) = names.insert(t.name.as_str(), i) {
                 errs.push(
                     format!("{tp}.name"),
                     format!("{:?} is already used by spec.allocations[{prev}]; task names must be unique", t.name),
                 );
-            } else if let Some(dag) = dag_name {
+            } else if let Some(dag) = dag_name.filter(|d| d.len() + 1 + t.name.len() > 253) {
                 let full = t.allocation_name(dag);
-                if full.len() > 253 {
-                    errs.push(
-                        format!("{tp}.name"),
-                        format!("the allocation name {:?} would be {} characters, the limit is 253; shorten the DAG or task name", truncate(&full, 40), full.len()),
-                    );
-                }
+                errs.push(
+                    format!("{tp}.name"),
+                    format!("the allocation name {:?} would be {} characters, the limit is 253; shorten the DAG or task name", truncate(&full, 40), full.len()),
+                );
             }
             if !t.spec.depends_on.is_empty() {
                 errs.push(
@@ -383,10 +381,13 @@ impl DagSpec {
             t.spec
                 .validate(&format!("{tp}.spec"), None, namespace, errs);
         }
+        // The names a dangling reference's message suggests, made once.
+        let listed = std::cell::OnceCell::new();
         for (i, t) in self.allocations.iter().enumerate() {
-            let mut seen = BTreeSet::new();
+            let mut seen = HashSet::new();
             for (k, d) in t.depends_on.iter().enumerate() {
-                let dp = format!("spec.allocations[{i}].dependsOn[{k}]");
+                // The path is formatted only for an error.
+                let dp = || format!("spec.allocations[{i}].dependsOn[{k}]");
                 if let Some(field) = [
                     ("beginTime", d.begin_time.is_some()),
                     ("symbol", d.symbol.is_some()),
@@ -397,21 +398,21 @@ impl DagSpec {
                 .map(|(f, _)| *f)
                 {
                     errs.push(
-                        format!("{dp}.{field}"),
+                        format!("{}.{field}", dp()),
                         "DAG edges name another task of the DAG with ref; beginTime, symbol and singleton are for standalone allocations (submit those with lattice submit --dependency)",
                     );
                     continue;
                 }
                 if let Some(field) = d.standalone_option() {
                     errs.push(
-                        format!("{dp}.{field}"),
+                        format!("{}.{field}", dp()),
                         "taskIndex, delay and anyOf are for standalone allocations (lattice submit --dependency); a DAG edge names another task with ref and a condition — remove it",
                     );
                     continue;
                 }
                 if d.condition == DependencyCondition::Started {
                     errs.push(
-                        format!("{dp}.condition"),
+                        format!("{}.condition", dp()),
                         "`started` (Slurm/Flux `after`) is for standalone allocations; DAG edges use success, failure, any, corresponding or mutex",
                     );
                     continue;
@@ -420,10 +421,10 @@ impl DagSpec {
                     // `ref` names a lock (Slurm singleton), not a task: at most one
                     // holder of it runs at a time, in this DAG and across the tenant.
                     if let Some(msg) = lock_name_error(&d.ref_) {
-                        errs.push(format!("{dp}.ref"), msg);
+                        errs.push(format!("{}.ref", dp()), msg);
                     } else if !seen.insert(("mutex", d.ref_.as_str())) {
                         errs.push(
-                            format!("{dp}.ref"),
+                            format!("{}.ref", dp()),
                             format!("mutex {:?} is listed twice", d.ref_),
                         );
                     }
@@ -431,27 +432,30 @@ impl DagSpec {
                 }
                 match names.get(d.ref_.as_str()) {
                     None => errs.push(
-                        format!("{dp}.ref"),
+                        format!("{}.ref", dp()),
                         format!(
                             "{:?} is not a task of this DAG; use one of: {}",
                             truncate(&d.ref_, 63),
-                            names.keys().copied().collect::<Vec<_>>().join(", ")
+                            listed.get_or_init(|| some_task_names(&names))
                         ),
                     ),
                     Some(&j) if j == i => errs.push(
-                        format!("{dp}.ref"),
+                        format!("{}.ref", dp()),
                         "a task cannot depend on itself; remove this entry",
                     ),
                     Some(&j) => {
                         if !seen.insert(("ref", d.ref_.as_str())) {
-                            errs.push(format!("{dp}.ref"), format!("{:?} is listed twice", d.ref_));
+                            errs.push(
+                                format!("{}.ref", dp()),
+                                format!("{:?} is listed twice", d.ref_),
+                            );
                         }
                         if d.condition == DependencyCondition::Corresponding
                             && (t.spec.task_group.is_none()
                                 || self.allocations[j].spec.task_group.is_none())
                         {
                             errs.push(
-                                format!("{dp}.condition"),
+                                format!("{}.condition", dp()),
                                 "`corresponding` links task N to task N and needs spec.taskGroup on both tasks; add task groups or use success|failure|any",
                             );
                         }
@@ -475,6 +479,25 @@ impl DagSpec {
         }
     }
 }
+
+/// Task names of a DAG for an error message, sorted: all of them, or the first
+/// [`NAMES_IN_MESSAGES`] and the count (a message per dangling reference must not grow
+/// with the DAG's size).
+fn some_task_names(names: &HashMap<&str, usize>) -> String {
+    let mut sorted: Vec<&str> = names.keys().copied().collect();
+    sorted.sort_unstable();
+    if sorted.len() <= NAMES_IN_MESSAGES {
+        return sorted.join(", ");
+    }
+    format!(
+        "{} (… {} tasks in all)",
+        sorted[..NAMES_IN_MESSAGES].join(", "),
+        sorted.len()
+    )
+}
+
+/// How many task names an error message lists.
+const NAMES_IN_MESSAGES: usize = 8;
 
 impl Resource for Dag {
     const KIND: &'static str = "Dag";

@@ -127,7 +127,7 @@ impl Resource for NetworkDomain {
             }
             for (i, a) in st.allocations.iter().enumerate() {
                 errs.extend(validate_dns1123_name(
-                    &format!("status.allocations[{i}]"),
+                    format_args!("status.allocations[{i}]"),
                     a,
                 ));
             }

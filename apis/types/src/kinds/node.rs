@@ -386,7 +386,7 @@ impl Resource for Node {
         }
         for (i, a) in st.allocations.iter().enumerate() {
             errs.extend(validate_dns1123_name(
-                &format!("status.allocations[{i}]"),
+                format_args!("status.allocations[{i}]"),
                 a,
             ));
         }

@@ -262,7 +262,7 @@ impl Resource for Tenant {
                     "is empty; set a user name or OIDC subject",
                 );
             }
-            check_len(errs, &format!("spec.admins[{i}]"), a, 256);
+            check_len(errs, format_args!("spec.admins[{i}]"), a, 256);
         }
     }
 }

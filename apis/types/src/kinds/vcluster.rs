@@ -452,7 +452,7 @@ impl Resource for VCluster {
         }
         let mut seen = BTreeSet::new();
         for (i, n) in s.home_nodes.iter().enumerate() {
-            if let Some(e) = validate_dns1123_name(&format!("spec.homeNodes[{i}]"), n) {
+            if let Some(e) = validate_dns1123_name(format_args!("spec.homeNodes[{i}]"), n) {
                 errs.0.push(e);
             } else if !seen.insert(n.as_str()) {
                 errs.push(

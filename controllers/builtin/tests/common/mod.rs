@@ -516,7 +516,7 @@ pub fn epoch_now() -> f64 {
 }
 
 pub async fn wait_never(env: &Env, name: &str, needle: &str) -> Allocation {
-    let a = env.wait_phase("t1", name, AllocationPhase::Cancelled).await;
+    let a = env.wait_phase("t1", name, AllocationPhase::Failed).await;
     assert_eq!(reason_of(&a), Some("dependency_never_satisfied"), "{name}");
     assert!(
         message_of(&a).contains(needle),

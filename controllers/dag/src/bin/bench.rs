@@ -1,9 +1,9 @@
 //! `lattice-dag-bench`: admission validation and dispatch latency of the pure
 //! engine (no controller, no store). Prints `RESULT name=value` lines.
 //!
-//! * `validate_10000_ms` — median time to validate a 10,000-step DAG
+//! * `engine_validate_10000_ms` — median time to validate a 10,000-step DAG
 //!   (random edges, each step depends on up to 3 earlier steps).
-//! * `parse_validate_10000_ms` — YAML parse + validate of the same DAG.
+//! * `engine_parse_validate_10000_ms` — YAML parse + validate of the same DAG.
 //! * `engine_release_p50_ms` / `engine_release_p99_ms` / `engine_release_max_ms` — latency of one
 //!   `Engine::on_terminal` call (the dispatch decision for one completion,
 //!   including all Release/Cancel actions it produces) while driving the
@@ -133,7 +133,7 @@ fn main() {
     };
     let edges = validated.edges.len();
     println!("validate: {n} steps, {edges} edges");
-    println!("RESULT validate_10000_ms={:.3}", median(&mut times));
+    println!("RESULT engine_validate_10000_ms={:.3}", median(&mut times));
 
     let yaml = match serde_yaml::to_string(&def.to_manifest()) {
         Ok(y) => y,
@@ -154,7 +154,10 @@ fn main() {
             std::process::exit(1);
         }
     }
-    println!("RESULT parse_validate_10000_ms={:.3}", median(&mut times));
+    println!(
+        "RESULT engine_parse_validate_10000_ms={:.3}",
+        median(&mut times)
+    );
 
     // Dispatch latency.
     let mut lat = Vec::new();

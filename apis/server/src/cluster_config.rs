@@ -1,0 +1,207 @@
+//! `/v1/admin/config[/{key}]`: the cluster settings of [`lattice_apis::cluster_config`],
+//! stored in the store so every API server of the cluster sees a change at once. Any
+//! authenticated caller reads them; administrators change them (the last write wins: a
+//! setting is one value, not an object with a resourceVersion), and each change is logged
+//! with the administrator's name.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use lattice_apis::cluster_config::{self as cc, SetSetting, Setting, SettingValue};
+use lattice_store::{DeleteRangeRequest, KeyRange, KvBackend, PutRequest};
+use serde_json::{json, Value};
+
+use crate::auth::{Role, UserInfo};
+use crate::errors::{ApiError, ApiResult};
+use crate::{routes, Inner};
+
+/// The stored value of `s`, if an administrator set one.
+pub async fn stored(backend: &dyn KvBackend, s: &Setting) -> ApiResult<Option<Value>> {
+    let kv = backend
+        .get(Bytes::from(s.store_key()))
+        .await
+        .map_err(|e| ApiError::unavailable(format!("cannot read the setting {}: {e}", s.key)))?;
+    match kv {
+        None => Ok(None),
+        Some(kv) => serde_json::from_slice(&kv.value).map(Some).map_err(|e| {
+            ApiError::internal(format!(
+                "the stored setting {} is not JSON ({e}); set it again with `lattice admin config set {}=VALUE`",
+                s.key, s.key
+            ))
+        }),
+    }
+}
+
+/// The Dag size limit in force: the cluster setting, else `flag` (`--max-dag-size`). A
+/// stored value that is not a valid limit (written around the API) counts as unset, with
+/// a warning: it must not block every Dag write.
+pub async fn max_dag_size(backend: &dyn KvBackend, flag: usize) -> ApiResult<usize> {
+    let s = setting(cc::MAX_DAG_SIZE)?;
+    let kv = backend
+        .get(Bytes::from(s.store_key()))
+        .await
+        .map_err(|e| ApiError::unavailable(format!("cannot read the setting {}: {e}", s.key)))?;
+    let Some(kv) = kv else {
+        return Ok(flag);
+    };
+    let valid = serde_json::from_slice::<Value>(&kv.value)
+        .ok()
+        .and_then(|v| s.check(&v).ok())
+        .and_then(|v| v.as_u64())
+        .and_then(|n| usize::try_from(n).ok());
+    Ok(valid.unwrap_or_else(|| {
+        tracing::warn!(
+            key = s.key,
+            "the stored cluster setting is not a valid value; using the server's flag (set it again with `lattice admin config set`)"
+        );
+        flag
+    }))
+}
+
+fn setting(key: &str) -> ApiResult<&'static Setting> {
+    cc::find(key).ok_or_else(|| {
+        ApiError::new(
+            404,
+            "NotFound",
+            format!(
+                "there is no cluster setting {key:?}; the settings are: {}",
+                cc::keys()
+            ),
+        )
+    })
+}
+
+/// The value the server's flag gives `s`.
+fn flag_value(inner: &Inner, s: &Setting) -> Value {
+    match s.key {
+        cc::MAX_DAG_SIZE => json!(inner.resources.max_dag_size()),
+        _ => Value::Null,
+    }
+}
+
+async fn value_of(inner: &Inner, s: &Setting) -> ApiResult<SettingValue> {
+    let (value, source) = match stored(&*inner.resources.backend, s).await? {
+        Some(v) => (v, "cluster"),
+        None => (flag_value(inner, s), "server"),
+    };
+    Ok(SettingValue {
+        key: s.key.to_string(),
+        value,
+        source: source.to_string(),
+        description: s.description.to_string(),
+    })
+}
+
+async fn admin(inner: &Inner, headers: &HeaderMap, what: &str) -> ApiResult<UserInfo> {
+    let user = routes::authenticate(inner, headers).await?;
+    if user.role != Role::Admin {
+        return Err(ApiError::forbidden(format!(
+            "only administrators {what} cluster settings"
+        )));
+    }
+    Ok(user)
+}
+
+fn answer(r: ApiResult<Value>) -> Response {
+    match r {
+        Ok(v) => (StatusCode::OK, axum::Json(v)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /v1/admin/config`.
+pub async fn list(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
+    answer(
+        async {
+            routes::authenticate(&inner, &headers).await?;
+            let mut items = Vec::new();
+            for s in cc::SETTINGS {
+                items.push(value_of(&inner, s).await?);
+            }
+            Ok(json!({ "items": items }))
+        }
+        .await,
+    )
+}
+
+/// `GET /v1/admin/config/{key}`.
+pub async fn get(
+    State(inner): State<Arc<Inner>>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    answer(
+        async {
+            routes::authenticate(&inner, &headers).await?;
+            let s = setting(&key)?;
+            Ok(json!(value_of(&inner, s).await?))
+        }
+        .await,
+    )
+}
+
+/// `PUT /v1/admin/config/{key}` with `{"value": ...}`.
+pub async fn put(
+    State(inner): State<Arc<Inner>>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    answer(
+        async {
+            let user = admin(&inner, &headers, "change").await?;
+            let s = setting(&key)?;
+            let body = routes::read_body(&inner, &headers, body).await?;
+            let req: SetSetting = serde_json::from_slice(&body).map_err(|e| {
+                ApiError::bad_request(format!("the body must be {{\"value\": ...}}: {e}"))
+            })?;
+            let value = s.check(&req.value).map_err(|msg| {
+                ApiError::new(422, "Invalid", msg.clone()).with_details(json!({
+                    "name": s.key,
+                    "causes": [{"field": "value", "message": msg, "reason": "FieldValueInvalid"}],
+                }))
+            })?;
+            let bytes = serde_json::to_vec(&value)
+                .map_err(|e| ApiError::internal(format!("encode {}: {e}", s.key)))?;
+            inner
+                .resources
+                .backend
+                .put(PutRequest::new(s.store_key(), bytes))
+                .await
+                .map_err(|e| ApiError::unavailable(format!("cannot store {}: {e}", s.key)))?;
+            tracing::info!(key = s.key, %value, user = %user.name, "cluster setting changed");
+            Ok(json!(value_of(&inner, s).await?))
+        }
+        .await,
+    )
+}
+
+/// `DELETE /v1/admin/config/{key}`: back to the server's flag.
+pub async fn delete(
+    State(inner): State<Arc<Inner>>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    answer(
+        async {
+            let user = admin(&inner, &headers, "reset").await?;
+            let s = setting(&key)?;
+            inner
+                .resources
+                .backend
+                .delete_range(DeleteRangeRequest {
+                    range: KeyRange::single(s.store_key()),
+                    prev_kv: false,
+                })
+                .await
+                .map_err(|e| ApiError::unavailable(format!("cannot reset {}: {e}", s.key)))?;
+            tracing::info!(key = s.key, user = %user.name, "cluster setting reset to the server's flag");
+            Ok(json!(value_of(&inner, s).await?))
+        }
+        .await,
+    )
+}
