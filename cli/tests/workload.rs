@@ -751,6 +751,37 @@ async fn submit_over_the_hard_node_quota_is_refused_before_posting() {
 }
 
 #[tokio::test]
+async fn submit_refuses_a_dependency_on_a_missing_allocation() {
+    // As sbatch ("Job dependency problem") and Flux do: nothing is posted.
+    let f = start().await;
+    f.insert("allocations", a("prep", "Completed", Some("alice")));
+    let mut by_uid = a("train", "Running", Some("alice"));
+    by_uid["metadata"]["uid"] = json!("0b6f3c4e-2d7a-4a55-9f1e-6c2f0e8d9a11");
+    f.insert("allocations", by_uid);
+    let d = tempfile::tempdir().expect("tmp");
+    let submit = |deps: &'static str| {
+        let url = f.url.clone();
+        let cwd = d.path().to_path_buf();
+        async move { run_opts(&url, &["submit", deps, "--", "hostname"], Opts::alice(&cwd)).await }
+    };
+    let r = submit("--depends-on=prep:success,nope:any").await;
+    assert_eq!(r.code, 3, "{}", r.err);
+    golden("error_missing_dependency.txt", &r.err);
+    let r = submit("--dependency=afterok:prep:nope2").await;
+    assert_eq!(r.code, 3, "{}", r.err);
+    assert!(r.err.contains("\"nope2\""), "{}", r.err);
+    assert!(
+        f.requests().iter().all(|q| q.method != "POST"),
+        "nothing posted"
+    );
+    // Names and uids of existing allocations pass; mutex names a lock, not a job.
+    let r = submit("--depends-on=prep:success,0b6f3c4e-2d7a-4a55-9f1e-6c2f0e8d9a11:any").await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    let r = submit("--dependency=singleton").await;
+    assert_eq!(r.code, 0, "{}", r.err);
+}
+
+#[tokio::test]
 async fn submit_nodelist_dry_run_client() {
     let d = tempfile::tempdir().expect("tmp");
     let r = run_opts(

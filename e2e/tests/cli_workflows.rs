@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use lattice_e2e::{bin, free_port, pid_alive, Cluster};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
@@ -1027,6 +1027,74 @@ fn dag_submit_status_list_and_cancel() {
     );
     std::thread::sleep(Duration::from_millis(500));
     assert!(!marks.join("second.ran").exists(), "the dependent step ran");
+
+    // Both forms through both commands: the short form with `lattice apply -f`, the full
+    // manifest with `lattice dag submit`. The task group's template carries `${INDEX}`
+    // (the seed's sweep example), and its 2 elements count towards the limit of 3.
+    cli.write(
+        "short.yaml",
+        &format!(
+            "name: short-form\n\
+             allocations:\n\
+             \x20 - name: sweep\n\
+             \x20   entrypoint: \"/bin/sh -c 'touch {m}/sweep-${{INDEX}}'\"\n\
+             \x20   task_group: \"0-1\"\n\
+             \x20   walltime: \"10m\"\n\
+             \x20 - name: gather\n\
+             \x20   entrypoint: \"/bin/sh -c 'ls {m} > {m}/gathered'\"\n\
+             \x20   depends_on:\n\
+             \x20     - sweep: success\n",
+            m = marks.display()
+        ),
+    );
+    let out = cli.ok(&["apply", "-f", "short.yaml"]);
+    assert!(out.contains("short-form"), "{out}");
+    cli.write(
+        "full.yaml",
+        &format!(
+            "apiVersion: lattice.dev/v1alpha1\n\
+             kind: Dag\n\
+             metadata:\n\
+             \x20 name: full-form\n\
+             spec:\n\
+             \x20 allocations:\n\
+             \x20 - name: one\n\
+             \x20   spec:\n\
+             \x20     entrypoint: \"/bin/sh -c 'touch {m}/full-one'\"\n\
+             \x20     lifecycle: {{walltime: 10m}}\n\
+             \x20 - name: two\n\
+             \x20   dependsOn: [{{ref: one, condition: success}}]\n\
+             \x20   spec:\n\
+             \x20     entrypoint: \"/bin/sh -c 'touch {m}/full-two'\"\n\
+             \x20     lifecycle: {{walltime: 10m}}\n",
+            m = marks.display()
+        ),
+    );
+    let out = cli.ok(&["dag", "submit", "full.yaml"]);
+    assert_eq!(out.trim(), "Submitted DAG full-form with 2 allocations");
+    for name in ["short-form", "full-form"] {
+        cli.wait(
+            &format!("DAG {name} Completed"),
+            Duration::from_secs(90),
+            || (dag_phase(name) == "Completed").then_some(()),
+        );
+    }
+    let gathered = std::fs::read_to_string(marks.join("gathered")).unwrap_or_default();
+    assert!(
+        gathered.lines().any(|l| l == "sweep-0") && gathered.lines().any(|l| l == "sweep-1"),
+        "the elements ran with their index before gather: {gathered:?}"
+    );
+    assert!(marks.join("full-one").exists() && marks.join("full-two").exists());
+    let v: Value =
+        serde_json::from_str(&cli.ok(&["dag", "status", "short-form", "-o", "json"])).unwrap();
+    assert_eq!(
+        v["status"]["tasks"]["sweep"]["elements"],
+        json!({"total": 2, "waiting": 0, "pending": 0, "running": 0, "completed": 2,
+               "failed": 0, "cancelled": 0}),
+        "{}",
+        v["status"]
+    );
+    assert_eq!(v["status"]["counts"]["completed"], 2, "{}", v["status"]);
 }
 
 #[test]

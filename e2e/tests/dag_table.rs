@@ -1339,6 +1339,7 @@ async fn run_dag(
             dag["status"]
         ));
     }
+    bad.extend(check_counts(&dag["status"]));
     // Every step and element allocation, and the markers.
     let mut allocs = BTreeMap::new();
     let mut marks = BTreeMap::new();
@@ -1416,6 +1417,52 @@ async fn run_dag(
     }
     if let Some(f) = extra {
         bad.extend(f(&out));
+    }
+    bad
+}
+
+/// A finished Dag's `status.counts` agree with its tasks' phases, and a task group that
+/// ran to its end (Completed or Failed) has every element accounted for in `elements`.
+fn check_counts(status: &Value) -> Vec<String> {
+    let mut bad = Vec::new();
+    let tasks = status["tasks"].as_object().cloned().unwrap_or_default();
+    let counts = &status["counts"];
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let of_phase = |p: &str| tasks.values().filter(|t| t["phase"] == p).count() as u64;
+    let want = [
+        ("total", tasks.len() as u64),
+        ("completed", of_phase("Completed")),
+        ("failed", of_phase("Failed")),
+        ("cancelled", of_phase("Cancelled")),
+        ("skipped", of_phase("Skipped")),
+        ("waiting", 0),
+        ("pending", 0),
+        ("running", 0),
+    ];
+    for (field, value) in want {
+        if n(&counts[field]) != value {
+            bad.push(format!(
+                "status.counts.{field} is {}, the tasks say {value} (counts {counts})",
+                counts[field]
+            ));
+        }
+    }
+    for (name, t) in &tasks {
+        let e = &t["elements"];
+        if e.is_null() {
+            continue;
+        }
+        let done = n(&e["completed"]) + n(&e["failed"]) + n(&e["cancelled"]);
+        let ran = matches!(t["phase"].as_str(), Some("Completed" | "Failed"));
+        if n(&e["total"]) == 0 || done > n(&e["total"]) || (ran && done != n(&e["total"])) {
+            bad.push(format!(
+                "task {name}: elements {e} do not account for every element"
+            ));
+        }
+        let phase = t["phase"].as_str().unwrap_or_default();
+        if phase == "Completed" && n(&e["completed"]) != n(&e["total"]) {
+            bad.push(format!("task {name} Completed with elements {e}"));
+        }
     }
     bad
 }

@@ -155,7 +155,22 @@ async fn many_short_jobs_each_run_exactly_once() {
             "j{i}: {:?}",
             a.status
         );
-        assert_eq!(a.status.as_ref().unwrap().attempt, 1);
+        // A second attempt means a requeue (start failure or lost process): say why.
+        let attempt = a.status.as_ref().map(|s| s.attempt).unwrap_or_default();
+        if attempt != 1 {
+            let logs = c.logs();
+            let mine: Vec<&str> = logs
+                .lines()
+                .filter(|l| {
+                    l.contains(&format!("j{i}")) || l.contains("WARN") || l.contains("ERROR")
+                })
+                .collect();
+            panic!(
+                "j{i} was bound {attempt} times: {:?}\n{}",
+                a.status,
+                mine.join("\n")
+            );
+        }
     }
     for i in 0..n {
         let runs = std::fs::read_to_string(marker.join(format!("j{i}"))).unwrap_or_default();

@@ -80,6 +80,9 @@ pub async fn collection(
                 )?;
                 let (obj, t) = to_resource(k, v, tenant)?;
                 authorize(&user, Access::Write, k, Some(&t))?;
+                if k.kind == "Allocation" {
+                    check_dependencies(&inner, k, &t, &obj).await?;
+                }
                 let created = inner
                     .resources
                     .create(
@@ -102,6 +105,63 @@ pub async fn collection(
     }
     .await;
     r.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A submission through the Intent API is imperative, like `sbatch`: a dependency on an
+/// allocation that does not exist is refused (422 naming `spec.dependsOn[i].ref`) instead
+/// of waiting forever, as Slurm ("Job dependency problem") and Flux (unknown job id) do.
+/// Refs are names in the tenant, or uids. (The resource API stays declarative: a manifest
+/// may name an allocation applied later, and waits for it.)
+async fn check_dependencies(
+    inner: &Inner,
+    k: &'static lattice_apis::KindInfo,
+    tenant: &str,
+    obj: &Value,
+) -> ApiResult<()> {
+    let Some(deps) = obj.pointer("/spec/dependsOn").and_then(Value::as_array) else {
+        return Ok(());
+    };
+    let mut uids: Option<Vec<String>> = None;
+    for (i, d) in deps.iter().enumerate() {
+        // `mutex` names a lock, not an allocation.
+        let (Some(r), false) = (d["ref"].as_str(), d["condition"] == "mutex") else {
+            continue;
+        };
+        match inner.resources.get(k, Some(tenant), r).await {
+            Err(e) if e.code == 404 => {}
+            _ => continue,
+        }
+        if uids.is_none() {
+            let list = inner
+                .resources
+                .list(k, Some(tenant), &ListOptions::default())
+                .await?;
+            uids = Some(
+                list.get("items")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|o| o.pointer("/metadata/uid").and_then(Value::as_str))
+                    .map(String::from)
+                    .collect(),
+            );
+        }
+        if uids.as_ref().is_some_and(|u| u.iter().any(|u| u == r)) {
+            continue;
+        }
+        return Err(ApiError::invalid(
+            k.kind,
+            name_of(obj),
+            vec![(
+                format!("spec.dependsOn[{i}].ref"),
+                format!(
+                    "no allocation {r:?} in tenant {tenant:?}: a submission may depend only on \
+                     allocations already submitted (by name or uid)"
+                ),
+            )],
+        ));
+    }
+    Ok(())
 }
 
 fn to_resource(

@@ -157,8 +157,8 @@ impl Resources {
     }
 
     /// Admission checks that depend on the server's configuration (the kinds' own
-    /// `admit` takes none): a `Dag` may have at most `max_dag_size` tasks. On update the
-    /// limit applies only when the task count grows, so a Dag admitted under a higher
+    /// `admit` takes none): a `Dag` may create at most `max_dag_size` allocations (a task
+    /// group's elements each count). On update the limit applies only when that count grows, so a Dag admitted under a higher
     /// limit keeps accepting status writes and shrinking edits after the limit is lowered.
     fn admit_configured(
         &self,
@@ -173,7 +173,12 @@ impl Resources {
         let tasks = |v: &Value| {
             v.pointer("/spec/allocations")
                 .and_then(Value::as_array)
-                .map_or(0, Vec::len)
+                .map_or(0, |tasks| {
+                    tasks
+                        .iter()
+                        .map(lattice_apis::kinds::dag::task_allocation_count)
+                        .sum()
+                })
         };
         let n = tasks(new);
         if old.is_some_and(|o| n <= tasks(o)) {

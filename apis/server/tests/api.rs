@@ -1127,6 +1127,61 @@ async fn intent_api() {
     assert_eq!(s.get("/v1/widgets").await.0, 404);
 }
 
+#[tokio::test]
+async fn intent_api_refuses_dependencies_on_missing_allocations() {
+    let s = start().await;
+    let (c, first) = s
+        .post("/v1/allocations", &json!({"tenant": "t1", "name": "prep", "entrypoint": "/bin/true", "lifecycle": {"walltime": "1h"}}))
+        .await;
+    assert_eq!(c, 201, "{first}");
+    let uid = first["metadata"]["uid"].as_str().expect("uid").to_string();
+    let job = |deps: Value| {
+        json!({"tenant": "t1", "entrypoint": "/bin/true", "lifecycle": {"walltime": "1h"},
+               "depends_on": deps})
+    };
+    // Like sbatch --dependency on an unknown job: refused, naming the field.
+    let (c, e) = s
+        .post(
+            "/v1/allocations",
+            &job(json!([{"ref": "prep", "condition": "success"}, {"ref": "nope", "condition": "any"}])),
+        )
+        .await;
+    assert_eq!((c, e["reason"].as_str()), (422, Some("Invalid")), "{e}");
+    assert_eq!(
+        e["details"]["causes"][0]["field"], "spec.dependsOn[1].ref",
+        "{e}"
+    );
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("\"nope\""),
+        "{e}"
+    );
+    // By name, by uid, and a mutex lock name: accepted.
+    let (c, v) = s
+        .post(
+            "/v1/allocations",
+            &job(
+                json!([{"ref": "prep", "condition": "success"}, {"ref": uid, "condition": "any"},
+                        {"ref": "gpu-lock", "condition": "mutex"}]),
+            ),
+        )
+        .await;
+    assert_eq!(c, 201, "{v}");
+    // The resource API stays declarative: a manifest may name one applied later.
+    let (c, v) = s
+        .post(
+            &format!("{API}/namespaces/t1/allocations"),
+            &json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Allocation",
+                    "metadata": {"name": "later", "namespace": "t1"},
+                    "spec": {"entrypoint": "/bin/true", "lifecycle": {"walltime": "1h"},
+                             "dependsOn": [{"ref": "not-yet", "condition": "success"}]}}),
+        )
+        .await;
+    assert_eq!(c, 201, "{v}");
+}
+
 /// A Dag of `n` steps chained by `success` edges, built programmatically.
 fn chain_dag(name: &str, ns: &str, n: usize) -> Value {
     let tasks: Vec<Value> = (0..n)
@@ -1201,6 +1256,15 @@ async fn dag_size_limit_is_the_configured_one() {
     two["metadata"]["resourceVersion"] = v["metadata"]["resourceVersion"].clone();
     let (c, v) = s.put(&format!("{dags}/ok"), &two).await;
     assert_eq!(c, 200, "{v}");
+    // The limit counts allocations: a task group's elements each (the seed's "allocations
+    // per DAG"). Two tasks, one of them an array of 3: 4 allocations.
+    let mut arrays = chain_dag("arrays", "t1", 2);
+    arrays["spec"]["allocations"][1]["spec"]["taskGroup"] = json!({"range": "0-2"});
+    let (c, e) = s.post(&dags, &arrays).await;
+    assert_dag_too_large(c, &e, 4, 3);
+    arrays["spec"]["allocations"][1]["spec"]["taskGroup"] = json!({"range": "0-1"});
+    let (c, v) = s.post(&dags, &arrays).await;
+    assert_eq!(c, 201, "{v}");
 }
 
 #[tokio::test]

@@ -86,7 +86,7 @@ pub use kinds::allocation::{
 };
 pub use kinds::dag::{
     Dag, DagCounts, DagDefaults, DagFailurePolicy, DagPhase, DagSpec, DagStatus, DagTask,
-    DagTaskPhase, DagTaskStatus,
+    DagTaskElements, DagTaskPhase, DagTaskStatus,
 };
 pub use kinds::event::{Event, EventSource, EventType, ObjectReference};
 pub use kinds::lease::{

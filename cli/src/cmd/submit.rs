@@ -298,6 +298,7 @@ pub async fn post(ctx: &Ctx, alloc: &Value, dry_run: bool) -> Result<Value, CliE
     if let Some(e) = tenant.as_ref().and_then(|t| over_quota(alloc, &ns, t)) {
         return Err(e);
     }
+    check_dependencies(ctx, alloc, &ns).await?;
     ctx.client
         .create(
             &collection("allocations", Some(&ns)),
@@ -306,6 +307,72 @@ pub async fn post(ctx: &Ctx, alloc: &Value, dry_run: bool) -> Result<Value, CliE
         )
         .await
         .map_err(|e| rejected(alloc, tenant.as_ref(), e))
+}
+
+/// Refuses, before posting, a dependency on an allocation that does not exist: `sbatch
+/// --dependency=afterok:999` fails ("Job dependency problem") and Flux rejects an unknown
+/// job id, rather than queueing a job that waits for nothing forever. (Manifests applied
+/// with `lattice apply` may name allocations that come later: declarative order is free,
+/// and the allocation waits, `waiting for dependencies`, saying which one is missing.)
+/// Refs are names in the tenant, or uids; a lookup that fails for another reason than
+/// "not found" is left to the server.
+async fn check_dependencies(ctx: &Ctx, alloc: &Value, ns: &str) -> Result<(), CliError> {
+    let deps = alloc
+        .pointer("/spec/dependsOn")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let mut uids: Option<Vec<String>> = None;
+    for (i, d) in deps.iter().enumerate() {
+        // `mutex` names a lock, not an allocation.
+        let (Some(r), false) = (d["ref"].as_str(), d["condition"] == "mutex") else {
+            continue;
+        };
+        match ctx
+            .client
+            .get(&workload::object("allocations", Some(ns), r))
+            .await
+        {
+            Err(e) if e.is_not_found() => {}
+            _ => continue,
+        }
+        if uuid_like(r) {
+            if uids.is_none() {
+                let list = ctx
+                    .client
+                    .list(&collection("allocations", Some(ns)), &Default::default())
+                    .await
+                    .ok();
+                uids = Some(
+                    list.iter()
+                        .flat_map(|l| l["items"].as_array().cloned().unwrap_or_default())
+                        .filter_map(|o| s(&o, "/metadata/uid").map(str::to_string))
+                        .collect(),
+                );
+            }
+            if uids.as_ref().is_some_and(|u| u.iter().any(|u| u == r)) {
+                continue;
+            }
+        }
+        return Err(CliError::new(
+            "cannot submit",
+            format!("it depends on allocation \"{r}\", which does not exist in tenant \"{ns}\""),
+        )
+        .detail(format!("Field: spec.dependsOn[{i}].ref"))
+        .hint(format!(
+            "check the id with `lattice status -t {ns}`; a dependency names an allocation that was \
+             already submitted (by name or uid)"
+        ))
+        .exit_code(exit::NOT_FOUND));
+    }
+    Ok(())
+}
+
+fn uuid_like(s: &str) -> bool {
+    s.len() == 36
+        && s.bytes().enumerate().all(|(i, b)| {
+            matches!(i, 8 | 13 | 18 | 23) == (b == b'-') && (b == b'-' || b.is_ascii_hexdigit())
+        })
 }
 
 /// The cluster-scoped Tenant object, when it can be read within 5 s.

@@ -13,7 +13,7 @@
 //! | entry | Slurm / Flux RFC 26 | holds when | can never hold when |
 //! |---|---|---|---|
 //! | `{ref: A, condition: success}` | `afterok:A` | A Completed | A Failed or Cancelled |
-//! | `{ref: A, condition: failure}` | `afternotok:A` | A Failed | A Completed or Cancelled |
+//! | `{ref: A, condition: failure}` | `afternotok:A` | A Failed or Cancelled (an unsuccessful result) | A Completed |
 //! | `{ref: A, condition: any}` | `afterany:A` | A ended, however | — |
 //! | `{ref: A, condition: corresponding}` on an element *i* of a job array | `aftercorr:A` | element *i* of A Completed, or A has no index *i* | element *i* of A Failed or Cancelled, or A ended without creating it |
 //! | `{ref: A, condition: started}` | `after:A` | A Running, or ended after starting | A ended without ever starting |
@@ -611,7 +611,11 @@ fn allocation_state(
             DependencyCondition::Success
             | DependencyCondition::Corresponding
             | DependencyCondition::Mutex => phase == AllocationPhase::Completed,
-            DependencyCondition::Failure => phase == AllocationPhase::Failed,
+            // RFC 26: "with an unsuccessful result"; Slurm's afternotok likewise takes
+            // every finished state but COMPLETED (cancelled, timed out, node failure).
+            DependencyCondition::Failure => {
+                matches!(phase, AllocationPhase::Failed | AllocationPhase::Cancelled)
+            }
             DependencyCondition::Any | DependencyCondition::Started => true,
         };
         if holds {

@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lattice_apis::kinds::dag::{
-    DagCounts, DagFailurePolicy, DagPhase, DagStatus, DagTaskPhase, DagTaskStatus,
+    DagCounts, DagFailurePolicy, DagPhase, DagStatus, DagTaskElements, DagTaskPhase, DagTaskStatus,
 };
 use lattice_apis::lifecycle::{self, CANCEL_ANNOTATION};
 use lattice_apis::meta::now;
@@ -1106,7 +1106,7 @@ async fn create_step(
         .insert(DAG_LABEL.into(), dag.name_any().to_string());
     meta.labels.insert(DAG_STEP_LABEL.into(), step.to_string());
     if let Some(i) = index {
-        spec.task_group = None;
+        spec = spec.task_element(i);
         meta.labels.insert(
             TASK_GROUP_LABEL.into(),
             format!("{}-{step}", dag.name_any()),
@@ -1289,8 +1289,13 @@ fn status_of(
             // A task group with nothing in flight, waiting for a maxParallel slot.
             Some(_) if waiting_for_slot => Some(slot_message(run)),
             Some(e) => Some(format!(
-                "{} elements: {} completed, {} failed, {} running",
-                e.total, e.succeeded, e.failed, e.running
+                "{} elements: {} completed, {} failed, {} cancelled, {} running, {} pending",
+                e.total,
+                e.succeeded,
+                e.failed,
+                e.cancelled,
+                e.running,
+                e.blocked + e.eligible + e.pending
             )),
             None => message,
         };
@@ -1301,6 +1306,15 @@ fn status_of(
                 allocation: s.elements.is_none().then_some(alloc_name),
                 reason,
                 message,
+                elements: s.elements.as_ref().map(|e| DagTaskElements {
+                    total: e.total,
+                    waiting: e.blocked + e.eligible,
+                    pending: e.pending,
+                    running: e.running,
+                    completed: e.succeeded,
+                    failed: e.failed,
+                    cancelled: e.cancelled,
+                }),
             },
         );
     }

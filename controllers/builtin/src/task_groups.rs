@@ -82,7 +82,6 @@ async fn reconcile(
     };
     let mut created = BTreeSet::new();
     let mut active = 0usize;
-    let mut cancelled = 0u64;
     for c in &children {
         let Some(i) = c
             .labels()
@@ -95,7 +94,7 @@ async fn reconcile(
         match c.phase() {
             AllocationPhase::Completed => counts.completed += 1,
             AllocationPhase::Failed => counts.failed += 1,
-            AllocationPhase::Cancelled => cancelled += 1,
+            AllocationPhase::Cancelled => counts.cancelled += 1,
             AllocationPhase::Pending => {
                 counts.pending += 1;
                 active += 1;
@@ -141,16 +140,16 @@ async fn reconcile(
     let never_created = (indices.len() - created.len()) as u64;
     if cancel {
         // A cancelled array never creates the rest: they count as cancelled.
-        cancelled += never_created;
+        counts.cancelled += never_created;
     } else {
         counts.pending += never_created;
     }
 
-    let done = counts.completed + counts.failed + cancelled;
+    let done = counts.completed + counts.failed + counts.cancelled;
     let all_done = done == counts.total;
-    let phase = if all_done && cancelled > 0 && cancel {
+    let phase = if all_done && counts.cancelled > 0 && cancel {
         AllocationPhase::Cancelled
-    } else if all_done && counts.failed + cancelled > 0 {
+    } else if all_done && counts.failed + counts.cancelled > 0 {
         AllocationPhase::Failed
     } else if all_done {
         AllocationPhase::Completed
@@ -179,7 +178,7 @@ async fn reconcile(
             );
             st.message = Some(format!(
                 "{} of {} tasks completed, {} failed, {} cancelled",
-                counts.completed, counts.total, counts.failed, cancelled
+                counts.completed, counts.total, counts.failed, counts.cancelled
             ));
             st.exit_code = Some(if counts.failed > 0 { 1 } else { 0 });
         } else if phase == AllocationPhase::Running && st.start_time.is_none() {
@@ -210,8 +209,7 @@ async fn create_element(
     if let Some(o) = parent.owner_ref(true) {
         meta.owner_references.push(o);
     }
-    let mut spec = parent.spec.clone();
-    spec.task_group = None;
+    let mut spec = parent.spec.task_element(i);
     // Per-index dependencies stay on the element; the others held the whole array.
     spec.depends_on.retain(|d| {
         matches!(

@@ -349,7 +349,11 @@ async fn task_group_respects_concurrency() {
         "t1",
         "sweep",
         1,
-        json!({"spec": {"taskGroup": {"range": "0-9", "concurrency": 2}}}),
+        json!({"spec": {
+            "taskGroup": {"range": "0-9", "concurrency": 2},
+            // The seed's template placeholder.
+            "entrypoint": "python sweep.py --config=${INDEX}",
+        }}),
     )
     .await;
     let api = env.allocations("t1");
@@ -395,6 +399,15 @@ async fn task_group_respects_concurrency() {
         .filter(|a| a.labels().contains_key("lattice.dev/task-index"))
         .collect();
     assert_eq!(elements.len(), 10);
+    for e in &elements {
+        let i = &e.labels()["lattice.dev/task-index"];
+        assert_eq!(
+            e.spec.entrypoint.as_deref(),
+            Some(format!("python sweep.py --config={i}").as_str()),
+            "element {i}"
+        );
+        assert!(e.spec.task_group.is_none());
+    }
 }
 
 fn dag_manifest(name: &str) -> Dag {
@@ -894,6 +907,21 @@ async fn slurm_and_flux_conditions_on_allocations() {
             false,
             Antecedent::Exit(0),
             Expect::Never("ended Completed"),
+        ),
+        (
+            // RFC 26: "an unsuccessful result"; Slurm's afternotok takes CANCELLED too.
+            "afternotok-cancelled",
+            "failure",
+            false,
+            Antecedent::CancelBeforeStart,
+            Expect::Runs,
+        ),
+        (
+            "afterok-cancelled",
+            "success",
+            false,
+            Antecedent::CancelBeforeStart,
+            Expect::Never("ended Cancelled"),
         ),
         (
             "afterany-failed",

@@ -644,7 +644,8 @@ impl DagDef {
 /// Admission limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Maximum steps per DAG (`scheduling.max_dag_size`, default 1000).
+    /// Maximum allocations per DAG, a task group's elements each counted
+    /// (`scheduling.max_dag_size`, default 1000).
     pub max_dag_size: usize,
     /// Maximum elements per task group.
     pub max_task_group_elements: usize,
@@ -662,7 +663,7 @@ impl Default for Limits {
 /// One validation problem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DagError {
-    /// More steps than `max_dag_size`.
+    /// More allocations than `max_dag_size` (steps, task-group elements each counted).
     TooLarge {
         /// Steps submitted.
         count: usize,
@@ -964,6 +965,17 @@ pub fn validate(def: &DagDef, limits: &Limits) -> Result<ValidatedDag, Validatio
                     }
                 }
             }
+        });
+    }
+    // The limit counts allocations, as the seed does: a task group's elements each.
+    let allocations: usize = groups
+        .iter()
+        .map(|g| g.as_ref().map_or(1, |g| g.len()))
+        .fold(0usize, usize::saturating_add);
+    if allocations > limits.max_dag_size {
+        errs.push(DagError::TooLarge {
+            count: allocations,
+            limit: limits.max_dag_size,
         });
     }
     let mut edges: Vec<CEdge> = Vec::new();

@@ -205,6 +205,28 @@ fn size_limit_message_matches_seed() {
 }
 
 #[test]
+fn size_limit_counts_task_group_elements() {
+    // Two steps, one a task group of 999 elements: 1,000 allocations, at the limit.
+    let mut steps = vec![step("prep", &[]), step("sweep", &[("prep", Success)])];
+    steps[1].task_group = Some(lattice_dag::graph::TaskGroupDef {
+        range: "0-998".into(),
+        concurrency: None,
+    });
+    assert!(errors(steps.clone(), &Limits::default()).is_empty());
+    steps[1].task_group = Some(lattice_dag::graph::TaskGroupDef {
+        range: "0-999".into(),
+        concurrency: Some(10),
+    });
+    assert_eq!(
+        errors(steps, &Limits::default()),
+        vec![DagError::TooLarge {
+            count: 1001,
+            limit: 1000
+        }]
+    );
+}
+
+#[test]
 fn validation_table() {
     type Check = fn(&[DagError]) -> bool;
     let cases: Vec<(&str, Vec<StepDef>, Check)> = vec![

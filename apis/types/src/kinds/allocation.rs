@@ -1661,6 +1661,9 @@ pub struct TaskGroupStatus {
     /// Finished unsuccessfully.
     #[serde(default)]
     pub failed: u64,
+    /// Cancelled (by a user, or because a dependency of theirs can never hold).
+    #[serde(default)]
+    pub cancelled: u64,
 }
 
 /// What one node's agent reports about its part of an allocation.
@@ -1805,7 +1808,32 @@ pub struct AllocationStatus {
     pub dependencies: Vec<DependencyStatus>,
 }
 
+/// The placeholder of the seed's task-group template (`entrypoint: "python sweep.py
+/// --config=${INDEX}"`): each element's entrypoint and arguments carry its index there.
+pub const TASK_INDEX_PLACEHOLDER: &str = "${INDEX}";
+
 impl AllocationSpec {
+    /// The spec of element `index` of a task group (job array), from the group's spec:
+    /// no `taskGroup`, and [`TASK_INDEX_PLACEHOLDER`] in `entrypoint` and `args` replaced
+    /// by the index. (Scripts read `$LATTICE_TASK_INDEX` / `$SLURM_ARRAY_TASK_ID`, set by
+    /// the agent; a script's own `${INDEX}` is the shell's and left alone.)
+    pub fn task_element(&self, index: u64) -> AllocationSpec {
+        let mut spec = self.clone();
+        spec.task_group = None;
+        let i = index.to_string();
+        if let Some(e) = spec.entrypoint.as_mut() {
+            if e.contains(TASK_INDEX_PLACEHOLDER) {
+                *e = e.replace(TASK_INDEX_PLACEHOLDER, &i);
+            }
+        }
+        for a in spec.args.iter_mut() {
+            if a.contains(TASK_INDEX_PLACEHOLDER) {
+                *a = a.replace(TASK_INDEX_PLACEHOLDER, &i);
+            }
+        }
+        spec
+    }
+
     /// Fill defaults: preemption class, requeue, checkpoint, telemetry.
     pub fn default_fields(&mut self) {
         if self.preemption_class.is_none() {
@@ -2913,5 +2941,31 @@ mod dependency_tests {
             "{e:?}"
         );
         assert_eq!(e.len(), 3, "{e:?}");
+    }
+
+    #[test]
+    fn task_elements_carry_their_index_in_the_template() {
+        let spec = AllocationSpec {
+            entrypoint: Some("python sweep.py --config=${INDEX} --seed ${INDEX}".into()),
+            task_group: Some(TaskGroup {
+                range: "0-99".into(),
+                concurrency: Some(20),
+            }),
+            ..Default::default()
+        };
+        let e = spec.task_element(7);
+        assert_eq!(
+            e.entrypoint.as_deref(),
+            Some("python sweep.py --config=7 --seed 7")
+        );
+        assert!(e.task_group.is_none());
+        let spec = AllocationSpec {
+            entrypoint: Some("/usr/bin/sweep".into()),
+            args: vec!["--config=${INDEX}".into(), "$INDEX".into()],
+            ..Default::default()
+        };
+        let e = spec.task_element(42);
+        assert_eq!(e.args, ["--config=42", "$INDEX"]);
+        assert_eq!(e.entrypoint.as_deref(), Some("/usr/bin/sweep"));
     }
 }

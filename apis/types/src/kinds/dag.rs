@@ -13,8 +13,8 @@ use crate::meta::{Condition, ObjectMeta, Time};
 use crate::resource::{impl_resource_meta, Resource};
 use crate::validation::{truncate, validate_dns1123_label, Errors};
 
-/// Default limit on tasks per DAG (the seed: "Maximum 1000 allocations per DAG
-/// (configurable by admin)"). The limit is enforced at admission by the API server
+/// Default limit on the allocations of a DAG, a task group's elements each counted (the
+/// seed: "Maximum 1000 allocations per DAG (configurable by admin)"). The limit is enforced at admission by the API server
 /// (`lattice-server --max-dag-size`, see [`dag_size_error`]), not by [`Resource::validate`],
 /// which takes no configuration.
 pub const DEFAULT_MAX_DAG_SIZE: usize = 1000;
@@ -32,6 +32,18 @@ pub fn dag_size_error(count: usize, limit: usize) -> Option<String> {
             "DAG exceeds maximum size ({count} allocations, limit: {limit}). Hint: {DAG_SIZE_HINT}"
         )
     })
+}
+
+/// How many allocations one task of a Dag (JSON, as stored) makes: the elements of its
+/// task group, else one. A range that does not parse counts one (admission reports it).
+/// The size limit counts these, as the seed counts "allocations per DAG".
+pub fn task_allocation_count(task: &serde_json::Value) -> usize {
+    task.pointer("/spec/taskGroup/range")
+        .and_then(serde_json::Value::as_str)
+        .and_then(|r| super::allocation::TaskRange::parse(r).ok())
+        .map_or(1, |r| {
+            usize::try_from(r.count()).unwrap_or(usize::MAX).max(1)
+        })
 }
 
 /// A DAG workflow.
@@ -72,7 +84,8 @@ pub enum DagFailurePolicy {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DagSpec {
-    /// The tasks (at most `--max-dag-size`, default 1000), each becoming one Allocation.
+    /// The tasks, each becoming one Allocation (a task group: one per element); at most
+    /// `scheduling.max_dag_size` allocations in all (default 1000).
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub allocations: Vec<DagTask>,
@@ -194,6 +207,36 @@ pub struct DagTaskStatus {
     /// Human-readable detail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// A task group's elements by state (absent for a task that is no task group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elements: Option<DagTaskElements>,
+}
+
+/// The elements of a task-group task by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DagTaskElements {
+    /// All elements.
+    #[serde(default)]
+    pub total: u32,
+    /// Not released yet: waiting for their dependencies or a concurrency slot.
+    #[serde(default)]
+    pub waiting: u32,
+    /// Released, not running yet.
+    #[serde(default)]
+    pub pending: u32,
+    /// Running.
+    #[serde(default)]
+    pub running: u32,
+    /// Completed.
+    #[serde(default)]
+    pub completed: u32,
+    /// Failed.
+    #[serde(default)]
+    pub failed: u32,
+    /// Cancelled (by a user, or because a dependency can never hold).
+    #[serde(default)]
+    pub cancelled: u32,
 }
 
 /// Task counts by phase.

@@ -444,3 +444,33 @@ pub fn tenant_model(id: TenantId, t: &Tenant, total_nodes: u32) -> lattice_sched
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seed (DAG failure handling): a requeued allocation "re-enters the scheduler
+    /// queue with its original priority": its class and its wait since the original
+    /// submission, not since the requeue.
+    #[test]
+    fn a_requeued_allocation_keeps_its_original_priority() {
+        let mut a: Allocation = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "step", "namespace": "t1",
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"entrypoint": "/bin/true", "preemptionClass": 7,
+                     "lifecycle": {"walltime": "1h"}},
+            "status": {"phase": "Running", "submitTime": "2026-01-01T00:00:00Z",
+                       "startTime": "2026-01-01T01:00:00Z", "assignedNodes": ["n1"],
+                       "attempt": 0},
+        }))
+        .expect("allocation");
+        let t0 = unix(a.metadata.creation_timestamp.as_ref().expect("created"));
+        let now: lattice_apis::meta::Time = "2026-01-01T02:00:00Z".parse().expect("time");
+        assert!(lifecycle::node_failed(&mut a, "n1", now));
+        assert_eq!(a.phase(), AllocationPhase::Pending, "{:?}", a.status);
+        assert!(is_queued(&a));
+        let job = pending_job(JobId(1), &a, TenantId(0), VClusterId(0), None, unix(&now));
+        assert_eq!(job.submit_time, t0);
+        assert_eq!(job.preemption_class, 7);
+    }
+}
