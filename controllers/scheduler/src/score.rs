@@ -33,8 +33,15 @@ pub fn f3_fair_share(target_share: f64, actual_share: f64) -> f64 {
 }
 
 /// Inter-node part of f₄: 1 − groups_needed / max_groups_available (0 when it cannot fit).
+///
+/// On a machine of one group the formula would give every multi-node job 0, as if each
+/// spanned every group, while the seed's rule is that "jobs that fit in a single group
+/// score highest": there every job fits in a single group and none can span, so each
+/// scores 1. (Otherwise a one-group cluster would rank single-node jobs above multi-node
+/// ones by a topology term that has nothing to distinguish.)
 pub fn f4_inter_node(groups_needed: Option<u32>, max_groups_available: u32) -> f64 {
     match groups_needed {
+        Some(1) if max_groups_available == 1 => 1.0,
         Some(g) if max_groups_available > 0 => {
             (1.0 - f64::from(g) / f64::from(max_groups_available)).clamp(0.0, 1.0)
         }
@@ -146,6 +153,9 @@ mod tests {
         assert_eq!(f3_fair_share(0.2, 0.3), 0.0);
         assert!((f3_fair_share(0.2, 0.1) - 0.5).abs() < 1e-12);
         assert_eq!(f4_inter_node(Some(1), 4), 0.75);
+        assert_eq!(f4_inter_node(Some(4), 4), 0.0);
+        assert_eq!(f4_inter_node(Some(1), 1), 1.0);
+        assert_eq!(f4_inter_node(None, 1), 0.0);
         assert_eq!(f5_data_readiness(None), 0.5);
         assert_eq!(f6_backlog(10.0, 5.0), 1.0);
         assert_eq!(f6_backlog(1.0, 4.0), 0.25);

@@ -144,8 +144,16 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
         // Jobs that run exactly to their walltime estimate end when the scheduler already
         // expected them to: their nodes count as free from that instant on, before anything
         // else happens at it (as in the reference simulators' availability profiles).
+        //
+        // Every termination is an event with its own scheduling pass, in the order the
+        // jobs started (pyss/predictsim, whose published EASY figures this reproduces).
+        // When the instant's first event is such an expected end, its pass sees only the
+        // expected ends freed; a job that ended earlier than its estimate is freed by its
+        // own, later event at the same instant, not folded into the first pass.
+        let mut first_event_expected = false;
         if new_instant {
             let mut later = Vec::new();
+            let mut first = true;
             while let Some(&Reverse((t, s, id))) = ends.peek() {
                 if t != now {
                     break;
@@ -157,7 +165,12 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
                 if run_meta[pos].seq != s {
                     continue;
                 }
-                if now - run_meta[pos].start < running[pos].walltime_s {
+                let expected = now - run_meta[pos].start >= running[pos].walltime_s;
+                if first {
+                    first_event_expected = expected && !submit_first;
+                    first = false;
+                }
+                if !expected {
                     later.push(Reverse((t, s, id)));
                     continue;
                 }
@@ -181,7 +194,8 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
         } else {
             // The instant's termination may already have been applied by the exact-end release
             // above; the cycle still runs once for it.
-            let due = ends.peek().is_some_and(|Reverse((t, _, _))| *t == now);
+            let due =
+                !first_event_expected && ends.peek().is_some_and(|Reverse((t, _, _))| *t == now);
             if let Some(Reverse((_, s, id))) = if due { ends.pop() } else { None } {
                 let Some(&pos) = run_pos.get(&id) else {
                     continue;
