@@ -23,13 +23,13 @@ row "EASY CTC-SP2 3.1-cln (77,199 jobs)" 49.571 \
   "$(bsld --trace "$TRACES/CTC-SP2-1996-3.1-cln.swf.gz" --policy easy --filter predictsim --size requested)"
 
 echo
-echo "== RLScheduler (SC'20): FCFS, 10 windows x 1024 jobs of the first 10,000, size = max, estimate = requested"
-echo "   (our windows are drawn with SplitMix64(seed 1), not numpy's generator: not the same windows)"
-echo "   $R --trace \$TRACES/<trace> --policy fcfs --windows 10 --window-size 1024 --seed 1 --size max"
+echo "== RLScheduler (SC'20): FCFS, 10 windows x 1024 jobs of the first 10,000 (numpy RandomState seeded"
+echo "   by gym's np_random(1)), size = max, RLScheduler's job loading"
+echo "   $R --trace \$TRACES/<trace> --policy fcfs --filter rlscheduler --windows 10 --window-size 1024 --seed 1 --size max"
 for t in "SDSC-SP2-1998-4.2-cln:1727.54" "HPC2N-2002-2.2-cln:297.18" "lublin_256:7273.77"; do
   name="${t%%:*}"; pub="${t##*:}"
   row "FCFS windows $name" "$pub" \
-    "$(bsld --trace "$TRACES/$name.swf.gz" --policy fcfs --windows 10 --window-size 1024 --seed 1 --size max)"
+    "$(bsld --trace "$TRACES/$name.swf.gz" --policy fcfs --filter rlscheduler --windows 10 --window-size 1024 --seed 1 --size max)"
 done
 
 echo

@@ -3,6 +3,8 @@
 //! ```text
 //! rm-replay --trace KTH-SP2-1996-2.swf.gz --policy easy --filter predictsim --size requested
 //! rm-replay --trace t.jsonl --policy lattice --profile hpc.yaml --compare easy -o json
+//! rm-replay --trace SDSC-SP2-1998-4.2-cln.swf.gz --policy fcfs --filter rlscheduler \
+//!     --size max --windows 10 --window-size 1024 --seed 1
 //! ```
 
 use std::process::ExitCode;
@@ -36,14 +38,17 @@ struct Args {
     /// SWF job size: allocated, requested or max.
     #[arg(long, default_value = "allocated", value_parser = replay::parse_size)]
     size: lattice_scheduler::sim::swf::SizeField,
-    /// Window protocol: number of windows (each on an empty machine).
+    /// RLScheduler's window protocol: this many windows of --window-size jobs among the
+    /// first 10,000 (or --jobs), each on an empty machine, starts drawn by numpy's
+    /// RandomState seeded by gym's np_random(--seed).
     #[arg(long)]
     windows: Option<usize>,
     #[arg(long, default_value_t = 1024)]
     window_size: usize,
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Trace cleaning: `predictsim` (Gaussier et al.).
+    /// Trace cleaning: `predictsim` (Gaussier et al.) or `rlscheduler` (RLScheduler's job
+    /// loading: requested time -1 = run time, negative run time = 10 s, zero run time dropped).
     #[arg(long)]
     filter: Option<String>,
     /// Output format: text or json.
@@ -66,10 +71,11 @@ fn main() -> ExitCode {
 
 fn real_main() -> Result<(), String> {
     let args = Args::parse();
-    let predictsim = match args.filter.as_deref() {
-        None => false,
-        Some("predictsim") => true,
-        Some(f) => return Err(format!("unknown filter {f:?} (predictsim)")),
+    let (predictsim, rlscheduler) = match args.filter.as_deref() {
+        None => (false, false),
+        Some("predictsim") => (true, false),
+        Some("rlscheduler") => (false, true),
+        Some(f) => return Err(format!("unknown filter {f:?} (predictsim, rlscheduler)")),
     };
     if args.output != "text" && args.output != "json" {
         return Err(format!("unknown output {:?} (text, json)", args.output));
@@ -87,6 +93,7 @@ fn real_main() -> Result<(), String> {
             size: args.size,
             estimate: args.estimate,
             predictsim_filter: predictsim,
+            rlscheduler_filter: rlscheduler,
             jobs,
         },
     };

@@ -7,6 +7,7 @@
 pub mod engine;
 pub mod jsonl;
 pub mod metrics;
+pub mod numpy_rng;
 pub mod replay;
 pub mod rng;
 pub mod scenarios;

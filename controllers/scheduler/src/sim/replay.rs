@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use super::engine::{simulate, Workload};
 use super::metrics::Report;
-use super::rng::SplitMix64;
+use super::numpy_rng::NumpyRandomState;
 use super::swf::{self, EstimateField, SizeField, SwfOptions};
 use super::{jsonl, TraceError};
 use crate::profile::SchedulerConfig;
@@ -156,9 +156,11 @@ pub struct WindowReport {
     pub per_window_bsld: Vec<f64>,
 }
 
-/// Window protocol: `windows` windows of `size` consecutive jobs, each replayed on an empty
-/// machine. Start offsets are drawn with SplitMix64(seed) — not numpy's generator, so the
-/// windows differ from RLScheduler's (see README).
+/// Window protocol of RLScheduler (SC'20): `windows` windows of `size` consecutive jobs,
+/// each replayed on an empty machine, the mean of their average bounded slowdowns. The
+/// first job of each window is `randint(size, n − size − 1)` of numpy's `RandomState`
+/// seeded by gym's `np_random(seed)`, drawn in turn from one generator (the same windows
+/// RLScheduler's evaluation uses, so its published figures can be checked).
 pub fn run_windows(
     policy: Policy,
     lattice: &SchedulerConfig,
@@ -167,12 +169,12 @@ pub fn run_windows(
     size: usize,
     seed: u64,
 ) -> WindowReport {
-    let mut rng = SplitMix64::new(seed);
+    let mut rng = NumpyRandomState::gym_seeded(seed);
     let n = w.jobs.len();
     let mut starts = Vec::new();
     let mut reports = Vec::new();
     for _ in 0..windows {
-        let start = rng.range(0, n.saturating_sub(size).max(1) as u64) as usize;
+        let start = rng.randint(size as u64, n.saturating_sub(size + 1) as u64) as usize;
         let end = (start + size).min(n);
         let mut sub = Workload {
             nodes: w.nodes.clone(),

@@ -1,5 +1,6 @@
-//! SplitMix64: a tiny deterministic generator for synthetic scenarios and window sampling
-//! (deliberately not `rand`, whose streams may change between versions).
+//! SplitMix64: a tiny deterministic generator for synthetic scenarios (deliberately not
+//! `rand`, whose streams may change between versions). Evaluation windows are drawn as
+//! RLScheduler draws them: [`super::numpy_rng`].
 
 #[derive(Debug, Clone)]
 pub struct SplitMix64(u64);

@@ -51,6 +51,10 @@ pub struct SwfOptions {
     pub estimate: EstimateField,
     /// Gaussier et al. (predictsim) cleaning, see `traces/README.md`.
     pub predictsim_filter: bool,
+    /// RLScheduler's job loading (DIR-LAB/deep-batch-scheduler `job.py`): a requested time
+    /// of -1 becomes the run time, a negative run time becomes 10 s, jobs with a run time
+    /// of 0 are dropped.
+    pub rlscheduler_filter: bool,
     /// Keep only the first N jobs (after filtering).
     pub jobs: Option<usize>,
 }
@@ -61,6 +65,7 @@ impl Default for SwfOptions {
             size: SizeField::Allocated,
             estimate: EstimateField::Requested,
             predictsim_filter: false,
+            rlscheduler_filter: false,
             jobs: None,
         }
     }
@@ -173,6 +178,18 @@ pub fn to_workload(
                 continue;
             }
             runtime = runtime.min(req_time);
+        }
+        if opts.rlscheduler_filter {
+            if req_time == -1 {
+                req_time = runtime;
+            }
+            if runtime < 0 {
+                runtime = 10;
+            }
+            if runtime == 0 {
+                dropped += 1;
+                continue;
+            }
         }
         let size = match opts.size {
             SizeField::Allocated => {
