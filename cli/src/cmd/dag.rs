@@ -30,7 +30,8 @@ pub fn to_manifest(source: &str, text: &str) -> Result<(Value, usize), CliError>
     manifest_of(source, &def)
 }
 
-/// Validates a parsed DAG and renders it as a manifest; returns it and its step count.
+/// Validates a parsed DAG and renders it as a manifest; returns it and the number of
+/// allocations it makes (a task group's elements each).
 /// The size limit is not checked here: it is the server's (`lattice-server
 /// --max-dag-size`), which the client cannot know, and the server enforces it at admission.
 pub fn manifest_of(source: &str, def: &DagDef) -> Result<(Value, usize), CliError> {
@@ -58,7 +59,17 @@ pub fn manifest_of(source: &str, def: &DagDef) -> Result<(Value, usize), CliErro
         }
         return Err(e);
     }
-    Ok((def.to_manifest(), def.steps.len()))
+    // Allocations, as the server counts them for its size limit: a task group's elements each.
+    let allocations = def
+        .steps
+        .iter()
+        .map(|s| {
+            s.task_group.as_ref().map_or(1, |tg| {
+                lattice_dag::taskgroup::parse_task_group(&tg.range).map_or(1, |g| g.len())
+            })
+        })
+        .sum();
+    Ok((def.to_manifest(), allocations))
 }
 
 /// True for a YAML/JSON document in the short DAG form (`name:` + `allocations:`/`steps:`,

@@ -2026,3 +2026,128 @@ async fn global_symbol_writers_must_be_instance_owners() {
     env.wait_phase("t1", "carol-in-2", AllocationPhase::Completed)
         .await;
 }
+
+/// Simulated agents that take `stop_after` to stop work asked to stop (a checkpoint's
+/// time), and otherwise run everything until stopped.
+fn slow_stopping_runner(
+    env: &Env,
+    tenant: &str,
+    stop_after: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let api: Api<Allocation> = Api::namespaced(env.client.clone(), tenant);
+    tokio::spawn(async move {
+        let mut stopping: HashMap<(String, u32), tokio::time::Instant> = HashMap::new();
+        loop {
+            if let Ok(list) = api.list(&ListParams::default()).await {
+                for a in list.items {
+                    let st = a.status.clone().unwrap_or_default();
+                    let name = a.name_any().to_string();
+                    let stop = st.assigned_nodes.iter().any(|n| {
+                        matches!(
+                            lifecycle::should_run(&a, n, st.attempt),
+                            lifecycle::RunDecision::Stop(_)
+                        )
+                    });
+                    match st.phase {
+                        AllocationPhase::Staging => {
+                            report_all(&api, &name, NodeTaskPhase::Running, None).await;
+                        }
+                        AllocationPhase::Running if stop => {
+                            let since = *stopping
+                                .entry((name.clone(), st.attempt))
+                                .or_insert_with(tokio::time::Instant::now);
+                            if since.elapsed() >= stop_after {
+                                report_all(&api, &name, NodeTaskPhase::Failed, None).await;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preemptor_waits_for_its_victim_instead_of_preempting_more() {
+    // Three class-1 jobs fill three nodes; a class-8 job needs one. Its victim takes 3 s to
+    // stop (several 1-s cycles): exactly one victim is asked, the others run on.
+    let (env, _hb) = cluster(&["n1", "n2", "n3"]).await;
+    let _runner = slow_stopping_runner(&env, "t1", Duration::from_secs(3));
+    for i in 0..3 {
+        env.submit(
+            "t1",
+            &format!("low-{i}"),
+            1,
+            json!({"spec": {"preemptionClass": 1, "checkpoint": {"strategy": "auto"}}}),
+        )
+        .await;
+    }
+    for i in 0..3 {
+        env.wait_phase("t1", &format!("low-{i}"), AllocationPhase::Running)
+            .await;
+    }
+    env.submit("t1", "urgent", 1, json!({"spec": {"preemptionClass": 8}}))
+        .await;
+    let asked = |list: &[Allocation]| -> Vec<String> {
+        list.iter()
+            .filter(|a| {
+                lifecycle::preempt_requested(a)
+                    || a.status.as_ref().is_some_and(|s| s.preemption_count > 0)
+            })
+            .map(|a| a.name_any().to_string())
+            .collect()
+    };
+    let api = env.allocations("t1");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut waited = false;
+    let urgent = loop {
+        let list = api.list(&ListParams::default()).await.expect("list").items;
+        let victims = asked(&list);
+        assert!(victims.len() <= 1, "more victims than needed: {victims:?}");
+        let u = list
+            .iter()
+            .find(|a| a.name_any() == "urgent")
+            .cloned()
+            .expect("urgent");
+        if reason_of(&u) == Some("waiting_for_preemption") {
+            waited = true;
+        }
+        if matches!(
+            u.phase(),
+            AllocationPhase::Staging | AllocationPhase::Running
+        ) {
+            break u;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "urgent never started: {:?}",
+            u.status
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(waited, "the preemptor said it waits for its victim");
+    let list = api.list(&ListParams::default()).await.expect("list").items;
+    let victims = asked(&list);
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    let victim = list
+        .iter()
+        .find(|a| a.name_any() == victims[0])
+        .expect("victim");
+    // The victim is back in the queue (its class-1 work waits), on the node the urgent job took.
+    assert_eq!(
+        victim.phase(),
+        AllocationPhase::Pending,
+        "{:?}",
+        victim.status
+    );
+    assert_eq!(victim.status.as_ref().map(|s| s.preemption_count), Some(1));
+    let others = list
+        .iter()
+        .filter(|a| a.name_any().starts_with("low-") && a.name_any() != victims[0])
+        .filter(|a| a.phase() == AllocationPhase::Running)
+        .count();
+    assert_eq!(others, 2, "the other low-class jobs run on");
+    assert_eq!(urgent.status.expect("status").assigned_nodes.len(), 1);
+}

@@ -118,6 +118,8 @@ mod tests {
             last_checkpoint: None,
             gpus_per_node: 0,
             checkpointing: false,
+            preempted_for: None,
+            home_protected: false,
         }
     }
 

@@ -579,6 +579,14 @@ impl Scheduler {
         let mut preempt_attempts = 0usize;
         let mut victims_taken: Vec<JobId> = Vec::new();
         let binpack = cfg.kind == SchedulerKind::ServiceBinpack;
+        // Jobs whose victims are still stopping (a preemption under way, decided in an
+        // earlier cycle): they wait for those nodes rather than choose more victims.
+        let mut stopping_for: HashMap<JobId, u32> = HashMap::new();
+        for r in snap.running {
+            if let Some(j) = r.preempted_for {
+                *stopping_for.entry(j).or_default() += 1;
+            }
+        }
 
         for &(score_value, idx) in &order {
             let job = &snap.pending[idx];
@@ -662,6 +670,14 @@ impl Scheduler {
                     borrowed,
                     sel.groups,
                 ));
+                continue;
+            }
+
+            if let Some(&victims) = stopping_for.get(&job.id) {
+                if cfg.discipline == Discipline::Strict {
+                    blocked = Some(job.id);
+                }
+                explain(&mut plan, PendingReason::WaitingForPreemption { victims });
                 continue;
             }
 

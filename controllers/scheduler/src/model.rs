@@ -209,6 +209,15 @@ pub struct RunningJob {
     /// Already being preempted.
     #[serde(default)]
     pub checkpointing: bool,
+    /// The pending job it is being preempted for (a victim still stopping). That job waits
+    /// for these nodes instead of choosing more victims.
+    #[serde(default)]
+    pub preempted_for: Option<JobId>,
+    /// Runs on no other vCluster's home node, in a vCluster whose policy is
+    /// `borrowed_nodes_only` (services): "services on home nodes are not preempted". Never a
+    /// priority victim; on borrowed nodes the lender may still reclaim.
+    #[serde(default)]
+    pub home_protected: bool,
 }
 
 impl RunningJob {

@@ -84,6 +84,10 @@ pub enum PendingReason {
     Reserved {
         start: Time,
     },
+    /// Allocations it preempts are still stopping; their nodes come to it.
+    WaitingForPreemption {
+        victims: u32,
+    },
 }
 
 impl fmt::Display for PendingReason {
@@ -128,6 +132,10 @@ impl fmt::Display for PendingReason {
                 "free nodes ({free}) are reserved for higher-priority jobs"
             ),
             PendingReason::Reserved { start } => write!(f, "reserved to start at t={start}"),
+            PendingReason::WaitingForPreemption { victims } => write!(
+                f,
+                "waiting for {victims} preempted allocation(s) to stop and free their nodes"
+            ),
         }
     }
 }

@@ -38,7 +38,11 @@ pub fn reclaimable(cat: &NodeCatalog, victim: &RunningJob, job: &PendingJob) -> 
 
 /// Whether `victim` may be preempted for a job of class `class` at `now`.
 pub fn preemptible(cfg: &PreemptionConfig, victim: &RunningJob, class: u8, now: Time) -> bool {
-    if victim.sensitive || victim.checkpointing || victim.preemption_class >= class {
+    if victim.sensitive
+        || victim.checkpointing
+        || victim.home_protected
+        || victim.preemption_class >= class
+    {
         return false;
     }
     if victim.checkpoint.mode == CheckpointMode::None && victim.preemption_class >= 7 {

@@ -45,6 +45,8 @@ fn running(id: u64, on: std::ops::Range<u32>, start: i64, wall: i64, class: u8) 
         last_checkpoint: None,
         gpus_per_node: 0,
         checkpointing: false,
+        preempted_for: None,
+        home_protected: false,
     }
 }
 
@@ -364,6 +366,79 @@ fn a_vcluster_that_does_not_lend_keeps_its_idle_nodes() {
     j.vcluster = VClusterId(7);
     let plan = cycle(SchedulerConfig::default(), ns, &[], &[j], &[]);
     assert_eq!(plan.proposals.len(), 1);
+}
+
+#[test]
+fn a_preemption_under_way_is_waited_for_not_repeated() {
+    // 3 busy nodes; job 10 already stops for the urgent job 1 (chosen in an earlier cycle).
+    let mut stopping = running(10, 0..1, 900, 36_000, 1);
+    stopping.checkpointing = true;
+    stopping.preempted_for = Some(JobId(1));
+    let run = [
+        stopping,
+        running(11, 1..2, 900, 36_000, 1),
+        running(12, 2..3, 900, 36_000, 1),
+    ];
+    let mut urgent = job(1, 1, 0, 3600);
+    urgent.preemption_class = 8;
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(3, 3),
+        &run,
+        &[urgent.clone()],
+        &[],
+    );
+    assert!(plan.proposals.is_empty(), "{:?}", plan.proposals);
+    assert_eq!(
+        reason(&plan, 1),
+        &PendingReason::WaitingForPreemption { victims: 1 }
+    );
+    // Without the preemption under way, it preempts one victim.
+    let run = [
+        running(10, 0..1, 900, 36_000, 1),
+        running(11, 1..2, 900, 36_000, 1),
+        running(12, 2..3, 900, 36_000, 1),
+    ];
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(3, 3),
+        &run,
+        &[urgent],
+        &[],
+    );
+    match &plan.proposals[0].kind {
+        ProposalKind::Preempt { victims, .. } => assert_eq!(victims.len(), 1),
+        k => panic!("expected preemption, got {k:?}"),
+    }
+}
+
+#[test]
+fn services_on_their_home_nodes_are_not_priority_victims() {
+    // The seed: "services on home nodes are not preempted" (borrowed_nodes_only).
+    let mut service = running(10, 0..2, 900, 36_000, 1);
+    service.home_protected = true;
+    let mut urgent = job(1, 2, 0, 3600);
+    urgent.preemption_class = 9;
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(2, 2),
+        &[service.clone()],
+        &[urgent.clone()],
+        &[],
+    );
+    assert!(plan.proposals.is_empty(), "{:?}", plan.proposals);
+    service.home_protected = false;
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(2, 2),
+        &[service],
+        &[urgent],
+        &[],
+    );
+    assert!(matches!(
+        plan.proposals[0].kind,
+        ProposalKind::Preempt { .. }
+    ));
 }
 
 #[test]

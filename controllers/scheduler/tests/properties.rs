@@ -141,6 +141,8 @@ fn running_on(nodes: &[NodeView], every: usize) -> Vec<RunningJob> {
             last_checkpoint: None,
             gpus_per_node: n.gpus,
             checkpointing: false,
+            preempted_for: None,
+            home_protected: false,
         })
         .collect()
 }

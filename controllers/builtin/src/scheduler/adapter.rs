@@ -121,8 +121,10 @@ pub fn scheduler_config(vc: &VCluster) -> SchedulerConfig {
             depth: depth as usize,
         };
     }
-    let mode = vc.spec.preemption.mode.unwrap_or(t.default_preemption());
-    cfg.preemption.enabled = cfg.preemption.enabled && mode != PreemptionMode::Never;
+    // Priority preemption only for class_based; borrowed_nodes_only (services) takes back
+    // its lent home nodes (reclaim, always allowed) and never preempts by class.
+    let mode = preemption_mode(vc);
+    cfg.preemption.enabled = cfg.preemption.enabled && mode == PreemptionMode::ClassBased;
     if let Some(m) = vc.spec.preemption.max_victims {
         cfg.preemption.max_victims = m as usize;
     }
@@ -285,6 +287,9 @@ pub fn inventory(
                     gpus_per_node: a.spec.resources.constraints.gpu_count.unwrap_or(0),
                     checkpointing: lifecycle::preempt_requested(&a)
                         || a.phase() == AllocationPhase::Checkpointing,
+                    // Set by the cycle, which knows the pending jobs (`mark_preemptors`).
+                    preempted_for: None,
+                    home_protected: false,
                 }
             }
             // The owner vanished (release pending): busy, never a preemption victim.
@@ -301,6 +306,8 @@ pub fn inventory(
                 last_checkpoint: None,
                 gpus_per_node: 0,
                 checkpointing: true,
+                preempted_for: None,
+                home_protected: false,
             },
         };
         running.push(r);
@@ -311,6 +318,63 @@ pub fn inventory(
         names,
         running,
         running_refs,
+    }
+}
+
+/// The vCluster's preemption policy, explicit or its scheduler type's default.
+pub fn preemption_mode(vc: &VCluster) -> PreemptionMode {
+    vc.spec.preemption.mode.unwrap_or(
+        vc.spec
+            .scheduler_type
+            .unwrap_or(SchedulerType::HpcBackfill)
+            .default_preemption(),
+    )
+}
+
+/// Running work of `borrowed_nodes_only` vClusters (services) that holds no other
+/// vCluster's home node is protected from priority preemption (`RunningJob::home_protected`).
+pub fn protect_home_services(inv: &mut Inventory, home_only: &HashSet<VClusterId>) {
+    if home_only.is_empty() {
+        return;
+    }
+    for r in inv.running.iter_mut() {
+        r.home_protected = home_only.contains(&r.vcluster)
+            && r.nodes.iter().all(|n| {
+                inv.views
+                    .get(n.0 as usize)
+                    .is_none_or(|v| v.owner.home.is_none_or(|h| h == r.vcluster))
+            });
+    }
+}
+
+/// Victims still stopping (they hold their nodes, annotated `lattice.dev/preempt-requested`
+/// with the preemptor's name) are marked with the pending job they stop for, so the cycle
+/// lets that job wait for their nodes instead of preempting more (a preemption takes a
+/// checkpoint's time; without this each cycle of the wait chose new victims).
+pub fn mark_preemptors(
+    inv: &mut Inventory,
+    queued: &[Arc<Allocation>],
+    allocation: impl Fn(&str, &str) -> Option<Arc<Allocation>>,
+) {
+    if queued.is_empty() {
+        return;
+    }
+    let by_name: HashMap<&str, usize> = queued
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.name_any(), i))
+        .collect();
+    for (r, (tenant, name)) in inv.running.iter_mut().zip(&inv.running_refs) {
+        if !r.checkpointing {
+            continue;
+        }
+        let preemptor = allocation(tenant, name).and_then(|v| {
+            v.metadata
+                .annotations
+                .get(lifecycle::PREEMPT_ANNOTATION)
+                .and_then(|by| by_name.get(by.as_str()).copied())
+        });
+        r.preempted_for = preemptor.map(|i| JobId(i as u64));
     }
 }
 
@@ -472,5 +536,65 @@ mod tests {
         let job = pending_job(JobId(1), &a, TenantId(0), VClusterId(0), None, unix(&now));
         assert_eq!(job.submit_time, t0);
         assert_eq!(job.preemption_class, 7);
+    }
+
+    fn vcluster(spec: serde_json::Value) -> VCluster {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "svc", "namespace": "t1"}, "spec": spec}))
+        .expect("vcluster")
+    }
+
+    /// The seed's preemption table: services preempt only by taking back their lent nodes
+    /// (reclaim, outside the class rules), and their work on home nodes is never a victim.
+    #[test]
+    fn borrowed_nodes_only_never_preempts_by_class_and_protects_home_work() {
+        let svc = vcluster(serde_json::json!({"schedulerType": "service-binpack"}));
+        assert_eq!(preemption_mode(&svc), PreemptionMode::BorrowedNodesOnly);
+        assert!(!scheduler_config(&svc).preemption.enabled);
+        let hpc = vcluster(serde_json::json!({"schedulerType": "hpc-backfill"}));
+        assert!(scheduler_config(&hpc).preemption.enabled);
+        let never = vcluster(serde_json::json!({"schedulerType": "hpc-backfill",
+                                                "preemption": {"mode": "never"}}));
+        assert!(!scheduler_config(&never).preemption.enabled);
+
+        // Node 0 is the service's home, node 1 another vCluster's, node 2 shared.
+        let (svc_id, other) = (VClusterId(1), VClusterId(2));
+        let view = |i: u32, home: Option<VClusterId>| {
+            let mut v = NodeView::slot(i);
+            v.owner.home = home;
+            v
+        };
+        let job = |id: u64, vc: VClusterId, nodes: &[u32]| RunningJob {
+            id: JobId(id),
+            tenant: TenantId(0),
+            vcluster: vc,
+            nodes: nodes.iter().map(|&n| NodeId(n)).collect(),
+            preemption_class: 1,
+            sensitive: false,
+            start_time: 0,
+            walltime_s: 3600,
+            checkpoint: CheckpointInfo::default(),
+            last_checkpoint: None,
+            gpus_per_node: 0,
+            checkpointing: false,
+            preempted_for: None,
+            home_protected: false,
+        };
+        let mut inv = Inventory {
+            views: vec![view(0, Some(svc_id)), view(1, Some(other)), view(2, None)],
+            names: vec!["n0".into(), "n1".into(), "n2".into()],
+            running: vec![
+                job(0, svc_id, &[0]),
+                job(1, svc_id, &[1]),
+                job(2, svc_id, &[2]),
+                job(3, other, &[0]),
+            ],
+            running_refs: vec![Default::default(); 4],
+        };
+        protect_home_services(&mut inv, &HashSet::from([svc_id]));
+        let protected: Vec<bool> = inv.running.iter().map(|r| r.home_protected).collect();
+        // Home and shared nodes: protected; on another vCluster's home node: reclaimable;
+        // other vClusters' work: as before.
+        assert_eq!(protected, [true, false, true, false]);
     }
 }

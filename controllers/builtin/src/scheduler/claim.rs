@@ -277,6 +277,8 @@ fn job_as_running(job: &PendingJob) -> RunningJob {
         last_checkpoint: None,
         gpus_per_node: job.constraints.min_gpus_per_node,
         checkpointing: false,
+        preempted_for: None,
+        home_protected: false,
     }
 }
 

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lattice_apis::kinds::vcluster::PreemptionMode;
 use lattice_apis::meta::now;
 use lattice_apis::{lifecycle, Allocation, Node, Tenant, VCluster};
 use lattice_runtime::informer::InformerEvent;
@@ -334,6 +335,16 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         .enumerate()
         .map(|(i, a)| job_of(i, a))
         .collect();
+    adapter::mark_preemptors(&mut inv, &queued, |t, n| allocs.get_named(Some(t), n));
+    let home_only: HashSet<VClusterId> = vclusters_all
+        .iter()
+        .filter(|v| adapter::preemption_mode(v) == PreemptionMode::BorrowedNodesOnly)
+        .map(|v| {
+            let k = format!("{}/{}", v.namespace().unwrap_or_default(), v.name_any());
+            VClusterId(vc_ids.id(&k))
+        })
+        .collect();
+    adapter::protect_home_services(&mut inv, &home_only);
     let busy: usize = inv.running.iter().map(|r| r.nodes.len()).sum();
     stats.idle_nodes = inv
         .views
@@ -635,6 +646,7 @@ fn reason_code(r: &PendingReason) -> &'static str {
         PendingReason::WaitingBehind { .. } => "waiting_behind",
         PendingReason::BlockedByReservation { .. } => "blocked_by_reservation",
         PendingReason::Reserved { .. } => "reserved",
+        PendingReason::WaitingForPreemption { .. } => "waiting_for_preemption",
     }
 }
 

@@ -53,6 +53,8 @@ fn workload(pending: usize, nodes: u32, seed: u64) -> (Vec<RunningJob>, Vec<Pend
             last_checkpoint: None,
             gpus_per_node: 4,
             checkpointing: false,
+            preempted_for: None,
+            home_protected: false,
         });
         next += size;
     }

@@ -290,6 +290,8 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
                 last_checkpoint: None,
                 gpus_per_node: pj.constraints.min_gpus_per_node,
                 checkpointing: false,
+                preempted_for: None,
+                home_protected: false,
             });
             run_meta.push(RunMeta {
                 job: ji,
