@@ -782,6 +782,38 @@ async fn submit_refuses_a_dependency_on_a_missing_allocation() {
 }
 
 #[tokio::test]
+async fn usage_sums_the_ledger_over_the_period_against_the_worse_budget() {
+    let f = start().await;
+    let today = now().date_naive();
+    let day = |ago: u64| {
+        (today - chrono::Days::new(ago))
+            .format("%Y-%m-%d")
+            .to_string()
+    };
+    f.insert(
+        "tenants",
+        json!({"apiVersion": GV, "kind": "Tenant", "metadata": {"name": "default"},
+               "spec": {"budgetPeriodDays": 30,
+                        "quota": {"nodeHoursBudget": 100.0, "gpuHoursBudget": 50.0}},
+               "status": {"usage": {"ledger": [
+                   {"day": day(40), "user": "alice", "nodeHours": 500.0, "gpuHours": 500.0},
+                   {"day": day(10), "user": "alice", "nodeHours": 10.0, "gpuHours": 20.0},
+                   {"day": day(1), "user": "bob", "nodeHours": 30.0, "gpuHours": 5.0},
+                   {"day": day(0), "user": "alice", "nodeHours": 2.5, "gpuHours": 0.0}]}}}),
+    );
+    // 30 days: alice 12.5 / 20, bob 30 / 5; node-hours 42.5 % of 100, GPU-hours 50 % of 50.
+    let r = run_alice(&f.url, &["usage"]).await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    golden("usage.txt", &r.out);
+    assert!(r.out.contains("50.0% (GPU-hours)"), "{}", r.out);
+    // --days narrows the window (the last 2 days: bob's 30 and alice's 2.5).
+    let r = run_alice(&f.url, &["usage", "--days", "2", "-o", "json"]).await;
+    let v: Value = serde_json::from_str(&r.out).expect("json");
+    assert_eq!(v[0]["nodeHours"], 32.5, "{v}");
+    assert_eq!(v[0]["days"], 2);
+}
+
+#[tokio::test]
 async fn submit_nodelist_dry_run_client() {
     let d = tempfile::tempdir().expect("tmp");
     let r = run_opts(

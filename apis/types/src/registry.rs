@@ -118,7 +118,7 @@ const NAME: PrinterColumn = col("NAME", ".metadata.name", "string", 0);
 const AGE: PrinterColumn = col("AGE", ".metadata.creationTimestamp", "date", 0);
 
 // `lattice status`: ID NAME STATE NODES WALLTIME ELAPSED VCLUSTER;
-// wide adds tenant, project, uenv, GPU type, dragonfly groups.
+// wide adds tenant, project, uenv, GPU type, dragonfly groups, nodes, reason and message.
 const ALLOCATION_COLUMNS: &[PrinterColumn] = &[
     NAME,
     col("STATE", ".status.phase", "string", 0),
@@ -139,6 +139,8 @@ const ALLOCATION_COLUMNS: &[PrinterColumn] = &[
     col("GROUPS", ".status.topologyGroups", "string", 1),
     col("ASSIGNED NODES", ".status.assignedNodes", "string", 1),
     col("REASON", ".status.reason", "string", 1),
+    // What a pending allocation waits for, with the numbers (the scheduler's explanation).
+    col("MESSAGE", ".status.message", "string", 1),
 ];
 
 const DAG_COLUMNS: &[PrinterColumn] = &[

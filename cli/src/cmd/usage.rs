@@ -97,15 +97,18 @@ pub async fn run(ctx: &mut Ctx, args: &UsageArgs, out: &mut dyn Write) -> Result
                 .collect(),
             );
             for r in &rows {
-                let used = |v: f64, b: Option<f64>| match b {
-                    Some(b) if b > 0.0 => format!("{:.1}%", 100.0 * v / b),
-                    _ => "-".to_string(),
-                };
+                let frac = |v: f64, b: Option<f64>| b.filter(|b| *b > 0.0).map(|b| v / b);
                 let tn = r["nodeHours"].as_f64().unwrap_or(0.0);
                 let tg = r["gpuHours"].as_f64().unwrap_or(0.0);
-                let budget = match (r["gpuHoursBudget"].as_f64(), r["nodeHoursBudget"].as_f64()) {
-                    (Some(g), _) => used(tg, Some(g)),
-                    (None, n) => used(tn, n),
+                // The worse fraction drives the scheduler's penalty (the seed's rule).
+                let budget = match (
+                    frac(tg, r["gpuHoursBudget"].as_f64()),
+                    frac(tn, r["nodeHoursBudget"].as_f64()),
+                ) {
+                    (Some(g), Some(n)) if g >= n => format!("{:.1}% (GPU-hours)", 100.0 * g),
+                    (Some(_), Some(n)) => format!("{:.1}% (node-hours)", 100.0 * n),
+                    (Some(f), None) | (None, Some(f)) => format!("{:.1}%", 100.0 * f),
+                    (None, None) => "-".to_string(),
                 };
                 table.rows.push(vec![
                     r["tenant"].as_str().unwrap_or("").to_string(),

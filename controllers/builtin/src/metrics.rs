@@ -1,5 +1,6 @@
 //! Metrics of the built-in controllers' long-running loops (the seed's "Scheduler
-//! Self-Monitoring"): `lattice_scheduler_*`, `lattice_release_*`, `lattice_node_*`,
+//! Self-Monitoring", by its names, so its alert rules apply): `lattice_scheduling_*`,
+//! `lattice_preemptions_total`, `lattice_release_*`, `lattice_node_*`,
 //! `lattice_dag_*`, `lattice_autoscaling_*`.
 
 use std::sync::atomic::AtomicI64;
@@ -19,6 +20,15 @@ use crate::scheduler::CycleStats;
 pub struct VClusterLabel {
     /// `tenant/name`.
     pub vcluster: String,
+}
+
+/// `vcluster` and `result` labels (`accepted`, `rejected`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `tenant/name`.
+    pub vcluster: String,
+    /// Outcome.
+    pub result: &'static str,
 }
 
 /// `vcluster` and `reason` labels (`priority`, `reclaim`).
@@ -64,8 +74,8 @@ pub struct SchedulerMetrics {
     core_duration: Family<VClusterLabel, Histogram, fn() -> Histogram>,
     queue_depth: Family<VClusterLabel, Gauge<i64, AtomicI64>>,
     running: Family<VClusterLabel, Gauge<i64, AtomicI64>>,
-    proposals_accepted: Family<VClusterLabel, Counter>,
-    proposals_rejected: Family<VClusterLabel, Counter>,
+    proposals: Family<ResultLabel, Counter>,
+    placements: Family<VClusterLabel, Counter>,
     backfills: Family<VClusterLabel, Counter>,
     preemptions: Family<PreemptionLabel, Counter>,
     claims: Family<ClaimLabel, Counter>,
@@ -86,8 +96,8 @@ impl SchedulerMetrics {
             core_duration: Family::new_with_constructor(histogram as fn() -> Histogram),
             queue_depth: Family::default(),
             running: Family::default(),
-            proposals_accepted: Family::default(),
-            proposals_rejected: Family::default(),
+            proposals: Family::default(),
+            placements: Family::default(),
             backfills: Family::default(),
             preemptions: Family::default(),
             claims: Family::default(),
@@ -95,22 +105,29 @@ impl SchedulerMetrics {
         }
     }
 
-    /// Register under `lattice_scheduler_*`.
-    pub fn register(&self, r: &mut Registry) {
-        let r = r.sub_registry_with_prefix("lattice_scheduler");
+    /// Register under the seed's names: `lattice_scheduling_*` and
+    /// `lattice_preemptions_total` (also as `lattice_scheduling_preemptions_total`, the
+    /// name the seed's metrics table gives it).
+    pub fn register(&self, root: &mut Registry) {
+        root.register(
+            "lattice_preemptions",
+            "Preemptions requested, by reason (priority: a higher class; reclaim: a lender takes back its home nodes)",
+            self.preemptions.clone(),
+        );
+        let r = root.sub_registry_with_prefix("lattice_scheduling");
         r.register(
             "cycle_duration_seconds",
-            "Duration of a scheduling cycle, store writes included",
+            "Time to complete one scheduling cycle, store writes included",
             self.cycle_duration.clone(),
         );
         r.register(
             "cost_function_duration_seconds",
-            "Time spent in the pure scheduling core (scoring, placement) per cycle",
+            "Time to evaluate the cost function and place the candidates (the pure core) per cycle",
             self.core_duration.clone(),
         );
         r.register(
             "queue_depth",
-            "Allocations queued",
+            "Number of pending allocations",
             self.queue_depth.clone(),
         );
         r.register(
@@ -119,23 +136,23 @@ impl SchedulerMetrics {
             self.running.clone(),
         );
         r.register(
-            "proposals_accepted",
-            "Bindings committed",
-            self.proposals_accepted.clone(),
+            "proposals",
+            "Binding proposals sent to the store, by result (accepted: committed; rejected: lost a race, retried next cycle)",
+            self.proposals.clone(),
         );
         r.register(
-            "proposals_rejected",
-            "Bindings that lost a race (retried next cycle)",
-            self.proposals_rejected.clone(),
+            "placements",
+            "Successful placements",
+            self.placements.clone(),
         );
         r.register(
-            "backfills",
-            "Allocations started by backfill",
+            "backfill_jobs",
+            "Allocations placed via backfill",
             self.backfills.clone(),
         );
         r.register(
             "preemptions",
-            "Preemptions requested, by reason (priority: a higher class; reclaim: a lender takes back its home nodes)",
+            "Preemption events (the same counter as lattice_preemptions_total)",
             self.preemptions.clone(),
         );
         r.register(
@@ -160,12 +177,15 @@ impl SchedulerMetrics {
             .observe(s.core_time.as_secs_f64());
         self.queue_depth.get_or_create(&l).set(s.pending as i64);
         self.running.get_or_create(&l).set(s.running as i64);
-        self.proposals_accepted
-            .get_or_create(&l)
-            .inc_by(s.bound as u64);
-        self.proposals_rejected
-            .get_or_create(&l)
-            .inc_by(s.conflicts as u64);
+        for (result, n) in [("accepted", s.bound), ("rejected", s.conflicts)] {
+            self.proposals
+                .get_or_create(&ResultLabel {
+                    vcluster: vcluster.to_string(),
+                    result,
+                })
+                .inc_by(n as u64);
+        }
+        self.placements.get_or_create(&l).inc_by(s.bound as u64);
         self.backfills.get_or_create(&l).inc_by(s.backfilled as u64);
         for (reason, n) in [("priority", s.preemptions), ("reclaim", s.reclaims)] {
             if n > 0 {
@@ -296,5 +316,44 @@ impl ControllerMetrics {
 impl Default for ControllerMetrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seed's names and labels, so its alert rules (`lattice_scheduling_queue_depth >
+    /// 100`, `lattice_scheduling_proposals_total{result="rejected"}`, ...) match.
+    #[test]
+    fn scheduler_metrics_carry_the_seeds_names() {
+        let m = SchedulerMetrics::new();
+        let mut r = Registry::default();
+        m.register(&mut r);
+        let stats = CycleStats {
+            pending: 7,
+            bound: 3,
+            conflicts: 1,
+            backfilled: 2,
+            preemptions: 1,
+            core_time: Duration::from_millis(2),
+            ..Default::default()
+        };
+        m.observe_cycle("t1/batch", Duration::from_millis(5), &stats);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).expect("encode");
+        for line in [
+            "lattice_scheduling_queue_depth{vcluster=\"t1/batch\"} 7",
+            "lattice_scheduling_proposals_total{vcluster=\"t1/batch\",result=\"accepted\"} 3",
+            "lattice_scheduling_proposals_total{vcluster=\"t1/batch\",result=\"rejected\"} 1",
+            "lattice_scheduling_placements_total{vcluster=\"t1/batch\"} 3",
+            "lattice_scheduling_backfill_jobs_total{vcluster=\"t1/batch\"} 2",
+            "lattice_preemptions_total{vcluster=\"t1/batch\",reason=\"priority\"} 1",
+            "lattice_scheduling_preemptions_total{vcluster=\"t1/batch\",reason=\"priority\"} 1",
+            "lattice_scheduling_cycle_duration_seconds_count{vcluster=\"t1/batch\"} 1",
+            "lattice_scheduling_cost_function_duration_seconds_count{vcluster=\"t1/batch\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
     }
 }

@@ -723,6 +723,11 @@ impl Scheduler {
                 reason,
                 PendingReason::NodesOccupied { .. } | PendingReason::BlockedByReservation { .. }
             );
+            let reason = if occupancy {
+                with_budget_penalty(snap, job, reason)
+            } else {
+                reason
+            };
             match cfg.discipline {
                 Discipline::Strict => {
                     blocked = Some(job.id);
@@ -832,6 +837,33 @@ fn quota_check(
         max_take = limit - current;
     }
     Ok(max_take)
+}
+
+/// An occupancy reason of a job whose tenant's soft budget penalty lowers its score becomes
+/// [`PendingReason::SoftQuotaPenalty`]: that is why others go first.
+fn with_budget_penalty(
+    snap: &ClusterSnapshot<'_>,
+    job: &PendingJob,
+    reason: PendingReason,
+) -> PendingReason {
+    let Some(used) = snap.tenant(job.tenant).and_then(|t| t.usage.budget_used) else {
+        return reason;
+    };
+    let factor = score::budget_factor(Some(used));
+    if factor >= 1.0 {
+        return reason;
+    }
+    let free = match reason {
+        PendingReason::NodesOccupied { free, .. }
+        | PendingReason::BlockedByReservation { free } => free,
+        _ => return reason,
+    };
+    PendingReason::SoftQuotaPenalty {
+        budget_used_pct: (used * 100.0).round().clamp(0.0, f64::from(u32::MAX)) as u32,
+        priority_factor: factor,
+        requested: job.nodes.min,
+        free,
+    }
 }
 
 fn diagnose(

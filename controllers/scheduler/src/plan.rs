@@ -88,6 +88,16 @@ pub enum PendingReason {
     WaitingForPreemption {
         victims: u32,
     },
+    /// Waiting for busy nodes, behind other work because its tenant has used most of its
+    /// soft GPU/node-hours budget: the seed's budget penalty multiplies its score.
+    SoftQuotaPenalty {
+        /// Budget used, in percent (the worse of GPU- and node-hours).
+        budget_used_pct: u32,
+        /// What the score is multiplied by.
+        priority_factor: f64,
+        requested: u32,
+        free: u32,
+    },
 }
 
 impl fmt::Display for PendingReason {
@@ -132,6 +142,16 @@ impl fmt::Display for PendingReason {
                 "free nodes ({free}) are reserved for higher-priority jobs"
             ),
             PendingReason::Reserved { start } => write!(f, "reserved to start at t={start}"),
+            PendingReason::SoftQuotaPenalty {
+                budget_used_pct,
+                priority_factor,
+                requested,
+                free,
+            } => write!(
+                f,
+                "soft quota penalty: the tenant has used {budget_used_pct}% of its budget, so its \
+                 priority is multiplied by {priority_factor:.2} (requested {requested}, {free} free)"
+            ),
             PendingReason::WaitingForPreemption { victims } => write!(
                 f,
                 "waiting for {victims} preempted allocation(s) to stop and free their nodes"

@@ -413,6 +413,58 @@ fn a_preemption_under_way_is_waited_for_not_repeated() {
 }
 
 #[test]
+fn a_tenant_near_its_soft_budget_is_told_why_others_go_first() {
+    // Both nodes busy; tenant 0 has used 95 % of its budget: penalty factor 1 − 2.5 × 0.15.
+    let run = [running(10, 0..2, 900, 36_000, 9)];
+    let tenants = [Tenant {
+        id: TenantId(0),
+        quota: TenantQuota::default(),
+        usage: TenantUsage {
+            actual_share: 0.0,
+            budget_used: Some(0.95),
+        },
+    }];
+    let plan = cycle(
+        SchedulerConfig::fcfs(),
+        nodes(2, 2),
+        &run,
+        &[job(1, 1, 0, 3600)],
+        &tenants,
+    );
+    match reason(&plan, 1) {
+        PendingReason::SoftQuotaPenalty {
+            budget_used_pct: 95,
+            priority_factor,
+            requested: 1,
+            free: 0,
+        } => assert!((priority_factor - 0.625).abs() < 1e-9),
+        r => panic!("{r:?}"),
+    }
+    assert!(reason(&plan, 1)
+        .to_string()
+        .starts_with("soft quota penalty: the tenant has used 95%"));
+    // Under 80 % there is no penalty: the plain reason.
+    let tenants = [Tenant {
+        usage: TenantUsage {
+            actual_share: 0.0,
+            budget_used: Some(0.5),
+        },
+        ..tenants[0]
+    }];
+    let plan = cycle(
+        SchedulerConfig::fcfs(),
+        nodes(2, 2),
+        &run,
+        &[job(1, 1, 0, 3600)],
+        &tenants,
+    );
+    assert!(matches!(
+        reason(&plan, 1),
+        PendingReason::NodesOccupied { .. }
+    ));
+}
+
+#[test]
 fn services_on_their_home_nodes_are_not_priority_victims() {
     // The seed: "services on home nodes are not preempted" (borrowed_nodes_only).
     let mut service = running(10, 0..2, 900, 36_000, 1);

@@ -321,6 +321,44 @@ pub fn inventory(
     }
 }
 
+/// Node- and GPU-hours of a tenant's running work within its budget period.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RunningHours {
+    pub node_hours: f64,
+    pub gpu_hours: f64,
+}
+
+/// What each tenant's running work has used so far in its budget period (`period_s` of the
+/// tenant, seconds): node-hours, and GPU-hours from the nodes' GPU counts (a node without
+/// GPUs counts as 1, as the seed's ledger does).
+pub fn running_hours(
+    inv: &Inventory,
+    now: i64,
+    period_s: impl Fn(&str) -> i64,
+) -> HashMap<String, RunningHours> {
+    let mut out: HashMap<String, RunningHours> = HashMap::new();
+    for (r, (tenant, _)) in inv.running.iter().zip(&inv.running_refs) {
+        let since = r.start_time.max(now - period_s(tenant));
+        let hours = (now - since).max(0) as f64 / 3600.0;
+        if hours == 0.0 {
+            continue;
+        }
+        let gpus: f64 = r
+            .nodes
+            .iter()
+            .map(|n| {
+                inv.views
+                    .get(n.0 as usize)
+                    .map_or(1.0, |v| f64::from(v.gpus.max(1)))
+            })
+            .sum();
+        let e = out.entry(tenant.clone()).or_default();
+        e.node_hours += hours * r.nodes.len() as f64;
+        e.gpu_hours += hours * gpus;
+    }
+    out
+}
+
 /// The vCluster's preemption policy, explicit or its scheduler type's default.
 pub fn preemption_mode(vc: &VCluster) -> PreemptionMode {
     vc.spec.preemption.mode.unwrap_or(
@@ -475,22 +513,32 @@ pub fn reactive_start(a: &Allocation) -> Option<u32> {
 }
 
 /// Quotas and usage of a tenant for the core.
-pub fn tenant_model(id: TenantId, t: &Tenant, total_nodes: u32) -> lattice_scheduler::Tenant {
+pub fn tenant_model(
+    id: TenantId,
+    t: &Tenant,
+    total_nodes: u32,
+    running: RunningHours,
+) -> lattice_scheduler::Tenant {
     let q = &t.spec.quota;
     let usage = t
         .status
         .as_ref()
         .map(|s| s.usage.clone())
         .unwrap_or_default();
-    let budget_used = q
+    // The ledger holds finished work; running work counts up to now (the seed's internal
+    // budget ledger). When both budgets are set, the worse fraction drives the penalty.
+    let node_frac = q
         .node_hours_budget
         .filter(|b| *b > 0.0)
-        .map(|b| usage.node_hours_used / b)
-        .or_else(|| {
-            q.gpu_hours_budget
-                .filter(|b| *b > 0.0)
-                .map(|b| usage.gpu_hours_used / b)
-        });
+        .map(|b| (usage.node_hours_used + running.node_hours) / b);
+    let gpu_frac = q
+        .gpu_hours_budget
+        .filter(|b| *b > 0.0)
+        .map(|b| (usage.gpu_hours_used + running.gpu_hours) / b);
+    let budget_used = match (node_frac, gpu_frac) {
+        (Some(n), Some(g)) => Some(n.max(g)),
+        (n, g) => n.or(g),
+    };
     lattice_scheduler::Tenant {
         id,
         quota: TenantQuota {
@@ -596,5 +644,57 @@ mod tests {
         // Home and shared nodes: protected; on another vCluster's home node: reclaimable;
         // other vClusters' work: as before.
         assert_eq!(protected, [true, false, true, false]);
+    }
+
+    /// The seed's internal budget ledger: running work counts up to now (within the budget
+    /// period), GPUs from the nodes (1 for a node without), and the worse of the GPU- and
+    /// node-hours fractions drives the penalty.
+    #[test]
+    fn budgets_count_running_work_and_the_worse_fraction() {
+        let view = |i: u32, gpus: u32| {
+            let mut v = NodeView::slot(i);
+            v.gpus = gpus;
+            v
+        };
+        let job = |nodes: &[u32], start: i64| RunningJob {
+            id: JobId(0),
+            tenant: TenantId(0),
+            vcluster: VClusterId(0),
+            nodes: nodes.iter().map(|&n| NodeId(n)).collect(),
+            preemption_class: 5,
+            sensitive: false,
+            start_time: start,
+            walltime_s: 36_000,
+            checkpoint: CheckpointInfo::default(),
+            last_checkpoint: None,
+            gpus_per_node: 0,
+            checkpointing: false,
+            preempted_for: None,
+            home_protected: false,
+        };
+        let now = 100 * 3600;
+        let inv = Inventory {
+            views: vec![view(0, 4), view(1, 0)],
+            names: vec!["n0".into(), "n1".into()],
+            // 2 h on both nodes (4 + 1 GPUs); a job started before the 10-h period counts
+            // from its start.
+            running: vec![job(&[0, 1], now - 2 * 3600), job(&[1], now - 50 * 3600)],
+            running_refs: vec![("a".into(), "j1".into()), ("a".into(), "j2".into())],
+        };
+        let used = running_hours(&inv, now, |_| 10 * 3600);
+        let a = used["a"];
+        assert_eq!(a.node_hours, 2.0 * 2.0 + 10.0);
+        assert_eq!(a.gpu_hours, 2.0 * 5.0 + 10.0);
+        let tenant: Tenant = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a"},
+            "spec": {"quota": {"nodeHoursBudget": 100.0, "gpuHoursBudget": 40.0}},
+            "status": {"usage": {"nodeHoursUsed": 6.0, "gpuHoursUsed": 10.0}},
+        }))
+        .expect("tenant");
+        let t = tenant_model(TenantId(0), &tenant, 2, a);
+        // node-hours (6 + 14) / 100 = 0.2; GPU-hours (10 + 20) / 40 = 0.75: the worse.
+        assert_eq!(t.usage.budget_used, Some(0.75));
+        let t = tenant_model(TenantId(0), &tenant, 2, RunningHours::default());
+        assert_eq!(t.usage.budget_used, Some(0.25));
     }
 }

@@ -357,11 +357,22 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         return Ok(stats);
     }
     let total_nodes = inv.views.len() as u32;
+    let running = adapter::running_hours(&inv, now_s, |tenant| {
+        let days = shared
+            .tenants
+            .get_named(None, tenant)
+            .and_then(|t| t.spec.budget_period_days)
+            .unwrap_or(lattice_apis::kinds::tenant::DEFAULT_BUDGET_PERIOD_DAYS);
+        i64::from(days) * 86_400
+    });
     let mut tenants: Vec<lattice_scheduler::Tenant> = shared
         .tenants
         .state()
         .iter()
-        .map(|t| adapter::tenant_model(TenantId(tenant_ids.id(t.name_any())), t, total_nodes))
+        .map(|t| {
+            let used = running.get(t.name_any()).copied().unwrap_or_default();
+            adapter::tenant_model(TenantId(tenant_ids.id(t.name_any())), t, total_nodes, used)
+        })
         .collect();
     tenants.sort_by_key(|t| t.id);
     let mut config = adapter::scheduler_config(&vc);
@@ -647,6 +658,7 @@ fn reason_code(r: &PendingReason) -> &'static str {
         PendingReason::BlockedByReservation { .. } => "blocked_by_reservation",
         PendingReason::Reserved { .. } => "reserved",
         PendingReason::WaitingForPreemption { .. } => "waiting_for_preemption",
+        PendingReason::SoftQuotaPenalty { .. } => "soft_quota_penalty",
     }
 }
 
