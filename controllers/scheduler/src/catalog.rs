@@ -54,8 +54,39 @@ pub struct NodeCatalog {
     nodes: Vec<NodeView>,
     classes: Vec<NodeClass>,
     class_of: Vec<u32>,
-    index_of: HashMap<NodeId, u32>,
+    index_of: NodeIndex,
     groups: u32,
+}
+
+/// Node id → index in the catalog: a table when the ids are dense (as the live adapter and
+/// the simulator number them), else a map. The scheduler looks up every running node each
+/// cycle.
+#[derive(Debug, Clone)]
+enum NodeIndex {
+    Dense(Vec<u32>),
+    Sparse(HashMap<NodeId, u32>),
+}
+
+impl NodeIndex {
+    fn new(map: HashMap<NodeId, u32>) -> Self {
+        let max = map.keys().map(|id| id.0 as usize).max().unwrap_or(0);
+        if max < 2 * map.len() + 64 {
+            let mut table = vec![u32::MAX; max + 1];
+            for (id, i) in map {
+                table[id.0 as usize] = i;
+            }
+            NodeIndex::Dense(table)
+        } else {
+            NodeIndex::Sparse(map)
+        }
+    }
+
+    fn get(&self, id: NodeId) -> Option<u32> {
+        match self {
+            NodeIndex::Dense(t) => t.get(id.0 as usize).copied().filter(|&i| i != u32::MAX),
+            NodeIndex::Sparse(m) => m.get(&id).copied(),
+        }
+    }
 }
 
 impl NodeCatalog {
@@ -63,7 +94,7 @@ impl NodeCatalog {
         let mut by_key: HashMap<ClassKey, u32> = HashMap::new();
         let mut classes: Vec<NodeClass> = Vec::new();
         let mut class_of = Vec::with_capacity(nodes.len());
-        let mut index_of = HashMap::with_capacity(nodes.len());
+        let mut index_of: HashMap<NodeId, u32> = HashMap::with_capacity(nodes.len());
         let mut groups = std::collections::BTreeSet::new();
         for (i, n) in nodes.iter().enumerate() {
             let mut features = n.features.clone();
@@ -117,7 +148,7 @@ impl NodeCatalog {
             nodes,
             classes,
             class_of,
-            index_of,
+            index_of: NodeIndex::new(index_of),
             groups: groups.len() as u32,
         }
     }
@@ -135,7 +166,7 @@ impl NodeCatalog {
         self.class_of[idx as usize]
     }
     pub fn index_of(&self, id: NodeId) -> Option<u32> {
-        self.index_of.get(&id).copied()
+        self.index_of.get(id)
     }
     /// Number of distinct dragonfly groups in the inventory.
     pub fn group_count(&self) -> u32 {

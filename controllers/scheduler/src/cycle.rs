@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use crate::catalog::{FilterOutcome, NodeCatalog};
+use crate::free_index::SetIndex;
 use crate::model::{ClusterSnapshot, JobId, NodeId, PendingJob, TenantId, Time};
 use crate::plan::{
     PendingExplanation, PendingReason, Plan, Proposal, ProposalKind, QuotaKind, Reservation,
@@ -24,7 +25,6 @@ pub struct Scheduler {
 /// Free nodes of one class in one (group, fingerprint) bucket; popped lowest id first.
 #[derive(Debug)]
 struct Bucket {
-    class: u32,
     key: (u32, u64),
     nodes: Vec<u32>,
 }
@@ -49,6 +49,18 @@ pub(crate) struct CycleState<'a> {
     held: Vec<Held>,
     held_by: Vec<u32>,
     intervals: HashMap<u32, Vec<(Time, Time)>>,
+    /// The bucket of each (class, key): one per pair.
+    bucket_of: HashMap<(u32, (u32, u64)), usize>,
+    /// Free indexes of the class sets jobs were placed against (built on first use).
+    indices: Vec<SetIndex>,
+    index_of: HashMap<(Vec<u32>, Option<u64>), usize>,
+    /// Per class, the indexes that contain it (updated when its nodes are taken).
+    class_indices: Vec<Vec<usize>>,
+    /// The largest fingerprint group of a class set's schedulable inventory (which a cycle
+    /// does not change).
+    inventory_fp: HashMap<Vec<u32>, u32>,
+    /// Node indexes of each running job (`snap.running` order).
+    running_nodes: Vec<Vec<u32>>,
 }
 
 /// Feasibility of every class for one job.
@@ -64,16 +76,18 @@ impl<'a> CycleState<'a> {
         let now = snap.now;
         let mut busy = vec![false; n];
         let mut avail = vec![now; n];
+        let mut running_nodes = Vec::with_capacity(snap.running.len());
         for r in snap.running {
             let end = r.expected_end().max(now);
-            for id in &r.nodes {
-                if let Some(i) = cat.index_of(*id) {
-                    busy[i as usize] = true;
-                    avail[i as usize] = end;
-                }
+            let nodes: Vec<u32> = r.nodes.iter().filter_map(|id| cat.index_of(*id)).collect();
+            for &i in &nodes {
+                busy[i as usize] = true;
+                avail[i as usize] = end;
             }
+            running_nodes.push(nodes);
         }
         let mut buckets: Vec<Bucket> = Vec::new();
+        let mut bucket_of: HashMap<(u32, (u32, u64)), usize> = HashMap::new();
         let mut class_buckets = Vec::with_capacity(cat.classes().len());
         let mut class_free = vec![0u32; cat.classes().len()];
         for (c, class) in cat.classes().iter().enumerate() {
@@ -91,16 +105,17 @@ impl<'a> CycleState<'a> {
                 }
                 let node = cat.node(i);
                 let key = (node.topology_group, node.conformance_fingerprint);
-                match buckets.last_mut() {
-                    Some(b) if b.class == c as u32 && b.key == key => b.nodes.push(i),
-                    _ => buckets.push(Bucket {
-                        class: c as u32,
+                let b = *bucket_of.entry((c as u32, key)).or_insert_with(|| {
+                    buckets.push(Bucket {
                         key,
-                        nodes: vec![i],
-                    }),
-                }
+                        nodes: Vec::new(),
+                    });
+                    buckets.len() - 1
+                });
+                buckets[b].nodes.push(i);
                 class_free[c] += 1;
             }
+            // Members come in id order: reversed, a bucket pops its lowest id first.
             for b in &mut buckets[first..] {
                 b.nodes.reverse();
             }
@@ -117,7 +132,134 @@ impl<'a> CycleState<'a> {
             held: Vec::new(),
             held_by: vec![u32::MAX; n],
             intervals: HashMap::new(),
+            bucket_of,
+            indices: Vec::new(),
+            index_of: HashMap::new(),
+            class_indices: vec![Vec::new(); cat.classes().len()],
+            inventory_fp: HashMap::new(),
+            running_nodes,
         }
+    }
+
+    /// Node indexes of `snap.running[k]`.
+    pub(crate) fn running_nodes(&self, k: usize) -> &[u32] {
+        &self.running_nodes[k]
+    }
+
+    /// [`largest_fingerprint_group`] of `feas`'s schedulable inventory, once per class set.
+    fn inventory_largest_fp(&mut self, feas: &Feasible) -> u32 {
+        if let Some(&l) = self.inventory_fp.get(&feas.classes) {
+            return l;
+        }
+        let l = largest_fingerprint_group(&self.inventory_counts(feas));
+        self.inventory_fp.insert(feas.classes.clone(), l);
+        l
+    }
+
+    /// [`largest_fingerprint_group`] of [`CycleState::counts`], through the free index.
+    fn free_largest_fp(&mut self, feas: &Feasible, end: Option<Time>) -> u32 {
+        let extra = self.held_extra(feas, end);
+        let id = self.index_for(feas, None);
+        self.indices[id].largest_fingerprint(&extra)
+    }
+
+    /// The free index of `feas`'s classes (of one fingerprint's nodes only, with `fp`),
+    /// built on first use.
+    fn index_for(&mut self, feas: &Feasible, fp: Option<u64>) -> usize {
+        let key = (feas.classes.clone(), fp);
+        if let Some(&id) = self.index_of.get(&key) {
+            return id;
+        }
+        let mut counts = self.counts(feas, None);
+        if let Some(fp) = fp {
+            counts.retain(|((_, f), _)| *f == fp);
+        }
+        let id = self.indices.len();
+        self.indices.push(SetIndex::new(&counts));
+        self.index_of.insert(key, id);
+        for &c in &feas.classes {
+            self.class_indices[c as usize].push(id);
+        }
+        id
+    }
+
+    /// `n` free nodes of class `c` in bucket `key` left the free pool.
+    fn unindex(&mut self, c: u32, key: (u32, u64), n: u32) {
+        self.class_free[c as usize] -= n;
+        for &id in &self.class_indices[c as usize] {
+            self.indices[id].remove(key, n);
+        }
+    }
+
+    /// Held nodes a job ending at `end` may use, per bucket.
+    fn held_extra(&self, feas: &Feasible, end: Option<Time>) -> Vec<BucketCount> {
+        let Some(end) = end else {
+            return Vec::new();
+        };
+        let mut out: Vec<BucketCount> = Vec::new();
+        for h in self.held.iter().filter(|h| h.start >= end) {
+            for &i in &h.nodes {
+                if feas.mask[self.cat.class_of(i) as usize] {
+                    let n = self.cat.node(i);
+                    out.push(((n.topology_group, n.conformance_fingerprint), 1));
+                }
+            }
+        }
+        merge_counts(out)
+    }
+
+    /// [`select::select`] on [`CycleState::counts`], through the free index in the common
+    /// case (no single fingerprint required, no bin-packing).
+    fn select_for(
+        &mut self,
+        feas: &Feasible,
+        end: Option<Time>,
+        min: u32,
+        max: u32,
+        same_fp: bool,
+        binpack: bool,
+    ) -> Option<select::Selection> {
+        if binpack || min == 0 {
+            return select::select(&self.counts(feas, end), min, max, same_fp, binpack);
+        }
+        let extra = self.held_extra(feas, end);
+        let id = self.index_for(feas, None);
+        if !same_fp {
+            return self.indices[id].select(&extra, min, max);
+        }
+        // One fingerprint (`select::select` with `same_fingerprint`): per fingerprint with
+        // enough nodes, its own index; fewest groups, then the largest fingerprint.
+        let mut fps: Vec<(u64, u32)> = self.indices[id].fingerprint_totals(&extra);
+        fps.sort_unstable();
+        let mut best: Option<(u32, u32, select::Selection)> = None;
+        for (fp, total) in fps {
+            if total < min {
+                continue;
+            }
+            let sub: Vec<BucketCount> = extra
+                .iter()
+                .copied()
+                .filter(|((_, f), _)| *f == fp)
+                .collect();
+            let fid = self.index_for(feas, Some(fp));
+            if let Some(sel) = self.indices[fid].select(&sub, min, max) {
+                let fit = u32::MAX - total;
+                if best
+                    .as_ref()
+                    .is_none_or(|(g, f, _)| (sel.groups, fit) < (*g, *f))
+                {
+                    best = Some((sel.groups, fit, sel));
+                }
+            }
+        }
+        best.map(|(_, _, s)| s)
+    }
+
+    /// [`select::min_groups_needed`] on [`CycleState::counts`], through the free index.
+    fn min_groups_needed(&mut self, feas: &Feasible, end: Option<Time>, need: u32) -> Option<u32> {
+        let extra = self.held_extra(feas, end);
+        let id = self.index_for(feas, None);
+        self.indices[id].min_groups_needed(&extra, need)
     }
 
     pub(crate) fn feasible(&self, job: &PendingJob) -> Feasible {
@@ -213,7 +355,7 @@ impl<'a> CycleState<'a> {
         merge_counts(out)
     }
 
-    fn free_unreserved(&self, feas: &Feasible) -> u32 {
+    pub(crate) fn free_unreserved(&self, feas: &Feasible) -> u32 {
         feas.classes
             .iter()
             .map(|&c| self.class_free[c as usize])
@@ -254,14 +396,20 @@ impl<'a> CycleState<'a> {
                 if n == 0 {
                     break;
                 }
-                let (a, b) = self.class_buckets[c as usize];
-                for bk in &mut self.buckets[a..b] {
-                    while bk.key == key && n > 0 {
-                        let Some(i) = bk.nodes.pop() else { break };
-                        self.class_free[c as usize] -= 1;
-                        out.push(i);
-                        n -= 1;
-                    }
+                let Some(&b) = self.bucket_of.get(&(c, key)) else {
+                    continue;
+                };
+                let mut popped = 0;
+                while n > 0 {
+                    let Some(i) = self.buckets[b].nodes.pop() else {
+                        break;
+                    };
+                    out.push(i);
+                    popped += 1;
+                    n -= 1;
+                }
+                if popped > 0 {
+                    self.unindex(c, key, popped);
                 }
             }
         }
@@ -369,15 +517,13 @@ impl<'a> CycleState<'a> {
         let c = self.cat.class_of(i);
         let node = self.cat.node(i);
         let key = (node.topology_group, node.conformance_fingerprint);
-        let (a, b) = self.class_buckets[c as usize];
-        for bk in &mut self.buckets[a..b] {
-            if bk.key == key {
-                if let Some(p) = bk.nodes.iter().position(|&x| x == i) {
-                    bk.nodes.remove(p);
-                    self.class_free[c as usize] -= 1;
-                }
-                return;
-            }
+        let Some(&b) = self.bucket_of.get(&(c, key)) else {
+            return;
+        };
+        let bk = &mut self.buckets[b];
+        if let Some(p) = bk.nodes.iter().position(|&x| x == i) {
+            bk.nodes.remove(p);
+            self.unindex(c, key, 1);
         }
     }
 
@@ -624,19 +770,22 @@ impl Scheduler {
             let narrower = state.tiers(&feas, job);
             // A narrower tier is taken only if it spans no more dragonfly groups than the
             // full feasible set would need: topology beats keeping special nodes free.
-            let full_groups = if narrower.is_empty() {
-                None
-            } else {
-                select::min_groups_needed(&state.counts(&feas, Some(end)), need)
-            };
+            // (Computed only when a narrower tier found nodes.)
+            let mut full_groups: Option<Option<u32>> = None;
             let mut selection = None;
             for tier in narrower.iter().chain(std::iter::once(&feas)) {
                 let fast_total = state.free_unreserved(tier) + state.held_feasible(tier, Some(end));
                 if fast_total >= need {
-                    let counts = state.counts(tier, Some(end));
-                    if let Some(sel) = select::select(&counts, need, want, same_fp, binpack) {
+                    let sel = state.select_for(tier, Some(end), need, want, same_fp, binpack);
+                    if let Some(sel) = sel {
                         let is_full = std::ptr::eq(tier, &feas);
-                        if is_full || full_groups.is_none_or(|g| sel.groups <= g) {
+                        let within = is_full || {
+                            let g = *full_groups.get_or_insert_with(|| {
+                                state.min_groups_needed(&feas, Some(end), need)
+                            });
+                            g.is_none_or(|g| sel.groups <= g)
+                        };
+                        if within {
                             selection = Some((sel, tier));
                             break;
                         }
@@ -718,7 +867,7 @@ impl Scheduler {
                 }
             }
 
-            let reason = diagnose(&state, &feas, job, end, same_fp);
+            let reason = diagnose(&mut state, &feas, job, end, same_fp);
             let occupancy = matches!(
                 reason,
                 PendingReason::NodesOccupied { .. } | PendingReason::BlockedByReservation { .. }
@@ -867,7 +1016,7 @@ fn with_budget_penalty(
 }
 
 fn diagnose(
-    state: &CycleState<'_>,
+    state: &mut CycleState<'_>,
     feas: &Feasible,
     job: &PendingJob,
     end: Time,
@@ -888,7 +1037,7 @@ fn diagnose(
         };
     }
     if same_fp {
-        let largest = largest_fingerprint_group(&state.inventory_counts(feas));
+        let largest = state.inventory_largest_fp(feas);
         if largest < need {
             return PendingReason::InsufficientConformanceGroup {
                 requested: need,
@@ -903,7 +1052,7 @@ fn diagnose(
         return PendingReason::BlockedByReservation { free: all_free };
     }
     if usable >= need && same_fp {
-        let largest = largest_fingerprint_group(&state.counts(feas, Some(end)));
+        let largest = state.free_largest_fp(feas, Some(end));
         return PendingReason::InsufficientConformanceGroup {
             requested: need,
             largest,
@@ -931,4 +1080,108 @@ pub(crate) fn largest_fingerprint_group(counts: &[BucketCount]) -> u32 {
         largest = largest.max(t);
     }
     largest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{
+        CheckpointInfo, Constraints, NodeRequest, NodeView, RunningJob, VClusterId,
+    };
+    use proptest::prelude::*;
+
+    fn pending(need: u32, gpus: u32) -> PendingJob {
+        PendingJob {
+            id: JobId(1),
+            tenant: TenantId(0),
+            vcluster: VClusterId(0),
+            nodes: NodeRequest::exact(need),
+            constraints: Constraints {
+                min_gpus_per_node: gpus,
+                ..Constraints::default()
+            },
+            preemption_class: 5,
+            sensitive: false,
+            submit_time: 0,
+            walltime_s: 600,
+            checkpoint: CheckpointInfo::default(),
+            data_readiness: None,
+        }
+    }
+
+    proptest! {
+        /// The free index answers what `select::select` answers on the full counts, for both
+        /// kinds of job, as nodes are taken and held for reservations.
+        #[test]
+        fn indexed_selection_matches_the_full_counts(
+            nodes in prop::collection::vec((0u32..6, 0u64..3, 0u32..2, any::<bool>()), 4..60),
+            steps in prop::collection::vec((1u32..9, 0u32..2, any::<bool>(), any::<bool>(), 0u8..3), 1..12),
+        ) {
+            let views: Vec<NodeView> = nodes
+                .iter()
+                .enumerate()
+                .map(|(i, &(g, fp, gpus, _))| {
+                    let mut v = NodeView::slot(i as u32);
+                    v.topology_group = g;
+                    v.conformance_fingerprint = fp;
+                    v.gpus = gpus * 4;
+                    v
+                })
+                .collect();
+            let cat = NodeCatalog::new(views);
+            let running: Vec<RunningJob> = nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| n.3)
+                .map(|(i, _)| RunningJob {
+                    id: JobId(100 + i as u64),
+                    tenant: TenantId(0),
+                    vcluster: VClusterId(0),
+                    nodes: vec![NodeId(i as u32)],
+                    preemption_class: 5,
+                    sensitive: false,
+                    start_time: 0,
+                    walltime_s: 300 + 100 * i as i64,
+                    checkpoint: CheckpointInfo::default(),
+                    last_checkpoint: None,
+                    gpus_per_node: 0,
+                    checkpointing: false,
+                    preempted_for: None,
+                    home_protected: false,
+                })
+                .collect();
+            let snap = ClusterSnapshot { now: 0, running: &running, pending: &[], tenants: &[], energy_price: 0.0 };
+            let mut state = CycleState::new(&cat, &snap);
+            for (need, gpus, same_fp, long, action) in steps {
+                let job = pending(need, gpus);
+                let feas = state.feasible(&job);
+                // Jobs ending before or after the reservations' start see held nodes or not.
+                let end_t = if long { 100_000 } else { 10 };
+                let end = Some(end_t);
+                for fp in [false, same_fp] {
+                    let full = select::select(&state.counts(&feas, end), need, need + 2, fp, false);
+                    prop_assert_eq!(state.select_for(&feas, end, need, need + 2, fp, false), full);
+                }
+                prop_assert_eq!(
+                    state.min_groups_needed(&feas, end, need),
+                    select::min_groups_needed(&state.counts(&feas, end), need)
+                );
+                prop_assert_eq!(
+                    state.free_largest_fp(&feas, end),
+                    largest_fingerprint_group(&state.counts(&feas, end))
+                );
+                match action {
+                    0 => {
+                        if let Some(sel) = state.select_for(&feas, end, need, need, same_fp, false) {
+                            state.take(&feas, &sel, end_t);
+                        }
+                    }
+                    1 => {
+                        let _ = state.reserve(&feas, need, 600);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
 }

@@ -36,6 +36,7 @@
 pub mod catalog;
 pub mod claim;
 pub mod cycle;
+mod free_index;
 pub mod model;
 pub mod plan;
 pub mod preempt;

@@ -107,29 +107,30 @@ pub(crate) fn try_preempt(
     class_based: bool,
 ) -> Option<Preemption> {
     let need = job.nodes.min;
-    let free = state.free_counts(feas);
-    let free_total: u32 = free.iter().map(|(_, c)| c).sum();
+    let free_total = state.free_unreserved(feas);
     if free_total >= need || cfg.max_victims == 0 {
         return None;
     }
     let deficit = need - free_total;
     let now = state.now;
     let cat = state.cat;
-    // (feasible nodes freed, cost, id, nodes, reclaim)
-    let mut cands: Vec<(u32, f64, JobId, Vec<u32>, bool)> = snap
+    // (feasible nodes freed, cost, id, nodes, reclaim, can checkpoint)
+    let mut cands: Vec<(u32, f64, JobId, Vec<u32>, bool, bool)> = snap
         .running
         .iter()
-        .filter(|r| !already.contains(&r.id))
-        .filter_map(|r| {
-            let reclaim = reclaimable(cat, r, job);
+        .enumerate()
+        .filter(|(_, r)| !already.contains(&r.id))
+        .filter_map(|(k, r)| {
+            // The cheap class test first: the node lookups are only for candidates.
             let by_class = class_based && preemptible(cfg, r, job.preemption_class, now);
+            let reclaim = reclaimable(cat, r, job);
             if !(reclaim || by_class) {
                 return None;
             }
-            let nodes: Vec<u32> = r
-                .nodes
+            let nodes: Vec<u32> = state
+                .running_nodes(k)
                 .iter()
-                .filter_map(|id| cat.index_of(*id))
+                .copied()
                 .filter(|&i| feas.mask[cat.class_of(i) as usize])
                 .collect();
             (!nodes.is_empty()).then(|| {
@@ -139,6 +140,7 @@ pub(crate) fn try_preempt(
                     r.id,
                     nodes,
                     reclaim,
+                    r.checkpoint.mode != CheckpointMode::None,
                 )
             })
         })
@@ -151,15 +153,7 @@ pub(crate) fn try_preempt(
             .then(a.2.cmp(&b.2))
     });
     cands.truncate(MAX_CANDIDATES);
-    let can_checkpoint: Vec<bool> = cands
-        .iter()
-        .map(|c| {
-            snap.running
-                .iter()
-                .find(|r| r.id == c.2)
-                .is_some_and(|r| r.checkpoint.mode != CheckpointMode::None)
-        })
-        .collect();
+    let can_checkpoint: Vec<bool> = cands.iter().map(|c| c.5).collect();
 
     // Tiers, first match wins: borrowers of the job's own nodes only; then victims that can
     // checkpoint (they lose no work); then anyone. Within a tier: fewest victims first, then
@@ -217,7 +211,7 @@ pub(crate) fn try_preempt(
         let n = cat.node(i);
         (n.topology_group, n.conformance_fingerprint)
     };
-    let mut counts: Vec<BucketCount> = free;
+    let mut counts: Vec<BucketCount> = state.free_counts(feas);
     counts.extend(victim_nodes.iter().map(|&i| (key_of(i), 1)));
     let counts = merge_counts(counts);
     let sel = select::select(&counts, need, need, same_fp, false)?;

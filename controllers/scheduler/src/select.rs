@@ -143,13 +143,17 @@ fn select_groups(counts: &[BucketCount], min: u32, max: u32, binpack: bool) -> O
         }
         out
     };
-    // Within the chosen groups, take from the largest fingerprint buckets first so the node
-    // set is as conformant as possible.
-    let mut buckets: Vec<BucketCount> = counts
+    let buckets: Vec<BucketCount> = counts
         .iter()
         .copied()
         .filter(|((g, _), _)| chosen.contains(g))
         .collect();
+    finish(buckets, min, max)
+}
+
+/// Take up to `max` nodes from `buckets` (those of the chosen groups): from the largest
+/// fingerprint buckets first, so the node set is as conformant as possible.
+pub(crate) fn finish(mut buckets: Vec<BucketCount>, min: u32, max: u32) -> Option<Selection> {
     buckets.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut fp_totals: Vec<(u64, u32)> = Vec::new();
     let mut left = max;

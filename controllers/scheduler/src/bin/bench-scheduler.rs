@@ -128,9 +128,34 @@ fn bench(pending: usize, nodes: u32) -> (f64, usize) {
 }
 
 fn main() {
+    let mut at = std::collections::HashMap::new();
     for (p, n) in [(500usize, 5_000u32), (1_000, 10_000), (10_000, 100_000)] {
         let (ms, placed) = bench(p, n);
         eprintln!("pending={p} nodes={n}: median {ms:.2} ms over 7 cycles, {placed} proposals");
         println!("RESULT cycle_{p}x{n}_ms={ms:.2}");
+        at.insert((p, n), ms);
+    }
+    // Growth from 1,000 x 10,000 to 10,000 x 100,000 against what O(pending × log nodes)
+    // allows (10 × log 100,000 / log 10,000 = 12.5).
+    let ratio = at[&(10_000, 100_000)] / at[&(1_000, 10_000)];
+    let bound = 10.0 * (100_000f64).ln() / (10_000f64).ln();
+    println!("RESULT cycle_growth_10x_ratio={ratio:.1}");
+    println!("RESULT cycle_growth_bound_pending_log_nodes={bound:.1}");
+    // The scaling curve: pending at a fixed node count, nodes at a fixed queue (more nodes
+    // free also means more placements per cycle), and both together.
+    for (p, n) in [
+        (1_000usize, 10_000u32),
+        (2_000, 10_000),
+        (4_000, 10_000),
+        (8_000, 10_000),
+        (1_000, 20_000),
+        (1_000, 40_000),
+        (1_000, 80_000),
+        (2_000, 20_000),
+        (4_000, 40_000),
+        (8_000, 80_000),
+    ] {
+        let (ms, placed) = bench(p, n);
+        println!("CURVE pending={p} nodes={n} ms={ms:.2} proposals={placed}");
     }
 }
