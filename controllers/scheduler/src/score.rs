@@ -169,6 +169,56 @@ mod tests {
         assert_eq!(f4_topology(1, 0.0, 0.8), 0.8);
     }
 
+    /// The seed's "Weight Profiles" table, row by row (w₁..w₉), column by column (HPC
+    /// Batch, ML Training, Service, Sensitive, Interactive), as the seed prints it.
+    #[test]
+    fn profiles_are_the_seeds_table() {
+        const SEED: [&str; 9] = [
+            "w₁ (priority)0.150.100.150.900.10",
+            "w₂ (wait_time)0.200.100.050.000.30",
+            "w₃ (fair_share)0.200.100.100.000.10",
+            "w₄ (topology)0.150.250.050.000.00",
+            "w₅ (data_ready)0.100.150.100.000.05",
+            "w₆ (backlog)0.050.050.050.000.15",
+            "w₇ (energy)0.000.050.100.000.00",
+            "w₈ (checkpoint)0.050.100.100.000.00",
+            "w₉ (conformance)0.100.100.300.100.30",
+        ];
+        for (row, line) in SEED.iter().enumerate() {
+            let digits = &line[line.find(')').expect("label") + 1..];
+            let values: Vec<f64> = (0..5)
+                .map(|k| digits[k * 4..k * 4 + 4].parse().expect("weight"))
+                .collect();
+            for (col, p) in WeightProfile::ALL.iter().enumerate() {
+                assert_eq!(
+                    p.weights().as_array()[row],
+                    values[col],
+                    "w{} of {p:?}",
+                    row + 1
+                );
+            }
+        }
+    }
+
+    /// The quota chapter's budget penalty: none to 80 %, linear to 0.5 at 100 %, a
+    /// near-starvation factor beyond; no budget, no penalty.
+    #[test]
+    fn budget_penalty_curve() {
+        assert_eq!(budget_factor(None), 1.0);
+        assert_eq!(budget_factor(Some(0.0)), 1.0);
+        assert_eq!(budget_factor(Some(0.8)), 1.0);
+        assert!((budget_factor(Some(0.9)) - 0.75).abs() < 1e-12);
+        assert!((budget_factor(Some(1.0)) - 0.5).abs() < 1e-12);
+        assert_eq!(budget_factor(Some(1.01)), 0.05);
+        assert_eq!(budget_factor(Some(7.0)), 0.05);
+        let mut last = 1.0;
+        for i in 0..=300 {
+            let f = budget_factor(Some(f64::from(i) / 100.0));
+            assert!(f <= last && f > 0.0, "monotone and never a hard block");
+            last = f;
+        }
+    }
+
     #[test]
     fn profiles_sum_to_one() {
         for p in WeightProfile::ALL {

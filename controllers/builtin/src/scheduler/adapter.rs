@@ -112,13 +112,15 @@ pub fn scheduler_config(vc: &VCluster) -> SchedulerConfig {
     }
     cfg.weights = CostWeights::new(weights.to_array());
     if kind == SchedulerKind::HpcBackfill {
-        let depth = vc
-            .spec
-            .backfill_depth
-            .unwrap_or(t.default_backfill_depth())
-            .max(1);
-        cfg.discipline = Discipline::Backfill {
-            depth: depth as usize,
+        let depth = vc.spec.backfill_depth.unwrap_or(t.default_backfill_depth());
+        // The seed's tuning table: depth 0 is "no backfill (only first-fit)": whatever fits
+        // starts, in score order, and nothing is reserved.
+        cfg.discipline = if depth == 0 {
+            Discipline::Greedy
+        } else {
+            Discipline::Backfill {
+                depth: depth as usize,
+            }
         };
     }
     // Priority preemption only for class_based; borrowed_nodes_only (services) takes back
@@ -604,6 +606,19 @@ mod tests {
         let never = vcluster(serde_json::json!({"schedulerType": "hpc-backfill",
                                                 "preemption": {"mode": "never"}}));
         assert!(!scheduler_config(&never).preemption.enabled);
+        // Backfill depth 0 is first-fit, the default EASY, more reserves further.
+        let depth = |d: u32| {
+            scheduler_config(&vcluster(
+                serde_json::json!({"schedulerType": "hpc-backfill", "backfillDepth": d}),
+            ))
+            .discipline
+        };
+        assert_eq!(depth(0), Discipline::Greedy);
+        assert_eq!(depth(20), Discipline::Backfill { depth: 20 });
+        assert_eq!(
+            scheduler_config(&hpc).discipline,
+            Discipline::Backfill { depth: 10 }
+        );
 
         // Node 0 is the service's home, node 1 another vCluster's, node 2 shared.
         let (svc_id, other) = (VClusterId(1), VClusterId(2));

@@ -129,8 +129,12 @@ fn real_main() -> Result<(), String> {
             "trace {}  ({} records dropped)\n",
             args.trace, dropped
         ));
-        for r in &reports {
-            emit(&r.to_text());
+        if let [a, b] = reports.as_slice() {
+            emit(&lattice_scheduler::sim::Report::side_by_side(a, b));
+        } else {
+            for r in &reports {
+                emit(&r.to_text());
+            }
         }
         if reports.len() == 2 {
             let (a, b) = (&reports[0], &reports[1]);

@@ -139,30 +139,82 @@ impl Report {
         }
     }
 
+    /// The report as (label, value) rows, in the order `to_text` prints them.
+    fn rows(&self) -> Vec<(String, String)> {
+        let mut r = vec![
+            ("policy".to_string(), self.policy.clone()),
+            (
+                "jobs".into(),
+                format!("{} (unscheduled {})", self.jobs, self.unscheduled),
+            ),
+            ("utilization".into(), format!("{:.4}", self.utilization)),
+            ("avg wait (s)".into(), format!("{:.1}", self.avg_wait_s)),
+            (
+                "avg bounded slowdown".into(),
+                format!("{:.4}", self.avg_bounded_slowdown),
+            ),
+        ];
+        for (c, w) in &self.wait_by_class {
+            r.push((format!("wait class {c} (n)"), w.jobs.to_string()));
+            for (q, v) in [("p50", w.p50_s), ("p95", w.p95_s), ("p99", w.p99_s)] {
+                r.push((format!("wait class {c} {q} (s)"), format!("{v:.0}")));
+            }
+        }
+        r.extend([
+            (
+                "jain index (shares)".into(),
+                format!("{:.4}", self.jain_index),
+            ),
+            (
+                "jain index (slowdown)".into(),
+                format!("{:.4}", self.slowdown_jain_index),
+            ),
+            (
+                "max share deviation".into(),
+                format!("{:.4}", self.max_share_deviation),
+            ),
+            ("backfilled".into(), self.backfilled.to_string()),
+            ("preemptions".into(), self.preemptions.to_string()),
+            ("makespan (s)".into(), self.makespan_s.to_string()),
+        ]);
+        r
+    }
+
     pub fn to_text(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "policy                 {}", self.policy);
-        let _ = writeln!(
-            s,
-            "jobs                   {} (unscheduled {})",
-            self.jobs, self.unscheduled
-        );
-        let _ = writeln!(s, "utilization            {:.4}", self.utilization);
-        let _ = writeln!(s, "avg wait (s)           {:.1}", self.avg_wait_s);
-        let _ = writeln!(s, "avg bounded slowdown   {:.4}", self.avg_bounded_slowdown);
-        for (c, w) in &self.wait_by_class {
-            let _ = writeln!(
-                s,
-                "wait class {c:<2} (n={:<6}) p50 {:.0} s  p95 {:.0} s  p99 {:.0} s",
-                w.jobs, w.p50_s, w.p95_s, w.p99_s
-            );
+        for (label, value) in self.rows() {
+            let _ = writeln!(s, "{label:<22} {value}");
         }
-        let _ = writeln!(s, "jain index (shares)    {:.4}", self.jain_index);
-        let _ = writeln!(s, "jain index (slowdown)  {:.4}", self.slowdown_jain_index);
-        let _ = writeln!(s, "max share deviation    {:.4}", self.max_share_deviation);
-        let _ = writeln!(s, "backfilled             {}", self.backfilled);
-        let _ = writeln!(s, "preemptions            {}", self.preemptions);
-        let _ = writeln!(s, "makespan (s)           {}", self.makespan_s);
+        s
+    }
+
+    /// Two reports side by side (`rm-replay --compare`): one row per figure, a column per
+    /// policy; a figure only one report has (a priority class the other never saw) shows
+    /// `-` for the other.
+    pub fn side_by_side(a: &Report, b: &Report) -> String {
+        let (ra, rb) = (a.rows(), b.rows());
+        let mut labels: Vec<&String> = ra.iter().map(|(l, _)| l).collect();
+        for (l, _) in &rb {
+            if !labels.contains(&l) {
+                labels.push(l);
+            }
+        }
+        let value = |rows: &[(String, String)], l: &str| {
+            rows.iter()
+                .find(|(x, _)| x == l)
+                .map_or("-".to_string(), |(_, v)| v.clone())
+        };
+        let width = ra
+            .iter()
+            .chain(&rb)
+            .map(|(_, v)| v.len())
+            .max()
+            .unwrap_or(0)
+            .max(12);
+        let mut s = String::new();
+        for l in labels {
+            let _ = writeln!(s, "{l:<22} {:<width$}  {}", value(&ra, l), value(&rb, l));
+        }
         s
     }
 }
