@@ -2151,3 +2151,42 @@ async fn a_preemptor_waits_for_its_victim_instead_of_preempting_more() {
     assert_eq!(others, 2, "the other low-class jobs run on");
     assert_eq!(urgent.status.expect("status").assigned_nodes.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_allocation_wakes_its_vcluster_loop_before_the_cycle_interval() {
+    // A 10-minute cycle interval: only the wake-up on the allocation's arrival can place it
+    // within the test's seconds.
+    let mut env = env().await;
+    env.tenant("t1", None).await;
+    let v: lattice_apis::VCluster = serde_json::from_value(json!({
+        "metadata": {"name": "default", "namespace": "t1"},
+        "spec": {"schedulerType": "interactive-fifo", "cycleInterval": "10m"},
+    }))
+    .expect("vcluster");
+    Api::<lattice_apis::VCluster>::namespaced(env.client.clone(), "t1")
+        .create(&PostParams::default(), &v)
+        .await
+        .expect("vcluster");
+    env.node("n1", 0).await;
+    let _hb = heartbeats(&env, &["n1"]);
+    env.start_controllers(fast_config());
+    let _runner = auto_runner(&env, "t1", |_| 0);
+    // Let the loop run its first cycle on an empty queue and go to sleep.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t0 = tokio::time::Instant::now();
+    env.submit("t1", "quick", 1, json!({})).await;
+    let a = env
+        .wait_phase("t1", "quick", AllocationPhase::Completed)
+        .await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "placed after {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(a.status.expect("status").attempt, 1);
+    // A second one while the first's node is busy or free again: woken too.
+    env.submit("t1", "quick-2", 1, json!({})).await;
+    env.wait_phase("t1", "quick-2", AllocationPhase::Completed)
+        .await;
+    assert!(t0.elapsed() < Duration::from_secs(40), "{:?}", t0.elapsed());
+}

@@ -706,6 +706,16 @@ impl Scheduler {
         } else {
             order.sort_by_key(|&(_, i)| (snap.pending[i].submit_time, snap.pending[i].id));
         }
+        // Burst allowance: a tenant at or beyond `burst_allowance` × its target share is
+        // considered after everyone else (it bursts only on capacity nobody else asked for);
+        // the sort is stable, so each part keeps its order.
+        let over_burst = |i: usize| {
+            snap.tenant(snap.pending[i].tenant)
+                .is_some_and(|t| t.over_burst())
+        };
+        if order.iter().any(|&(_, i)| over_burst(i)) {
+            order.sort_by_key(|&(_, i)| over_burst(i));
+        }
 
         let mut ledger = QuotaLedger {
             nodes: HashMap::new(),

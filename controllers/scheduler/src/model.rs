@@ -234,6 +234,32 @@ pub struct TenantQuota {
     pub max_concurrent_allocations: Option<u32>,
     /// Contracted share of system capacity (0..1]; 0 = no fair-share target.
     pub target_share: f64,
+    /// How far above its target share a tenant may go on idle capacity (1.5 = 150 %);
+    /// beyond it, its jobs wait until every other job was considered. `None`: no cap.
+    pub burst_allowance: Option<f64>,
+}
+
+impl Tenant {
+    /// Above its target share: running on capacity other tenants may need back (burst
+    /// work is the first preemption candidate for a tenant below its share).
+    pub fn bursting(&self) -> bool {
+        self.quota.target_share > 0.0 && self.usage.actual_share > self.quota.target_share
+    }
+
+    /// At or above `burst_allowance` × its target share.
+    pub fn over_burst(&self) -> bool {
+        match self.quota.burst_allowance {
+            Some(b) if self.quota.target_share > 0.0 => {
+                self.usage.actual_share >= b * self.quota.target_share
+            }
+            _ => false,
+        }
+    }
+
+    /// Below its target share: it "needs its share".
+    pub fn below_share(&self) -> bool {
+        self.quota.target_share > 0.0 && self.usage.actual_share < self.quota.target_share
+    }
 }
 
 /// Eventually consistent usage figures fed to scoring.

@@ -114,8 +114,12 @@ pub(crate) fn try_preempt(
     let deficit = need - free_total;
     let now = state.now;
     let cat = state.cat;
-    // (feasible nodes freed, cost, id, nodes, reclaim, can checkpoint)
-    let mut cands: Vec<(u32, f64, JobId, Vec<u32>, bool, bool)> = snap
+    // Burst allowance: for a tenant below its share, work of tenants above theirs is the
+    // first candidate (the quota chapter: "burst allocations are the first candidates for
+    // preemption").
+    let needs_share = snap.tenant(job.tenant).is_some_and(|t| t.below_share());
+    // (feasible nodes freed, cost, id, nodes, reclaim, can checkpoint, bursting)
+    let mut cands: Vec<(u32, f64, JobId, Vec<u32>, bool, bool, bool)> = snap
         .running
         .iter()
         .enumerate()
@@ -141,13 +145,16 @@ pub(crate) fn try_preempt(
                     nodes,
                     reclaim,
                     r.checkpoint.mode != CheckpointMode::None,
+                    needs_share && snap.tenant(r.tenant).is_some_and(|t| t.bursting()),
                 )
             })
         })
         .collect();
-    // Reclaims first (the nodes are the job's own), then larger victims, then cheaper ones.
+    // Reclaims first (the nodes are the job's own), then burst work, then larger victims,
+    // then cheaper ones.
     cands.sort_by(|a, b| {
         b.4.cmp(&a.4)
+            .then(b.6.cmp(&a.6))
             .then(b.0.cmp(&a.0))
             .then(a.1.total_cmp(&b.1))
             .then(a.2.cmp(&b.2))
@@ -155,16 +162,18 @@ pub(crate) fn try_preempt(
     cands.truncate(MAX_CANDIDATES);
     let can_checkpoint: Vec<bool> = cands.iter().map(|c| c.5).collect();
 
-    // Tiers, first match wins: borrowers of the job's own nodes only; then victims that can
+    // Tiers, first match wins: borrowers of the job's own nodes only; then burst work of
+    // tenants above their share (for a tenant below its own); then victims that can
     // checkpoint (they lose no work); then anyone. Within a tier: fewest victims first, then
     // the cheapest set.
     let n = cands.len();
     let mut best: Option<(f64, Vec<usize>)> = None;
-    for tier in 0..3 {
+    for tier in 0..4 {
         let allowed: Vec<usize> = (0..n)
             .filter(|&i| match tier {
                 0 => cands[i].4,
-                1 => can_checkpoint[i],
+                1 => cands[i].6,
+                2 => can_checkpoint[i],
                 _ => true,
             })
             .collect();

@@ -198,6 +198,7 @@ fn hard_quotas_are_filters() {
             max_nodes: Some(3),
             max_concurrent_allocations: Some(2),
             target_share: 0.0,
+            burst_allowance: None,
         },
         usage: TenantUsage::default(),
     }];
@@ -462,6 +463,90 @@ fn a_tenant_near_its_soft_budget_is_told_why_others_go_first() {
         reason(&plan, 1),
         PendingReason::NodesOccupied { .. }
     ));
+}
+
+fn tenant(id: u32, target: f64, burst: Option<f64>, actual: f64) -> Tenant {
+    Tenant {
+        id: TenantId(id),
+        quota: TenantQuota {
+            target_share: target,
+            burst_allowance: burst,
+            ..TenantQuota::default()
+        },
+        usage: TenantUsage {
+            actual_share: actual,
+            budget_used: None,
+        },
+    }
+}
+
+#[test]
+fn a_tenant_beyond_its_burst_allowance_goes_after_everyone_else() {
+    // One free node of two. Tenant 1 uses 50 % against a 25 % target with a 1.5 burst
+    // allowance (cap 37.5 %): its earlier, higher-class job waits for tenant 2's.
+    let run = [running(10, 0..1, 900, 36_000, 10)];
+    let mut first = job(1, 1, 0, 3600);
+    first.tenant = TenantId(1);
+    first.preemption_class = 9;
+    let mut second = job(2, 1, 50, 3600);
+    second.tenant = TenantId(2);
+    let tenants = [tenant(1, 0.25, Some(1.5), 0.5), tenant(2, 0.0, None, 0.0)];
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(2, 2),
+        &run,
+        &[first.clone(), second.clone()],
+        &tenants,
+    );
+    let started: Vec<u64> = plan.proposals.iter().map(|p| p.job.0).collect();
+    assert_eq!(started, vec![2]);
+    // Within its burst allowance (2.0 × 25 % = 50 % > 40 %): the ordinary order.
+    let tenants = [tenant(1, 0.25, Some(2.0), 0.4), tenant(2, 0.0, None, 0.0)];
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(2, 2),
+        &run,
+        &[first, second],
+        &tenants,
+    );
+    let started: Vec<u64> = plan.proposals.iter().map(|p| p.job.0).collect();
+    assert_eq!(started, vec![1]);
+}
+
+#[test]
+fn burst_work_is_the_first_preemption_candidate() {
+    // Two busy nodes: job 10 of tenant 1 (bursting: 60 % against 25 %), job 11 of tenant 3
+    // (below its share). Job 11 is the cheaper victim, but tenant 2, below its own share,
+    // takes the burst work's node.
+    // (It has run 30 % of its walltime, so it costs more to preempt.)
+    let mut burst = running(10, 0..1, -10_000, 36_000, 1);
+    burst.tenant = TenantId(1);
+    let mut modest = running(11, 1..2, 900, 36_000, 1);
+    modest.tenant = TenantId(3);
+    let mut urgent = job(1, 1, 0, 3600);
+    urgent.tenant = TenantId(2);
+    urgent.preemption_class = 8;
+    let tenants = [
+        tenant(1, 0.25, None, 0.6),
+        tenant(2, 0.25, None, 0.0),
+        tenant(3, 0.5, None, 0.1),
+    ];
+    let victims = |tenants: &[Tenant]| match &cycle(
+        SchedulerConfig::default(),
+        nodes(2, 2),
+        &[burst.clone(), modest.clone()],
+        &[urgent.clone()],
+        tenants,
+    )
+    .proposals[0]
+        .kind
+    {
+        ProposalKind::Preempt { victims, .. } => victims.clone(),
+        k => panic!("expected preemption, got {k:?}"),
+    };
+    assert_eq!(victims(&tenants), vec![JobId(10)]);
+    // Without fair-share targets the cheaper victim goes.
+    assert_eq!(victims(&[]), vec![JobId(11)]);
 }
 
 #[test]

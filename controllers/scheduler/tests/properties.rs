@@ -155,6 +155,7 @@ fn tenants() -> Vec<Tenant> {
                 max_nodes: (i == 1).then_some(4),
                 max_concurrent_allocations: (i == 2).then_some(2),
                 target_share: 0.3,
+                burst_allowance: None,
             },
             usage: TenantUsage::default(),
         })

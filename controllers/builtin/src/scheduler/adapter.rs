@@ -547,6 +547,7 @@ pub fn tenant_model(
             max_nodes: q.max_nodes,
             max_concurrent_allocations: q.max_concurrent_allocations,
             target_share: q.fair_share_target.unwrap_or(0.0),
+            burst_allowance: q.burst_allowance,
         },
         usage: TenantUsage {
             actual_share: if total_nodes == 0 {
