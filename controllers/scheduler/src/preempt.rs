@@ -93,6 +93,20 @@ pub fn job_value(job: &PendingJob) -> f64 {
         * (1.0 + f64::from(job.preemption_class))
 }
 
+/// A running job that could make room.
+struct Candidate {
+    /// Feasible nodes it frees.
+    freed: u32,
+    cost: f64,
+    id: JobId,
+    nodes: Vec<u32>,
+    /// A borrower of the job's own home nodes.
+    reclaim: bool,
+    checkpointable: bool,
+    /// Work of a tenant above its share, for a job of a tenant below its own.
+    bursting: bool,
+}
+
 /// Find victims whose nodes let `job` start. `class_based`: lower classes may be preempted
 /// (otherwise only borrowers of the job's home nodes are candidates).
 #[allow(clippy::too_many_arguments)]
@@ -118,8 +132,7 @@ pub(crate) fn try_preempt(
     // first candidate (the quota chapter: "burst allocations are the first candidates for
     // preemption").
     let needs_share = snap.tenant(job.tenant).is_some_and(|t| t.below_share());
-    // (feasible nodes freed, cost, id, nodes, reclaim, can checkpoint, bursting)
-    let mut cands: Vec<(u32, f64, JobId, Vec<u32>, bool, bool, bool)> = snap
+    let mut cands: Vec<Candidate> = snap
         .running
         .iter()
         .enumerate()
@@ -137,30 +150,28 @@ pub(crate) fn try_preempt(
                 .copied()
                 .filter(|&i| feas.mask[cat.class_of(i) as usize])
                 .collect();
-            (!nodes.is_empty()).then(|| {
-                (
-                    nodes.len() as u32,
-                    preemption_cost(cfg, r, now),
-                    r.id,
-                    nodes,
-                    reclaim,
-                    r.checkpoint.mode != CheckpointMode::None,
-                    needs_share && snap.tenant(r.tenant).is_some_and(|t| t.bursting()),
-                )
+            (!nodes.is_empty()).then(|| Candidate {
+                freed: nodes.len() as u32,
+                cost: preemption_cost(cfg, r, now),
+                id: r.id,
+                nodes,
+                reclaim,
+                checkpointable: r.checkpoint.mode != CheckpointMode::None,
+                bursting: needs_share && snap.tenant(r.tenant).is_some_and(|t| t.bursting()),
             })
         })
         .collect();
     // Reclaims first (the nodes are the job's own), then burst work, then larger victims,
     // then cheaper ones.
     cands.sort_by(|a, b| {
-        b.4.cmp(&a.4)
-            .then(b.6.cmp(&a.6))
-            .then(b.0.cmp(&a.0))
-            .then(a.1.total_cmp(&b.1))
-            .then(a.2.cmp(&b.2))
+        b.reclaim
+            .cmp(&a.reclaim)
+            .then(b.bursting.cmp(&a.bursting))
+            .then(b.freed.cmp(&a.freed))
+            .then(a.cost.total_cmp(&b.cost))
+            .then(a.id.cmp(&b.id))
     });
     cands.truncate(MAX_CANDIDATES);
-    let can_checkpoint: Vec<bool> = cands.iter().map(|c| c.5).collect();
 
     // Tiers, first match wins: borrowers of the job's own nodes only; then burst work of
     // tenants above their share (for a tenant below its own); then victims that can
@@ -171,9 +182,9 @@ pub(crate) fn try_preempt(
     for tier in 0..4 {
         let allowed: Vec<usize> = (0..n)
             .filter(|&i| match tier {
-                0 => cands[i].4,
-                1 => cands[i].6,
-                2 => can_checkpoint[i],
+                0 => cands[i].reclaim,
+                1 => cands[i].bursting,
+                2 => cands[i].checkpointable,
                 _ => true,
             })
             .collect();
@@ -181,11 +192,11 @@ pub(crate) fn try_preempt(
         for k in 1..=cfg.max_victims.min(3).min(m) {
             let mut consider = |set: &[usize]| {
                 let set: Vec<usize> = set.iter().map(|&i| allowed[i]).collect();
-                let freed: u32 = set.iter().map(|&i| cands[i].0).sum();
+                let freed: u32 = set.iter().map(|&i| cands[i].freed).sum();
                 if freed < deficit {
                     return;
                 }
-                let cost: f64 = set.iter().map(|&i| cands[i].1).sum();
+                let cost: f64 = set.iter().map(|&i| cands[i].cost).sum();
                 if best.as_ref().is_none_or(|(c, _)| cost < *c) {
                     best = Some((cost, set));
                 }
@@ -206,14 +217,14 @@ pub(crate) fn try_preempt(
         }
     }
     let (cost, set) = best?;
-    let reclaim = set.iter().all(|&i| cands[i].4);
+    let reclaim = set.iter().all(|&i| cands[i].reclaim);
     // Taking back lent nodes is the lender's right; preempting for priority must be worth it.
     if !reclaim && cost >= job_value(job) {
         return None;
     }
     let mut victim_nodes: Vec<u32> = set
         .iter()
-        .flat_map(|&i| cands[i].3.iter().copied())
+        .flat_map(|&i| cands[i].nodes.iter().copied())
         .collect();
     victim_nodes.sort_unstable();
     let key_of = |i: u32| {
@@ -239,7 +250,7 @@ pub(crate) fn try_preempt(
             nodes.extend(state.take_free(feas, key, left, end));
         }
     }
-    let mut victims: Vec<JobId> = set.iter().map(|&i| cands[i].2).collect();
+    let mut victims: Vec<JobId> = set.iter().map(|&i| cands[i].id).collect();
     victims.sort_unstable();
     Some(Preemption {
         victims,
