@@ -534,24 +534,31 @@ async fn grow_reactive(
     }
     growing.sort_by(|a, b| (a.namespace(), a.name_any()).cmp(&(b.namespace(), b.name_any())));
     let vcluster = format!("{}/{}", key.0, key.1);
+    let catalog = NodeCatalog::new(inv.views.clone());
     for a in growing {
         let tenant = a.namespace().unwrap_or("default").to_string();
         let t = TenantId(tenant_ids.id(&tenant));
         let job = adapter::pending_job(JobId(u64::MAX), &a, t, self_id, Some(vc), now_s);
         let ran_here = a.status.as_ref().map(|s| &s.node_states);
-        let taken: Vec<lattice_scheduler::NodeId> = inv
+        let busy: HashSet<lattice_scheduler::NodeId> = inv
             .running
             .iter()
             .flat_map(|r| r.nodes.iter().copied())
-            .chain(
-                inv.names
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, n)| ran_here.is_some_and(|m| m.contains_key(*n)))
-                    .map(|(i, _)| lattice_scheduler::NodeId(i as u32)),
-            )
             .collect();
-        let catalog = NodeCatalog::new(inv.views.clone());
+        let mut taken = busy.clone();
+        taken.extend(
+            inv.names
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| ran_here.is_some_and(|m| m.contains_key(*n)))
+                .map(|(i, _)| lattice_scheduler::NodeId(i as u32)),
+        );
+        let current: Vec<lattice_scheduler::NodeId> = inv
+            .running_refs
+            .iter()
+            .position(|(t, n)| *t == tenant && n == a.name_any())
+            .map(|i| inv.running[i].nodes.clone())
+            .unwrap_or_default();
         // Conformance-required and sensitive work stays within one conformance group:
         // the one of the nodes it already has.
         let fingerprint = (job.constraints.require_conformance || job.sensitive)
@@ -561,13 +568,10 @@ async fn grow_reactive(
                 Some(inv.views[i].conformance_fingerprint)
             })
             .flatten();
-        let Some((node_id, borrowed)) = grow::pick_node(&catalog, &job, &taken, fingerprint) else {
-            let busy: Vec<lattice_scheduler::NodeId> = inv
-                .running
-                .iter()
-                .flat_map(|r| r.nodes.iter().copied())
-                .collect();
-            let msg = if grow::pick_node(&catalog, &job, &busy, fingerprint).is_some() {
+        let Some((node_id, borrowed)) =
+            grow::pick_node(&catalog, &job, &taken, fingerprint, &current)
+        else {
+            let msg = if grow::pick_node(&catalog, &job, &busy, fingerprint, &current).is_some() {
                 "scale-up waits: the free nodes that fit already ran this attempt of the \
                  allocation (a node given back is not reused until the allocation is requeued)"
             } else {
