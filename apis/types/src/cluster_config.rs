@@ -29,6 +29,14 @@ pub const MAX_DAG_SIZE: &str = "scheduling.max_dag_size";
 /// the request size limit caps it long before this.
 pub const MAX_DAG_SIZE_CEILING: u64 = 100_000;
 
+/// Most nodes claimed for sensitive work at once, over the whole cluster (the seed's
+/// system-wide `sensitive_pool_size` hard quota). Unset: no cluster-wide limit (a tenant's
+/// `quota.sensitivePoolSize` still applies).
+pub const SENSITIVE_POOL_SIZE: &str = "scheduling.sensitive_pool_size";
+
+/// Largest value `scheduling.sensitive_pool_size` may take.
+pub const SENSITIVE_POOL_CEILING: u64 = 1_000_000;
+
 /// One setting the cluster knows.
 #[derive(Debug)]
 pub struct Setting {
@@ -68,13 +76,35 @@ fn check_max_dag_size(v: &Value) -> Result<Value, String> {
     }
 }
 
+fn check_sensitive_pool_size(v: &Value) -> Result<Value, String> {
+    let n = match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.trim().parse::<u64>().ok(),
+        _ => None,
+    };
+    match n {
+        Some(n) if n <= SENSITIVE_POOL_CEILING => Ok(Value::from(n)),
+        _ => Err(format!(
+            "{SENSITIVE_POOL_SIZE} must be a whole number of nodes from 0 to {SENSITIVE_POOL_CEILING}, got {v}; e.g. {SENSITIVE_POOL_SIZE}=64"
+        )),
+    }
+}
+
 /// Every setting, by key.
-pub const SETTINGS: &[Setting] = &[Setting {
-    key: MAX_DAG_SIZE,
-    description: "most tasks a Dag may have; larger Dags are refused at admission (Dags admitted under a higher limit keep running)",
-    flag: "lattice-server --max-dag-size",
-    check: check_max_dag_size,
-}];
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        key: MAX_DAG_SIZE,
+        description: "most tasks a Dag may have; larger Dags are refused at admission (Dags admitted under a higher limit keep running)",
+        flag: "lattice-server --max-dag-size",
+        check: check_max_dag_size,
+    },
+    Setting {
+        key: SENSITIVE_POOL_SIZE,
+        description: "most nodes claimed for sensitive work at once, over the whole cluster (a hard limit checked in the binding transaction; claims beyond it wait)",
+        flag: "none: unset means no cluster-wide limit",
+        check: check_sensitive_pool_size,
+    },
+];
 
 /// The setting named `key`.
 pub fn find(key: &str) -> Option<&'static Setting> {

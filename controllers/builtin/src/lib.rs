@@ -55,6 +55,7 @@ pub mod node_lifecycle;
 pub mod objects;
 pub mod release;
 pub mod scheduler;
+pub mod sensitive_pool;
 pub mod steps;
 pub mod task_groups;
 

@@ -235,6 +235,25 @@ impl GuardedWrite {
         ));
     }
 
+    /// Guard on a plain key (not an object) read at `rev` (0: it did not exist).
+    pub fn guard_raw(&mut self, key: &str, rev: i64) {
+        self.compare.push(Compare::mod_revision(
+            Bytes::from(key.to_string()),
+            CompareResult::Equal,
+            rev,
+        ));
+    }
+
+    /// Write a plain key read at `rev` (0: it did not exist), guarded by that revision.
+    pub fn put_raw(&mut self, key: &str, rev: i64, value: Vec<u8>) {
+        self.guard_raw(key, rev);
+        self.puts.push(TxnOp::Put(PutRequest {
+            key: Bytes::from(key.to_string()),
+            value: Bytes::from(value),
+            ..Default::default()
+        }));
+    }
+
     /// Whether nothing would be written.
     pub fn is_empty(&self) -> bool {
         self.puts.is_empty()

@@ -266,9 +266,14 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
             w.put(stored, &a)?;
         }
     }
+    let sensitive = alloc.as_ref().is_some_and(|a| a.spec.sensitive);
+    if sensitive {
+        // The cluster-wide sensitive pool gets the nodes back in the same transaction.
+        let pool = crate::sensitive_pool::read(&ctx.backend).await?;
+        pool.write(&mut w, pool.used.saturating_sub(released))?;
+    }
     if let Some(t) = &tenant {
         let mut obj = t.obj.clone();
-        let sensitive = alloc.as_ref().is_some_and(|a| a.spec.sensitive);
         let usage = &mut obj.status.get_or_insert_with(Default::default).usage;
         usage.nodes = usage.nodes.saturating_sub(released);
         if sensitive {
@@ -329,27 +334,50 @@ async fn audit_loop(backend: Arc<dyn KvBackend>) {
 pub async fn audit_usage(backend: &Arc<dyn KvBackend>) -> Result<usize, crate::objects::TxnError> {
     use std::collections::{BTreeMap, BTreeSet};
     let (nodes, tenants) = crate::objects::read_two_kinds::<Node, Tenant>(backend).await?;
-    let mut counted: BTreeMap<String, (u32, BTreeSet<OwnerKey>)> = BTreeMap::new();
+    let mut counted: BTreeMap<String, (u32, BTreeSet<OwnerKey>, u32)> = BTreeMap::new();
     for n in &nodes {
         if let Some(key) = owner_key(&n.obj) {
             let e = counted.entry(key.0.clone()).or_default();
             e.0 += 1;
             e.1.insert(key);
+            if n.obj.spec.sensitive {
+                e.2 += 1;
+            }
         }
     }
+    // The cluster-wide sensitive pool: sensitive-pool nodes run only sensitive work, so
+    // the owned ones are what it holds.
+    let sensitive_held = nodes
+        .iter()
+        .filter(|n| n.obj.spec.sensitive && owner_key(&n.obj).is_some())
+        .count() as u32;
+    let pool = crate::sensitive_pool::read(backend).await?;
     let mut fixed = 0;
+    if pool.used != sensitive_held {
+        tracing::warn!(
+            counted = pool.used,
+            actual = sensitive_held,
+            "the cluster-wide sensitive pool counter drifted from node ownership; correcting"
+        );
+        if crate::sensitive_pool::correct(backend, &pool, sensitive_held).await? {
+            fixed += 1;
+        }
+    }
     for t in &tenants {
-        let (nodes, allocs) = counted
+        let (nodes, allocs, sensitive) = counted
             .get(t.obj.name_any())
-            .map(|(n, a)| (*n, a.len() as u32))
-            .unwrap_or((0, 0));
+            .map(|(n, a, s)| (*n, a.len() as u32, *s))
+            .unwrap_or((0, 0, 0));
         let usage = t
             .obj
             .status
             .as_ref()
             .map(|s| s.usage.clone())
             .unwrap_or_default();
-        if usage.nodes == nodes && usage.running_allocations == allocs {
+        if usage.nodes == nodes
+            && usage.running_allocations == allocs
+            && usage.sensitive_nodes == sensitive
+        {
             continue;
         }
         let mut obj = t.obj.clone();
@@ -362,6 +390,7 @@ pub async fn audit_usage(backend: &Arc<dyn KvBackend>) -> Result<usize, crate::o
         );
         u.nodes = nodes;
         u.running_allocations = allocs;
+        u.sensitive_nodes = sensitive;
         let mut w = GuardedWrite::new();
         w.put(t, &obj)?;
         if w.commit(backend).await? {

@@ -2190,3 +2190,92 @@ async fn a_new_allocation_wakes_its_vcluster_loop_before_the_cycle_interval() {
         .await;
     assert!(t0.elapsed() < Duration::from_secs(40), "{:?}", t0.elapsed());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_wide_sensitive_pool_is_a_hard_limit_across_tenants() {
+    // Three sensitive nodes, two tenants, and `scheduling.sensitive_pool_size=2`.
+    let (env, _hb) = cluster(&["s1", "s2", "s3"]).await;
+    for n in ["s1", "s2", "s3"] {
+        env.nodes()
+            .patch(
+                n,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"sensitive": true}})),
+            )
+            .await
+            .expect("mark sensitive");
+    }
+    env.tenant("t2", None).await;
+    env.vcluster("t2", "default", "hpc-backfill").await;
+    let setting =
+        lattice_apis::cluster_config::find(lattice_apis::cluster_config::SENSITIVE_POOL_SIZE)
+            .expect("setting");
+    env.backend
+        .put(lattice_store::PutRequest {
+            key: setting.store_key().into_bytes().into(),
+            value: b"2".to_vec().into(),
+            ..Default::default()
+        })
+        .await
+        .expect("set the limit");
+    let plans = Plans::default();
+    let _r1 = scripted_runner(&env, "t1", plans.clone());
+    let _r2 = scripted_runner(&env, "t2", plans.clone());
+    let sensitive = json!({"spec": {"sensitive": true}});
+    plans.set("first", Run::Hold);
+    plans.set("second", Run::Hold);
+    plans.set("third", Run::Hold);
+    env.submit("t1", "first", 1, sensitive.clone()).await;
+    env.submit("t2", "second", 1, sensitive.clone()).await;
+    env.wait_phase("t1", "first", AllocationPhase::Running)
+        .await;
+    env.wait_phase("t2", "second", AllocationPhase::Running)
+        .await;
+    let counter = || async {
+        let kv = env
+            .backend
+            .get(lattice_controllers::sensitive_pool::COUNTER_KEY.into())
+            .await
+            .expect("get")
+            .expect("counter written");
+        serde_json::from_slice::<serde_json::Value>(&kv.value).expect("json")["nodes"].clone()
+    };
+    assert_eq!(counter().await, 2);
+    // A third sensitive claim waits, although s3 is free and t2's own quota has room.
+    env.submit("t2", "third", 1, sensitive).await;
+    let w = env
+        .wait_alloc("t2", "third", "the cluster-wide limit", |a| {
+            message_of(a).contains("cluster-wide")
+        })
+        .await;
+    assert_eq!(w.phase(), AllocationPhase::Pending);
+    assert!(
+        message_of(&w)
+            .contains("sensitive_pool_size, cluster-wide: current 2, requested 1, limit 2"),
+        "{}",
+        message_of(&w)
+    );
+    // The first ends: its node goes back to the pool, and the third is bound.
+    plans.set("first", Run::Exit(0, Duration::ZERO));
+    env.wait_phase("t1", "first", AllocationPhase::Completed)
+        .await;
+    env.wait_phase("t2", "third", AllocationPhase::Running)
+        .await;
+    assert_eq!(counter().await, 2);
+    // The usage audit recounts a drifted counter from node ownership.
+    env.backend
+        .put(lattice_store::PutRequest {
+            key: lattice_controllers::sensitive_pool::COUNTER_KEY.into(),
+            value: br#"{"nodes": 9}"#.to_vec().into(),
+            ..Default::default()
+        })
+        .await
+        .expect("drift");
+    assert!(
+        lattice_controllers::release::audit_usage(&env.backend)
+            .await
+            .expect("audit")
+            >= 1
+    );
+    assert_eq!(counter().await, 2);
+}

@@ -134,6 +134,14 @@ pub async fn bind_batch(
         .and_then(|t| t.obj.status.as_ref().map(|s| s.usage.clone()))
         .unwrap_or_default();
     let quota = tenant_obj.as_ref().map(|t| t.obj.spec.quota.clone());
+    // The cluster-wide sensitive pool, read only when this batch claims for sensitive work.
+    let any_sensitive = allocs.iter().flatten().any(|a| a.obj.spec.sensitive);
+    let pool = if any_sensitive {
+        Some(crate::sensitive_pool::read(backend).await?)
+    } else {
+        None
+    };
+    let mut pool_used = pool.as_ref().map_or(0, |p| p.used);
     let t = now();
     let mut node_at = 0;
     for (i, b) in bindings.iter().enumerate() {
@@ -229,6 +237,13 @@ pub async fn bind_batch(
                 }
             }
         }
+        if let (true, Some(pool)) = (a.spec.sensitive, &pool) {
+            if let Some(msg) = pool.refuse(pool_used, n) {
+                outcomes[i] = BindOutcome::Quota(msg);
+                continue;
+            }
+            pool_used += n;
+        }
         usage.nodes += n;
         usage.running_allocations += 1;
         if a.spec.sensitive {
@@ -295,6 +310,9 @@ pub async fn bind_batch(
         let mut obj = t.obj.clone();
         obj.status.get_or_insert_with(Default::default).usage = usage;
         w.put(t, &obj)?;
+    }
+    if let Some(pool) = pool.as_ref().filter(|p| p.used != pool_used) {
+        pool.write(&mut w, pool_used)?;
     }
     let ok = w.commit(backend).await?;
     for i in included {

@@ -170,6 +170,16 @@ pub async fn grow(
         )));
     }
     let mut w = GuardedWrite::new();
+    if a.spec.sensitive {
+        let pool = crate::sensitive_pool::read(backend).await?;
+        if let Some(msg) = pool.refuse(pool.used, 1) {
+            return Ok(GrowOutcome::Quota(format!(
+                "scale-up to {} {msg}",
+                st.assigned_nodes.len() + 1
+            )));
+        }
+        pool.write(&mut w, pool.used + 1)?;
+    }
     if let Some(t) = &t {
         let mut obj = t.obj.clone();
         let usage = &mut obj.status.get_or_insert_with(Default::default).usage;
