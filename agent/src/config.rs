@@ -77,6 +77,10 @@ pub struct AgentArgs {
     /// GPU model reported with --gpu-count, e.g. `GH200`.
     #[arg(long)]
     pub gpu_type: Option<String>,
+    /// Interconnect layout of the --gpu-count GPUs: nvswitch (all pairs, a NIC per two
+    /// GPUs), nvlink-pairs, or pcie (one NIC, near half the GPUs).
+    #[arg(long, value_enum, default_value_t = crate::topology::FakeLayout::Nvswitch)]
+    pub gpu_topology: crate::topology::FakeLayout,
     /// Node features (spec.features at registration), e.g. `nvme_scratch,gpu`.
     #[arg(long, value_delimiter = ',')]
     pub features: Vec<String>,
@@ -177,6 +181,8 @@ pub struct Config {
     pub gpu_count: Option<u32>,
     /// `--gpu-type`.
     pub gpu_type: Option<String>,
+    /// `--gpu-topology`.
+    pub gpu_topology: crate::topology::FakeLayout,
     /// `--features`.
     pub features: Vec<String>,
     /// `--topology-group`.
@@ -238,6 +244,7 @@ impl Config {
             memory_gb: a.memory_gb,
             gpu_count: a.gpu_count,
             gpu_type: a.gpu_type,
+            gpu_topology: a.gpu_topology,
             features: a.features,
             topology_group: a.topology_group,
             slurm_env: a.slurm_env,

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use lattice_apis::{Gpu, NodeCapacity};
+use lattice_apis::{Gpu, GpuTopology, NodeCapacity};
 use sha2::{Digest, Sha256};
 
 use crate::config::Config;
@@ -20,6 +20,8 @@ pub struct GpuInventory {
     pub gpus: Vec<Gpu>,
     /// Fingerprint facts, e.g. `gpu.driver=550.54.15`.
     pub facts: BTreeMap<String, String>,
+    /// Links between the GPUs, and NICs where the source knows them.
+    pub topology: Option<GpuTopology>,
 }
 
 /// A source of GPU information.
@@ -38,13 +40,16 @@ impl GpuDiscovery for NoGpus {
     }
 }
 
-/// `count` identical GPUs of model `model` (from `--gpu-count` / `--gpu-type`).
+/// `count` identical GPUs of model `model` (from `--gpu-count` / `--gpu-type`), linked as
+/// `layout` (`--gpu-topology`).
 #[derive(Debug, Clone)]
 pub struct FakeGpus {
     /// How many.
     pub count: u32,
     /// Model.
     pub model: String,
+    /// Interconnect and NIC layout.
+    pub layout: crate::topology::FakeLayout,
 }
 
 impl GpuDiscovery for FakeGpus {
@@ -60,7 +65,13 @@ impl GpuDiscovery for FakeGpus {
             ("gpu.driver".to_string(), "fake".to_string()),
             ("gpu.model".to_string(), self.model.clone()),
         ]);
-        Ok(GpuInventory { gpus, facts })
+        let topology =
+            (self.count > 0).then(|| crate::topology::fake_gpu_topology(self.count, self.layout));
+        Ok(GpuInventory {
+            gpus,
+            facts,
+            topology,
+        })
     }
 }
 
@@ -95,16 +106,93 @@ impl GpuDiscovery for NvmlGpus {
                 inv.facts.insert(format!("gpu.{index}.vbios"), v);
             }
             inv.facts.insert(format!("gpu.{index}.model"), name.clone());
+            // The GPU's NUMA node, from its PCI device in sysfs.
+            let bus_id = dev.pci_info().ok().map(|p| p.bus_id.to_lowercase());
+            let numa_node = bus_id.as_ref().and_then(|b| {
+                std::fs::read_to_string(format!("/sys/bus/pci/devices/{b}/numa_node"))
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u32>().ok())
+            });
             inv.gpus.push(Gpu {
                 index,
                 type_: name,
                 memory_gb,
                 uuid: dev.uuid().ok(),
-                numa_node: None,
+                numa_node,
             });
         }
+        inv.topology = Some(nvml_links(&nvml, count));
         Ok(inv)
     }
+}
+
+/// GPU links through NVML: active NVLinks counted per peer GPU (an NVLink to a device that
+/// is no GPU of this node is an NVSwitch port: all GPUs on switches are linked through
+/// them), else the PCIe path of their common ancestor.
+#[cfg(feature = "nvidia")]
+fn nvml_links(nvml: &nvml_wrapper::Nvml, count: u32) -> GpuTopology {
+    use lattice_apis::{GpuLink, GpuLinkType};
+    use nvml_wrapper::enum_wrappers::device::TopologyLevel;
+    // NVLink 4 (H100): 25 GB/s per direction and link.
+    const NVLINK_GBPS: f64 = 50.0;
+    const MAX_LINKS: u32 = 18;
+    let devices: Vec<_> = (0..count)
+        .filter_map(|i| nvml.device_by_index(i).ok())
+        .collect();
+    let bus: Vec<Option<String>> = devices
+        .iter()
+        .map(|d| d.pci_info().ok().map(|p| p.bus_id.to_lowercase()))
+        .collect();
+    let mut peer_links: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+    let mut switch_links: BTreeMap<u32, u32> = BTreeMap::new();
+    for (a, dev) in devices.iter().enumerate() {
+        for l in 0..MAX_LINKS {
+            let link = dev.link_wrapper_for(l);
+            if !link.is_active().unwrap_or(false) {
+                continue;
+            }
+            let remote = link.remote_pci_info().ok().map(|p| p.bus_id.to_lowercase());
+            match bus.iter().position(|b| b.is_some() && *b == remote) {
+                Some(b) if b != a => {
+                    let key = (a.min(b) as u32, a.max(b) as u32);
+                    *peer_links.entry(key).or_default() += 1;
+                }
+                _ => *switch_links.entry(a as u32).or_default() += 1,
+            }
+        }
+    }
+    let mut t = GpuTopology::default();
+    for a in 0..count {
+        for b in a + 1..count {
+            let (link_type, bandwidth_gbps) = if let Some(n) = peer_links.get(&(a, b)) {
+                // Each end saw the links: count them once.
+                (GpuLinkType::NvLink, f64::from((n / 2).max(1)) * NVLINK_GBPS)
+            } else if let (Some(x), Some(y)) = (switch_links.get(&a), switch_links.get(&b)) {
+                (GpuLinkType::NvSwitch, f64::from(*x.min(y)) * NVLINK_GBPS)
+            } else {
+                let (Some(da), Some(db)) = (devices.get(a as usize), nvml.device_by_index(b).ok())
+                else {
+                    continue;
+                };
+                let level = match da.topology_common_ancestor(db) {
+                    Ok(TopologyLevel::Internal) => 0,
+                    Ok(TopologyLevel::Single) => 1,
+                    Ok(TopologyLevel::Multiple) => 2,
+                    Ok(TopologyLevel::HostBridge) => 3,
+                    Ok(TopologyLevel::Node) => 4,
+                    _ => 5,
+                };
+                (GpuLinkType::Pcie, crate::topology::pcie_bandwidth(level))
+            };
+            t.links.push(GpuLink {
+                gpu_a: a,
+                gpu_b: b,
+                link_type,
+                bandwidth_gbps,
+            });
+        }
+    }
+    t
 }
 
 /// Everything the agent reports about the node.
@@ -128,6 +216,7 @@ pub fn gpu_discovery(cfg: &Config) -> Box<dyn GpuDiscovery> {
         return Box::new(FakeGpus {
             count,
             model: cfg.gpu_type.clone().unwrap_or_else(|| "gpu".into()),
+            layout: cfg.gpu_topology,
         });
     }
     #[cfg(feature = "nvidia")]
@@ -187,13 +276,29 @@ pub fn discover(cfg: &Config, gpus: &dyn GpuDiscovery, proc_root: &Path) -> Node
         .first()
         .filter(|g| inventory.gpus.iter().all(|x| x.type_ == g.type_))
         .map(|g| g.type_.clone());
+    // Superchips (GH200, MI300A) share one coherent CPU-GPU memory pool.
+    let unified_memory = gpu_type
+        .as_deref()
+        .is_some_and(|t| t.contains("GH200") || t.contains("MI300A"));
+    let node_dir = Path::new("/sys/devices/system/node");
+    let memory_topology =
+        crate::topology::memory_topology(node_dir, &inventory.gpus, unified_memory);
+    let mut gpu_topology = inventory.topology;
+    if let Some(t) = gpu_topology.as_mut().filter(|t| t.nics.is_empty()) {
+        // A source that knows no NICs (NVML): the NICs on each GPU's NUMA node.
+        let nics = crate::topology::nics_by_numa(Path::new("/sys/class/net"));
+        crate::topology::nic_affinity(&inventory.gpus, &nics, t);
+    }
     let capacity = NodeCapacity {
         cpu_cores,
         memory_gb,
         gpus: inventory.gpus,
         gpu_count,
         gpu_type,
-        numa_nodes: numa_nodes(Path::new("/sys/devices/system/node")),
+        unified_memory,
+        numa_nodes: numa_nodes(node_dir),
+        gpu_topology,
+        memory_topology,
         ..Default::default()
     };
     NodeFacts {
@@ -319,6 +424,11 @@ mod tests {
         assert_eq!(facts.capacity.gpu_count, 4);
         assert_eq!(facts.capacity.gpu_type.as_deref(), Some("GH200"));
         assert_eq!(facts.capacity.gpus[3].index, 3);
+        // GH200 is a superchip: unified memory; the fake GPUs come with their links.
+        assert!(facts.capacity.unified_memory);
+        let topology = facts.capacity.gpu_topology.as_ref().expect("links");
+        assert_eq!(topology.links.len(), 6);
+        assert_eq!(topology.link_fitness(4), 1.0);
         assert_eq!(facts.facts["kernel.release"], "6.8.0-test");
         assert_eq!(facts.fingerprint, fingerprint(&facts.facts));
     }

@@ -43,3 +43,4 @@ pub mod server;
 pub mod shim;
 pub mod state;
 pub mod supervisor;
+pub mod topology;

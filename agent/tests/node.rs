@@ -31,6 +31,8 @@ async fn node_is_registered_ready_and_heartbeats() {
             "nvme_scratch,gpu",
             "--topology-group",
             "3",
+            "--gpu-topology",
+            "nvlink-pairs",
         ],
     );
     let nodes = server.nodes();
@@ -49,6 +51,17 @@ async fn node_is_registered_ready_and_heartbeats() {
     assert_eq!(st.capacity.gpu_count, 4);
     assert_eq!(st.capacity.gpu_type.as_deref(), Some("GH200"));
     assert_eq!(st.capacity.gpus.len(), 4);
+    // The topology the agent reports: NVLink pairs (0-1, 2-3) and PCIe across them, a NIC
+    // per pair; GH200 is a superchip (one unified memory domain where sysfs has NUMA nodes).
+    assert!(st.capacity.unified_memory);
+    let t = st.capacity.gpu_topology.as_ref().expect("GPU topology");
+    assert_eq!(t.links.len(), 6);
+    assert!((t.link_fitness(4) - 64.0 / 450.0).abs() < 1e-9);
+    assert_eq!(t.nic_affinity(4), 1.0);
+    if let Some(m) = &st.capacity.memory_topology {
+        assert_eq!(m.domains.len(), 1);
+        assert_eq!(m.locality(), 1.0);
+    }
     let fp = st.conformance_fingerprint.clone().unwrap();
     assert_eq!(fp.len(), 64);
     assert!(fp.bytes().all(|b| b.is_ascii_hexdigit()));

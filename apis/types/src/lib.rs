@@ -99,6 +99,10 @@ pub use kinds::node::{
     Gpu, Node, NodeAgentInfo, NodeCapacity, NodeDrain, NodeOwner, NodeSpec, NodeState, NodeStatus,
 };
 pub use kinds::tenant::{Tenant, TenantQuota, TenantSpec, TenantStatus, TenantUsage, UsageBucket};
+pub use kinds::topology::{
+    GpuLink, GpuLinkType, GpuTopology, MemoryDomain, MemoryDomainType, MemoryInterconnect,
+    MemoryLinkType, MemoryTopology,
+};
 pub use kinds::vcluster::{
     Borrowing, PreemptionMode, PreemptionPolicy, SchedulerType, VCluster, VClusterSpec,
     VClusterStatus, WeightProfile, Weights,

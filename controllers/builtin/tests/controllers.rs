@@ -2279,3 +2279,57 @@ async fn the_cluster_wide_sensitive_pool_is_a_hard_limit_across_tenants() {
     );
     assert_eq!(counter().await, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_node_gpu_work_lands_where_gpus_sit_next_to_nics() {
+    // Four 4-GPU nodes in one group, as their agents report them: g1 and g2 with a NIC
+    // near only half their GPUs (PCIe layout), g3 and g4 with one per two GPUs (NVSwitch).
+    let (env, _hb) = cluster(&["g1", "g2", "g3", "g4"]).await;
+    for (i, n) in ["g1", "g2", "g3", "g4"].iter().enumerate() {
+        let mut links = Vec::new();
+        for a in 0..4 {
+            for b in a + 1..4 {
+                links.push(json!({"gpuA": a, "gpuB": b,
+                    "linkType": if i < 2 { "Pcie" } else { "NvSwitch" },
+                    "bandwidthGbps": if i < 2 { 64.0 } else { 900.0 }}));
+            }
+        }
+        let affinity = if i < 2 {
+            json!({"0": "hsn0", "1": "hsn0"})
+        } else {
+            json!({"0": "hsn0", "1": "hsn0", "2": "hsn1", "3": "hsn1"})
+        };
+        let patch = Patch::Merge(
+            json!({"spec": {"topologyGroup": 0}, "status": {"capacity": {
+                "cpuCores": 4, "memoryGb": 16, "gpuCount": 4, "gpuType": "H100",
+                "gpuTopology": {"links": links, "nics": ["hsn0", "hsn1"], "nicAffinity": affinity},
+            }}}),
+        );
+        env.nodes()
+            .patch_status(n, &PatchParams::default(), &patch)
+            .await
+            .expect("capacity");
+        env.nodes()
+            .patch(n, &PatchParams::default(), &patch)
+            .await
+            .expect("group");
+    }
+    let _runner = auto_runner(&env, "t1", |_| 0);
+    env.submit(
+        "t1",
+        "allreduce",
+        2,
+        json!({"spec": {"resources": {"constraints": {"gpuCount": 4}}}}),
+    )
+    .await;
+    let a = env
+        .wait_alloc("t1", "allreduce", "bound", |a| {
+            a.status
+                .as_ref()
+                .is_some_and(|s| !s.assigned_nodes.is_empty())
+        })
+        .await;
+    let mut nodes = a.status.expect("status").assigned_nodes;
+    nodes.sort();
+    assert_eq!(nodes, ["g3", "g4"], "the nodes with a NIC near every GPU");
+}

@@ -22,6 +22,7 @@ pub struct ClassKey {
     pub sensitive_pool: bool,
     gpu_link_bits: u64,
     memory_locality_bits: u64,
+    nic_affinity_bits: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -29,6 +30,7 @@ pub struct NodeClass {
     pub key: ClassKey,
     pub gpu_link_fitness: f64,
     pub memory_locality: f64,
+    pub nic_affinity: f64,
     /// Node indices sorted by (group, fingerprint, id).
     pub members: Vec<u32>,
     /// Member count per (group, fingerprint), sorted by key.
@@ -113,6 +115,7 @@ impl NodeCatalog {
                 sensitive_pool: n.sensitive_pool,
                 gpu_link_bits: n.gpu_link_fitness.to_bits(),
                 memory_locality_bits: n.memory_locality.to_bits(),
+                nic_affinity_bits: n.nic_affinity.to_bits(),
             };
             let next = classes.len() as u32;
             let c = *by_key.entry(key.clone()).or_insert(next);
@@ -121,6 +124,7 @@ impl NodeCatalog {
                     key,
                     gpu_link_fitness: n.gpu_link_fitness,
                     memory_locality: n.memory_locality,
+                    nic_affinity: n.nic_affinity,
                     members: Vec::new(),
                     inventory: Vec::new(),
                 });

@@ -372,8 +372,31 @@ impl<'a> CycleState<'a> {
     }
 
     /// Remove the selected nodes from the free index (held pools first, so unreserved nodes
-    /// stay available for long backfill candidates) and mark them busy until `end`.
+    /// stay available for long backfill candidates) and mark them busy until `end`. Within a
+    /// bucket, classes with the best GPU-to-NIC affinity give their nodes first when
+    /// `nic_first` (multi-node GPU jobs: inter-node traffic leaves through those NICs).
     fn take(&mut self, feas: &Feasible, sel: &select::Selection, end: Time) -> Vec<u32> {
+        self.take_ordered(feas, sel, end, false)
+    }
+
+    fn take_ordered(
+        &mut self,
+        feas: &Feasible,
+        sel: &select::Selection,
+        end: Time,
+        nic_first: bool,
+    ) -> Vec<u32> {
+        let classes: Vec<u32> = if nic_first {
+            let mut c = feas.classes.clone();
+            // Stable: equal affinity keeps the classes' order.
+            c.sort_by(|a, b| {
+                let aff = |k: &u32| self.cat.classes()[*k as usize].nic_affinity;
+                aff(b).total_cmp(&aff(a))
+            });
+            c
+        } else {
+            feas.classes.clone()
+        };
         let mut out = Vec::with_capacity(sel.total() as usize);
         for &(key, mut n) in &sel.take {
             for h in self.held.iter_mut().filter(|h| h.start >= end) {
@@ -392,7 +415,7 @@ impl<'a> CycleState<'a> {
                     }
                 }
             }
-            for &c in &feas.classes {
+            for &c in &classes {
                 if n == 0 {
                     break;
                 }
@@ -804,7 +827,9 @@ impl Scheduler {
             }
             if let Some((sel, tier)) = selection {
                 let unreserved_before = state.free_unreserved(&feas);
-                let taken = state.take(tier, &sel, end);
+                // Multi-node GPU work: GPUs next to their NICs first.
+                let nic_first = need > 1 && job.constraints.min_gpus_per_node > 0;
+                let taken = state.take_ordered(tier, &sel, end, nic_first);
                 let borrowed = taken
                     .iter()
                     .filter(|&&i| feas.borrowed[catalog.class_of(i) as usize])

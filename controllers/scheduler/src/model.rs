@@ -81,6 +81,10 @@ pub struct NodeView {
     /// Fraction of CPUs/GPUs sharing a memory domain (memory-locality f4 term).
     #[serde(default = "one")]
     pub memory_locality: f64,
+    /// Fraction of the node's GPUs with a network interface nearby (GPU-to-NIC affinity);
+    /// multi-node GPU jobs take the nodes with the best affinity first.
+    #[serde(default = "one")]
+    pub nic_affinity: f64,
 }
 
 fn one() -> f64 {
@@ -105,6 +109,7 @@ impl NodeView {
             sensitive_pool: false,
             gpu_link_fitness: 1.0,
             memory_locality: 1.0,
+            nic_affinity: 1.0,
         }
     }
 }

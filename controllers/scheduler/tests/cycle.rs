@@ -550,6 +550,34 @@ fn burst_work_is_the_first_preemption_candidate() {
 }
 
 #[test]
+fn multi_node_gpu_jobs_take_the_nodes_whose_gpus_sit_next_to_nics() {
+    // One group, four GPU nodes: 0 and 1 have a NIC near half their GPUs, 2 and 3 near all.
+    let views: Vec<NodeView> = (0..4)
+        .map(|i| {
+            let mut v = NodeView::slot(i);
+            v.gpus = 4;
+            v.nic_affinity = if i < 2 { 0.5 } else { 1.0 };
+            v
+        })
+        .collect();
+    let mut gpu_job = job(1, 2, 0, 3600);
+    gpu_job.constraints.min_gpus_per_node = 4;
+    let plan = cycle(
+        SchedulerConfig::default(),
+        views.clone(),
+        &[],
+        &[gpu_job],
+        &[],
+    );
+    assert_eq!(plan.proposals[0].nodes, vec![NodeId(2), NodeId(3)]);
+    // A single-node job has no inter-node traffic: the lowest nodes, as ever.
+    let mut one = job(2, 1, 0, 3600);
+    one.constraints.min_gpus_per_node = 4;
+    let plan = cycle(SchedulerConfig::default(), views, &[], &[one], &[]);
+    assert_eq!(plan.proposals[0].nodes, vec![NodeId(0)]);
+}
+
+#[test]
 fn services_on_their_home_nodes_are_not_priority_victims() {
     // The seed: "services on home nodes are not preempted" (borrowed_nodes_only).
     let mut service = running(10, 0..2, 900, 36_000, 1);

@@ -7,4 +7,5 @@ pub mod lease;
 pub mod network_domain;
 pub mod node;
 pub mod tenant;
+pub mod topology;
 pub mod vcluster;

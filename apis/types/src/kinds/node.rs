@@ -193,6 +193,12 @@ pub struct NodeCapacity {
     /// CXL-attached memory in GB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cxl_memory_gb: Option<u64>,
+    /// GPU interconnect links and GPU-to-NIC affinity (the seed's GpuTopology).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_topology: Option<super::topology::GpuTopology>,
+    /// Memory domains (the seed's MemoryTopology).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_topology: Option<super::topology::MemoryTopology>,
 }
 
 /// Who uses the node now.

@@ -248,8 +248,17 @@ pub fn inventory(
             ),
             owner,
             sensitive_pool: n.spec.sensitive,
-            gpu_link_fitness: 1.0,
-            memory_locality: 1.0,
+            // The intra-node terms of f₄ and the NIC preference, from what the agent
+            // discovered (1 where it reported nothing: nothing to tell nodes apart by).
+            gpu_link_fitness: cap
+                .gpu_topology
+                .as_ref()
+                .map_or(1.0, |t| t.link_fitness(cap.gpu_count)),
+            memory_locality: cap.memory_topology.as_ref().map_or(1.0, |m| m.locality()),
+            nic_affinity: cap
+                .gpu_topology
+                .as_ref()
+                .map_or(1.0, |t| t.nic_affinity(cap.gpu_count)),
         });
         names.push(n.name_any().to_string());
         if let Some(o) = st.and_then(|s| s.owner.as_ref()) {
