@@ -801,15 +801,28 @@ async fn usage_sums_the_ledger_over_the_period_against_the_worse_budget() {
                    {"day": day(1), "user": "bob", "nodeHours": 30.0, "gpuHours": 5.0},
                    {"day": day(0), "user": "alice", "nodeHours": 2.5, "gpuHours": 0.0}]}}}),
     );
-    // 30 days: alice 12.5 / 20, bob 30 / 5; node-hours 42.5 % of 100, GPU-hours 50 % of 50.
+    // Running work counts up to now: 2 h on two 4-GPU nodes (now is 12:00).
+    let mut running = a("sweep-live", "Running", Some("bob"));
+    running["status"]["startTime"] = json!(format!("{}T10:00:00Z", day(0)));
+    running["status"]["assignedNodes"] = json!(["g1", "g2"]);
+    f.insert("allocations", running);
+    for g in ["g1", "g2"] {
+        f.insert(
+            "nodes",
+            json!({"apiVersion": GV, "kind": "Node", "metadata": {"name": g},
+                   "status": {"capacity": {"gpuCount": 4}}}),
+        );
+    }
+    // 30 days: alice 12.5 / 20, bob 30 + 4 / 5 + 16; node-hours 46.5 % of 100, GPU-hours
+    // 41 of 50 = 82 %.
     let r = run_alice(&f.url, &["usage"]).await;
     assert_eq!(r.code, 0, "{}", r.err);
     golden("usage.txt", &r.out);
-    assert!(r.out.contains("50.0% (GPU-hours)"), "{}", r.out);
-    // --days narrows the window (the last 2 days: bob's 30 and alice's 2.5).
+    assert!(r.out.contains("82.0% (GPU-hours)"), "{}", r.out);
+    // --days narrows the window (the last 2 days: bob's 30, alice's 2.5, the 4 running).
     let r = run_alice(&f.url, &["usage", "--days", "2", "-o", "json"]).await;
     let v: Value = serde_json::from_str(&r.out).expect("json");
-    assert_eq!(v[0]["nodeHours"], 32.5, "{v}");
+    assert_eq!(v[0]["nodeHours"], 36.5, "{v}");
     assert_eq!(v[0]["days"], 2);
 }
 

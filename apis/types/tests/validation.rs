@@ -583,7 +583,7 @@ fn vcluster_defaults_from_scheduler_type() {
     assert_eq!(s["weights"]["fairShare"], 0.35, "explicit weights are kept");
     assert_eq!(s["weights"]["conformance"], 0.10);
     assert_eq!(s["cycleInterval"], "15s");
-    assert_eq!(s["backfillDepth"], 10);
+    assert_eq!(s["backfillDepth"], 1, "EASY by default");
     assert_eq!(s["borrowing"]["allowLend"], true);
     assert_eq!(s["preemption"]["mode"], "class_based");
 

@@ -1,5 +1,6 @@
 //! `lattice usage [--tenant T | --all-tenants] [--days N]`: the soft-quota ledger —
-//! node- and GPU-hours per tenant and user over the budget period, against the budgets.
+//! node- and GPU-hours per tenant and user over the budget period (finished work from the
+//! tenant's ledger, running work up to now), against the budgets.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -24,7 +25,23 @@ pub async fn run(ctx: &mut Ctx, args: &UsageArgs, out: &mut dyn Write) -> Result
             .await
             .map_err(|e| CliError::from_client(format!("get tenant {:?}", ctx.tenant), e))?]
     };
-    let today = ctx.now().date_naive();
+    let now = ctx.now();
+    let today = now.date_naive();
+    // GPU counts of the nodes, for running work (best effort: a node that cannot be read
+    // counts as 1 GPU, the seed's default for unknown nodes).
+    let node_gpus: BTreeMap<String, f64> = workload::list_items(ctx, "nodes", None)
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|n| {
+            let name = n.pointer("/metadata/name")?.as_str()?.to_string();
+            let gpus = n
+                .pointer("/status/capacity/gpuCount")
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0);
+            Some((name, gpus))
+        })
+        .collect();
     let mut rows = Vec::new();
     for t in &tenants {
         let name = t
@@ -55,6 +72,45 @@ pub async fn run(ctx: &mut Ctx, args: &UsageArgs, out: &mut dyn Write) -> Result
                 .or_default();
             e.0 += b["nodeHours"].as_f64().unwrap_or(0.0);
             e.1 += b["gpuHours"].as_f64().unwrap_or(0.0);
+        }
+        // Work still running counts up to now (the seed's ledger; the scheduler's budget
+        // penalty counts it too).
+        let since = now - chrono::Duration::days(days as i64);
+        for a in workload::list_items(ctx, "allocations", Some(name))
+            .await
+            .unwrap_or_default()
+        {
+            let phase = a.pointer("/status/phase").and_then(Value::as_str);
+            if !matches!(phase, Some("Running" | "Checkpointing" | "Suspended")) {
+                continue;
+            }
+            let Some(start) = a
+                .pointer("/status/startTime")
+                .and_then(Value::as_str)
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            else {
+                continue;
+            };
+            let start = start.with_timezone(&chrono::Utc).max(since);
+            let hours = (now - start).num_seconds().max(0) as f64 / 3600.0;
+            let nodes: Vec<&str> = a
+                .pointer("/status/assignedNodes")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let gpus: f64 = nodes
+                .iter()
+                .map(|n| node_gpus.get(*n).copied().unwrap_or(1.0))
+                .sum();
+            let user = a
+                .pointer("/metadata/annotations/lattice.dev~1user")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown");
+            let e = by_user.entry(user.to_string()).or_default();
+            e.0 += hours * nodes.len() as f64;
+            e.1 += hours * gpus;
         }
         let node_budget = t
             .pointer("/spec/quota/nodeHoursBudget")

@@ -212,6 +212,14 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
     let mut released_names: Vec<String> = Vec::new();
     let mut still_owned = 0u32;
     let (mut node_hours, mut gpu_hours) = (0.0f64, 0.0f64);
+    // Only what falls inside the tenant's budget period is charged (as the scheduler counts
+    // running work).
+    let period_hours = f64::from(
+        tenant
+            .as_ref()
+            .and_then(|t| t.obj.spec.budget_period_days)
+            .unwrap_or(lattice_apis::kinds::tenant::DEFAULT_BUDGET_PERIOD_DAYS),
+    ) * 24.0;
     for stored in fresh.iter().flatten() {
         if owner_key(&stored.obj).as_ref() != Some(&owner) {
             continue;
@@ -219,7 +227,7 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
         if releasable(&stored.obj, alloc.as_ref())
             && !step_running_on(&ctx, &owner, stored.obj.name_any())
         {
-            let hours = held_hours(alloc.as_ref(), stored.obj.name_any());
+            let hours = held_hours(alloc.as_ref(), stored.obj.name_any()).min(period_hours);
             node_hours += hours;
             gpu_hours += hours
                 * f64::from(
@@ -333,6 +341,10 @@ async fn audit_loop(backend: Arc<dyn KvBackend>) {
 /// One audit pass; returns how many tenants were corrected.
 pub async fn audit_usage(backend: &Arc<dyn KvBackend>) -> Result<usize, crate::objects::TxnError> {
     use std::collections::{BTreeMap, BTreeSet};
+    // The sensitive pool's counter is read before the nodes: a claim that commits in between
+    // changes the counter, so the correction below (guarded by this read) is refused rather
+    // than undo that claim's count.
+    let pool = crate::sensitive_pool::read(backend).await?;
     let (nodes, tenants) = crate::objects::read_two_kinds::<Node, Tenant>(backend).await?;
     let mut counted: BTreeMap<String, (u32, BTreeSet<OwnerKey>, u32)> = BTreeMap::new();
     for n in &nodes {
@@ -351,7 +363,6 @@ pub async fn audit_usage(backend: &Arc<dyn KvBackend>) -> Result<usize, crate::o
         .iter()
         .filter(|n| n.obj.spec.sensitive && owner_key(&n.obj).is_some())
         .count() as u32;
-    let pool = crate::sensitive_pool::read(backend).await?;
     let mut fixed = 0;
     if pool.used != sensitive_held {
         tracing::warn!(

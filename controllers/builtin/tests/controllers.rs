@@ -1666,7 +1666,7 @@ async fn a_lender_takes_back_the_nodes_it_lent() {
             .annotations
             .get(lifecycle::PREEMPT_ANNOTATION)
             .map(String::as_str),
-        Some("home-job")
+        Some("t1/home-job")
     );
     let h = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(ev) = changes.next().await {
@@ -1712,7 +1712,7 @@ async fn a_burst_larger_than_one_transaction_is_bound_in_batches() {
     for i in 0..36 {
         env.submit("t1", &format!("j{i:02}"), 1, json!({})).await;
     }
-    // And one that cannot fit any transaction: 64 nodes = 132 operations.
+    // And one that cannot fit any transaction: 64 nodes = 135 operations.
     env.submit("t1", "huge", 64, json!({})).await;
     env.start_controllers(fast_config());
     for i in 0..36 {
@@ -1725,7 +1725,7 @@ async fn a_burst_larger_than_one_transaction_is_bound_in_batches() {
         })
         .await;
     assert!(
-        message_of(&huge).contains("raise lattice-server --max-txn-ops to at least 132"),
+        message_of(&huge).contains("raise lattice-server --max-txn-ops to at least 135"),
         "{}",
         message_of(&huge)
     );

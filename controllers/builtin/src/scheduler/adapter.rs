@@ -340,8 +340,9 @@ pub struct RunningHours {
 }
 
 /// What each tenant's running work has used so far in its budget period (`period_s` of the
-/// tenant, seconds): node-hours, and GPU-hours from the nodes' GPU counts (a node without
-/// GPUs counts as 1, as the seed's ledger does).
+/// tenant, seconds): node-hours, and GPU-hours from the nodes' GPU counts (as the release
+/// controller charges them when the work ends; a node missing from the inventory counts
+/// as 1 GPU, the seed's default for unknown nodes).
 pub fn running_hours(
     inv: &Inventory,
     now: i64,
@@ -360,7 +361,7 @@ pub fn running_hours(
             .map(|n| {
                 inv.views
                     .get(n.0 as usize)
-                    .map_or(1.0, |v| f64::from(v.gpus.max(1)))
+                    .map_or(1.0, |v| f64::from(v.gpus))
             })
             .sum();
         let e = out.entry(tenant.clone()).or_default();
@@ -397,9 +398,10 @@ pub fn protect_home_services(inv: &mut Inventory, home_only: &HashSet<VClusterId
 }
 
 /// Victims still stopping (they hold their nodes, annotated `lattice.dev/preempt-requested`
-/// with the preemptor's name) are marked with the pending job they stop for, so the cycle
-/// lets that job wait for their nodes instead of preempting more (a preemption takes a
-/// checkpoint's time; without this each cycle of the wait chose new victims).
+/// with the preemptor's `tenant/name`) are marked with the pending job they stop for, so the
+/// cycle lets that job wait for their nodes instead of preempting more (a preemption takes
+/// a checkpoint's time; without this each cycle of the wait chose new victims). A bare name
+/// (written by an older server) counts only when one queued allocation has it.
 pub fn mark_preemptors(
     inv: &mut Inventory,
     queued: &[Arc<Allocation>],
@@ -408,11 +410,15 @@ pub fn mark_preemptors(
     if queued.is_empty() {
         return;
     }
-    let by_name: HashMap<&str, usize> = queued
-        .iter()
-        .enumerate()
-        .map(|(i, a)| (a.name_any(), i))
-        .collect();
+    let mut by_name: HashMap<String, Option<usize>> = HashMap::new();
+    for (i, a) in queued.iter().enumerate() {
+        let ns = a.namespace().unwrap_or("default");
+        by_name.insert(format!("{ns}/{}", a.name_any()), Some(i));
+        by_name
+            .entry(a.name_any().to_string())
+            .and_modify(|e| *e = None)
+            .or_insert(Some(i));
+    }
     for (r, (tenant, name)) in inv.running.iter_mut().zip(&inv.running_refs) {
         if !r.checkpointing {
             continue;
@@ -421,7 +427,7 @@ pub fn mark_preemptors(
             v.metadata
                 .annotations
                 .get(lifecycle::PREEMPT_ANNOTATION)
-                .and_then(|by| by_name.get(by.as_str()).copied())
+                .and_then(|by| by_name.get(by.as_str()).copied().flatten())
         });
         r.preempted_for = preemptor.map(|i| JobId(i as u64));
     }
@@ -529,6 +535,7 @@ pub fn tenant_model(
     t: &Tenant,
     total_nodes: u32,
     running: RunningHours,
+    today: chrono::NaiveDate,
 ) -> lattice_scheduler::Tenant {
     let q = &t.spec.quota;
     let usage = t
@@ -536,16 +543,35 @@ pub fn tenant_model(
         .as_ref()
         .map(|s| s.usage.clone())
         .unwrap_or_default();
-    // The ledger holds finished work; running work counts up to now (the seed's internal
-    // budget ledger). When both budgets are set, the worse fraction drives the penalty.
+    // The ledger holds finished work, by day: what is inside the rolling budget period as of
+    // today (the stored totals are only re-rolled when work is charged); running work counts
+    // up to now (the seed's internal budget ledger). When both budgets are set, the worse
+    // fraction drives the penalty.
+    let (ledger_nodes, ledger_gpus) = if usage.ledger.is_empty() {
+        (usage.node_hours_used, usage.gpu_hours_used)
+    } else {
+        let period = t
+            .spec
+            .budget_period_days
+            .unwrap_or(lattice_apis::kinds::tenant::DEFAULT_BUDGET_PERIOD_DAYS)
+            .max(1);
+        let oldest = (today - chrono::Days::new(u64::from(period) - 1))
+            .format("%Y-%m-%d")
+            .to_string();
+        usage
+            .ledger
+            .iter()
+            .filter(|b| b.day >= oldest)
+            .fold((0.0, 0.0), |(n, g), b| (n + b.node_hours, g + b.gpu_hours))
+    };
     let node_frac = q
         .node_hours_budget
         .filter(|b| *b > 0.0)
-        .map(|b| (usage.node_hours_used + running.node_hours) / b);
+        .map(|b| (ledger_nodes + running.node_hours) / b);
     let gpu_frac = q
         .gpu_hours_budget
         .filter(|b| *b > 0.0)
-        .map(|b| (usage.gpu_hours_used + running.gpu_hours) / b);
+        .map(|b| (ledger_gpus + running.gpu_hours) / b);
     let budget_used = match (node_frac, gpu_frac) {
         (Some(n), Some(g)) => Some(n.max(g)),
         (n, g) => n.or(g),
@@ -616,7 +642,7 @@ mod tests {
         let never = vcluster(serde_json::json!({"schedulerType": "hpc-backfill",
                                                 "preemption": {"mode": "never"}}));
         assert!(!scheduler_config(&never).preemption.enabled);
-        // Backfill depth 0 is first-fit, the default EASY, more reserves further.
+        // Backfill depth 0 is first-fit, the default 1 is EASY, more reserves further.
         let depth = |d: u32| {
             scheduler_config(&vcluster(
                 serde_json::json!({"schedulerType": "hpc-backfill", "backfillDepth": d}),
@@ -627,7 +653,7 @@ mod tests {
         assert_eq!(depth(20), Discipline::Backfill { depth: 20 });
         assert_eq!(
             scheduler_config(&hpc).discipline,
-            Discipline::Backfill { depth: 10 }
+            Discipline::Backfill { depth: 1 }
         );
 
         // Node 0 is the service's home, node 1 another vCluster's, node 2 shared.
@@ -709,17 +735,30 @@ mod tests {
         let used = running_hours(&inv, now, |_| 10 * 3600);
         let a = used["a"];
         assert_eq!(a.node_hours, 2.0 * 2.0 + 10.0);
-        assert_eq!(a.gpu_hours, 2.0 * 5.0 + 10.0);
+        // The CPU node has no GPUs: 2 h on 4 GPUs.
+        assert_eq!(a.gpu_hours, 2.0 * 4.0);
+        let today: chrono::NaiveDate = "2026-03-10".parse().expect("day");
         let tenant: Tenant = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "a"},
-            "spec": {"quota": {"nodeHoursBudget": 100.0, "gpuHoursBudget": 40.0}},
-            "status": {"usage": {"nodeHoursUsed": 6.0, "gpuHoursUsed": 10.0}},
+            "spec": {"budgetPeriodDays": 7,
+                     "quota": {"nodeHoursBudget": 100.0, "gpuHoursBudget": 40.0}},
+            "status": {"usage": {
+                // Stale totals (the last charge was long ago): the ledger's days decide.
+                "nodeHoursUsed": 506.0, "gpuHoursUsed": 510.0,
+                "ledger": [
+                    {"day": "2026-01-01", "user": "u", "nodeHours": 500.0, "gpuHours": 500.0},
+                    {"day": "2026-03-04", "user": "u", "nodeHours": 6.0, "gpuHours": 10.0},
+                ]}},
         }))
         .expect("tenant");
-        let t = tenant_model(TenantId(0), &tenant, 2, a);
-        // node-hours (6 + 14) / 100 = 0.2; GPU-hours (10 + 20) / 40 = 0.75: the worse.
-        assert_eq!(t.usage.budget_used, Some(0.75));
-        let t = tenant_model(TenantId(0), &tenant, 2, RunningHours::default());
+        let t = tenant_model(TenantId(0), &tenant, 2, a, today);
+        // node-hours (6 + 14) / 100 = 0.2; GPU-hours (10 + 8) / 40 = 0.45: the worse.
+        assert!((t.usage.budget_used.expect("used") - 0.45).abs() < 1e-12);
+        let t = tenant_model(TenantId(0), &tenant, 2, RunningHours::default(), today);
         assert_eq!(t.usage.budget_used, Some(0.25));
+        // A week later the March 4 work has left the period too.
+        let later = today + chrono::Days::new(7);
+        let t = tenant_model(TenantId(0), &tenant, 2, RunningHours::default(), later);
+        assert_eq!(t.usage.budget_used, Some(0.0));
     }
 }

@@ -37,13 +37,14 @@ pub fn ops_of(b: &Binding) -> usize {
     2 * (1 + b.nodes.len())
 }
 
-/// Operations every binding transaction carries besides its bindings: the tenant's usage
-/// counters (a compare and a put).
-pub const TENANT_OPS: usize = 2;
+/// Operations a binding transaction may carry besides its bindings: the tenant's usage
+/// counters (a compare and a put) and, when it binds sensitive work, the cluster-wide
+/// sensitive pool (a guard on its limit, a compare and a put of its counter).
+pub const TXN_OVERHEAD_OPS: usize = 2 + 3;
 
 /// Operations of a transaction binding one allocation of `nodes` nodes.
 pub fn ops_for_nodes(nodes: usize) -> usize {
-    2 * (1 + nodes) + TENANT_OPS
+    2 * (1 + nodes) + TXN_OVERHEAD_OPS
 }
 
 /// Split one tenant's bindings into batches whose transactions stay within `max_ops`
@@ -56,11 +57,11 @@ pub fn batches<T>(
 ) -> (Vec<Vec<T>>, Vec<(T, usize)>) {
     let mut out: Vec<Vec<T>> = Vec::new();
     let mut too_large = Vec::new();
-    let mut ops = TENANT_OPS;
+    let mut ops = TXN_OVERHEAD_OPS;
     for item in bindings {
         let n = ops_of(binding(&item));
-        if n + TENANT_OPS > max_ops {
-            too_large.push((item, n + TENANT_OPS));
+        if n + TXN_OVERHEAD_OPS > max_ops {
+            too_large.push((item, n + TXN_OVERHEAD_OPS));
             continue;
         }
         match out.last_mut() {
@@ -70,7 +71,7 @@ pub fn batches<T>(
             }
             _ => {
                 out.push(vec![item]);
-                ops = TENANT_OPS + n;
+                ops = TXN_OVERHEAD_OPS + n;
             }
         }
     }
@@ -342,16 +343,16 @@ mod tests {
 
     #[test]
     fn batches_fit_the_transaction_limit_and_keep_order() {
-        // 1-node bindings take 4 ops each; 128 = 2 + 31 * 4 + 2 → 31 per batch.
+        // 1-node bindings take 4 ops each; 5 + 30 * 4 = 125 <= 128 → 30 per batch.
         let items: Vec<Binding> = (0..70).map(|_| b(1)).collect();
         let (runs, too_large) = batches(items, |x| x, 128);
         assert!(too_large.is_empty());
         assert_eq!(
             runs.iter().map(Vec::len).collect::<Vec<_>>(),
-            vec![31, 31, 8]
+            vec![30, 30, 10]
         );
         for batch in &runs {
-            let ops: usize = TENANT_OPS + batch.iter().map(ops_of).sum::<usize>();
+            let ops: usize = TXN_OVERHEAD_OPS + batch.iter().map(ops_of).sum::<usize>();
             assert!(ops <= 128, "{ops}");
         }
         // A binding larger than any transaction is set apart with what it needs.
@@ -359,6 +360,6 @@ mod tests {
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].len(), 2);
         assert_eq!(too_large.len(), 1);
-        assert_eq!(too_large[0].1, 2 * 71 + TENANT_OPS);
+        assert_eq!(too_large[0].1, 2 * 71 + TXN_OVERHEAD_OPS);
     }
 }

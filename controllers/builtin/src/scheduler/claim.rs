@@ -133,7 +133,7 @@ async fn decide(
                 walltime_s: super::adapter::walltime_s(a, Some(vc)),
                 borrowed: false,
             };
-            let ops = bind::ops_of(&b) + bind::TENANT_OPS;
+            let ops = bind::ops_of(&b) + bind::TXN_OVERHEAD_OPS;
             let max_ops = shared.backend.max_txn_ops();
             if ops > max_ops {
                 return Ok(Decision::Fail(

@@ -371,7 +371,13 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         .iter()
         .map(|t| {
             let used = running.get(t.name_any()).copied().unwrap_or_default();
-            adapter::tenant_model(TenantId(tenant_ids.id(t.name_any())), t, total_nodes, used)
+            adapter::tenant_model(
+                TenantId(tenant_ids.id(t.name_any())),
+                t,
+                total_nodes,
+                used,
+                now_t.date_naive(),
+            )
         })
         .collect();
     tenants.sort_by_key(|t| t.id);
@@ -399,7 +405,8 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
                 for v in victims {
                     let (t, n) = &inv.running_refs[v.0 as usize];
                     if let Some(victim) = allocs.get_named(Some(t), n) {
-                        request_preemption(shared, &victim, a.name_any()).await;
+                        let by = format!("{}/{}", a.namespace().unwrap_or("default"), a.name_any());
+                        request_preemption(shared, &victim, &by).await;
                         if *reclaim {
                             stats.reclaims += 1;
                         } else {
