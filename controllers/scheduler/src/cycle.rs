@@ -63,6 +63,17 @@ pub(crate) struct CycleState<'a> {
     running_nodes: Vec<Vec<u32>>,
 }
 
+/// Which nodes of a selected bucket a job takes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeOrder {
+    /// Lowest node first.
+    Plain,
+    /// GPU-to-NIC affinity, then GPU links, then memory locality.
+    MultiNodeGpu,
+    /// GPU links, then memory locality.
+    SingleNodeGpu,
+}
+
 /// Feasibility of every class for one job.
 pub(crate) struct Feasible {
     pub(crate) mask: Vec<bool>,
@@ -372,30 +383,44 @@ impl<'a> CycleState<'a> {
     }
 
     /// Remove the selected nodes from the free index (held pools first, so unreserved nodes
-    /// stay available for long backfill candidates) and mark them busy until `end`. Within a
-    /// bucket, classes with the best GPU-to-NIC affinity give their nodes first when
-    /// `nic_first` (multi-node GPU jobs: inter-node traffic leaves through those NICs).
+    /// stay available for long backfill candidates) and mark them busy until `end`.
     fn take(&mut self, feas: &Feasible, sel: &select::Selection, end: Time) -> Vec<u32> {
-        self.take_ordered(feas, sel, end, false)
+        self.take_ordered(feas, sel, end, NodeOrder::Plain)
     }
 
+    /// [`CycleState::take`], with the nodes of each selected bucket taken from the classes
+    /// that suit a GPU job best first: for multi-node GPU work the best GPU-to-NIC affinity
+    /// (inter-node traffic leaves through those NICs), then GPU links, then memory locality;
+    /// for single-node GPU work GPU links, then memory locality (the seed's intra-node
+    /// placement). Groups and fingerprints are chosen before, by topology.
     fn take_ordered(
         &mut self,
         feas: &Feasible,
         sel: &select::Selection,
         end: Time,
-        nic_first: bool,
+        order: NodeOrder,
     ) -> Vec<u32> {
-        let classes: Vec<u32> = if nic_first {
+        let classes: Vec<u32> = if order == NodeOrder::Plain {
+            feas.classes.clone()
+        } else {
             let mut c = feas.classes.clone();
-            // Stable: equal affinity keeps the classes' order.
+            let key = |k: u32| {
+                let cl = &self.cat.classes()[k as usize];
+                let nic = if order == NodeOrder::MultiNodeGpu {
+                    cl.nic_affinity
+                } else {
+                    1.0
+                };
+                (nic, cl.gpu_link_fitness, cl.memory_locality)
+            };
+            // Best first; stable, so equal classes keep their order.
             c.sort_by(|a, b| {
-                let aff = |k: &u32| self.cat.classes()[*k as usize].nic_affinity;
-                aff(b).total_cmp(&aff(a))
+                let (ka, kb) = (key(*a), key(*b));
+                kb.0.total_cmp(&ka.0)
+                    .then(kb.1.total_cmp(&ka.1))
+                    .then(kb.2.total_cmp(&ka.2))
             });
             c
-        } else {
-            feas.classes.clone()
         };
         let mut out = Vec::with_capacity(sel.total() as usize);
         for &(key, mut n) in &sel.take {
@@ -827,9 +852,12 @@ impl Scheduler {
             }
             if let Some((sel, tier)) = selection {
                 let unreserved_before = state.free_unreserved(&feas);
-                // Multi-node GPU work: GPUs next to their NICs first.
-                let nic_first = need > 1 && job.constraints.min_gpus_per_node > 0;
-                let taken = state.take_ordered(tier, &sel, end, nic_first);
+                let order = match (job.constraints.min_gpus_per_node > 0, need > 1) {
+                    (false, _) => NodeOrder::Plain,
+                    (true, true) => NodeOrder::MultiNodeGpu,
+                    (true, false) => NodeOrder::SingleNodeGpu,
+                };
+                let taken = state.take_ordered(tier, &sel, end, order);
                 let borrowed = taken
                     .iter()
                     .filter(|&&i| feas.borrowed[catalog.class_of(i) as usize])

@@ -570,10 +570,33 @@ fn multi_node_gpu_jobs_take_the_nodes_whose_gpus_sit_next_to_nics() {
         &[],
     );
     assert_eq!(plan.proposals[0].nodes, vec![NodeId(2), NodeId(3)]);
-    // A single-node job has no inter-node traffic: the lowest nodes, as ever.
+    // A single-node job has no inter-node traffic: NIC affinity does not matter to it.
     let mut one = job(2, 1, 0, 3600);
     one.constraints.min_gpus_per_node = 4;
-    let plan = cycle(SchedulerConfig::default(), views, &[], &[one], &[]);
+    let plan = cycle(
+        SchedulerConfig::default(),
+        views.clone(),
+        &[],
+        &[one.clone()],
+        &[],
+    );
+    assert_eq!(plan.proposals[0].nodes, vec![NodeId(0)]);
+    // But its GPUs' links do: node 1 has NVLink pairs only (slow across pairs), node 3 an
+    // NVSwitch; a GPU job takes the best-linked node, a CPU job the lowest.
+    let mut views = views;
+    for (i, v) in views.iter_mut().enumerate() {
+        v.nic_affinity = 1.0;
+        v.gpu_link_fitness = if i == 3 { 1.0 } else { 0.14 };
+    }
+    let plan = cycle(SchedulerConfig::default(), views.clone(), &[], &[one], &[]);
+    assert_eq!(plan.proposals[0].nodes, vec![NodeId(3)]);
+    let plan = cycle(
+        SchedulerConfig::default(),
+        views,
+        &[],
+        &[job(3, 1, 0, 3600)],
+        &[],
+    );
     assert_eq!(plan.proposals[0].nodes, vec![NodeId(0)]);
 }
 
