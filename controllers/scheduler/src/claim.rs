@@ -91,6 +91,7 @@ mod tests {
             walltime_s: 3600,
             checkpoint: CheckpointInfo::default(),
             data_readiness: None,
+            scale_up: None,
         }
     }
 

@@ -152,6 +152,49 @@ impl<'a> CycleState<'a> {
         }
     }
 
+    /// A free, unreserved node for one more node of a reactive allocation: of a feasible
+    /// class (not borrowed when `home_only`), of the fingerprint asked, not excluded; in a
+    /// group the allocation spans (in `near_groups` order), else in the group with the most
+    /// such nodes (room to grow); the lowest node of that group.
+    fn pick_scale_up_node(&self, feas: &Feasible, grow: &crate::model::ScaleUp) -> Option<u32> {
+        let mut by_group: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+        for &c in &feas.classes {
+            if grow.home_only && feas.borrowed[c as usize] {
+                continue;
+            }
+            let (a, b) = self.class_buckets[c as usize];
+            for bk in &self.buckets[a..b] {
+                if grow.fingerprint.is_some_and(|f| f != bk.key.1) {
+                    continue;
+                }
+                for &i in &bk.nodes {
+                    if !grow.exclude.contains(&self.cat.node(i).id) {
+                        by_group.entry(bk.key.0).or_default().push(i);
+                    }
+                }
+            }
+        }
+        let group = grow
+            .near_groups
+            .iter()
+            .find(|g| by_group.contains_key(g))
+            .copied()
+            .or_else(|| {
+                by_group
+                    .iter()
+                    .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(b.0.cmp(a.0)))
+                    .map(|(g, _)| *g)
+            })?;
+        by_group.get(&group)?.iter().copied().min()
+    }
+
+    /// Take the free node `i` (busy until `end`).
+    fn take_node(&mut self, i: u32, end: Time) {
+        self.unindex_free(i);
+        self.busy[i as usize] = true;
+        self.avail[i as usize] = end;
+    }
+
     /// Node indexes of `snap.running[k]`.
     pub(crate) fn running_nodes(&self, k: usize) -> &[u32] {
         &self.running_nodes[k]
@@ -817,6 +860,32 @@ impl Scheduler {
             let want = job.nodes.max.max(need).min(max_take);
             let duration = job.walltime_s.max(1);
             let end = now.saturating_add(duration);
+            if let Some(grow) = &job.scale_up {
+                // One more node of a running reactive allocation, scored in this order like
+                // any job: a free node it may use, near the groups it spans. It reserves and
+                // preempts nothing (the allocation runs already).
+                let feas = state.feasible(job);
+                match state.pick_scale_up_node(&feas, grow) {
+                    Some(i) => {
+                        state.take_node(i, end);
+                        *ledger.nodes.entry(job.tenant).or_default() += 1;
+                        let node = catalog.node(i);
+                        plan.proposals.push(Proposal {
+                            job: job.id,
+                            nodes: vec![node.id],
+                            kind: ProposalKind::ScaleUp,
+                            score: score_value,
+                            borrowed_nodes: 0,
+                            groups: 1,
+                        });
+                    }
+                    None => {
+                        let reason = diagnose(&mut state, &feas, job, end, false);
+                        explain(&mut plan, reason);
+                    }
+                }
+                continue;
+            }
             let same_fp = job.constraints.require_conformance
                 || job.sensitive
                 || cfg.kind == SchedulerKind::SensitiveReservation;
@@ -1025,7 +1094,9 @@ fn quota_check(
         return Ok(u32::MAX);
     };
     let mut max_take = u32::MAX;
-    if let Some(limit) = t.quota.max_concurrent_allocations {
+    // A scale-up adds a node to an allocation that already runs: no new allocation.
+    let new_allocation = job.scale_up.is_none();
+    if let (true, Some(limit)) = (new_allocation, t.quota.max_concurrent_allocations) {
         let current = ledger.allocations.get(&job.tenant).copied().unwrap_or(0);
         if current + 1 > limit {
             return Err(PendingReason::QuotaHeadroom {
@@ -1169,6 +1240,7 @@ mod tests {
             walltime_s: 600,
             checkpoint: CheckpointInfo::default(),
             data_readiness: None,
+            scale_up: None,
         }
     }
 

@@ -25,7 +25,7 @@
 //!     id: JobId(1), tenant: TenantId(0), vcluster: VClusterId(0),
 //!     nodes: NodeRequest::exact(2), constraints: Constraints::default(),
 //!     preemption_class: 5, sensitive: false, submit_time: 0, walltime_s: 3600,
-//!     checkpoint: CheckpointInfo::default(), data_readiness: None,
+//!     checkpoint: CheckpointInfo::default(), data_readiness: None, scale_up: None,
 //! };
 //! let snap = ClusterSnapshot { now: 10, running: &[], pending: &[job], tenants: &[], energy_price: 0.0 };
 //! let plan = Scheduler::new(SchedulerConfig::default()).cycle(&catalog, &snap);

@@ -181,6 +181,26 @@ pub struct PendingJob {
     /// Fraction of input data on the hot tier, if known.
     #[serde(default)]
     pub data_readiness: Option<f64>,
+    /// This job is one more node for a running reactive allocation (the autoscaler asked
+    /// for it): scored and placed like any job, on a node it may use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_up: Option<ScaleUp>,
+}
+
+/// Where one more node of a running reactive allocation may go.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ScaleUp {
+    /// The dragonfly groups the allocation spans: a node there first (topology).
+    pub near_groups: Vec<u32>,
+    /// Nodes it must not take: the nodes this attempt already ran on (a node given back by
+    /// a scale-down is not taken again by the same attempt).
+    pub exclude: Vec<NodeId>,
+    /// Only nodes with this conformance fingerprint (conformance-required or sensitive
+    /// work stays in its group).
+    pub fingerprint: Option<u64>,
+    /// Never a borrowed node: a lender's reclaim could not take back part of an allocation.
+    pub home_only: bool,
 }
 
 impl PendingJob {

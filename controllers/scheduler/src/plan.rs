@@ -16,6 +16,8 @@ pub enum ProposalKind {
     Backfill,
     /// Sensitive node claim (sensitive-reservation scheduler).
     Claim,
+    /// One more node for a running reactive allocation (`PendingJob::scale_up`).
+    ScaleUp,
     /// Start after the victims have checkpointed and released their nodes. `reclaim`: every
     /// victim borrowed the job's own home nodes and is being sent back.
     Preempt {

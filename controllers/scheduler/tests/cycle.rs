@@ -25,6 +25,7 @@ fn job(id: u64, n: u32, submit: i64, wall: i64) -> PendingJob {
         walltime_s: wall,
         checkpoint: CheckpointInfo::default(),
         data_readiness: None,
+        scale_up: None,
     }
 }
 
@@ -598,6 +599,64 @@ fn multi_node_gpu_jobs_take_the_nodes_whose_gpus_sit_next_to_nics() {
         &[],
     );
     assert_eq!(plan.proposals[0].nodes, vec![NodeId(0)]);
+}
+
+#[test]
+fn a_reactive_scale_up_is_scored_and_placed_like_any_job() {
+    // Groups 0 (nodes 0-1) and 1 (nodes 2-3). The allocation runs in group 1 and already
+    // ran on node 2 this attempt: its next node is 3, although 0 is lower.
+    let mut grow = job(7, 1, 0, 3600);
+    grow.scale_up = Some(ScaleUp {
+        near_groups: vec![1],
+        exclude: vec![NodeId(2)],
+        fingerprint: None,
+        home_only: true,
+    });
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(4, 2),
+        &[],
+        &[grow.clone()],
+        &[],
+    );
+    assert_eq!(plan.proposals[0].kind, ProposalKind::ScaleUp);
+    assert_eq!(plan.proposals[0].nodes, vec![NodeId(3)]);
+    // Node 3 busy: no node near it, so the group with the most free nodes (group 0).
+    let run = [running(10, 3..4, 900, 36_000, 5)];
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(4, 2),
+        &run,
+        &[grow.clone()],
+        &[],
+    );
+    assert_eq!(plan.proposals[0].nodes, vec![NodeId(0)]);
+    // Scored like any job: one free node, and a higher-class job wants it first.
+    let run = [
+        running(10, 0..2, 900, 36_000, 9),
+        running(11, 2..3, 900, 36_000, 9),
+    ];
+    let mut urgent = job(8, 1, 0, 3600);
+    urgent.preemption_class = 9;
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(4, 2),
+        &run,
+        &[grow.clone(), urgent],
+        &[],
+    );
+    assert_eq!(plan.proposals.len(), 1);
+    assert_eq!(plan.proposals[0].job, JobId(8));
+    assert!(matches!(
+        reason(&plan, 7),
+        PendingReason::NodesOccupied { .. }
+    ));
+    // A node of another fingerprint is never added to a conformance-bound allocation.
+    if let Some(g) = grow.scale_up.as_mut() {
+        g.fingerprint = Some(5);
+    }
+    let plan = cycle(SchedulerConfig::default(), nodes(4, 2), &[], &[grow], &[]);
+    assert!(plan.proposals.is_empty());
 }
 
 #[test]

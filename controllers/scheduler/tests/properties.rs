@@ -111,6 +111,7 @@ fn build_jobs(spec: &[JobSpec]) -> Vec<PendingJob> {
                     estimated_minutes: 2.0,
                 },
                 data_readiness: None,
+                scale_up: None,
             },
         )
         .collect()

@@ -118,6 +118,7 @@ fn empty_to_full_first_cycle_fills_the_cluster() {
             walltime_s: j.estimate,
             checkpoint: j.checkpoint,
             data_readiness: None,
+            scale_up: None,
         })
         .collect();
     let snap = ClusterSnapshot {

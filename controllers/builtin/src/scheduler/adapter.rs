@@ -397,6 +397,60 @@ pub fn protect_home_services(inv: &mut Inventory, home_only: &HashSet<VClusterId
     }
 }
 
+/// The request for one more node of the running reactive allocation `a` (the autoscaler
+/// raised `status.scale.desiredNodes`), as a job the core scores and places like any other:
+/// one node of the allocation's kind, near the dragonfly groups it spans (most of its nodes
+/// first), never a node this attempt already ran on (a node given back by a scale-down is
+/// not taken again by the same attempt), within its conformance group when it needs one,
+/// and never borrowed (a lender's reclaim could not take back part of an allocation).
+pub fn scale_up_job(
+    id: JobId,
+    a: &Allocation,
+    tenant: TenantId,
+    vcluster: VClusterId,
+    vc: &VCluster,
+    now: i64,
+    inv: &Inventory,
+) -> PendingJob {
+    let mut job = pending_job(id, a, tenant, vcluster, Some(vc), now);
+    job.nodes = NodeRequest { min: 1, max: 1 };
+    let st = a.status.as_ref();
+    let index = |name: &str| inv.names.iter().position(|n| n == name);
+    let assigned: Vec<usize> = st
+        .map(|s| s.assigned_nodes.iter().filter_map(|n| index(n)).collect())
+        .unwrap_or_default();
+    let mut spans: BTreeMap<u32, usize> = BTreeMap::new();
+    for &i in &assigned {
+        *spans.entry(inv.views[i].topology_group).or_default() += 1;
+    }
+    let mut near: Vec<(u32, usize)> = spans.into_iter().collect();
+    near.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+    let exclude = st
+        .map(|s| {
+            s.node_states
+                .keys()
+                .chain(&s.assigned_nodes)
+                .chain(&s.releasing_nodes)
+                .filter_map(|n| index(n).map(|i| NodeId(i as u32)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let fingerprint = (job.constraints.require_conformance || job.sensitive)
+        .then(|| {
+            assigned
+                .first()
+                .map(|&i| inv.views[i].conformance_fingerprint)
+        })
+        .flatten();
+    job.scale_up = Some(lattice_scheduler::ScaleUp {
+        near_groups: near.into_iter().map(|(g, _)| g).collect(),
+        exclude,
+        fingerprint,
+        home_only: true,
+    });
+    job
+}
+
 /// Victims still stopping (they hold their nodes, annotated `lattice.dev/preempt-requested`
 /// with the preemptor's `tenant/name`) are marked with the pending job they stop for, so the
 /// cycle lets that job wait for their nodes instead of preempting more (a preemption takes
@@ -513,6 +567,7 @@ pub fn pending_job(
         walltime_s: walltime_s(a, vc).map(|w| w as i64).unwrap_or(UNBOUNDED_S),
         checkpoint: checkpoint(a),
         data_readiness: None,
+        scale_up: None,
     }
 }
 

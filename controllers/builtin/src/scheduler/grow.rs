@@ -1,20 +1,18 @@
 //! Scale-up of reactive allocations: when the autoscaler raised `status.scale.desiredNodes`
 //! above the allocation's node count, the vCluster's scheduler adds one node per cycle as
-//! a regular proposal: the node passes the allocation's filters (the same catalog the
-//! core uses), and one guarded transaction compares the allocation, the node and the
-//! tenant, and writes the node's owner, the tenant's usage (a scale-up that would exceed
-//! `maxNodes` is a no-op: the allocation keeps its size and says why) and the allocation's
-//! `assignedNodes`. The node's agent then starts the allocation there.
+//! a regular proposal: the core scores and places the request like any job
+//! (`PendingJob::scale_up`, [`super::adapter::scale_up_job`]), and one guarded transaction
+//! compares the allocation, the node and the tenant, and writes the node's owner, the
+//! tenant's usage (a scale-up that would exceed `maxNodes` is a no-op: the allocation keeps
+//! its size and says why) and the allocation's `assignedNodes`. The node's agent then
+//! starts the allocation there.
 
-use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use lattice_apis::kinds::node::NodeOwner;
 use lattice_apis::lifecycle;
 use lattice_apis::{Allocation, AllocationPhase, LifecycleType, Node, Tenant};
 use lattice_runtime::ResourceExt;
-use lattice_scheduler::catalog::{FilterOutcome, NodeCatalog};
-use lattice_scheduler::{NodeId, NodeRequest, PendingJob};
 use lattice_store::KvBackend;
 
 use crate::allocations::USER_ANNOTATION;
@@ -42,65 +40,6 @@ pub fn wants_node(a: &Allocation) -> bool {
         && st.scale.as_ref().is_some_and(|s| {
             (s.desired_nodes as usize) > st.assigned_nodes.len() && st.assigned_nodes.len() < max
         })
-}
-
-/// A free node for one more node of `job` (asking for one node): never a borrowed node (a
-/// lender's reclaim could not take back part of an allocation; the seed's minimum
-/// guarantee comes from the home vCluster) and, when `fingerprint` is given (conformance
-/// required, or sensitive work), only nodes with that fingerprint. `taken`: nodes held by
-/// running work, and nodes the allocation already ran on in this attempt (their agents
-/// finished that run: a node given back by a scale-down is not taken again by the same
-/// attempt). Topology as for any placement: a node in a dragonfly group the allocation
-/// already spans (the one holding most of its nodes first), else in the group with the most
-/// such free nodes (room to grow on); the lowest node of that group. O(nodes): the filters
-/// run once per node class.
-pub fn pick_node(
-    cat: &NodeCatalog,
-    job: &PendingJob,
-    taken: &HashSet<NodeId>,
-    fingerprint: Option<u64>,
-    current: &[NodeId],
-) -> Option<(NodeId, bool)> {
-    let mut one = job.clone();
-    one.nodes = NodeRequest { min: 1, max: 1 };
-    // Free nodes that fit, per group, in catalog order.
-    let mut by_group: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for (c, class) in cat.classes().iter().enumerate() {
-        if !matches!(
-            cat.filter(c as u32, &one),
-            FilterOutcome::Feasible { borrowed: false }
-        ) {
-            continue;
-        }
-        for &i in &class.members {
-            let view = cat.node(i);
-            if taken.contains(&view.id)
-                || fingerprint.is_some_and(|f| view.conformance_fingerprint != f)
-            {
-                continue;
-            }
-            by_group.entry(view.topology_group).or_default().push(i);
-        }
-    }
-    let mut spans: BTreeMap<u32, usize> = BTreeMap::new();
-    for id in current {
-        if let Some(i) = cat.index_of(*id) {
-            *spans.entry(cat.node(i).topology_group).or_default() += 1;
-        }
-    }
-    let group = spans
-        .iter()
-        .filter(|(g, _)| by_group.contains_key(g))
-        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
-        .map(|(g, _)| *g)
-        .or_else(|| {
-            by_group
-                .iter()
-                .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(b.0.cmp(a.0)))
-                .map(|(g, _)| *g)
-        })?;
-    let i = by_group.get(&group)?.iter().copied().min()?;
-    Some((cat.node(i).id, false))
 }
 
 /// Outcome of one scale-up transaction.
@@ -292,67 +231,5 @@ mod tests {
             .annotations
             .insert(lifecycle::CANCEL_ANNOTATION.into(), "true".into());
         assert!(!wants_node(&a));
-    }
-
-    fn node(i: u32, group: u32) -> lattice_scheduler::NodeView {
-        let mut v = lattice_scheduler::NodeView::slot(i);
-        v.topology_group = group;
-        v
-    }
-
-    fn one_node_job() -> PendingJob {
-        PendingJob {
-            id: lattice_scheduler::JobId(1),
-            tenant: lattice_scheduler::TenantId(0),
-            vcluster: lattice_scheduler::VClusterId(0),
-            nodes: NodeRequest::exact(1),
-            constraints: Default::default(),
-            preemption_class: 5,
-            sensitive: false,
-            submit_time: 0,
-            walltime_s: 3600,
-            checkpoint: Default::default(),
-            data_readiness: None,
-        }
-    }
-
-    #[test]
-    fn a_scale_up_stays_in_the_groups_it_spans() {
-        // Group 0: nodes 0-3, group 1: nodes 4-9, group 2: nodes 10-11.
-        let views: Vec<_> = (0..12)
-            .map(|i| {
-                node(
-                    i,
-                    if i < 4 {
-                        0
-                    } else if i < 10 {
-                        1
-                    } else {
-                        2
-                    },
-                )
-            })
-            .collect();
-        let cat = NodeCatalog::new(views);
-        let job = one_node_job();
-        let ids = |v: &[u32]| v.iter().map(|&i| NodeId(i)).collect::<Vec<_>>();
-        // Running on 10 (group 2): the other node of group 2, not the lowest node overall.
-        let current = ids(&[10]);
-        let taken: HashSet<NodeId> = current.iter().copied().collect();
-        assert_eq!(
-            pick_node(&cat, &job, &taken, None, &current),
-            Some((NodeId(11), false))
-        );
-        // Group 2 full: most of its nodes... it spans nothing else, so the group with the
-        // most free nodes (group 1).
-        let taken: HashSet<NodeId> = ids(&[10, 11]).into_iter().collect();
-        assert_eq!(
-            pick_node(&cat, &job, &taken, None, &ids(&[10, 11])),
-            Some((NodeId(4), false))
-        );
-        // Nothing free that fits: none; a fingerprint no node has: none.
-        let all: HashSet<NodeId> = (0..12).map(NodeId).collect();
-        assert_eq!(pick_node(&cat, &job, &all, None, &[]), None);
-        assert_eq!(pick_node(&cat, &job, &HashSet::new(), Some(7), &[]), None);
     }
 }

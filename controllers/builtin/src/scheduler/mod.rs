@@ -268,18 +268,9 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         now_s,
     );
     stats.running = inv.running.iter().filter(|r| r.vcluster == self_id).count();
-    // Reactive allocations the autoscaler wants bigger: one node each per cycle.
-    grow_reactive(
-        shared,
-        key,
-        &vc,
-        self_id,
-        &mut inv,
-        &mut tenant_ids,
-        now_s,
-        &mut stats,
-    )
-    .await?;
+    // Reactive allocations the autoscaler wants bigger: one node each per cycle, placed by
+    // the core like any job (`PendingJob::scale_up`), after the queue below.
+    let growing = growing_here(shared, key);
 
     // The queue of this vCluster; a queued allocation whose vCluster is missing gets told.
     let mut queued: Vec<Arc<Allocation>> = Vec::new();
@@ -330,11 +321,21 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         let msg = too_large_message(n, bind::ops_for_nodes(n), max_ops);
         explain(shared, a, "too_large_for_one_transaction", &msg).await;
     }
-    let pending: Vec<lattice_scheduler::PendingJob> = queued
+    let mut pending: Vec<lattice_scheduler::PendingJob> = queued
         .iter()
         .enumerate()
         .map(|(i, a)| job_of(i, a))
         .collect();
+    // Scale-ups follow the queue: job ids from `queued.len()` on are `growing`'s.
+    for (k, a) in growing.iter().enumerate() {
+        let t = TenantId(tenant_ids.id(a.namespace().unwrap_or("default")));
+        let id = JobId((queued.len() + k) as u64);
+        pending.push(adapter::scale_up_job(id, a, t, self_id, &vc, now_s, &inv));
+    }
+    let name_of = |job: JobId| -> Option<&Arc<Allocation>> {
+        let i = job.0 as usize;
+        queued.get(i).or_else(|| growing.get(i - queued.len()))
+    };
     adapter::mark_preemptors(&mut inv, &queued, |t, n| allocs.get_named(Some(t), n));
     let home_only: HashSet<VClusterId> = vclusters_all
         .iter()
@@ -398,9 +399,17 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     // Bindings, batched per tenant: one transaction per tenant per cycle, split where a
     // batch would exceed the store's operations per transaction.
     let mut by_tenant: BTreeMap<String, Vec<(Binding, bool)>> = BTreeMap::new();
+    let vcluster_label = format!("{}/{}", key.0, key.1);
     for p in &plan.proposals {
-        let a = &queued[p.job.0 as usize];
+        let Some(a) = name_of(p.job) else { continue };
         match &p.kind {
+            ProposalKind::ScaleUp => {
+                let Some(node_id) = p.nodes.first() else {
+                    continue;
+                };
+                let node = inv.names[node_id.0 as usize].clone();
+                scale_up(shared, a, &node, &vcluster_label, &mut stats).await?;
+            }
             ProposalKind::Preempt { victims, reclaim } => {
                 for v in victims {
                     let (t, n) = &inv.running_refs[v.0 as usize];
@@ -489,12 +498,12 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
 
     // Every allocation left in the queue carries a reason.
     for e in &plan.pending {
-        let a = &queued[e.job.0 as usize];
+        let Some(a) = name_of(e.job) else { continue };
         let code = reason_code(&e.reason);
         let msg = match &e.reason {
             PendingReason::WaitingBehind { job } => format!(
                 "waiting behind {} (strict FIFO)",
-                queued[job.0 as usize].name_any()
+                name_of(*job).map_or("an earlier job", |b| b.name_any())
             ),
             // An absolute time: the message stays the same from cycle to cycle.
             PendingReason::Reserved { start } => format!(
@@ -505,25 +514,19 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
             ),
             other => other.to_string(),
         };
-        explain(shared, a, code, &msg).await;
+        if e.job.0 as usize >= queued.len() {
+            // A scale-up that waits: the running allocation's scale status says why.
+            scale_message(shared, a, &format!("scale-up waits: {msg}")).await;
+        } else {
+            explain(shared, a, code, &msg).await;
+        }
     }
     Ok(stats)
 }
 
-/// Adds one node to each running reactive allocation of this vCluster whose
-/// `status.scale.desiredNodes` is above its node count (see [`grow`]). A node it takes is
-/// marked taken in `inv` so the same cycle's plan does not place work on it.
-#[allow(clippy::too_many_arguments)]
-async fn grow_reactive(
-    shared: &Shared,
-    key: &VClusterKey,
-    vc: &VCluster,
-    self_id: lattice_scheduler::VClusterId,
-    inv: &mut adapter::Inventory,
-    tenant_ids: &mut Interner,
-    now_s: i64,
-    stats: &mut CycleStats,
-) -> anyhow::Result<()> {
+/// The running reactive allocations of this vCluster whose `status.scale.desiredNodes` is
+/// above their node count (see [`grow`]), in name order.
+fn growing_here(shared: &Shared, key: &VClusterKey) -> Vec<Arc<Allocation>> {
     let vclusters_all = shared.vclusters.state();
     let exists = |k: &VClusterKey| {
         vclusters_all
@@ -536,87 +539,32 @@ async fn grow_reactive(
         .into_iter()
         .filter(|a| adapter::resolve_vcluster(a, exists).as_ref() == Ok(key))
         .collect();
-    if growing.is_empty() {
-        return Ok(());
-    }
     growing.sort_by(|a, b| (a.namespace(), a.name_any()).cmp(&(b.namespace(), b.name_any())));
-    let vcluster = format!("{}/{}", key.0, key.1);
-    let catalog = NodeCatalog::new(inv.views.clone());
-    for a in growing {
-        let tenant = a.namespace().unwrap_or("default").to_string();
-        let t = TenantId(tenant_ids.id(&tenant));
-        let job = adapter::pending_job(JobId(u64::MAX), &a, t, self_id, Some(vc), now_s);
-        let ran_here = a.status.as_ref().map(|s| &s.node_states);
-        let busy: HashSet<lattice_scheduler::NodeId> = inv
-            .running
-            .iter()
-            .flat_map(|r| r.nodes.iter().copied())
-            .collect();
-        let mut taken = busy.clone();
-        taken.extend(
-            inv.names
-                .iter()
-                .enumerate()
-                .filter(|(_, n)| ran_here.is_some_and(|m| m.contains_key(*n)))
-                .map(|(i, _)| lattice_scheduler::NodeId(i as u32)),
-        );
-        let current: Vec<lattice_scheduler::NodeId> = inv
-            .running_refs
-            .iter()
-            .position(|(t, n)| *t == tenant && n == a.name_any())
-            .map(|i| inv.running[i].nodes.clone())
-            .unwrap_or_default();
-        // Conformance-required and sensitive work stays within one conformance group:
-        // the one of the nodes it already has.
-        let fingerprint = (job.constraints.require_conformance || job.sensitive)
-            .then(|| {
-                let first = a.status.as_ref()?.assigned_nodes.first()?;
-                let i = inv.names.iter().position(|n| n == first)?;
-                Some(inv.views[i].conformance_fingerprint)
-            })
-            .flatten();
-        let Some((node_id, borrowed)) =
-            grow::pick_node(&catalog, &job, &taken, fingerprint, &current)
-        else {
-            let msg = if grow::pick_node(&catalog, &job, &busy, fingerprint, &current).is_some() {
-                "scale-up waits: the free nodes that fit already ran this attempt of the \
-                 allocation (a node given back is not reused until the allocation is requeued)"
-            } else {
-                "scale-up waits: no free home node passes the allocation's constraints"
-            };
-            scale_message(shared, &a, msg).await;
-            continue;
-        };
-        let node = inv.names[node_id.0 as usize].clone();
-        match grow::grow(
-            &shared.backend,
-            &tenant,
-            a.name_any(),
-            &node,
-            &vcluster,
-            borrowed,
-        )
-        .await?
-        {
-            grow::GrowOutcome::Grown => {
-                stats.bound += 1;
-                tracing::info!(allocation = %format!("{tenant}/{}", a.name_any()), %node, "reactive allocation scaled up");
-                let me = inv
-                    .running_refs
-                    .iter()
-                    .position(|(t, n)| *t == tenant && n == a.name_any());
-                if let Some(i) = me {
-                    inv.running[i].nodes.push(node_id);
-                }
-            }
-            grow::GrowOutcome::Quota(msg) => scale_message(shared, &a, &msg).await,
-            grow::GrowOutcome::Conflict(why) => {
-                stats.conflicts += 1;
-                stats.retry_soon = true;
-                tracing::debug!(allocation = %a.name_any(), %why, "scale-up lost a race; retrying next cycle");
-            }
-            grow::GrowOutcome::Stale => {}
+    growing
+}
+
+/// Add `node`, which the core chose for it, to the reactive allocation `a` in one guarded
+/// transaction (see [`grow::grow`]).
+async fn scale_up(
+    shared: &Shared,
+    a: &Allocation,
+    node: &str,
+    vcluster: &str,
+    stats: &mut CycleStats,
+) -> anyhow::Result<()> {
+    let tenant = a.namespace().unwrap_or("default");
+    match grow::grow(&shared.backend, tenant, a.name_any(), node, vcluster, false).await? {
+        grow::GrowOutcome::Grown => {
+            stats.bound += 1;
+            tracing::info!(allocation = %format!("{tenant}/{}", a.name_any()), %node, "reactive allocation scaled up");
         }
+        grow::GrowOutcome::Quota(msg) => scale_message(shared, a, &msg).await,
+        grow::GrowOutcome::Conflict(why) => {
+            stats.conflicts += 1;
+            stats.retry_soon = true;
+            tracing::debug!(allocation = %a.name_any(), %why, "scale-up lost a race; retrying next cycle");
+        }
+        grow::GrowOutcome::Stale => {}
     }
     Ok(())
 }

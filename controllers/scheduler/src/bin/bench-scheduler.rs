@@ -85,6 +85,7 @@ fn workload(pending: usize, nodes: u32, seed: u64) -> (Vec<RunningJob>, Vec<Pend
                 walltime_s: 600 + rng.range(0, 86_400) as i64,
                 checkpoint: CheckpointInfo::default(),
                 data_readiness: None,
+                scale_up: None,
             }
         })
         .collect();

@@ -320,6 +320,7 @@ fn pending_job(j: &SimJob, estimate: i64, submit: Time) -> PendingJob {
         walltime_s: estimate.max(1),
         checkpoint: j.checkpoint,
         data_readiness: None,
+        scale_up: None,
     }
 }
 
