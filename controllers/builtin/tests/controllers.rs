@@ -2027,54 +2027,16 @@ async fn global_symbol_writers_must_be_instance_owners() {
         .await;
 }
 
-/// Simulated agents that take `stop_after` to stop work asked to stop (a checkpoint's
-/// time), and otherwise run everything until stopped.
-fn slow_stopping_runner(
-    env: &Env,
-    tenant: &str,
-    stop_after: Duration,
-) -> tokio::task::JoinHandle<()> {
-    let api: Api<Allocation> = Api::namespaced(env.client.clone(), tenant);
-    tokio::spawn(async move {
-        let mut stopping: HashMap<(String, u32), tokio::time::Instant> = HashMap::new();
-        loop {
-            if let Ok(list) = api.list(&ListParams::default()).await {
-                for a in list.items {
-                    let st = a.status.clone().unwrap_or_default();
-                    let name = a.name_any().to_string();
-                    let stop = st.assigned_nodes.iter().any(|n| {
-                        matches!(
-                            lifecycle::should_run(&a, n, st.attempt),
-                            lifecycle::RunDecision::Stop(_)
-                        )
-                    });
-                    match st.phase {
-                        AllocationPhase::Staging => {
-                            report_all(&api, &name, NodeTaskPhase::Running, None).await;
-                        }
-                        AllocationPhase::Running if stop => {
-                            let since = *stopping
-                                .entry((name.clone(), st.attempt))
-                                .or_insert_with(tokio::time::Instant::now);
-                            if since.elapsed() >= stop_after {
-                                report_all(&api, &name, NodeTaskPhase::Failed, None).await;
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preemptor_waits_for_its_victim_instead_of_preempting_more() {
     // Three class-1 jobs fill three nodes; a class-8 job needs one. Its victim takes 3 s to
     // stop (several 1-s cycles): exactly one victim is asked, the others run on.
     let (env, _hb) = cluster(&["n1", "n2", "n3"]).await;
-    let _runner = slow_stopping_runner(&env, "t1", Duration::from_secs(3));
+    let plans = Plans::default();
+    for name in ["low-0", "low-1", "low-2", "urgent"] {
+        plans.set(name, Run::Hold);
+    }
+    let _runner = scripted_runner_stopping_after(&env, "t1", plans, Duration::from_secs(3));
     for i in 0..3 {
         env.submit(
             "t1",

@@ -386,16 +386,7 @@ impl<'a> CycleState<'a> {
                 }
             }
         }
-        if let Some(end) = end {
-            for h in self.held.iter().filter(|h| h.start >= end) {
-                for &i in &h.nodes {
-                    if feas.mask[self.cat.class_of(i) as usize] {
-                        let n = self.cat.node(i);
-                        out.push(((n.topology_group, n.conformance_fingerprint), 1));
-                    }
-                }
-            }
-        }
+        out.extend(self.held_extra(feas, end));
         merge_counts(out)
     }
 

@@ -190,36 +190,25 @@ impl SetIndex {
     /// fingerprint and is not bin-packed (`min` ≥ 1).
     pub(crate) fn select(&self, extra: &[BucketCount], min: u32, max: u32) -> Option<Selection> {
         let touched = self.touched(extra);
-        let is_touched = |g: u32| touched.iter().any(|v| v.group == g);
-        // One group suffices: the one whose largest fingerprint bucket covers the job with
-        // the least to spare, else the smallest sufficient group (lowest group on ties).
-        let conformant = self
-            .by_fp_max
-            .range((min, 0)..)
-            .find(|(_, g)| !is_touched(*g))
-            .copied()
-            .into_iter()
-            .chain(
-                touched
-                    .iter()
-                    .filter(|v| v.fp_max >= min)
-                    .map(|v| (v.fp_max, v.group)),
-            )
-            .min();
-        let single = conformant.or_else(|| {
-            self.by_total
-                .range((min, 0)..)
-                .find(|(_, g)| !is_touched(*g))
+        // The smallest (value, group) with value ≥ min, from an ordered set of the untouched
+        // groups and the touched groups' combined values.
+        let smallest_from = |set: &BTreeSet<(u32, u32)>, value: fn(&GroupView) -> u32| {
+            set.range((min, 0)..)
+                .find(|(_, g)| !touched.iter().any(|v| v.group == *g))
                 .copied()
                 .into_iter()
                 .chain(
                     touched
                         .iter()
-                        .filter(|v| v.total >= min)
-                        .map(|v| (v.total, v.group)),
+                        .map(|v| (value(v), v.group))
+                        .filter(|(x, _)| *x >= min),
                 )
                 .min()
-        });
+        };
+        // One group suffices: the one whose largest fingerprint bucket covers the job with
+        // the least to spare, else the smallest sufficient group (lowest group on ties).
+        let single = smallest_from(&self.by_fp_max, |v| v.fp_max)
+            .or_else(|| smallest_from(&self.by_total, |v| v.total));
         let chosen: Vec<u32> = match single {
             Some((_, g)) => vec![g],
             None => {

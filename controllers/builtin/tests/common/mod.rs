@@ -427,9 +427,21 @@ pub async fn report_all(
 
 /// Simulated agents following `plans`.
 pub fn scripted_runner(env: &Env, tenant: &str, plans: Plans) -> tokio::task::JoinHandle<()> {
+    scripted_runner_stopping_after(env, tenant, plans, Duration::ZERO)
+}
+
+/// Simulated agents following `plans` that take `stop_after` to stop work asked to stop
+/// (a checkpoint's time, for preemption tests).
+pub fn scripted_runner_stopping_after(
+    env: &Env,
+    tenant: &str,
+    plans: Plans,
+    stop_after: Duration,
+) -> tokio::task::JoinHandle<()> {
     let api: Api<Allocation> = Api::namespaced(env.client.clone(), tenant);
     tokio::spawn(async move {
         let mut since: HashMap<(String, u32), tokio::time::Instant> = HashMap::new();
+        let mut stopping: HashMap<(String, u32), tokio::time::Instant> = HashMap::new();
         loop {
             if let Ok(list) = api.list(&ListParams::default()).await {
                 for a in list.items {
@@ -451,7 +463,12 @@ pub fn scripted_runner(env: &Env, tenant: &str, plans: Plans) -> tokio::task::Jo
                                 .or_insert_with(tokio::time::Instant::now);
                             match plans.get(&name) {
                                 _ if stop => {
-                                    report_all(&api, &name, NodeTaskPhase::Failed, None).await
+                                    let asked = *stopping
+                                        .entry((name.clone(), st.attempt))
+                                        .or_insert_with(tokio::time::Instant::now);
+                                    if asked.elapsed() >= stop_after {
+                                        report_all(&api, &name, NodeTaskPhase::Failed, None).await
+                                    }
                                 }
                                 Run::Exit(code, after) if t0.elapsed() >= after => {
                                     report_all(&api, &name, NodeTaskPhase::Succeeded, Some(code))
