@@ -110,19 +110,29 @@ impl<'a> CycleState<'a> {
                 class_buckets.push((first, first));
                 continue;
             }
+            // Members are sorted by (group, fingerprint, id): a bucket's nodes are adjacent,
+            // so a bucket is looked up once, not once per node.
+            let mut current: Option<((u32, u64), usize)> = None;
             for &i in &class.members {
                 if busy[i as usize] {
                     continue;
                 }
                 let node = cat.node(i);
                 let key = (node.topology_group, node.conformance_fingerprint);
-                let b = *bucket_of.entry((c as u32, key)).or_insert_with(|| {
-                    buckets.push(Bucket {
-                        key,
-                        nodes: Vec::new(),
-                    });
-                    buckets.len() - 1
-                });
+                let b = match current {
+                    Some((k, b)) if k == key => b,
+                    _ => {
+                        let b = *bucket_of.entry((c as u32, key)).or_insert_with(|| {
+                            buckets.push(Bucket {
+                                key,
+                                nodes: Vec::new(),
+                            });
+                            buckets.len() - 1
+                        });
+                        current = Some((key, b));
+                        b
+                    }
+                };
                 buckets[b].nodes.push(i);
                 class_free[c] += 1;
             }
