@@ -246,6 +246,27 @@ pub struct RunningJob {
 }
 
 impl RunningJob {
+    /// A running job on `nodes` with neutral attributes (class 5, no checkpoint, started at
+    /// 0, an hour of walltime, nothing special going on), to adjust field by field.
+    pub fn new(id: JobId, tenant: TenantId, vcluster: VClusterId, nodes: Vec<NodeId>) -> Self {
+        RunningJob {
+            id,
+            tenant,
+            vcluster,
+            nodes,
+            preemption_class: 5,
+            sensitive: false,
+            start_time: 0,
+            walltime_s: 3600,
+            checkpoint: CheckpointInfo::default(),
+            last_checkpoint: None,
+            gpus_per_node: 0,
+            checkpointing: false,
+            preempted_for: None,
+            home_protected: false,
+        }
+    }
+
     pub fn expected_end(&self) -> Time {
         self.start_time + self.walltime_s.max(0)
     }

@@ -718,21 +718,13 @@ mod tests {
             v.owner.home = home;
             v
         };
-        let job = |id: u64, vc: VClusterId, nodes: &[u32]| RunningJob {
-            id: JobId(id),
-            tenant: TenantId(0),
-            vcluster: vc,
-            nodes: nodes.iter().map(|&n| NodeId(n)).collect(),
-            preemption_class: 1,
-            sensitive: false,
-            start_time: 0,
-            walltime_s: 3600,
-            checkpoint: CheckpointInfo::default(),
-            last_checkpoint: None,
-            gpus_per_node: 0,
-            checkpointing: false,
-            preempted_for: None,
-            home_protected: false,
+        let job = |id: u64, vc: VClusterId, nodes: &[u32]| {
+            RunningJob::new(
+                JobId(id),
+                TenantId(0),
+                vc,
+                nodes.iter().map(|&n| NodeId(n)).collect(),
+            )
         };
         let mut inv = Inventory {
             views: vec![view(0, Some(svc_id)), view(1, Some(other)), view(2, None)],
@@ -763,20 +755,14 @@ mod tests {
             v
         };
         let job = |nodes: &[u32], start: i64| RunningJob {
-            id: JobId(0),
-            tenant: TenantId(0),
-            vcluster: VClusterId(0),
-            nodes: nodes.iter().map(|&n| NodeId(n)).collect(),
-            preemption_class: 5,
-            sensitive: false,
             start_time: start,
             walltime_s: 36_000,
-            checkpoint: CheckpointInfo::default(),
-            last_checkpoint: None,
-            gpus_per_node: 0,
-            checkpointing: false,
-            preempted_for: None,
-            home_protected: false,
+            ..RunningJob::new(
+                JobId(0),
+                TenantId(0),
+                VClusterId(0),
+                nodes.iter().map(|&n| NodeId(n)).collect(),
+            )
         };
         let now = 100 * 3600;
         let inv = Inventory {
