@@ -136,16 +136,20 @@ fn nvml_links(nvml: &nvml_wrapper::Nvml, count: u32) -> GpuTopology {
     // NVLink 4 (H100): 25 GB/s per direction and link.
     const NVLINK_GBPS: f64 = 50.0;
     const MAX_LINKS: u32 = 18;
-    let devices: Vec<_> = (0..count)
-        .filter_map(|i| nvml.device_by_index(i).ok())
-        .collect();
+    // Indexed by GPU index: a device NVML cannot open leaves a hole, not a shift.
+    let devices: Vec<Option<_>> = (0..count).map(|i| nvml.device_by_index(i).ok()).collect();
     let bus: Vec<Option<String>> = devices
         .iter()
-        .map(|d| d.pci_info().ok().map(|p| p.bus_id.to_lowercase()))
+        .map(|d| {
+            d.as_ref()
+                .and_then(|d| d.pci_info().ok())
+                .map(|p| p.bus_id.to_lowercase())
+        })
         .collect();
     let mut peer_links: BTreeMap<(u32, u32), u32> = BTreeMap::new();
     let mut switch_links: BTreeMap<u32, u32> = BTreeMap::new();
     for (a, dev) in devices.iter().enumerate() {
+        let Some(dev) = dev else { continue };
         for l in 0..MAX_LINKS {
             let link = dev.link_wrapper_for(l);
             if !link.is_active().unwrap_or(false) {
@@ -170,7 +174,10 @@ fn nvml_links(nvml: &nvml_wrapper::Nvml, count: u32) -> GpuTopology {
             } else if let (Some(x), Some(y)) = (switch_links.get(&a), switch_links.get(&b)) {
                 (GpuLinkType::NvSwitch, f64::from(*x.min(y)) * NVLINK_GBPS)
             } else {
-                let (Some(da), Some(db)) = (devices.get(a as usize), nvml.device_by_index(b).ok())
+                // `topology_common_ancestor` takes the other device by value (and
+                // `Device` is not `Clone`): open it again.
+                let (Some(Some(da)), Some(db)) =
+                    (devices.get(a as usize), nvml.device_by_index(b).ok())
                 else {
                     continue;
                 };

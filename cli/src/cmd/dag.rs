@@ -39,36 +39,31 @@ pub fn manifest_of(source: &str, def: &DagDef) -> Result<(Value, usize), CliErro
         max_dag_size: usize::MAX,
         ..Limits::default()
     };
-    if let Err(errs) = validate(def, &limits) {
-        let mut it = errs.0.iter();
-        let first = it.next();
-        let label = match &def.name {
-            Some(n) => format!("DAG {n:?}"),
-            None if source == "-" => "DAG from stdin".to_string(),
-            None => format!("DAG {source}"),
-        };
-        let mut e = CliError::new(
-            format!("{label} rejected"),
-            first.map(|f| f.message()).unwrap_or_default(),
-        );
-        for more in it {
-            e = e.detail(format!("also: {}", more.message()));
+    let validated = match validate(def, &limits) {
+        Ok(v) => v,
+        Err(errs) => {
+            let mut it = errs.0.iter();
+            let first = it.next();
+            let label = match &def.name {
+                Some(n) => format!("DAG {n:?}"),
+                None if source == "-" => "DAG from stdin".to_string(),
+                None => format!("DAG {source}"),
+            };
+            let mut e = CliError::new(
+                format!("{label} rejected"),
+                first.map(|f| f.message()).unwrap_or_default(),
+            );
+            for more in it {
+                e = e.detail(format!("also: {}", more.message()));
+            }
+            if let Some(f) = first {
+                e = e.hint(f.hint());
+            }
+            return Err(e);
         }
-        if let Some(f) = first {
-            e = e.hint(f.hint());
-        }
-        return Err(e);
-    }
+    };
     // Allocations, as the server counts them for its size limit: a task group's elements each.
-    let allocations = def
-        .steps
-        .iter()
-        .map(|s| {
-            s.task_group.as_ref().map_or(1, |tg| {
-                lattice_dag::taskgroup::parse_task_group(&tg.range).map_or(1, |g| g.len())
-            })
-        })
-        .sum();
+    let allocations = validated.allocation_count();
     Ok((def.to_manifest(), allocations))
 }
 

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lattice_apis::kinds::tenant::TenantSpec;
 use lattice_apis::{lifecycle, Allocation, Node, NodeState, Tenant};
 use lattice_runtime::informer::InformerParams;
 use lattice_runtime::reflector::Store;
@@ -214,12 +215,10 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
     let (mut node_hours, mut gpu_hours) = (0.0f64, 0.0f64);
     // Only what falls inside the tenant's budget period is charged (as the scheduler counts
     // running work).
-    let period_hours = f64::from(
-        tenant
-            .as_ref()
-            .and_then(|t| t.obj.spec.budget_period_days)
-            .unwrap_or(lattice_apis::kinds::tenant::DEFAULT_BUDGET_PERIOD_DAYS),
-    ) * 24.0;
+    let period_hours = f64::from(tenant.as_ref().map_or_else(
+        || TenantSpec::default().budget_period(),
+        |t| t.obj.spec.budget_period(),
+    )) * 24.0;
     for stored in fresh.iter().flatten() {
         if owner_key(&stored.obj).as_ref() != Some(&owner) {
             continue;
@@ -296,11 +295,7 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
                 .as_ref()
                 .and_then(|a| a.metadata.annotations.get("lattice.dev/user").cloned())
                 .unwrap_or_else(|| "unknown".into());
-            let period = t
-                .obj
-                .spec
-                .budget_period_days
-                .unwrap_or(lattice_apis::kinds::tenant::DEFAULT_BUDGET_PERIOD_DAYS);
+            let period = t.obj.spec.budget_period();
             usage.charge(
                 chrono::Utc::now().date_naive(),
                 &user,
@@ -359,10 +354,7 @@ pub async fn audit_usage(backend: &Arc<dyn KvBackend>) -> Result<usize, crate::o
     }
     // The cluster-wide sensitive pool: sensitive-pool nodes run only sensitive work, so
     // the owned ones are what it holds.
-    let sensitive_held = nodes
-        .iter()
-        .filter(|n| n.obj.spec.sensitive && owner_key(&n.obj).is_some())
-        .count() as u32;
+    let sensitive_held: u32 = counted.values().map(|c| c.2).sum();
     let mut fixed = 0;
     if pool.used != sensitive_held {
         tracing::warn!(

@@ -85,6 +85,11 @@ impl Pool {
         if let Some(key) = cc::find(cc::SENSITIVE_POOL_SIZE).map(|s| s.store_key()) {
             w.guard_raw(&key, self.limit_rev);
         }
+        self.put_counter(w, used)
+    }
+
+    /// Add the counter's new value to `w`, guarded by the counter as read.
+    fn put_counter(&self, w: &mut GuardedWrite, used: u32) -> Result<(), TxnError> {
         let value = serde_json::to_vec(&Counter { nodes: used })
             .map_err(|e| TxnError::Decode(e.to_string()))?;
         w.put_raw(COUNTER_KEY, self.rev, value);
@@ -99,8 +104,6 @@ pub async fn correct(
     used: u32,
 ) -> Result<bool, TxnError> {
     let mut w = GuardedWrite::new();
-    let value = serde_json::to_vec(&Counter { nodes: used })
-        .map_err(|e| TxnError::Decode(e.to_string()))?;
-    w.put_raw(COUNTER_KEY, pool.rev, value);
+    pool.put_counter(&mut w, used)?;
     w.commit(backend).await
 }

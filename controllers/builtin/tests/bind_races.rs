@@ -80,6 +80,7 @@ async fn race(replicas: Vec<Proposals>, max_nodes: u32, max_allocs: u32) {
                             vcluster: format!("t1/replica-{r}"),
                             walltime_s: Some(600),
                             borrowed: false,
+                            sensitive: false,
                         })
                         .collect();
                     let outcomes = bind_batch(&backend, "t1", &bindings).await.expect("bind");

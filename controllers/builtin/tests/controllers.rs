@@ -1708,11 +1708,11 @@ async fn a_burst_larger_than_one_transaction_is_bound_in_batches() {
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let _hb = heartbeats(&env, &refs);
     // All queued before the scheduler starts: its first cycle places them together
-    // (36 bindings = 146 operations as one transaction).
+    // (36 bindings = 2 + 36 * 4 = 146 operations as one transaction).
     for i in 0..36 {
         env.submit("t1", &format!("j{i:02}"), 1, json!({})).await;
     }
-    // And one that cannot fit any transaction: 64 nodes = 135 operations.
+    // And one that cannot fit any transaction: 64 nodes = 2 * 65 + 2 = 132 operations.
     env.submit("t1", "huge", 64, json!({})).await;
     env.start_controllers(fast_config());
     for i in 0..36 {
@@ -1725,7 +1725,7 @@ async fn a_burst_larger_than_one_transaction_is_bound_in_batches() {
         })
         .await;
     assert!(
-        message_of(&huge).contains("raise lattice-server --max-txn-ops to at least 135"),
+        message_of(&huge).contains("raise lattice-server --max-txn-ops to at least 132"),
         "{}",
         message_of(&huge)
     );

@@ -865,7 +865,20 @@ pub struct ValidatedDag {
     pub warnings: Vec<String>,
 }
 
+/// Allocations steps with these task groups make: a task group's elements each, else one.
+fn allocation_count(groups: &[Option<TaskGroupSpec>]) -> usize {
+    groups
+        .iter()
+        .map(|g| g.as_ref().map_or(1, |g| g.len()))
+        .fold(0usize, usize::saturating_add)
+}
+
 impl ValidatedDag {
+    /// Allocations the DAG makes, as its size limit counts them: a task group's elements
+    /// each, else one per step.
+    pub fn allocation_count(&self) -> usize {
+        allocation_count(&self.groups)
+    }
     /// Index of a step name.
     pub fn step_index(&self, name: &str) -> Option<usize> {
         self.index.get(name).map(|i| *i as usize)
@@ -968,10 +981,7 @@ pub fn validate(def: &DagDef, limits: &Limits) -> Result<ValidatedDag, Validatio
         });
     }
     // The limit counts allocations, as the seed does: a task group's elements each.
-    let allocations: usize = groups
-        .iter()
-        .map(|g| g.as_ref().map_or(1, |g| g.len()))
-        .fold(0usize, usize::saturating_add);
+    let allocations = allocation_count(&groups);
     if allocations > limits.max_dag_size {
         errs.push(DagError::TooLarge {
             count: allocations,

@@ -29,6 +29,20 @@ struct Bucket {
     nodes: Vec<u32>,
 }
 
+/// Free, unreserved nodes of a scale-up's feasible classes that it may not take, by rule.
+#[derive(Debug, Default)]
+struct ScaleUpMiss {
+    excluded: u32,
+    other_fingerprint: u32,
+    borrowed: u32,
+}
+
+impl ScaleUpMiss {
+    fn any(&self) -> bool {
+        self.excluded + self.other_fingerprint + self.borrowed > 0
+    }
+}
+
 /// Free nodes held for a reservation: usable only by jobs that end before `start`.
 #[derive(Debug)]
 struct Held {
@@ -53,7 +67,7 @@ pub(crate) struct CycleState<'a> {
     bucket_of: HashMap<(u32, (u32, u64)), usize>,
     /// Free indexes of the class sets jobs were placed against (built on first use).
     indices: Vec<SetIndex>,
-    index_of: HashMap<(Vec<u32>, Option<u64>), usize>,
+    index_of: HashMap<Vec<u32>, HashMap<Option<u64>, usize>>,
     /// Per class, the indexes that contain it (updated when its nodes are taken).
     class_indices: Vec<Vec<usize>>,
     /// The largest fingerprint group of a class set's schedulable inventory (which a cycle
@@ -165,20 +179,32 @@ impl<'a> CycleState<'a> {
     /// A free, unreserved node for one more node of a reactive allocation: of a feasible
     /// class (not borrowed when `home_only`), of the fingerprint asked, not excluded; in a
     /// group the allocation spans (in `near_groups` order), else in the group with the most
-    /// such nodes (room to grow); the lowest node of that group.
-    fn pick_scale_up_node(&self, feas: &Feasible, grow: &crate::model::ScaleUp) -> Option<u32> {
+    /// such nodes (room to grow); the lowest node of that group. Without one, what kept the
+    /// free feasible nodes out.
+    fn pick_scale_up_node(
+        &self,
+        feas: &Feasible,
+        grow: &crate::model::ScaleUp,
+    ) -> Result<u32, ScaleUpMiss> {
+        let exclude: std::collections::HashSet<NodeId> = grow.exclude.iter().copied().collect();
+        let mut miss = ScaleUpMiss::default();
         let mut by_group: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
         for &c in &feas.classes {
-            if grow.home_only && feas.borrowed[c as usize] {
-                continue;
-            }
             let (a, b) = self.class_buckets[c as usize];
             for bk in &self.buckets[a..b] {
+                let free = bk.nodes.len() as u32;
+                if grow.home_only && feas.borrowed[c as usize] {
+                    miss.borrowed += free;
+                    continue;
+                }
                 if grow.fingerprint.is_some_and(|f| f != bk.key.1) {
+                    miss.other_fingerprint += free;
                     continue;
                 }
                 for &i in &bk.nodes {
-                    if !grow.exclude.contains(&self.cat.node(i).id) {
+                    if exclude.contains(&self.cat.node(i).id) {
+                        miss.excluded += 1;
+                    } else {
                         by_group.entry(bk.key.0).or_default().push(i);
                     }
                 }
@@ -194,8 +220,10 @@ impl<'a> CycleState<'a> {
                     .iter()
                     .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(b.0.cmp(a.0)))
                     .map(|(g, _)| *g)
-            })?;
-        by_group.get(&group)?.iter().copied().min()
+            });
+        group
+            .and_then(|g| by_group.get(&g)?.iter().copied().min())
+            .ok_or(miss)
     }
 
     /// Take the free node `i` (busy until `end`).
@@ -230,8 +258,12 @@ impl<'a> CycleState<'a> {
     /// The free index of `feas`'s classes (of one fingerprint's nodes only, with `fp`),
     /// built on first use.
     fn index_for(&mut self, feas: &Feasible, fp: Option<u64>) -> usize {
-        let key = (feas.classes.clone(), fp);
-        if let Some(&id) = self.index_of.get(&key) {
+        // Looked up by slice: the class list is cloned only when an index is built.
+        if let Some(&id) = self
+            .index_of
+            .get(feas.classes.as_slice())
+            .and_then(|by_fp| by_fp.get(&fp))
+        {
             return id;
         }
         let mut counts = self.counts(feas, None);
@@ -240,7 +272,10 @@ impl<'a> CycleState<'a> {
         }
         let id = self.indices.len();
         self.indices.push(SetIndex::new(&counts));
-        self.index_of.insert(key, id);
+        self.index_of
+            .entry(feas.classes.clone())
+            .or_default()
+            .insert(fp, id);
         for &c in &feas.classes {
             self.class_indices[c as usize].push(id);
         }
@@ -867,7 +902,7 @@ impl Scheduler {
                 // preempts nothing (the allocation runs already).
                 let feas = state.feasible(job);
                 match state.pick_scale_up_node(&feas, grow) {
-                    Some(i) => {
+                    Ok(i) => {
                         state.take_node(i, end);
                         *ledger.nodes.entry(job.tenant).or_default() += 1;
                         let node = catalog.node(i);
@@ -880,7 +915,17 @@ impl Scheduler {
                             groups: 1,
                         });
                     }
-                    None => {
+                    // Free feasible nodes, none it may take: say which rule kept them out
+                    // (not "occupied", which would send the user looking for busy nodes).
+                    Err(miss) if miss.any() => explain(
+                        &mut plan,
+                        PendingReason::NoScaleUpNode {
+                            excluded: miss.excluded,
+                            other_fingerprint: miss.other_fingerprint,
+                            borrowed: miss.borrowed,
+                        },
+                    ),
+                    Err(_) => {
                         let reason = diagnose(&mut state, &feas, job, end, false);
                         explain(&mut plan, reason);
                     }

@@ -163,11 +163,11 @@ impl SetIndex {
     /// The most free nodes sharing one fingerprint, with `extra`
     /// ([`crate::cycle::largest_fingerprint_group`] of the index plus `extra`).
     pub(crate) fn largest_fingerprint(&self, extra: &[BucketCount]) -> u32 {
-        let mut totals = self.fp_totals.clone();
-        for &((_, fp), c) in extra {
-            *totals.entry(fp).or_default() += c;
-        }
-        totals.values().copied().max().unwrap_or(0)
+        self.fingerprint_totals(extra)
+            .into_iter()
+            .map(|(_, c)| c)
+            .max()
+            .unwrap_or(0)
     }
 
     /// [`select::min_groups_needed`] of the index plus `extra`.

@@ -86,6 +86,14 @@ pub enum PendingReason {
     Reserved {
         start: Time,
     },
+    /// A running reactive allocation may grow, and free nodes match it, but none it may
+    /// take: already used by this attempt, of another conformance fingerprint, or
+    /// borrowed (a lender's reclaim could not take back part of an allocation).
+    NoScaleUpNode {
+        excluded: u32,
+        other_fingerprint: u32,
+        borrowed: u32,
+    },
     /// Allocations it preempts are still stopping; their nodes come to it.
     WaitingForPreemption {
         victims: u32,
@@ -153,6 +161,16 @@ impl fmt::Display for PendingReason {
                 f,
                 "soft quota penalty: the tenant has used {budget_used_pct}% of its budget, so its \
                  priority is multiplied by {priority_factor:.2} (requested {requested}, {free} free)"
+            ),
+            PendingReason::NoScaleUpNode {
+                excluded,
+                other_fingerprint,
+                borrowed,
+            } => write!(
+                f,
+                "no free node it may grow onto: of the free matching nodes, {excluded} already \
+                 ran this attempt, {other_fingerprint} have another conformance fingerprint, \
+                 {borrowed} are borrowed"
             ),
             PendingReason::WaitingForPreemption { victims } => write!(
                 f,

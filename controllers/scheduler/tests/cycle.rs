@@ -651,12 +651,44 @@ fn a_reactive_scale_up_is_scored_and_placed_like_any_job() {
         reason(&plan, 7),
         PendingReason::NodesOccupied { .. }
     ));
-    // A node of another fingerprint is never added to a conformance-bound allocation.
+    // A node of another fingerprint is never added to a conformance-bound allocation, and
+    // the reason says so rather than calling the free nodes occupied.
     if let Some(g) = grow.scale_up.as_mut() {
         g.fingerprint = Some(5);
     }
-    let plan = cycle(SchedulerConfig::default(), nodes(4, 2), &[], &[grow], &[]);
+    let plan = cycle(
+        SchedulerConfig::default(),
+        nodes(4, 2),
+        &[],
+        &[grow.clone()],
+        &[],
+    );
     assert!(plan.proposals.is_empty());
+    assert_eq!(
+        reason(&plan, 7),
+        &PendingReason::NoScaleUpNode {
+            excluded: 0,
+            other_fingerprint: 4,
+            borrowed: 0
+        }
+    );
+    // The only free node already ran this attempt.
+    if let Some(g) = grow.scale_up.as_mut() {
+        g.fingerprint = None;
+    }
+    let run = [
+        running(10, 0..2, 900, 36_000, 5),
+        running(11, 3..4, 900, 36_000, 5),
+    ];
+    let plan = cycle(SchedulerConfig::default(), nodes(4, 2), &run, &[grow], &[]);
+    assert_eq!(
+        reason(&plan, 7),
+        &PendingReason::NoScaleUpNode {
+            excluded: 1,
+            other_fingerprint: 0,
+            borrowed: 0
+        }
+    );
 }
 
 #[test]

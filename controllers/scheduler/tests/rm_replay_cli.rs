@@ -126,3 +126,25 @@ fn bad_arguments_are_explained() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn windows_larger_than_the_trace_are_refused_not_panicked() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rm-replay"))
+        .args([
+            "--trace",
+            &trace(),
+            "--jobs",
+            "100",
+            "--windows",
+            "2",
+            "--window-size",
+            "64",
+        ])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("at least 130 jobs"), "{err}");
+    assert!(err.contains("--window-size"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -55,6 +55,16 @@ pub struct TenantSpec {
     pub admins: Vec<String>,
 }
 
+impl TenantSpec {
+    /// The rolling budget period in days: `budgetPeriodDays`, else the default (90); at
+    /// least one day.
+    pub fn budget_period(&self) -> u32 {
+        self.budget_period_days
+            .unwrap_or(DEFAULT_BUDGET_PERIOD_DAYS)
+            .max(1)
+    }
+}
+
 /// Quotas. Hard quotas (`maxNodes`, `maxConcurrentAllocations`,
 /// `sensitivePoolSize`) can never be exceeded, even momentarily; soft quotas
 /// (`gpuHoursBudget`, `nodeHoursBudget`, `fairShareTarget`, `burstAllowance`)

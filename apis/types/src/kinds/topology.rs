@@ -5,7 +5,7 @@
 //! NICs ([`GpuTopology::link_fitness`], [`GpuTopology::nic_affinity`],
 //! [`MemoryTopology::locality`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -56,42 +56,41 @@ pub struct GpuTopology {
 }
 
 impl GpuTopology {
-    /// Bandwidth between GPUs `a` and `b`: their fastest link, if any is listed.
-    fn bandwidth(&self, a: u32, b: u32) -> Option<f64> {
-        self.links
-            .iter()
-            .filter(|l| (l.gpu_a, l.gpu_b) == (a, b) || (l.gpu_a, l.gpu_b) == (b, a))
-            .map(|l| l.bandwidth_gbps)
-            .filter(|b| b.is_finite() && *b > 0.0)
-            .reduce(f64::max)
-    }
-
     /// The seed's `intra_node_fitness = min_link_bandwidth(selected_gpus) /
     /// max_link_bandwidth(node)` for an allocation of all `gpus` GPUs (full-node
     /// scheduling): 1 when every pair is as well connected as the best pair, lower when some
-    /// pair has only a slow path. A pair without a listed link counts as the slowest listed
-    /// link. 1 with fewer than two GPUs or no links (nothing to tell apart).
+    /// pair has only a slow path. A pair's bandwidth is its fastest listed link; a pair
+    /// without a listed link counts as the slowest listed link. 1 with fewer than two GPUs
+    /// or no links (nothing to tell apart). Linear in the links (it runs for every node of
+    /// every scheduling cycle).
     pub fn link_fitness(&self, gpus: u32) -> f64 {
-        let all: Vec<f64> = self
-            .links
-            .iter()
-            .map(|l| l.bandwidth_gbps)
-            .filter(|b| b.is_finite() && *b > 0.0)
-            .collect();
+        let usable = || {
+            self.links
+                .iter()
+                .filter(|l| l.bandwidth_gbps.is_finite() && l.bandwidth_gbps > 0.0)
+        };
         let (Some(max), Some(slowest)) = (
-            all.iter().copied().reduce(f64::max),
-            all.iter().copied().reduce(f64::min),
+            usable().map(|l| l.bandwidth_gbps).reduce(f64::max),
+            usable().map(|l| l.bandwidth_gbps).reduce(f64::min),
         ) else {
             return 1.0;
         };
         if gpus < 2 {
             return 1.0;
         }
-        let mut min = f64::INFINITY;
-        for a in 0..gpus {
-            for b in a + 1..gpus {
-                min = min.min(self.bandwidth(a, b).unwrap_or(slowest));
+        // Best bandwidth of each pair among the allocation's GPUs.
+        let mut pairs: HashMap<(u32, u32), f64> = HashMap::new();
+        for l in usable() {
+            let (a, b) = (l.gpu_a.min(l.gpu_b), l.gpu_a.max(l.gpu_b));
+            if a != b && b < gpus {
+                let best = pairs.entry((a, b)).or_insert(0.0);
+                *best = best.max(l.bandwidth_gbps);
             }
+        }
+        let all_pairs = u64::from(gpus) * u64::from(gpus - 1) / 2;
+        let mut min = pairs.values().copied().fold(f64::INFINITY, f64::min);
+        if (pairs.len() as u64) < all_pairs {
+            min = min.min(slowest);
         }
         (min / max).clamp(0.0, 1.0)
     }
@@ -102,8 +101,14 @@ impl GpuTopology {
         if gpus == 0 {
             return 1.0;
         }
-        let near = (0..gpus)
-            .filter(|g| self.nic_affinity.contains_key(&g.to_string()))
+        // Keys are GPU indices in their canonical decimal form ("3", not "03").
+        let near = self
+            .nic_affinity
+            .keys()
+            .filter(|k| {
+                k.parse::<u32>()
+                    .is_ok_and(|g| g < gpus && g.to_string() == **k)
+            })
             .count();
         near as f64 / f64::from(gpus)
     }
@@ -244,6 +249,68 @@ mod tests {
         assert!((pairs.link_fitness(4) - 64.0 / 450.0).abs() < 1e-12);
         assert_eq!(pairs.link_fitness(1), 1.0);
         assert_eq!(GpuTopology::default().link_fitness(8), 1.0);
+        // A pair's fastest link counts; links of GPUs past the allocation do not.
+        let t = GpuTopology {
+            links: vec![
+                link(0, 1, GpuLinkType::Pcie, 64.0),
+                link(1, 0, GpuLinkType::NvLink, 450.0),
+                link(1, 2, GpuLinkType::Pcie, 32.0),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(t.link_fitness(2), 1.0);
+        assert!((t.link_fitness(3) - 32.0 / 450.0).abs() < 1e-12);
+    }
+
+    /// The pair-by-pair definition, for the property below.
+    fn link_fitness_by_pairs(t: &GpuTopology, gpus: u32) -> f64 {
+        let ok = |b: f64| b.is_finite() && b > 0.0;
+        let bws: Vec<f64> = t
+            .links
+            .iter()
+            .map(|l| l.bandwidth_gbps)
+            .filter(|b| ok(*b))
+            .collect();
+        let (Some(max), Some(slowest)) = (
+            bws.iter().copied().reduce(f64::max),
+            bws.iter().copied().reduce(f64::min),
+        ) else {
+            return 1.0;
+        };
+        if gpus < 2 {
+            return 1.0;
+        }
+        let mut min = f64::INFINITY;
+        for a in 0..gpus {
+            for b in a + 1..gpus {
+                let pair = t
+                    .links
+                    .iter()
+                    .filter(|l| (l.gpu_a, l.gpu_b) == (a, b) || (l.gpu_a, l.gpu_b) == (b, a))
+                    .map(|l| l.bandwidth_gbps)
+                    .filter(|b| ok(*b))
+                    .reduce(f64::max);
+                min = min.min(pair.unwrap_or(slowest));
+            }
+        }
+        (min / max).clamp(0.0, 1.0)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn link_fitness_matches_the_pairwise_definition(
+            links in proptest::collection::vec((0u32..6, 0u32..6, 0.0f64..1000.0), 0..24),
+            gpus in 0u32..7,
+        ) {
+            let t = GpuTopology {
+                links: links
+                    .into_iter()
+                    .map(|(a, b, bw)| link(a, b, GpuLinkType::NvLink, bw))
+                    .collect(),
+                ..Default::default()
+            };
+            proptest::prop_assert_eq!(t.link_fitness(gpus), link_fitness_by_pairs(&t, gpus));
+        }
     }
 
     #[test]
@@ -258,6 +325,17 @@ mod tests {
         };
         assert_eq!(t.nic_affinity(4), 0.5);
         assert_eq!(t.nic_affinity(0), 1.0);
+        // Only canonical indices of the node's GPUs count.
+        let odd = GpuTopology {
+            nic_affinity: BTreeMap::from([
+                ("0".into(), "hsn0".into()),
+                ("00".into(), "hsn0".into()),
+                ("9".into(), "hsn0".into()),
+                ("x".into(), "hsn0".into()),
+            ]),
+            ..Default::default()
+        };
+        assert_eq!(odd.nic_affinity(2), 0.5);
         let dram = |id: u32, cpus: u32, gpus: Vec<u32>| MemoryDomain {
             id,
             domain_type: MemoryDomainType::Dram,

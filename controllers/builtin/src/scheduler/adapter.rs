@@ -156,6 +156,12 @@ impl Interner {
     }
 }
 
+/// `x` rounded to two decimals (topology fitness terms: finer differences do not change
+/// a placement and would split node classes).
+fn hundredths(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
 /// Stable 64-bit hash of a conformance fingerprint string (FNV-1a).
 fn fingerprint(s: Option<&str>) -> u64 {
     let Some(s) = s else { return 0 };
@@ -168,12 +174,19 @@ fn fingerprint(s: Option<&str>) -> u64 {
 pub struct Inventory {
     /// Node views, `NodeId(i)` = `names[i]`.
     pub views: Vec<NodeView>,
-    /// Node names by dense id.
+    /// Node names by dense id, sorted (ids follow name order).
     pub names: Vec<String>,
     /// Running work (from node ownership), `JobId(i)` = `running_refs[i]`.
     pub running: Vec<RunningJob>,
     /// `(tenant, name)` of each running job.
     pub running_refs: Vec<(String, String)>,
+}
+
+impl Inventory {
+    /// The dense id of the node called `name` (a binary search: names are sorted).
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.names.binary_search_by(|n| n.as_str().cmp(name)).ok()
+    }
 }
 
 /// Scheduler state of a node.
@@ -250,15 +263,19 @@ pub fn inventory(
             sensitive_pool: n.spec.sensitive,
             // The intra-node terms of f₄ and the NIC preference, from what the agent
             // discovered (1 where it reported nothing: nothing to tell nodes apart by).
-            gpu_link_fitness: cap
-                .gpu_topology
-                .as_ref()
-                .map_or(1.0, |t| t.link_fitness(cap.gpu_count)),
-            memory_locality: cap.memory_topology.as_ref().map_or(1.0, |m| m.locality()),
-            nic_affinity: cap
-                .gpu_topology
-                .as_ref()
-                .map_or(1.0, |t| t.nic_affinity(cap.gpu_count)),
+            // Rounded to hundredths: nodes of one kind whose measured bandwidths differ
+            // in the last digits stay one node class (and one free-index bucket).
+            gpu_link_fitness: hundredths(
+                cap.gpu_topology
+                    .as_ref()
+                    .map_or(1.0, |t| t.link_fitness(cap.gpu_count)),
+            ),
+            memory_locality: hundredths(cap.memory_topology.as_ref().map_or(1.0, |m| m.locality())),
+            nic_affinity: hundredths(
+                cap.gpu_topology
+                    .as_ref()
+                    .map_or(1.0, |t| t.nic_affinity(cap.gpu_count)),
+            ),
         });
         names.push(n.name_any().to_string());
         if let Some(o) = st.and_then(|s| s.owner.as_ref()) {
@@ -415,7 +432,7 @@ pub fn scale_up_job(
     let mut job = pending_job(id, a, tenant, vcluster, Some(vc), now);
     job.nodes = NodeRequest { min: 1, max: 1 };
     let st = a.status.as_ref();
-    let index = |name: &str| inv.names.iter().position(|n| n == name);
+    let index = |name: &str| inv.index_of(name);
     let assigned: Vec<usize> = st
         .map(|s| s.assigned_nodes.iter().filter_map(|n| index(n)).collect())
         .unwrap_or_default();
@@ -605,11 +622,7 @@ pub fn tenant_model(
     let (ledger_nodes, ledger_gpus) = if usage.ledger.is_empty() {
         (usage.node_hours_used, usage.gpu_hours_used)
     } else {
-        let period = t
-            .spec
-            .budget_period_days
-            .unwrap_or(lattice_apis::kinds::tenant::DEFAULT_BUDGET_PERIOD_DAYS)
-            .max(1);
+        let period = t.spec.budget_period();
         let oldest = (today - chrono::Days::new(u64::from(period) - 1))
             .format("%Y-%m-%d")
             .to_string();

@@ -29,6 +29,9 @@ pub struct Binding {
     pub walltime_s: Option<u64>,
     /// Nodes taken from another vCluster's idle pool.
     pub borrowed: bool,
+    /// The allocation is sensitive: its transaction also updates the cluster-wide
+    /// sensitive pool.
+    pub sensitive: bool,
 }
 
 /// Store operations a binding adds to its transaction: a compare and a put for the
@@ -37,19 +40,28 @@ pub fn ops_of(b: &Binding) -> usize {
     2 * (1 + b.nodes.len())
 }
 
-/// Operations a binding transaction may carry besides its bindings: the tenant's usage
-/// counters (a compare and a put) and, when it binds sensitive work, the cluster-wide
+/// Operations every binding transaction carries besides its bindings: the tenant's
+/// usage counters (a compare and a put).
+pub const TXN_BASE_OPS: usize = 2;
+
+/// Operations a transaction adds when it binds sensitive work: the cluster-wide
 /// sensitive pool (a guard on its limit, a compare and a put of its counter).
-pub const TXN_OVERHEAD_OPS: usize = 2 + 3;
+pub const TXN_SENSITIVE_OPS: usize = 3;
+
+/// Operations a transaction carries besides its bindings.
+pub fn txn_overhead(sensitive: bool) -> usize {
+    TXN_BASE_OPS + if sensitive { TXN_SENSITIVE_OPS } else { 0 }
+}
 
 /// Operations of a transaction binding one allocation of `nodes` nodes.
-pub fn ops_for_nodes(nodes: usize) -> usize {
-    2 * (1 + nodes) + TXN_OVERHEAD_OPS
+pub fn ops_for_nodes(nodes: usize, sensitive: bool) -> usize {
+    2 * (1 + nodes) + txn_overhead(sensitive)
 }
 
 /// Split one tenant's bindings into batches whose transactions stay within `max_ops`
-/// (the store's `--max-txn-ops`), keeping their order. Bindings that cannot fit even
-/// alone are returned apart, with the operations they would need.
+/// (the store's `--max-txn-ops`), keeping their order. A batch pays for the sensitive
+/// pool only when it holds a sensitive binding. Bindings that cannot fit even alone are
+/// returned apart, with the operations they would need.
 pub fn batches<T>(
     bindings: Vec<T>,
     binding: impl Fn(&T) -> &Binding,
@@ -57,21 +69,28 @@ pub fn batches<T>(
 ) -> (Vec<Vec<T>>, Vec<(T, usize)>) {
     let mut out: Vec<Vec<T>> = Vec::new();
     let mut too_large = Vec::new();
-    let mut ops = TXN_OVERHEAD_OPS;
+    // Binding operations and whether the current batch is sensitive.
+    let mut ops = 0;
+    let mut sensitive = false;
     for item in bindings {
-        let n = ops_of(binding(&item));
-        if n + TXN_OVERHEAD_OPS > max_ops {
-            too_large.push((item, n + TXN_OVERHEAD_OPS));
+        let b = binding(&item);
+        let n = ops_of(b);
+        let alone = n + txn_overhead(b.sensitive);
+        if alone > max_ops {
+            too_large.push((item, alone));
             continue;
         }
+        let joined = sensitive || b.sensitive;
         match out.last_mut() {
-            Some(batch) if ops + n <= max_ops => {
+            Some(batch) if ops + n + txn_overhead(joined) <= max_ops => {
                 batch.push(item);
                 ops += n;
+                sensitive = joined;
             }
             _ => {
+                sensitive = b.sensitive;
                 out.push(vec![item]);
-                ops = TXN_OVERHEAD_OPS + n;
+                ops = n;
             }
         }
     }
@@ -330,7 +349,7 @@ pub async fn bind_batch(
 mod tests {
     use super::*;
 
-    fn b(nodes: usize) -> Binding {
+    fn b(nodes: usize, sensitive: bool) -> Binding {
         Binding {
             tenant: "t".into(),
             name: format!("a{nodes}"),
@@ -338,28 +357,56 @@ mod tests {
             vcluster: "t/default".into(),
             walltime_s: None,
             borrowed: false,
+            sensitive,
         }
+    }
+
+    fn txn_ops(batch: &[Binding]) -> usize {
+        txn_overhead(batch.iter().any(|x| x.sensitive)) + batch.iter().map(ops_of).sum::<usize>()
     }
 
     #[test]
     fn batches_fit_the_transaction_limit_and_keep_order() {
-        // 1-node bindings take 4 ops each; 5 + 30 * 4 = 125 <= 128 → 30 per batch.
-        let items: Vec<Binding> = (0..70).map(|_| b(1)).collect();
+        // 1-node bindings take 4 ops each; 2 + 31 * 4 = 126 <= 128 → 31 per batch.
+        let items: Vec<Binding> = (0..70).map(|_| b(1, false)).collect();
         let (runs, too_large) = batches(items, |x| x, 128);
         assert!(too_large.is_empty());
         assert_eq!(
             runs.iter().map(Vec::len).collect::<Vec<_>>(),
-            vec![30, 30, 10]
+            vec![31, 31, 8]
         );
         for batch in &runs {
-            let ops: usize = TXN_OVERHEAD_OPS + batch.iter().map(ops_of).sum::<usize>();
-            assert!(ops <= 128, "{ops}");
+            assert!(txn_ops(batch) <= 128, "{}", txn_ops(batch));
         }
         // A binding larger than any transaction is set apart with what it needs.
-        let (runs, too_large) = batches(vec![b(2), b(70), b(3)], |x| x, 128);
+        let (runs, too_large) = batches(vec![b(2, false), b(70, false), b(3, false)], |x| x, 128);
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].len(), 2);
         assert_eq!(too_large.len(), 1);
-        assert_eq!(too_large[0].1, 2 * 71 + TXN_OVERHEAD_OPS);
+        assert_eq!(too_large[0].1, 2 * 71 + TXN_BASE_OPS);
+        // 62 nodes fit alone unless sensitive (2 * 63 + 2 = 128; + 3 for the pool).
+        let (runs, too_large) = batches(vec![b(62, false), b(62, true)], |x| x, 128);
+        assert_eq!(runs.len(), 1);
+        assert_eq!(too_large.len(), 1);
+        assert_eq!(too_large[0].1, 2 * 63 + TXN_BASE_OPS + TXN_SENSITIVE_OPS);
+    }
+
+    #[test]
+    fn one_sensitive_binding_makes_its_batch_pay_for_the_pool() {
+        // 30 plain bindings (122 ops) then a sensitive one: 122 + 4 + 3 > 128, so the
+        // sensitive binding starts the next batch.
+        let mut items: Vec<Binding> = (0..30).map(|_| b(1, false)).collect();
+        items.push(b(1, true));
+        items.extend((0..40).map(|_| b(1, false)));
+        let (runs, too_large) = batches(items, |x| x, 128);
+        assert!(too_large.is_empty());
+        assert_eq!(
+            runs.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![30, 30, 11]
+        );
+        assert!(runs[1][0].sensitive);
+        for batch in &runs {
+            assert!(txn_ops(batch) <= 128, "{}", txn_ops(batch));
+        }
     }
 }

@@ -132,8 +132,9 @@ async fn decide(
                 vcluster: vcluster.to_string(),
                 walltime_s: super::adapter::walltime_s(a, Some(vc)),
                 borrowed: false,
+                sensitive: a.spec.sensitive,
             };
-            let ops = bind::ops_of(&b) + bind::TXN_OVERHEAD_OPS;
+            let ops = bind::ops_for_nodes(b.nodes.len(), b.sensitive);
             let max_ops = shared.backend.max_txn_ops();
             if ops > max_ops {
                 return Ok(Decision::Fail(

@@ -55,14 +55,15 @@ pub enum GrowOutcome {
     Stale,
 }
 
-/// Add `node` to allocation `tenant/name` in one guarded transaction.
+/// Add `node` to allocation `tenant/name` in one guarded transaction. The node is a home
+/// node (scale-ups never borrow: a lender's reclaim could not take back part of an
+/// allocation).
 pub async fn grow(
     backend: &Arc<dyn KvBackend>,
     tenant: &str,
     name: &str,
     node: &str,
     vcluster: &str,
-    borrowed: bool,
 ) -> Result<GrowOutcome, TxnError> {
     let keys = [
         key_of::<Allocation>(Some(tenant), name),
@@ -153,7 +154,7 @@ pub async fn grow(
         tenant: Some(tenant.to_string()),
         vcluster: Some(vc_name.to_string()),
         allocation: Some(name.to_string()),
-        borrowed,
+        borrowed: false,
         attempt: Some(st.attempt),
         allocation_uid: a.metadata.uid.clone(),
         user: a.metadata.annotations.get(USER_ANNOTATION).cloned(),

@@ -315,10 +315,10 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     let max_ops = shared.backend.max_txn_ops();
     let (queued, too_large): (Vec<Arc<Allocation>>, Vec<Arc<Allocation>>) = queued
         .into_iter()
-        .partition(|a| bind::ops_for_nodes(start_nodes(a)) <= max_ops);
+        .partition(|a| bind::ops_for_nodes(start_nodes(a), a.spec.sensitive) <= max_ops);
     for a in &too_large {
         let n = start_nodes(a);
-        let msg = too_large_message(n, bind::ops_for_nodes(n), max_ops);
+        let msg = too_large_message(n, bind::ops_for_nodes(n, a.spec.sensitive), max_ops);
         explain(shared, a, "too_large_for_one_transaction", &msg).await;
     }
     let mut pending: Vec<lattice_scheduler::PendingJob> = queued
@@ -336,16 +336,6 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         let i = job.0 as usize;
         queued.get(i).or_else(|| growing.get(i - queued.len()))
     };
-    adapter::mark_preemptors(&mut inv, &queued, |t, n| allocs.get_named(Some(t), n));
-    let home_only: HashSet<VClusterId> = vclusters_all
-        .iter()
-        .filter(|v| adapter::preemption_mode(v) == PreemptionMode::BorrowedNodesOnly)
-        .map(|v| {
-            let k = format!("{}/{}", v.namespace().unwrap_or_default(), v.name_any());
-            VClusterId(vc_ids.id(&k))
-        })
-        .collect();
-    adapter::protect_home_services(&mut inv, &home_only);
     let busy: usize = inv.running.iter().map(|r| r.nodes.len()).sum();
     stats.idle_nodes = inv
         .views
@@ -357,14 +347,32 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     if pending.is_empty() {
         return Ok(stats);
     }
+    // What the core needs about running work only when something is pending.
+    adapter::mark_preemptors(&mut inv, &queued, |t, n| allocs.get_named(Some(t), n));
+    let home_only: HashSet<VClusterId> = vclusters_all
+        .iter()
+        .filter(|v| adapter::preemption_mode(v) == PreemptionMode::BorrowedNodesOnly)
+        .map(|v| {
+            let k = format!("{}/{}", v.namespace().unwrap_or_default(), v.name_any());
+            VClusterId(vc_ids.id(&k))
+        })
+        .collect();
+    adapter::protect_home_services(&mut inv, &home_only);
     let total_nodes = inv.views.len() as u32;
+    // Each tenant's budget period, looked up once (running work is many jobs per tenant).
+    let default_period =
+        i64::from(lattice_apis::kinds::tenant::TenantSpec::default().budget_period()) * 86_400;
+    let periods: HashMap<String, i64> = shared
+        .tenants
+        .state()
+        .iter()
+        .map(|t| {
+            let days = t.spec.budget_period();
+            (t.name_any().to_string(), i64::from(days) * 86_400)
+        })
+        .collect();
     let running = adapter::running_hours(&inv, now_s, |tenant| {
-        let days = shared
-            .tenants
-            .get_named(None, tenant)
-            .and_then(|t| t.spec.budget_period_days)
-            .unwrap_or(lattice_apis::kinds::tenant::DEFAULT_BUDGET_PERIOD_DAYS);
-        i64::from(days) * 86_400
+        periods.get(tenant).copied().unwrap_or(default_period)
     });
     let mut tenants: Vec<lattice_scheduler::Tenant> = shared
         .tenants
@@ -447,6 +455,7 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
                         vcluster: format!("{}/{}", key.0, key.1),
                         walltime_s: adapter::walltime_s(a, Some(&vc)),
                         borrowed: p.borrowed_nodes > 0,
+                        sensitive: a.spec.sensitive,
                     },
                     p.kind == ProposalKind::Backfill,
                 ));
@@ -553,7 +562,7 @@ async fn scale_up(
     stats: &mut CycleStats,
 ) -> anyhow::Result<()> {
     let tenant = a.namespace().unwrap_or("default");
-    match grow::grow(&shared.backend, tenant, a.name_any(), node, vcluster, false).await? {
+    match grow::grow(&shared.backend, tenant, a.name_any(), node, vcluster).await? {
         grow::GrowOutcome::Grown => {
             stats.bound += 1;
             tracing::info!(allocation = %format!("{tenant}/{}", a.name_any()), %node, "reactive allocation scaled up");
@@ -618,6 +627,7 @@ fn reason_code(r: &PendingReason) -> &'static str {
         PendingReason::Reserved { .. } => "reserved",
         PendingReason::WaitingForPreemption { .. } => "waiting_for_preemption",
         PendingReason::SoftQuotaPenalty { .. } => "soft_quota_penalty",
+        PendingReason::NoScaleUpNode { .. } => "no_scale_up_node",
     }
 }
 

@@ -102,6 +102,16 @@ fn real_main() -> Result<(), String> {
     let mut policies = vec![args.policy];
     policies.extend(args.compare);
     if let Some(windows) = args.windows {
+        let need = replay::min_jobs_for_windows(args.window_size);
+        if w.jobs.len() < need {
+            return Err(format!(
+                "--windows needs at least {need} jobs for --window-size {} (windows start between job {} and the last {} jobs); the trace has {} after filtering: lower --window-size or raise --jobs",
+                args.window_size,
+                args.window_size,
+                args.window_size + 1,
+                w.jobs.len()
+            ));
+        }
         let reports: Vec<_> = policies
             .iter()
             .map(|&p| replay::run_windows(p, &lattice, &w, windows, args.window_size, args.seed))

@@ -156,6 +156,12 @@ pub struct WindowReport {
     pub per_window_bsld: Vec<f64>,
 }
 
+/// Jobs a trace needs for [`run_windows`] to draw windows the way RLScheduler does:
+/// starts lie in `[size, n - size - 1)`.
+pub fn min_jobs_for_windows(size: usize) -> usize {
+    2 * size + 2
+}
+
 /// Window protocol of RLScheduler (SC'20): `windows` windows of `size` consecutive jobs,
 /// each replayed on an empty machine, the mean of their average bounded slowdowns. The
 /// first job of each window is `randint(size, n − size − 1)` of numpy's `RandomState`
@@ -174,7 +180,10 @@ pub fn run_windows(
     let mut starts = Vec::new();
     let mut reports = Vec::new();
     for _ in 0..windows {
+        // A trace shorter than `min_jobs_for_windows` still gets in-range windows (the
+        // CLI refuses it first): the start is kept where a whole window fits.
         let start = rng.randint(size as u64, n.saturating_sub(size + 1) as u64) as usize;
+        let start = start.min(n.saturating_sub(size));
         let end = (start + size).min(n);
         let mut sub = Workload {
             nodes: w.nodes.clone(),
