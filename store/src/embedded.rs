@@ -2,11 +2,15 @@
 //! leases, behind [`KvBackend`].
 //!
 //! Write path: callers send [`Command`]s to one writer thread, which drains whatever is
-//! queued (group commit), applies the batch to the engine in memory, makes it durable in
-//! one fsynced redb transaction, and only then *publishes* the new revision: readers never
-//! see a revision above the published one, watchers are fed, and callers are answered. An
-//! acknowledged write is therefore always on disk, and no reader observes a write that a
-//! crash could still take back.
+//! queued (group commit), applies the batch to the engine in memory, makes it durable with
+//! one write-ahead log record and `fdatasync` ([`crate::wal`]), and only then *publishes*
+//! the new revision: readers never see a revision above the published one, watchers are
+//! fed, and callers are answered. An acknowledged write is therefore always on disk, and
+//! no reader observes a write that a crash could still take back. The state file
+//! (`state.redb`) is written behind, on a second thread (the materializer), as many
+//! logged batches per redb transaction as are waiting, without fsync except at the log's
+//! checkpoints; the writer starts the log over only once a checkpoint's durable commit
+//! holds every record before it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -23,7 +27,7 @@ use crate::backend::{KvBackend, WatchStream};
 use crate::error::{StoreError, StoreResult};
 use crate::metrics::StoreMetrics;
 use crate::mvcc::{Applied, Command, CommandResponse, Limits, Mvcc};
-use crate::persist::{Backup, Persist};
+use crate::persist::{Backup, Persist, WalLog};
 use crate::types::*;
 use crate::watch::WatchHub;
 
@@ -120,11 +124,21 @@ impl EmbeddedStore {
             metrics,
             failed: Mutex::new(None),
         });
+        let mut persist = persist;
+        let wal = persist.take_wal().ok_or_else(|| {
+            StoreError::Backend("the embedded store opened without its write-ahead log".into())
+        })?;
+        let (to_materializer, from_writer) = std::sync::mpsc::channel();
+        let materializer_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("store-materializer".into())
+            .spawn(move || materializer_loop(materializer_shared, persist, from_writer))
+            .map_err(|e| StoreError::Io(e.to_string()))?;
         let (tx, rx) = mpsc::channel(4096);
         let writer_shared = shared.clone();
         std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || writer_loop(writer_shared, persist, rx))
+            .spawn(move || writer_loop(writer_shared, wal, to_materializer, rx))
             .map_err(|e| StoreError::Io(e.to_string()))?;
         let store = EmbeddedStore {
             shared,
@@ -288,7 +302,45 @@ impl EmbeddedStore {
     }
 }
 
-fn writer_loop(shared: Arc<Shared>, mut persist: Persist, mut rx: mpsc::Receiver<Request>) {
+/// What the writer hands the thread that writes the state file.
+enum Materialize {
+    /// A batch the write-ahead log made durable as record `seq`.
+    Batch {
+        applied: Vec<Applied>,
+        revision: i64,
+        compact_revision: i64,
+        seq: u64,
+    },
+    /// Commit everything sent before durably, then answer: the log may start over.
+    Checkpoint(std::sync::mpsc::SyncSender<StoreResult<()>>),
+    /// Commit everything sent before, close the file, then answer.
+    Stop(std::sync::mpsc::SyncSender<()>),
+}
+
+/// At most this many applied commands go into one state-file transaction.
+const MATERIALIZE_BATCH: usize = 4096;
+
+/// The store stops taking work: the in-memory state may be ahead of what a restart finds.
+fn stop_store(shared: &Shared, e: StoreError) {
+    let mut failed = lock(&shared.failed);
+    if failed.is_none() {
+        *failed = Some(e);
+    }
+    drop(failed);
+    lock(&shared.hub).close_all();
+}
+
+/// Applies requests in batches: each batch is applied to the engine, made durable with
+/// one log record and `fdatasync`, published to watchers and answered. Writing it into
+/// the state file is left to [`materializer_loop`] on its own thread, so that the next
+/// batch does not wait for the redb commit (a sequential client's next request arrives
+/// while it runs).
+fn writer_loop(
+    shared: Arc<Shared>,
+    mut wal: WalLog,
+    materializer: std::sync::mpsc::Sender<Materialize>,
+    mut rx: mpsc::Receiver<Request>,
+) {
     let limits = shared.config.limits.clone();
     let max_batch = shared.config.max_batch.max(1);
     let mut pending: Vec<Request> = Vec::with_capacity(max_batch);
@@ -316,7 +368,7 @@ fn writer_loop(shared: Arc<Shared>, mut persist: Persist, mut rx: mpsc::Receiver
                     }
                     Request::Backup(path, reply) => {
                         // Backups see what is durable: everything applied before them in
-                        // this batch is committed first, below, before the file is used.
+                        // this batch is logged first, below, before the file is used.
                         let published = shared.published.load(Ordering::Acquire);
                         let backup = Backup::from_mvcc(&mvcc, mvcc.revision().max(published));
                         let res = backup.write(&path).map(|_| backup);
@@ -332,9 +384,9 @@ fn writer_loop(shared: Arc<Shared>, mut persist: Persist, mut rx: mpsc::Receiver
             .iter()
             .any(|a| a.revision.is_some() || a.compacted.is_some() || !a.leases.is_empty());
         // Durable first (the write-ahead log); the state file is written after the
-        // answers, below: a crash in between is repaired from the log.
+        // answers, by the materializer: a crash in between is repaired from the log.
         let result = if wrote {
-            persist.log(&applied, revision, compact_revision)
+            wal.append(&applied, revision, compact_revision).map(Some)
         } else {
             Ok(None)
         };
@@ -342,11 +394,10 @@ fn writer_loop(shared: Arc<Shared>, mut persist: Persist, mut rx: mpsc::Receiver
             Ok(logged) => logged,
             Err(e) => {
                 tracing::error!(error = %e, "commit failed; the store stops accepting requests");
-                *lock(&shared.failed) = Some(e.clone());
                 for (reply, _) in replies {
                     let _ = reply.send(Err(e.clone()));
                 }
-                lock(&shared.hub).close_all();
+                stop_store(&shared, e);
                 return;
             }
         };
@@ -356,13 +407,6 @@ fn writer_loop(shared: Arc<Shared>, mut persist: Persist, mut rx: mpsc::Receiver
                 .commit_seconds
                 .observe(started.elapsed().as_secs_f64());
             shared.metrics.batch_size.observe(replies.len() as f64);
-            shared
-                .db_size
-                .store(persist.size_bytes(), Ordering::Relaxed);
-            shared
-                .metrics
-                .db_size_bytes
-                .set(shared.db_size.load(Ordering::Relaxed));
         }
         // Lease bookkeeping for grants and revokes in this batch.
         {
@@ -397,18 +441,124 @@ fn writer_loop(shared: Arc<Shared>, mut persist: Persist, mut rx: mpsc::Receiver
         for (reply, result) in replies {
             let _ = reply.send(result);
         }
-        if let Err(e) = persist.materialize(&applied, revision, compact_revision, logged) {
+        if let Some(seq) = logged {
+            let batch = Materialize::Batch {
+                applied,
+                revision,
+                compact_revision,
+                seq,
+            };
+            if materializer.send(batch).is_err() {
+                // The materializer stopped (and said why); everything answered is in the log.
+                stop_store(&shared, StoreError::Stopped);
+                return;
+            }
+            if wal.checkpoint_due() {
+                let (tx, done) = std::sync::mpsc::sync_channel(1);
+                let result = materializer
+                    .send(Materialize::Checkpoint(tx))
+                    .map_err(|_| StoreError::Stopped)
+                    .and_then(|_| done.recv().map_err(|_| StoreError::Stopped)?);
+                match result {
+                    Ok(()) => wal.checkpointed(),
+                    Err(e) => {
+                        stop_store(&shared, e);
+                        return;
+                    }
+                }
+            }
+        }
+        if let Some(done) = stop {
+            let (tx, closed) = std::sync::mpsc::sync_channel(1);
+            if materializer.send(Materialize::Stop(tx)).is_ok() {
+                let _ = closed.recv();
+            }
+            lock(&shared.hub).close_all();
+            drop(wal);
+            let _ = done.send(());
+            return;
+        }
+    }
+}
+
+/// Writes the batches the writer made durable into the state file, as many as are
+/// waiting in one redb transaction, without fsync except at checkpoints.
+fn materializer_loop(
+    shared: Arc<Shared>,
+    mut persist: Persist,
+    rx: std::sync::mpsc::Receiver<Materialize>,
+) {
+    let mut applied: Vec<Applied> = Vec::new();
+    // Revision, compact revision and log record of the last batch in `applied`.
+    let mut last: Option<(i64, i64, u64)> = None;
+    let flush = |persist: &mut Persist,
+                 applied: &mut Vec<Applied>,
+                 last: &mut Option<(i64, i64, u64)>,
+                 checkpoint: bool|
+     -> StoreResult<()> {
+        match last.take() {
+            Some((revision, compact_revision, seq)) => {
+                persist.materialize(applied, revision, compact_revision, seq, checkpoint)?
+            }
+            None if checkpoint => persist.sync()?,
+            None => return Ok(()),
+        }
+        applied.clear();
+        shared
+            .db_size
+            .store(persist.size_bytes(), Ordering::Relaxed);
+        shared
+            .metrics
+            .db_size_bytes
+            .set(shared.db_size.load(Ordering::Relaxed));
+        Ok(())
+    };
+    while let Ok(first) = rx.recv() {
+        let mut next = Some(first);
+        let result = loop {
+            let Some(msg) = next.take() else {
+                break flush(&mut persist, &mut applied, &mut last, false);
+            };
+            match msg {
+                Materialize::Batch {
+                    applied: batch,
+                    revision,
+                    compact_revision,
+                    seq,
+                } => {
+                    applied.extend(batch);
+                    last = Some((revision, compact_revision, seq));
+                    if applied.len() >= MATERIALIZE_BATCH {
+                        if let Err(e) = flush(&mut persist, &mut applied, &mut last, false) {
+                            break Err(e);
+                        }
+                    }
+                }
+                Materialize::Checkpoint(done) => {
+                    let result = flush(&mut persist, &mut applied, &mut last, true);
+                    let failed = result.clone().err();
+                    let _ = done.send(result);
+                    if let Some(e) = failed {
+                        break Err(e);
+                    }
+                }
+                Materialize::Stop(done) => {
+                    let result = flush(&mut persist, &mut applied, &mut last, false);
+                    drop(persist);
+                    let _ = done.send(());
+                    if let Err(e) = result {
+                        tracing::error!(error = %e, "writing the state file failed while stopping; the next start repairs it from the log");
+                    }
+                    return;
+                }
+            }
+            next = rx.try_recv().ok();
+        };
+        if let Err(e) = result {
             // Everything answered is in the log; the next start writes it to the state
             // file. Until then this member stops.
             tracing::error!(error = %e, "writing the state file failed; the store stops accepting requests");
-            *lock(&shared.failed) = Some(e);
-            lock(&shared.hub).close_all();
-            return;
-        }
-        if let Some(done) = stop {
-            lock(&shared.hub).close_all();
-            drop(persist);
-            let _ = done.send(());
+            stop_store(&shared, e);
             return;
         }
     }

@@ -10,9 +10,9 @@
 //!
 //! Every record carries a CRC-32 of its payload, checked at start-up: a corrupted record
 //! stops the member with a message naming the file, never a silently wrong answer. Each
-//! batch of applied commands is one redb write transaction, so data and the applied
-//! revision are always committed together, and it is durable before any caller is
-//! answered: either through the write-ahead log ([`crate::wal`], the single-member
+//! redb write transaction holds whole batches of applied commands (one, or several the
+//! single-member store merged), so data and the applied revision are always committed
+//! together, and every batch is durable before any caller is answered: either through the write-ahead log ([`crate::wal`], the single-member
 //! store: `meta.wal_seq` says which log record the file holds last) with redb committing
 //! durably only at checkpoints, or by committing with `Durability::Immediate` (fsync).
 //! (A Raft member, whose fsynced Raft log is the durable record, commits batches without
@@ -80,15 +80,44 @@ pub struct Persist {
     db: Database,
     path: PathBuf,
     /// The write-ahead log, when batches are made durable through it.
-    wal: Option<WalState>,
+    wal: Option<WalLog>,
 }
 
-struct WalState {
+/// The write-ahead log of the single-member store, taken out of its [`Persist`].
+pub struct WalLog {
     wal: Wal,
     last_checkpoint: std::time::Instant,
 }
 
-/// One batch as logged: what [`Persist::log`] was given.
+impl WalLog {
+    /// Make a batch durable: one record and one `fdatasync`. Returns its sequence number,
+    /// which [`Persist::materialize`] records in the state file with the batch.
+    pub fn append(
+        &mut self,
+        batch: &[Applied],
+        revision: i64,
+        compact_revision: i64,
+    ) -> StoreResult<u64> {
+        let payload =
+            postcard::to_allocvec(&WalBatch::of(batch, revision, compact_revision)).map_err(io)?;
+        self.wal.append(&payload)
+    }
+
+    /// Whether the state file should be committed durably now, so that the log can start
+    /// over: every [`CHECKPOINT_BYTES`] of log or [`CHECKPOINT_EVERY`].
+    pub fn checkpoint_due(&self) -> bool {
+        self.wal.written() >= CHECKPOINT_BYTES || self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
+    }
+
+    /// The state file durably holds every record appended so far: write the log again
+    /// from its start.
+    pub fn checkpointed(&mut self) {
+        self.wal.restart();
+        self.last_checkpoint = std::time::Instant::now();
+    }
+}
+
+/// One batch as logged: what [`WalLog::append`] was given.
 #[derive(Serialize, Deserialize)]
 struct WalBatch {
     revision: i64,
@@ -204,7 +233,7 @@ impl Persist {
         }
         wal.restart();
         wal.shrink()?;
-        persist.wal = Some(WalState {
+        persist.wal = Some(WalLog {
             wal,
             last_checkpoint: std::time::Instant::now(),
         });
@@ -326,40 +355,26 @@ impl Persist {
         Ok(mvcc)
     }
 
-    /// Make a batch of applied commands durable: one record appended to the write-ahead
-    /// log (one `fdatasync`). Without a log, one fsynced transaction of the state file
-    /// (and nothing is left for [`Persist::materialize`]). Returns the record's sequence
-    /// number.
-    pub fn log(
-        &mut self,
-        batch: &[Applied],
-        revision: i64,
-        compact_revision: i64,
-    ) -> StoreResult<Option<u64>> {
-        let Some(w) = self.wal.as_mut() else {
-            self.commit_inner(batch, revision, compact_revision, None, true, None)?;
-            return Ok(None);
-        };
-        let payload =
-            postcard::to_allocvec(&WalBatch::of(batch, revision, compact_revision)).map_err(io)?;
-        w.wal.append(&payload).map(Some)
+    /// Take the write-ahead log out of a `Persist` opened with [`Persist::open_with_wal`],
+    /// so that one thread can make batches durable in it while another writes them into
+    /// the state file ([`Persist::materialize`]).
+    pub fn take_wal(&mut self) -> Option<WalLog> {
+        self.wal.take()
     }
 
-    /// Write a batch [`Persist::log`] made durable into the state file, without fsync
-    /// (a crash before the next checkpoint is repaired from the log), with a durable
-    /// checkpoint every so often. The batch can be answered before this: it is durable.
+    /// Write batches that [`WalLog::append`] made durable into the state file, in one
+    /// redb transaction: `batch` is their applied commands in order, `revision`,
+    /// `compact_revision` and `seq` those of the last one. Without fsync unless
+    /// `checkpoint` (a crash before the next checkpoint is repaired from the log); after a
+    /// checkpoint the log may be written again from its start ([`WalLog::checkpointed`]).
     pub fn materialize(
         &mut self,
         batch: &[Applied],
         revision: i64,
         compact_revision: i64,
-        logged: Option<u64>,
+        seq: u64,
+        checkpoint: bool,
     ) -> StoreResult<()> {
-        let (Some(seq), Some(w)) = (logged, self.wal.as_ref()) else {
-            return Ok(());
-        };
-        let checkpoint =
-            w.wal.written() >= CHECKPOINT_BYTES || w.last_checkpoint.elapsed() >= CHECKPOINT_EVERY;
         self.commit_inner(
             batch,
             revision,
@@ -367,14 +382,7 @@ impl Persist {
             None,
             checkpoint,
             Some(seq),
-        )?;
-        if checkpoint {
-            if let Some(w) = self.wal.as_mut() {
-                w.wal.restart();
-                w.last_checkpoint = std::time::Instant::now();
-            }
-        }
-        Ok(())
+        )
     }
 
     /// Commit a batch to the state file and, in the same transaction, record the Raft bookkeeping

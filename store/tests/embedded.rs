@@ -443,3 +443,58 @@ async fn writes_after_the_last_checkpoint_come_back_from_the_log() {
     let store = open(dir.path()).await;
     assert_eq!(store.status().await.unwrap().revision, before.revision);
 }
+
+/// Concurrent writers whose log passes a checkpoint (12 MiB) while the state file is
+/// written behind the answers on its own thread, merging batches: the log starts over
+/// only after the state file durably holds everything before it, and after a restart
+/// every write is there, those before the checkpoint and those after it.
+#[tokio::test]
+async fn writes_across_a_checkpoint_survive_with_the_state_file_written_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let value = Bytes::from(vec![b'v'; 64 * 1024]);
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let (store, value) = (store.clone(), value.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..40 {
+                store
+                    .put(PutRequest::new(format!("/big/{t}/{i}"), value.clone()))
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // 320 × 64 KiB = 20 MiB of log records; the file holds 16 MiB until a record does
+    // not fit, so a file still of 16 MiB means the log started over (a checkpoint).
+    let wal_len = std::fs::metadata(dir.path().join("wal.log")).unwrap().len();
+    assert!(
+        wal_len <= 16 << 20,
+        "no checkpoint: the log is {wal_len} bytes"
+    );
+    let before = store.status().await.unwrap();
+    for i in 0..10 {
+        store
+            .put(PutRequest::new(format!("/after/{i}"), "x"))
+            .await
+            .unwrap();
+    }
+    store.close().await;
+    drop(store);
+    let store = open(dir.path()).await;
+    let after = store.status().await.unwrap();
+    assert_eq!(after.revision, before.revision + 10);
+    let big = store
+        .range(RangeRequest {
+            count_only: true,
+            ..RangeRequest::prefix("/big/")
+        })
+        .await
+        .unwrap();
+    assert_eq!(big.count, 320);
+    let small = store.range(RangeRequest::prefix("/after/")).await.unwrap();
+    assert_eq!(small.kvs.len(), 10);
+}

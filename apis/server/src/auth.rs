@@ -104,7 +104,15 @@ impl Authenticator for AllowAll {
 pub struct JwtAuthenticator {
     key: DecodingKey,
     validation: Validation,
+    /// Tokens already verified, with their expiry: a client sends the same token with
+    /// every request, and checking its signature again is a measurable part of a small
+    /// request. Keyed by the whole token (signature included), so a hit is exactly the
+    /// token that was verified; expiry is checked on every hit as `verify` would.
+    verified: std::sync::Mutex<std::collections::HashMap<String, (UserInfo, u64)>>,
 }
+
+/// Verified tokens remembered at most (the cache is emptied when full).
+const VERIFIED_TOKENS: usize = 4096;
 
 impl JwtAuthenticator {
     pub fn new(secret: &[u8]) -> Self {
@@ -114,10 +122,24 @@ impl JwtAuthenticator {
         Self {
             key: DecodingKey::from_secret(secret),
             validation,
+            verified: Default::default(),
         }
     }
 
     pub fn verify(&self, token: &str) -> ApiResult<UserInfo> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        // Expired once `exp` is more than the leeway in the past, as jsonwebtoken decides.
+        let live = |exp: u64| exp.saturating_add(self.validation.leeway) >= now;
+        let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((user, exp)) = verified.get(token) {
+            if live(*exp) {
+                return Ok(user.clone());
+            }
+            verified.remove(token);
+        }
+        drop(verified);
         let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
             .map_err(|e| ApiError::unauthorized(format!("invalid bearer token: {e}")))?;
         let c = data.claims;
@@ -127,11 +149,17 @@ impl JwtAuthenticator {
             Tenants::List(l) if l.iter().any(|t| t == "*") => None,
             Tenants::List(l) => Some(l),
         };
-        Ok(UserInfo {
+        let user = UserInfo {
             name: c.sub,
             tenants,
             role: c.role,
-        })
+        };
+        let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        if verified.len() >= VERIFIED_TOKENS {
+            verified.clear();
+        }
+        verified.insert(token.to_string(), (user.clone(), c.exp));
+        Ok(user)
     }
 }
 
@@ -464,6 +492,25 @@ mod tests {
             JwtAuthenticator::new(b"s3cret").verify(&t).unwrap().tenants,
             None
         );
+    }
+
+    #[test]
+    fn remembered_tokens_still_expire_and_others_are_checked() {
+        let mut auth = JwtAuthenticator::new(b"s3cret");
+        auth.validation.leeway = 0;
+        let t = mint_token(b"s3cret", "alice", &[], Role::User, Duration::from_secs(1));
+        assert_eq!(auth.verify(&t).unwrap().name, "alice");
+        assert_eq!(auth.verify(&t).unwrap().name, "alice", "from the cache");
+        // Another signature is another token: verified, and refused.
+        let mut forged = t.clone().into_bytes();
+        let i = forged.len() - 5; // inside the signature
+        forged[i] = if forged[i] == b'A' { b'B' } else { b'A' };
+        let forged = String::from_utf8(forged).unwrap();
+        assert_eq!(auth.verify(&forged).unwrap_err().code, 401);
+        std::thread::sleep(Duration::from_millis(2100));
+        let e = auth.verify(&t).unwrap_err();
+        assert_eq!(e.code, 401);
+        assert!(e.message.contains("Expired"), "{}", e.message);
     }
 
     fn kind(k: &str) -> &'static KindInfo {

@@ -30,12 +30,17 @@ struct Args {
     puts_only: bool,
 }
 
-fn p99(mut v: Vec<Duration>) -> f64 {
+/// The `q` quantile of `v` in milliseconds.
+fn quantile(mut v: Vec<Duration>, q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
     v.sort();
-    v[((v.len() as f64 * 0.99) as usize).min(v.len() - 1)].as_secs_f64() * 1000.0
+    v[((v.len() as f64 * q) as usize).min(v.len() - 1)].as_secs_f64() * 1000.0
+}
+
+fn p99(v: Vec<Duration>) -> f64 {
+    quantile(v, 0.99)
 }
 
 fn result(args: &Args, name: &str, value: f64) {
@@ -84,6 +89,17 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut c = connect(&args.endpoint).await?;
 
+    // The floor under every request: a serializable get of a missing key is one client
+    // round trip and an in-memory lookup, no consensus and no disk.
+    let mut lat = Vec::with_capacity(args.puts);
+    for _ in 0..args.puts {
+        let t = Instant::now();
+        c.get("/bench/none", Some(GetOptions::new().with_serializable()))
+            .await?;
+        lat.push(t.elapsed());
+    }
+    result(&args, "round_trip_p50_ms", quantile(lat, 0.5));
+
     // Sequential puts: throughput and p99 latency.
     let mut lat = Vec::with_capacity(args.puts);
     let start = Instant::now();
@@ -98,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
         "seq_puts_per_s",
         args.puts as f64 / start.elapsed().as_secs_f64(),
     );
+    result(&args, "seq_put_p50_ms", quantile(lat.clone(), 0.5));
     result(&args, "seq_put_p99_ms", p99(lat));
 
     for clients in [8, 64] {
