@@ -130,7 +130,7 @@ impl EmbeddedStore {
         })?;
         let (to_materializer, from_writer) = std::sync::mpsc::channel();
         let materializer_shared = shared.clone();
-        std::thread::Builder::new()
+        let materializer = std::thread::Builder::new()
             .name("store-materializer".into())
             .spawn(move || materializer_loop(materializer_shared, persist, from_writer))
             .map_err(|e| StoreError::Io(e.to_string()))?;
@@ -138,7 +138,18 @@ impl EmbeddedStore {
         let writer_shared = shared.clone();
         std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || writer_loop(writer_shared, wal, to_materializer, rx))
+            .spawn(move || {
+                writer_loop(&writer_shared, wal, &to_materializer, rx);
+                // Whatever ended the writer, the state file is closed before it is gone:
+                // a `close()` answered (or refused) after this may reopen the directory.
+                drop(to_materializer);
+                if materializer.join().is_err() {
+                    stop_store(
+                        &writer_shared,
+                        StoreError::Backend("the state file's writer panicked".into()),
+                    );
+                }
+            })
             .map_err(|e| StoreError::Io(e.to_string()))?;
         let store = EmbeddedStore {
             shared,
@@ -336,9 +347,9 @@ fn stop_store(shared: &Shared, e: StoreError) {
 /// batch does not wait for the redb commit (a sequential client's next request arrives
 /// while it runs).
 fn writer_loop(
-    shared: Arc<Shared>,
+    shared: &Shared,
     mut wal: WalLog,
-    materializer: std::sync::mpsc::Sender<Materialize>,
+    materializer: &std::sync::mpsc::Sender<Materialize>,
     mut rx: mpsc::Receiver<Request>,
 ) {
     let limits = shared.config.limits.clone();
@@ -354,6 +365,7 @@ fn writer_loop(
         }
         let mut replies = Vec::with_capacity(pending.len());
         let mut applied: Vec<Applied> = Vec::new();
+        let mut backups = Vec::new();
         let mut stop = None;
         let (revision, compact_revision) = {
             let mut mvcc = shared.mvcc.write().unwrap_or_else(|p| p.into_inner());
@@ -366,14 +378,9 @@ fn writer_loop(
                         });
                         replies.push((reply, result));
                     }
-                    Request::Backup(path, reply) => {
-                        // Backups see what is durable: everything applied before them in
-                        // this batch is logged first, below, before the file is used.
-                        let published = shared.published.load(Ordering::Acquire);
-                        let backup = Backup::from_mvcc(&mvcc, mvcc.revision().max(published));
-                        let res = backup.write(&path).map(|_| backup);
-                        let _ = reply.send(res);
-                    }
+                    // Written once this batch is logged, below: a backup holds only
+                    // durable writes.
+                    Request::Backup(path, reply) => backups.push((path, reply)),
                     Request::Stop(done) => stop = Some(done),
                 }
             }
@@ -397,7 +404,10 @@ fn writer_loop(
                 for (reply, _) in replies {
                     let _ = reply.send(Err(e.clone()));
                 }
-                stop_store(&shared, e);
+                for (_, reply) in backups {
+                    let _ = reply.send(Err(e.clone()));
+                }
+                stop_store(shared, e);
                 return;
             }
         };
@@ -441,6 +451,15 @@ fn writer_loop(
         for (reply, result) in replies {
             let _ = reply.send(result);
         }
+        if !backups.is_empty() {
+            // The engine is at `revision` (only this thread changes it), all of it logged.
+            let mvcc = shared.mvcc.read().unwrap_or_else(|p| p.into_inner());
+            let backup = Backup::from_mvcc(&mvcc, revision);
+            drop(mvcc);
+            for (path, reply) in backups {
+                let _ = reply.send(backup.write(&path).map(|_| backup.clone()));
+            }
+        }
         if let Some(seq) = logged {
             let batch = Materialize::Batch {
                 applied,
@@ -449,8 +468,10 @@ fn writer_loop(
                 seq,
             };
             if materializer.send(batch).is_err() {
-                // The materializer stopped (and said why); everything answered is in the log.
-                stop_store(&shared, StoreError::Stopped);
+                // The materializer stopped (and said why). This batch was answered and
+                // published to a hub already closed: it is in the log, and the next start
+                // writes it into the state file.
+                stop_store(shared, StoreError::Stopped);
                 return;
             }
             if wal.checkpoint_due() {
@@ -462,7 +483,7 @@ fn writer_loop(
                 match result {
                     Ok(()) => wal.checkpointed(),
                     Err(e) => {
-                        stop_store(&shared, e);
+                        stop_store(shared, e);
                         return;
                     }
                 }
@@ -543,12 +564,14 @@ fn materializer_loop(
                     }
                 }
                 Materialize::Stop(done) => {
-                    let result = flush(&mut persist, &mut applied, &mut last, false);
+                    // Durably, so that a failure is seen here (closing the file would
+                    // commit it too, and report nothing).
+                    let result = flush(&mut persist, &mut applied, &mut last, true);
                     drop(persist);
-                    let _ = done.send(());
                     if let Err(e) = result {
                         tracing::error!(error = %e, "writing the state file failed while stopping; the next start repairs it from the log");
                     }
+                    let _ = done.send(());
                     return;
                 }
             }
@@ -556,7 +579,9 @@ fn materializer_loop(
         };
         if let Err(e) = result {
             // Everything answered is in the log; the next start writes it to the state
-            // file. Until then this member stops.
+            // file. Until then this member stops. The file is closed before the writer
+            // can notice (by its sends failing once `rx` is gone).
+            drop(persist);
             tracing::error!(error = %e, "writing the state file failed; the store stops accepting requests");
             stop_store(&shared, e);
             return;

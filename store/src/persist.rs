@@ -12,11 +12,12 @@
 //! stops the member with a message naming the file, never a silently wrong answer. Each
 //! redb write transaction holds whole batches of applied commands (one, or several the
 //! single-member store merged), so data and the applied revision are always committed
-//! together, and every batch is durable before any caller is answered: either through the write-ahead log ([`crate::wal`], the single-member
-//! store: `meta.wal_seq` says which log record the file holds last) with redb committing
-//! durably only at checkpoints, or by committing with `Durability::Immediate` (fsync).
-//! (A Raft member, whose fsynced Raft log is the durable record, commits batches without
-//! fsync: see [`Persist::commit_with_raft_meta`].)
+//! together, and every batch is durable before any caller is answered: either through
+//! the write-ahead log ([`crate::wal`], the single-member store: `meta.wal_seq` says which
+//! log record the file holds last) with redb committing durably only at checkpoints, or
+//! by committing with `Durability::Immediate` (fsync). (A Raft member, whose fsynced Raft
+//! log is the durable record, commits batches without fsync: see
+//! [`Persist::commit_with_raft_meta`].)
 
 use std::path::{Path, PathBuf};
 

@@ -444,57 +444,97 @@ async fn writes_after_the_last_checkpoint_come_back_from_the_log() {
     assert_eq!(store.status().await.unwrap().revision, before.revision);
 }
 
-/// Concurrent writers whose log passes a checkpoint (12 MiB) while the state file is
-/// written behind the answers on its own thread, merging batches: the log starts over
-/// only after the state file durably holds everything before it, and after a restart
-/// every write is there, those before the checkpoint and those after it.
-#[tokio::test]
-async fn writes_across_a_checkpoint_survive_with_the_state_file_written_behind() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await;
+/// Where the crash test's child process works (set only in that child).
+const CRASH_DIR_ENV: &str = "LATTICE_TEST_CRASH_DIR";
+
+/// The crash test's child: concurrent writers whose log passes a checkpoint (12 MiB)
+/// while the state file is written behind the answers on its own thread (merging
+/// batches), more writes after it, each acknowledged key recorded, then `abort()`: redb's
+/// commits since the checkpoint's durable one are lost with the process (redb keeps a
+/// non-durable commit's header in memory), so everything after it must come back from
+/// the log, which may only have started over once the checkpoint was durable.
+async fn crash_child(dir: std::path::PathBuf) -> ! {
+    use std::io::Write;
+    let store = open(&dir).await;
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(
+        std::fs::File::create(dir.join("acked")).unwrap(),
+    ));
     let value = Bytes::from(vec![b'v'; 64 * 1024]);
     let mut tasks = Vec::new();
     for t in 0..8 {
-        let (store, value) = (store.clone(), value.clone());
+        let (store, value, acked) = (store.clone(), value.clone(), acked.clone());
         tasks.push(tokio::spawn(async move {
             for i in 0..40 {
-                store
-                    .put(PutRequest::new(format!("/big/{t}/{i}"), value.clone()))
+                let key = format!("/big/{t}/{i}");
+                let resp = store
+                    .put(PutRequest::new(key.clone(), value.clone()))
                     .await
                     .unwrap();
+                writeln!(acked.lock().unwrap(), "{key} {}", resp.revision).unwrap();
             }
         }));
     }
     for t in tasks {
         t.await.unwrap();
     }
-    // 320 × 64 KiB = 20 MiB of log records; the file holds 16 MiB until a record does
-    // not fit, so a file still of 16 MiB means the log started over (a checkpoint).
-    let wal_len = std::fs::metadata(dir.path().join("wal.log")).unwrap().len();
+    // 320 × 64 KiB = 20 MiB of log records in a file of 16 MiB: still 16 MiB means the
+    // log started over (a checkpoint).
+    let wal_len = std::fs::metadata(dir.join("wal.log")).unwrap().len();
+    writeln!(acked.lock().unwrap(), "wal_len {wal_len}").unwrap();
+    for i in 0..50 {
+        let key = format!("/after/{i}");
+        let resp = store.put(PutRequest::new(key.clone(), "x")).await.unwrap();
+        writeln!(acked.lock().unwrap(), "{key} {}", resp.revision).unwrap();
+    }
+    std::process::abort();
+}
+
+#[tokio::test]
+async fn a_crash_after_a_checkpoint_keeps_every_acknowledged_write() {
+    if let Some(dir) = std::env::var_os(CRASH_DIR_ENV) {
+        crash_child(dir.into()).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_crash_after_a_checkpoint_keeps_every_acknowledged_write",
+            "--test-threads=1",
+        ])
+        .env(CRASH_DIR_ENV, dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the child was to abort");
+    let acked = std::fs::read_to_string(dir.path().join("acked")).unwrap();
+    let mut keys = std::collections::BTreeMap::new();
+    let mut wal_len = None;
+    for line in acked.lines() {
+        let (key, n) = line.split_once(' ').unwrap();
+        let n: i64 = n.parse().unwrap();
+        if key == "wal_len" {
+            wal_len = Some(n);
+        } else {
+            keys.insert(key.to_string(), n);
+        }
+    }
+    assert_eq!(keys.len(), 370, "the child did not finish its writes");
+    let wal_len = wal_len.unwrap();
     assert!(
         wal_len <= 16 << 20,
         "no checkpoint: the log is {wal_len} bytes"
     );
-    let before = store.status().await.unwrap();
-    for i in 0..10 {
-        store
-            .put(PutRequest::new(format!("/after/{i}"), "x"))
-            .await
-            .unwrap();
-    }
-    store.close().await;
-    drop(store);
+
     let store = open(dir.path()).await;
-    let after = store.status().await.unwrap();
-    assert_eq!(after.revision, before.revision + 10);
-    let big = store
-        .range(RangeRequest {
-            count_only: true,
-            ..RangeRequest::prefix("/big/")
-        })
-        .await
-        .unwrap();
-    assert_eq!(big.count, 320);
-    let small = store.range(RangeRequest::prefix("/after/")).await.unwrap();
-    assert_eq!(small.kvs.len(), 10);
+    let newest = keys.values().copied().max().unwrap();
+    assert_eq!(store.status().await.unwrap().revision, newest);
+    for (key, rev) in &keys {
+        let kv = store
+            .get(Bytes::from(key.clone()))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{key} (revision {rev}) lost"));
+        assert_eq!(kv.mod_revision, *rev, "{key}");
+    }
 }

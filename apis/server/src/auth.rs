@@ -130,7 +130,8 @@ impl JwtAuthenticator {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        // Expired once `exp` is more than the leeway in the past, as jsonwebtoken decides.
+        // Expired once `exp` is more than the leeway in the past, as jsonwebtoken decides
+        // (its rule, with `reject_tokens_expiring_in_less_than` left at 0 by `new`).
         let live = |exp: u64| exp.saturating_add(self.validation.leeway) >= now;
         let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((user, exp)) = verified.get(token) {
