@@ -449,7 +449,7 @@ const CRASH_DIR_ENV: &str = "LATTICE_TEST_CRASH_DIR";
 
 /// The crash test's child: concurrent writers whose log passes a checkpoint (12 MiB)
 /// while the state file is written behind the answers on its own thread (merging
-/// batches), more writes after it, each acknowledged key recorded, then `abort()`: redb's
+/// batches), more writes after it, each acknowledged key recorded, then SIGKILL: redb's
 /// commits since the checkpoint's durable one are lost with the process (redb keeps a
 /// non-durable commit's header in memory), so everything after it must come back from
 /// the log, which may only have started over once the checkpoint was durable.
@@ -486,7 +486,13 @@ async fn crash_child(dir: std::path::PathBuf) -> ! {
         let resp = store.put(PutRequest::new(key.clone(), "x")).await.unwrap();
         writeln!(acked.lock().unwrap(), "{key} {}", resp.revision).unwrap();
     }
-    std::process::abort();
+    // SIGKILL, as a crash: no destructor runs, no core file is written (`abort` could).
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &std::process::id().to_string()])
+        .status();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
 
 #[tokio::test]
@@ -506,7 +512,7 @@ async fn a_crash_after_a_checkpoint_keeps_every_acknowledged_write() {
         .stderr(std::process::Stdio::null())
         .status()
         .unwrap();
-    assert!(!status.success(), "the child was to abort");
+    assert!(!status.success(), "the child was to be killed");
     let acked = std::fs::read_to_string(dir.path().join("acked")).unwrap();
     let mut keys = std::collections::BTreeMap::new();
     let mut wal_len = None;
