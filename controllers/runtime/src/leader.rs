@@ -21,6 +21,8 @@ use crate::api::Api;
 use crate::client::{Client, PostParams};
 use crate::resource::ResourceExt;
 
+/// Reads and writes a release tries before it leaves the lease to expire.
+const RELEASE_ATTEMPTS: usize = 5;
 /// Whether this process may run controllers now.
 pub trait LeaderGate: Send + Sync + 'static {
     /// `true` while leader; changes are pushed.
@@ -257,19 +259,30 @@ impl LeaseLock {
     /// Give the lease up (if ours) so a successor need not wait for expiry.
     pub async fn release(&self) -> crate::Result<()> {
         let name = self.config.name.clone();
-        if let Some(mut lease) = self.api.get_opt(&name).await? {
-            if lease.spec.holder_identity.as_deref() == Some(self.config.identity.as_str()) {
-                lease.spec.holder_identity = None;
-                lease.spec.renew_time = Some(chrono::Utc::now());
-                match self
-                    .api
-                    .replace(&name, &PostParams::default(), &lease)
-                    .await
-                {
-                    Ok(_) => tracing::info!(lease = %name, "released lease"),
-                    Err(e) if e.is_conflict() => {}
-                    Err(e) => return Err(e),
+        // A conflict means the lease changed since it was read: someone else took it, or a
+        // renewal of ours that was already on its way (from the election task just
+        // stopped) landed in between. Read it again: only while it is still ours is
+        // there anything to release.
+        for _ in 0..RELEASE_ATTEMPTS {
+            let Some(mut lease) = self.api.get_opt(&name).await? else {
+                break;
+            };
+            if lease.spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+                break;
+            }
+            lease.spec.holder_identity = None;
+            lease.spec.renew_time = Some(chrono::Utc::now());
+            match self
+                .api
+                .replace(&name, &PostParams::default(), &lease)
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(lease = %name, "released lease");
+                    break;
                 }
+                Err(e) if e.is_conflict() => continue,
+                Err(e) => return Err(e),
             }
         }
         self.publish(false, None);
@@ -307,7 +320,7 @@ impl LeaseLock {
         LeaderElector {
             lock,
             leader: rx,
-            task,
+            task: std::sync::Mutex::new(Some(task)),
         }
     }
 }
@@ -317,7 +330,8 @@ impl LeaseLock {
 pub struct LeaderElector {
     lock: Arc<LeaseLock>,
     leader: watch::Receiver<bool>,
-    task: tokio::task::JoinHandle<()>,
+    /// The election task; taken out by `shutdown`, which waits for it.
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl LeaderElector {
@@ -326,21 +340,34 @@ impl LeaderElector {
         self.lock.state()
     }
 
-    /// Stop renewing and release the lease.
+    /// Stop renewing and release the lease. The election task is waited for first: an
+    /// aborted task still running could otherwise start a round after the release and
+    /// take the lease again. (A renewal it had already sent is what `release` retries
+    /// past.)
     pub async fn shutdown(&self) -> crate::Result<()> {
-        self.task.abort();
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+        }
         self.lock.release().await
+    }
+
+    fn abort_task(&self) {
+        if let Some(task) = self.task.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            task.abort();
+        }
     }
 
     /// Stop renewing without releasing (the lease expires on its own).
     pub fn abandon(&self) {
-        self.task.abort();
+        self.abort_task();
     }
 }
 
 impl Drop for LeaderElector {
     fn drop(&mut self) {
-        self.task.abort();
+        self.abort_task();
     }
 }
 
