@@ -170,11 +170,18 @@ impl EmbeddedStore {
         tokio::spawn(async move {
             loop {
                 let Some(shared) = weak.upgrade() else { return };
-                let pending = lock(&shared.hub).unsynced() > 0;
-                if pending {
-                    let published = shared.published.load(Ordering::Acquire);
-                    let mvcc = shared.mvcc.read().unwrap_or_else(|p| p.into_inner());
-                    lock(&shared.hub).catch_up(&mvcc, published);
+                {
+                    // The published revision is read under the hub's lock, which the writer
+                    // holds while it publishes: read before it, a revision published in
+                    // between would go only to synced watchers, and a watcher caught up to
+                    // the older one would be marked synced with those events never sent.
+                    // (Lock order: the hub, then the engine, as in `watch`.)
+                    let mut hub = lock(&shared.hub);
+                    if hub.unsynced() > 0 {
+                        let published = shared.published.load(Ordering::Acquire);
+                        let mvcc = shared.mvcc.read().unwrap_or_else(|p| p.into_inner());
+                        hub.catch_up(&mvcc, published);
+                    }
                 }
                 let still = lock(&shared.hub).unsynced() > 0;
                 if still {
@@ -200,8 +207,9 @@ impl EmbeddedStore {
             loop {
                 tick.tick().await;
                 let Some(shared) = weak.upgrade() else { return };
-                let published = shared.published.load(Ordering::Acquire);
                 let mut hub = lock(&shared.hub);
+                // Under the hub's lock: never older than a revision already sent.
+                let published = shared.published.load(Ordering::Acquire);
                 hub.progress(published);
                 shared.metrics.watchers.set(hub.len() as i64);
             }

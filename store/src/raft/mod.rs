@@ -1035,9 +1035,13 @@ impl RaftStore {
                 let sm = inner.sm.clone();
                 drop(inner);
                 if lock(&sm.hub).unsynced() > 0 {
-                    let published = sm.published.load(Ordering::Acquire);
                     let st = sm.read();
-                    lock(&sm.hub).catch_up(&st.mvcc, published);
+                    let mut hub = lock(&sm.hub);
+                    // Read under the hub's lock, which `publish` holds: read before it, a
+                    // revision published in between would go only to synced watchers and
+                    // a watcher caught up to the older one would never get it.
+                    let published = sm.published.load(Ordering::Acquire);
+                    hub.catch_up(&st.mvcc, published);
                 }
                 if lock(&sm.hub).unsynced() > 0 {
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -1060,8 +1064,10 @@ impl RaftStore {
                 if inner.stopped.load(Ordering::SeqCst) {
                     return;
                 }
+                let mut hub = lock(&inner.sm.hub);
+                // Under the hub's lock: never older than a revision already sent.
                 let published = inner.sm.published.load(Ordering::Acquire);
-                lock(&inner.sm.hub).progress(published);
+                hub.progress(published);
             }
         });
         // Lease expiry, decided by the leader only.
