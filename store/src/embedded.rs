@@ -510,78 +510,105 @@ fn writer_loop(
     }
 }
 
+/// What [`Materializer::handle`] made of a message.
+enum Handled {
+    Continue,
+    /// Stopped: answer once the file is closed.
+    Stop(std::sync::mpsc::SyncSender<()>),
+}
+
+/// The state file and the logged batches not yet written into it.
+struct Materializer {
+    shared: Arc<Shared>,
+    persist: Persist,
+    /// Applied commands of the waiting batches, in order.
+    applied: Vec<Applied>,
+    /// Revision, compact revision and log record of the last waiting batch.
+    last: Option<(i64, i64, u64)>,
+}
+
+impl Materializer {
+    /// Write the waiting batches in one redb transaction, durably at a checkpoint (which
+    /// commits durably even with nothing waiting: earlier commits may not be).
+    fn flush(&mut self, checkpoint: bool) -> StoreResult<()> {
+        match self.last.take() {
+            Some((revision, compact_revision, seq)) => self.persist.materialize(
+                &self.applied,
+                revision,
+                compact_revision,
+                seq,
+                checkpoint,
+            )?,
+            None if checkpoint => self.persist.sync()?,
+            None => return Ok(()),
+        }
+        self.applied.clear();
+        let size = self.persist.size_bytes();
+        self.shared.db_size.store(size, Ordering::Relaxed);
+        self.shared.metrics.db_size_bytes.set(size);
+        Ok(())
+    }
+
+    fn handle(&mut self, msg: Materialize) -> StoreResult<Handled> {
+        match msg {
+            Materialize::Batch {
+                applied,
+                revision,
+                compact_revision,
+                seq,
+            } => {
+                self.applied.extend(applied);
+                self.last = Some((revision, compact_revision, seq));
+                if self.applied.len() >= MATERIALIZE_BATCH {
+                    self.flush(false)?;
+                }
+            }
+            Materialize::Checkpoint(done) => {
+                let result = self.flush(true);
+                let _ = done.send(result.clone());
+                result?;
+            }
+            Materialize::Stop(done) => {
+                // Durably, so that a failure is seen here (closing the file would commit
+                // it too, and report nothing).
+                if let Err(e) = self.flush(true) {
+                    tracing::error!(error = %e, "writing the state file failed while stopping; the next start repairs it from the log");
+                }
+                return Ok(Handled::Stop(done));
+            }
+        }
+        Ok(Handled::Continue)
+    }
+}
+
 /// Writes the batches the writer made durable into the state file, as many as are
 /// waiting in one redb transaction, without fsync except at checkpoints.
 fn materializer_loop(
     shared: Arc<Shared>,
-    mut persist: Persist,
+    persist: Persist,
     rx: std::sync::mpsc::Receiver<Materialize>,
 ) {
-    let mut applied: Vec<Applied> = Vec::new();
-    // Revision, compact revision and log record of the last batch in `applied`.
-    let mut last: Option<(i64, i64, u64)> = None;
-    let flush = |persist: &mut Persist,
-                 applied: &mut Vec<Applied>,
-                 last: &mut Option<(i64, i64, u64)>,
-                 checkpoint: bool|
-     -> StoreResult<()> {
-        match last.take() {
-            Some((revision, compact_revision, seq)) => {
-                persist.materialize(applied, revision, compact_revision, seq, checkpoint)?
-            }
-            None if checkpoint => persist.sync()?,
-            None => return Ok(()),
-        }
-        applied.clear();
-        shared
-            .db_size
-            .store(persist.size_bytes(), Ordering::Relaxed);
-        shared
-            .metrics
-            .db_size_bytes
-            .set(shared.db_size.load(Ordering::Relaxed));
-        Ok(())
+    let mut m = Materializer {
+        shared,
+        persist,
+        applied: Vec::new(),
+        last: None,
     };
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
         let result = loop {
             let Some(msg) = next.take() else {
-                break flush(&mut persist, &mut applied, &mut last, false);
+                // Nothing more waiting: write what came.
+                break m.flush(false);
             };
-            match msg {
-                Materialize::Batch {
-                    applied: batch,
-                    revision,
-                    compact_revision,
-                    seq,
-                } => {
-                    applied.extend(batch);
-                    last = Some((revision, compact_revision, seq));
-                    if applied.len() >= MATERIALIZE_BATCH {
-                        if let Err(e) = flush(&mut persist, &mut applied, &mut last, false) {
-                            break Err(e);
-                        }
-                    }
-                }
-                Materialize::Checkpoint(done) => {
-                    let result = flush(&mut persist, &mut applied, &mut last, true);
-                    let failed = result.clone().err();
-                    let _ = done.send(result);
-                    if let Some(e) = failed {
-                        break Err(e);
-                    }
-                }
-                Materialize::Stop(done) => {
-                    // Durably, so that a failure is seen here (closing the file would
-                    // commit it too, and report nothing).
-                    let result = flush(&mut persist, &mut applied, &mut last, true);
-                    drop(persist);
-                    if let Err(e) = result {
-                        tracing::error!(error = %e, "writing the state file failed while stopping; the next start repairs it from the log");
-                    }
+            match m.handle(msg) {
+                Ok(Handled::Continue) => {}
+                Ok(Handled::Stop(done)) => {
+                    drop(m); // closes the file
                     let _ = done.send(());
                     return;
                 }
+                Err(e) => break Err(e),
             }
             next = rx.try_recv().ok();
         };
@@ -589,7 +616,8 @@ fn materializer_loop(
             // Everything answered is in the log; the next start writes it to the state
             // file. Until then this member stops. The file is closed before the writer
             // can notice (by its sends failing once `rx` is gone).
-            drop(persist);
+            let shared = m.shared.clone();
+            drop(m);
             tracing::error!(error = %e, "writing the state file failed; the store stops accepting requests");
             stop_store(&shared, e);
             return;
