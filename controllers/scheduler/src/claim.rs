@@ -107,20 +107,14 @@ mod tests {
 
     fn held(id: u64, nodes: &[u32]) -> RunningJob {
         RunningJob {
-            id: JobId(id),
-            tenant: TenantId(1),
-            vcluster: VClusterId(0),
-            nodes: nodes.iter().map(|&n| NodeId(n)).collect(),
             preemption_class: 10,
             sensitive: true,
-            start_time: 0,
-            walltime_s: 3600,
-            checkpoint: CheckpointInfo::default(),
-            last_checkpoint: None,
-            gpus_per_node: 0,
-            checkpointing: false,
-            preempted_for: None,
-            home_protected: false,
+            ..RunningJob::new(
+                JobId(id),
+                TenantId(1),
+                VClusterId(0),
+                nodes.iter().map(|&n| NodeId(n)).collect(),
+            )
         }
     }
 

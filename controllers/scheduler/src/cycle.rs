@@ -1315,20 +1315,13 @@ mod tests {
                 .enumerate()
                 .filter(|(_, n)| n.3)
                 .map(|(i, _)| RunningJob {
-                    id: JobId(100 + i as u64),
-                    tenant: TenantId(0),
-                    vcluster: VClusterId(0),
-                    nodes: vec![NodeId(i as u32)],
-                    preemption_class: 5,
-                    sensitive: false,
-                    start_time: 0,
                     walltime_s: 300 + 100 * i as i64,
-                    checkpoint: CheckpointInfo::default(),
-                    last_checkpoint: None,
-                    gpus_per_node: 0,
-                    checkpointing: false,
-                    preempted_for: None,
-                    home_protected: false,
+                    ..RunningJob::new(
+                        JobId(100 + i as u64),
+                        TenantId(0),
+                        VClusterId(0),
+                        vec![NodeId(i as u32)],
+                    )
                 })
                 .collect();
             let snap = ClusterSnapshot { now: 0, running: &running, pending: &[], tenants: &[], energy_price: 0.0 };
