@@ -128,12 +128,16 @@ impl EmbeddedStore {
         let wal = persist.take_wal().ok_or_else(|| {
             StoreError::Backend("the embedded store opened without its write-ahead log".into())
         })?;
-        let (to_materializer, from_writer) = std::sync::mpsc::channel();
+        let (tx, from_writer) = std::sync::mpsc::channel();
         let materializer_shared = shared.clone();
         let materializer = std::thread::Builder::new()
             .name("store-materializer".into())
             .spawn(move || materializer_loop(materializer_shared, persist, from_writer))
             .map_err(|e| StoreError::Io(e.to_string()))?;
+        let to_materializer = ToMaterializer {
+            tx,
+            thread: materializer.thread().clone(),
+        };
         let (tx, rx) = mpsc::channel(4096);
         let writer_shared = shared.clone();
         std::thread::Builder::new()
@@ -338,6 +342,12 @@ enum Materialize {
 
 /// At most this many applied commands go into one state-file transaction.
 const MATERIALIZE_BATCH: usize = 4096;
+/// Batches that come within this long of the last state-file transaction wait for the
+/// next one: under load one redb transaction takes many log records instead of one or
+/// two each (a transaction has a fixed cost: its tables' roots, checksums and pages are
+/// written again). Nothing reads the state file while the store runs, and a crash
+/// replays these batches from the log, so waiting costs neither reads nor durability.
+const MATERIALIZE_EVERY: Duration = Duration::from_millis(10);
 
 /// The store stops taking work: the in-memory state may be ahead of what a restart finds.
 fn stop_store(shared: &Shared, e: StoreError) {
@@ -357,7 +367,7 @@ fn stop_store(shared: &Shared, e: StoreError) {
 fn writer_loop(
     shared: &Shared,
     mut wal: WalLog,
-    materializer: &std::sync::mpsc::Sender<Materialize>,
+    materializer: &ToMaterializer,
     mut rx: mpsc::Receiver<Request>,
 ) {
     let limits = shared.config.limits.clone();
@@ -475,7 +485,7 @@ fn writer_loop(
                 compact_revision,
                 seq,
             };
-            if materializer.send(batch).is_err() {
+            if materializer.batch(batch).is_err() {
                 // The materializer stopped (and said why). This batch was answered and
                 // published to a hub already closed: it is in the log, and the next start
                 // writes it into the state file.
@@ -483,11 +493,16 @@ fn writer_loop(
                 return;
             }
             if wal.checkpoint_due() {
+                let started = Instant::now();
                 let (tx, done) = std::sync::mpsc::sync_channel(1);
                 let result = materializer
-                    .send(Materialize::Checkpoint(tx))
+                    .now(Materialize::Checkpoint(tx))
                     .map_err(|_| StoreError::Stopped)
                     .and_then(|_| done.recv().map_err(|_| StoreError::Stopped)?);
+                shared
+                    .metrics
+                    .checkpoint_seconds
+                    .observe(started.elapsed().as_secs_f64());
                 match result {
                     Ok(()) => wal.checkpointed(),
                     Err(e) => {
@@ -499,7 +514,7 @@ fn writer_loop(
         }
         if let Some(done) = stop {
             let (tx, closed) = std::sync::mpsc::sync_channel(1);
-            if materializer.send(Materialize::Stop(tx)).is_ok() {
+            if materializer.now(Materialize::Stop(tx)).is_ok() {
                 let _ = closed.recv();
             }
             lock(&shared.hub).close_all();
@@ -507,6 +522,32 @@ fn writer_loop(
             let _ = done.send(());
             return;
         }
+    }
+}
+
+/// The writer's end of the materializer's channel. Batches wait for the materializer's
+/// next round; checkpoints and stopping wake it.
+struct ToMaterializer {
+    tx: std::sync::mpsc::Sender<Materialize>,
+    thread: std::thread::Thread,
+}
+
+impl ToMaterializer {
+    fn batch(&self, msg: Materialize) -> Result<(), std::sync::mpsc::SendError<Materialize>> {
+        self.tx.send(msg)
+    }
+
+    fn now(&self, msg: Materialize) -> Result<(), std::sync::mpsc::SendError<Materialize>> {
+        self.tx.send(msg)?;
+        self.thread.unpark();
+        Ok(())
+    }
+}
+
+impl Drop for ToMaterializer {
+    fn drop(&mut self) {
+        // The channel closes with this; let a waiting materializer see it at once.
+        self.thread.unpark();
     }
 }
 
@@ -525,6 +566,8 @@ struct Materializer {
     applied: Vec<Applied>,
     /// Revision, compact revision and log record of the last waiting batch.
     last: Option<(i64, i64, u64)>,
+    /// Log records among the waiting batches.
+    records: u64,
 }
 
 impl Materializer {
@@ -543,6 +586,11 @@ impl Materializer {
             None => return Ok(()),
         }
         self.applied.clear();
+        let metrics = &self.shared.metrics;
+        metrics.materialized_txns.inc();
+        metrics
+            .materialized_records
+            .inc_by(std::mem::take(&mut self.records));
         let size = self.persist.size_bytes();
         self.shared.db_size.store(size, Ordering::Relaxed);
         self.shared.metrics.db_size_bytes.set(size);
@@ -559,6 +607,7 @@ impl Materializer {
             } => {
                 self.applied.extend(applied);
                 self.last = Some((revision, compact_revision, seq));
+                self.records += 1;
                 if self.applied.len() >= MATERIALIZE_BATCH {
                     self.flush(false)?;
                 }
@@ -593,12 +642,27 @@ fn materializer_loop(
         persist,
         applied: Vec::new(),
         last: None,
+        records: 0,
     };
+    let mut last_flush = Instant::now();
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
         let result = loop {
             let Some(msg) = next.take() else {
-                // Nothing more waiting: write what came.
+                // Nothing more waiting: write what came, once the last transaction is
+                // long enough ago (a checkpoint or a full batch writes at once).
+                // Parked rather than blocked on the channel, so that a batch sent meanwhile
+                // does not wake this thread (a checkpoint or stop does: `ToMaterializer`).
+                let wait =
+                    (last_flush + MATERIALIZE_EVERY).saturating_duration_since(Instant::now());
+                if !wait.is_zero() && m.last.is_some() {
+                    std::thread::park_timeout(wait);
+                    next = rx.try_recv().ok();
+                    if next.is_some() {
+                        continue;
+                    }
+                }
+                last_flush = Instant::now();
                 break m.flush(false);
             };
             match m.handle(msg) {

@@ -11,6 +11,12 @@ pub struct StoreMetrics {
     pub commit_seconds: Histogram,
     /// Commands per durable batch (group commit effectiveness).
     pub batch_size: Histogram,
+    /// Time the writer waits for a checkpoint (the state file's durable commit that
+    /// lets the log start over), in seconds.
+    pub checkpoint_seconds: Histogram,
+    /// State-file transactions written behind the log (and the log records in them).
+    pub materialized_txns: Counter,
+    pub materialized_records: Counter,
     pub applied_revision: Gauge,
     pub writes: Counter,
     pub watchers: Gauge,
@@ -22,6 +28,9 @@ impl Default for StoreMetrics {
         Self {
             commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            checkpoint_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            materialized_txns: Counter::default(),
+            materialized_records: Counter::default(),
             applied_revision: Gauge::default(),
             writes: Counter::default(),
             watchers: Gauge::default(),
@@ -42,6 +51,21 @@ impl StoreMetrics {
             "commit_batch_size",
             "Commands per durable batch",
             self.batch_size.clone(),
+        );
+        r.register(
+            "checkpoint_duration_seconds",
+            "Time the writer waits for the state file's durable commit before the log starts over",
+            self.checkpoint_seconds.clone(),
+        );
+        r.register(
+            "materialized_transactions",
+            "State-file transactions written behind the log",
+            self.materialized_txns.clone(),
+        );
+        r.register(
+            "materialized_log_records",
+            "Log records written into the state file",
+            self.materialized_records.clone(),
         );
         r.register(
             "applied_revision",

@@ -99,9 +99,9 @@ impl WalLog {
         revision: i64,
         compact_revision: i64,
     ) -> StoreResult<u64> {
-        let payload =
-            postcard::to_allocvec(&WalBatch::of(batch, revision, compact_revision)).map_err(io)?;
-        self.wal.append(&payload)
+        let batch = WalBatch::of(batch, revision, compact_revision);
+        self.wal
+            .append_with(|buf| crate::wal::encode_into(&batch, buf))
     }
 
     /// Whether the state file should be committed durably now, so that the log can start

@@ -8,7 +8,8 @@ use lattice_apis::{KindInfo, Resource};
 use serde_json::Value;
 
 use crate::client::{
-    Client, DeleteParams, ListParams, Patch, PatchParams, PostParams, RawWatchEvent, WatchParams,
+    Client, DeleteParams, ListParams, Patch, PatchParams, PostParams, RawWatchEvent,
+    StoredEventType, WatchParams,
 };
 use crate::error::{Error, ErrorResponse, Result};
 use crate::resource::{kind_info, ResourceExt};
@@ -222,6 +223,14 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
                     RawWatchEvent::Deleted(v) => WatchEvent::Deleted(decode(v)?),
                     RawWatchEvent::Bookmark(rv) => WatchEvent::Bookmark(rv),
                     RawWatchEvent::Error(e) => WatchEvent::Error(e),
+                    RawWatchEvent::Stored(s) => {
+                        let obj = s.decode()?;
+                        match s.kind {
+                            StoredEventType::Added => WatchEvent::Added(obj),
+                            StoredEventType::Modified => WatchEvent::Modified(obj),
+                            StoredEventType::Deleted => WatchEvent::Deleted(obj),
+                        }
+                    }
                 })
             })
             .boxed())
@@ -283,6 +292,21 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
             .patch(self.kind, self.ns(), name, patch, Some("status"), params)
             .await?;
         decode(v)
+    }
+
+    /// PATCH `/status` without decoding the answer, for a writer that does not use it
+    /// (decoding the updated object costs as much as a good part of the patch).
+    pub async fn patch_status_unread(
+        &self,
+        name: &str,
+        params: &PatchParams,
+        patch: &Patch,
+    ) -> Result<()> {
+        self.client
+            .transport()
+            .patch(self.kind, self.ns(), name, patch, Some("status"), params)
+            .await
+            .map(drop)
     }
 
     /// DELETE with optional preconditions.

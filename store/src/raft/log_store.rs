@@ -213,9 +213,10 @@ impl Writer {
                     committed,
                 };
                 let started = Instant::now();
-                let logged = postcard::to_allocvec(&batch)
-                    .map_err(|e| e.to_string())
-                    .and_then(|payload| self.wal.append(&payload).map_err(|e| e.to_string()));
+                let logged = self
+                    .wal
+                    .append_with(|buf| crate::wal::encode_into(&batch, buf))
+                    .map_err(|e| e.to_string());
                 self.db
                     .metrics
                     .log_flush_seconds

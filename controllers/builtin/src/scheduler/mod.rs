@@ -656,7 +656,7 @@ async fn explain(shared: &Shared, a: &Allocation, code: &str, msg: &str) {
     if let Err(e) = shared
         .api
         .for_obj(a)
-        .patch_status(
+        .patch_status_unread(
             a.name_any(),
             &PatchParams::default(),
             &Patch::Json(json!(ops)),

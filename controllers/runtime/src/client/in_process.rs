@@ -98,6 +98,29 @@ fn classify(c: &Change, sel: &Selectors) -> Option<RawWatchEvent> {
     }
 }
 
+/// A store event as a [`RawWatchEvent::Stored`] (what [`classify`] makes of it without
+/// selectors: a put is ADDED unless the key existed before).
+fn stored_event(ev: &lattice_store::Event) -> Option<RawWatchEvent> {
+    let (kind, bytes) = match ev.kind {
+        lattice_store::EventType::Put if ev.prev_kv.is_some() => {
+            (StoredEventType::Modified, &ev.kv.value)
+        }
+        lattice_store::EventType::Put => (StoredEventType::Added, &ev.kv.value),
+        lattice_store::EventType::Delete => {
+            let Some(p) = ev.prev_kv.as_ref() else {
+                tracing::warn!(key = ?ev.kv.key, "delete event without prev_kv; skipped");
+                return None;
+            };
+            (StoredEventType::Deleted, &p.value)
+        }
+    };
+    Some(RawWatchEvent::Stored(StoredEvent {
+        kind,
+        bytes: bytes.clone(),
+        resource_version: ev.kv.mod_revision,
+    }))
+}
+
 #[async_trait]
 impl Transport for InProcessTransport {
     async fn get(&self, kind: &'static KindInfo, ns: Option<&str>, name: &str) -> Result<Value> {
@@ -188,13 +211,18 @@ impl Transport for InProcessTransport {
                         }
                     }
                     Ok(b) => {
-                        let mut out: Vec<Result<RawWatchEvent>> = b
-                            .events
-                            .iter()
-                            .filter_map(convert_event)
-                            .filter_map(|c| classify(&c, &sel))
-                            .map(Ok)
-                            .collect();
+                        let mut out: Vec<Result<RawWatchEvent>> = if sel.is_empty() {
+                            // No selector to evaluate: the stored bytes as they are,
+                            // decoded once by whoever reads the event.
+                            b.events.iter().filter_map(stored_event).map(Ok).collect()
+                        } else {
+                            b.events
+                                .iter()
+                                .filter_map(convert_event)
+                                .filter_map(|c| classify(&c, &sel))
+                                .map(Ok)
+                                .collect()
+                        };
                         // The batch's revision covers events the selector filtered out.
                         if bookmarks && out.is_empty() {
                             out.push(Ok(RawWatchEvent::Bookmark(b.revision.to_string())));

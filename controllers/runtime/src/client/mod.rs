@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
-use lattice_apis::KindInfo;
+use lattice_apis::{KindInfo, Resource};
 use serde_json::Value;
 
 use crate::error::{ErrorResponse, Result};
@@ -252,6 +252,74 @@ pub enum RawWatchEvent {
     Bookmark(String),
     /// An in-stream error (410 when the watch fell behind compaction).
     Error(ErrorResponse),
+    /// ADDED, MODIFIED or DELETED as the store holds the object: its JSON without
+    /// `metadata.resourceVersion`, and that revision. The in-process transport sends
+    /// these so that a typed watch decodes the bytes once, straight into its type;
+    /// [`RawWatchEvent::into_json`] turns one into the JSON variant.
+    Stored(StoredEvent),
+}
+
+/// Which JSON event a [`StoredEvent`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoredEventType {
+    /// As [`RawWatchEvent::Added`].
+    Added,
+    /// As [`RawWatchEvent::Modified`].
+    Modified,
+    /// As [`RawWatchEvent::Deleted`].
+    Deleted,
+}
+
+/// A watch event as stored bytes (see [`RawWatchEvent::Stored`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredEvent {
+    /// ADDED, MODIFIED or DELETED.
+    pub kind: StoredEventType,
+    /// The object's JSON as stored (without `metadata.resourceVersion`).
+    pub bytes: bytes::Bytes,
+    /// Its resourceVersion (for a deletion, the deletion's).
+    pub resource_version: i64,
+}
+
+impl StoredEvent {
+    /// The object as JSON, with its resourceVersion.
+    pub fn to_json(&self) -> Result<Value> {
+        let mut v: Value = serde_json::from_slice(&self.bytes)
+            .map_err(|e| crate::Error::decode("watch event", e))?;
+        if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert(
+                "resourceVersion".into(),
+                Value::String(self.resource_version.to_string()),
+            );
+        }
+        Ok(v)
+    }
+
+    /// The object decoded straight into `K`, with its resourceVersion.
+    pub fn decode<K: Resource>(&self) -> Result<K> {
+        let mut obj: K =
+            serde_json::from_slice(&self.bytes).map_err(|e| crate::Error::decode(K::KIND, e))?;
+        obj.metadata_mut().resource_version = Some(self.resource_version.to_string());
+        Ok(obj)
+    }
+}
+
+impl RawWatchEvent {
+    /// The event with its object as JSON (a [`RawWatchEvent::Stored`] is decoded; the
+    /// others are returned as they are).
+    pub fn into_json(self) -> Result<RawWatchEvent> {
+        Ok(match self {
+            RawWatchEvent::Stored(s) => {
+                let v = s.to_json()?;
+                match s.kind {
+                    StoredEventType::Added => RawWatchEvent::Added(v),
+                    StoredEventType::Modified => RawWatchEvent::Modified(v),
+                    StoredEventType::Deleted => RawWatchEvent::Deleted(v),
+                }
+            }
+            other => other,
+        })
+    }
 }
 
 /// A raw watch stream.
@@ -349,5 +417,63 @@ impl Client {
     /// The transport.
     pub fn transport(&self) -> &Arc<dyn Transport> {
         &self.transport
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lattice_apis::kinds::allocation::Allocation;
+
+    use super::*;
+    use crate::resource::ResourceExt;
+
+    fn stored(kind: StoredEventType) -> StoredEvent {
+        let obj = serde_json::json!({
+            "apiVersion": "lattice.dev/v1alpha1",
+            "kind": "Allocation",
+            "metadata": {"name": "a", "namespace": "t", "labels": {"team": "ml"}},
+            "spec": {"entrypoint": "/bin/true", "resources": {"nodes": 2}, "vcluster": "default"}
+        });
+        StoredEvent {
+            kind,
+            bytes: serde_json::to_vec(&obj).unwrap().into(),
+            resource_version: 42,
+        }
+    }
+
+    #[test]
+    fn a_stored_event_decodes_like_its_json_form() {
+        for kind in [
+            StoredEventType::Added,
+            StoredEventType::Modified,
+            StoredEventType::Deleted,
+        ] {
+            let s = stored(kind);
+            let typed: Allocation = s.decode().unwrap();
+            assert_eq!(typed.resource_version(), Some("42"));
+            let (json, got_kind) = match RawWatchEvent::Stored(s).into_json().unwrap() {
+                RawWatchEvent::Added(v) => (v, StoredEventType::Added),
+                RawWatchEvent::Modified(v) => (v, StoredEventType::Modified),
+                RawWatchEvent::Deleted(v) => (v, StoredEventType::Deleted),
+                other => panic!("unexpected {other:?}"),
+            };
+            assert_eq!(got_kind, kind);
+            assert_eq!(json["metadata"]["resourceVersion"], "42");
+            let via_json: Allocation = serde_json::from_value(json).unwrap();
+            assert_eq!(typed, via_json);
+        }
+    }
+
+    #[test]
+    fn a_stored_event_that_is_not_the_kind_is_a_decode_error() {
+        let s = StoredEvent {
+            kind: StoredEventType::Added,
+            bytes: bytes::Bytes::from_static(b"{\"metadata\": 7}"),
+            resource_version: 1,
+        };
+        assert!(matches!(
+            s.decode::<Allocation>(),
+            Err(crate::Error::Decode { .. })
+        ));
     }
 }
