@@ -28,6 +28,7 @@ pub mod apply;
 pub mod attach;
 pub mod auth;
 pub mod cluster_config;
+pub mod compactor;
 pub mod discovery;
 pub mod errors;
 pub mod heartbeat;

@@ -128,6 +128,12 @@ struct ServeArgs {
     /// controller applies the same limit.
     #[arg(long, default_value_t = lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE)]
     max_dag_size: usize,
+    /// How often the store's history is compacted (to the revision of one interval
+    /// earlier, so that at least this much history stays watchable; kube-apiserver's
+    /// `--etcd-compaction-interval`). 0 turns it off (then something else must compact,
+    /// or memory grows with every write).
+    #[arg(long, default_value = "5m", value_parser = parse_duration_arg)]
+    compaction_interval: Duration,
     /// Prometheus (or compatible TSDB) base URL the autoscaler queries for reactive
     /// allocations' metrics, e.g. http://prometheus:9090. A bare metric name N is queried
     /// as avg(N{lattice_allocation="<name>",lattice_tenant="<tenant>"}). Without it
@@ -445,6 +451,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }));
+    if args.compaction_interval.is_zero() {
+        tracing::warn!("--compaction-interval 0: the store's history is never compacted here");
+    } else {
+        let metrics = lattice_apiserver::compactor::CompactorMetrics::default();
+        metrics.register(&mut registry);
+        let (backend, interval, stop) = (backend.clone(), args.compaction_interval, shutdown());
+        tasks.push(tokio::spawn(async move {
+            lattice_apiserver::compactor::run(backend, interval, metrics, stop).await;
+            Ok(())
+        }));
+    }
     api.metrics().add_registry(registry);
     let listener = tokio::net::TcpListener::bind(args.api_addr)
         .await
