@@ -52,6 +52,19 @@ struct StoredChange {
     kv: KeyValue,
 }
 
+/// redb's page cache for the store's files. Nothing reads the state file while the store
+/// runs (reads are served from memory), so its cache only needs the pages a commit
+/// touches: redb's default (1 GiB) kept every page written, growing the server by the
+/// size of the history it wrote. The Raft log reads back only recent entries.
+pub(crate) const REDB_CACHE_BYTES: usize = 64 << 20;
+
+/// Open (or create) a redb file with [`REDB_CACHE_BYTES`] of cache.
+pub(crate) fn open_db(path: &Path) -> Result<Database, redb::DatabaseError> {
+    redb::Builder::new()
+        .set_cache_size(REDB_CACHE_BYTES)
+        .create(path)
+}
+
 fn seal(payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(payload.len() + 4);
     out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
@@ -246,7 +259,7 @@ impl Persist {
     fn open_file(dir: &Path) -> StoreResult<Persist> {
         std::fs::create_dir_all(dir).map_err(|e| io(format!("creating {}: {e}", dir.display())))?;
         let path = dir.join(STATE_FILE);
-        let db = Database::create(&path).map_err(|e| {
+        let db = open_db(&path).map_err(|e| {
             StoreError::Corrupt(format!(
                 "cannot open {}: {e}; restore from a backup",
                 path.display()
@@ -456,7 +469,7 @@ impl Persist {
         }
         backup.restore_into(&tmp_dir)?;
         {
-            let db = Database::create(tmp_dir.join(STATE_FILE)).map_err(io)?;
+            let db = open_db(&tmp_dir.join(STATE_FILE)).map_err(io)?;
             let txn = db.begin_write().map_err(io)?;
             {
                 let mut table = txn.open_table(RAFT_META).map_err(io)?;
@@ -638,7 +651,7 @@ impl Backup {
             )));
         }
         std::fs::create_dir_all(dir).map_err(io)?;
-        let db = Database::create(&path).map_err(io)?;
+        let db = open_db(&path).map_err(io)?;
         let txn = db.begin_write().map_err(io)?;
         {
             let mut base = txn.open_table(BASE).map_err(io)?;

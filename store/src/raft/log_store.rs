@@ -352,8 +352,8 @@ impl LogDb {
     pub(crate) fn open(dir: &Path) -> Result<Arc<LogDb>, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let path = dir.join(LOG_FILE);
-        let db =
-            Database::create(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        let db = crate::persist::open_db(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
         {
             let txn = db.begin_write().map_err(|e| e.to_string())?;
             txn.open_table(LOG).map_err(|e| e.to_string())?;
