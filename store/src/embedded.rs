@@ -348,6 +348,9 @@ const MATERIALIZE_BATCH: usize = 4096;
 /// written again). Nothing reads the state file while the store runs, and a crash
 /// replays these batches from the log, so waiting costs neither reads nor durability.
 const MATERIALIZE_EVERY: Duration = Duration::from_millis(10);
+/// A state-file transaction this long after the last durable one is itself durable
+/// (see [`Materializer::flush`]).
+const DURABLE_EVERY: Duration = Duration::from_millis(500);
 
 /// The store stops taking work: the in-memory state may be ahead of what a restart finds.
 fn stop_store(shared: &Shared, e: StoreError) {
@@ -568,24 +571,29 @@ struct Materializer {
     last: Option<(i64, i64, u64)>,
     /// Log records among the waiting batches.
     records: u64,
+    /// When the state file was last committed durably.
+    last_durable: Instant,
 }
 
 impl Materializer {
     /// Write the waiting batches in one redb transaction, durably at a checkpoint (which
     /// commits durably even with nothing waiting: earlier commits may not be).
     fn flush(&mut self, checkpoint: bool) -> StoreResult<()> {
+        // Between checkpoints, now and then a durable commit on this thread's time: the
+        // checkpoint, which the writer waits for, then has little left to flush.
+        let durable = checkpoint || self.last_durable.elapsed() >= DURABLE_EVERY;
         match self.last.take() {
-            Some((revision, compact_revision, seq)) => self.persist.materialize(
-                &self.applied,
-                revision,
-                compact_revision,
-                seq,
-                checkpoint,
-            )?,
+            Some((revision, compact_revision, seq)) => {
+                self.persist
+                    .materialize(&self.applied, revision, compact_revision, seq, durable)?
+            }
             None if checkpoint => self.persist.sync()?,
             None => return Ok(()),
         }
         self.applied.clear();
+        if durable {
+            self.last_durable = Instant::now();
+        }
         let metrics = &self.shared.metrics;
         metrics.materialized_txns.inc();
         metrics
@@ -643,6 +651,7 @@ fn materializer_loop(
         applied: Vec::new(),
         last: None,
         records: 0,
+        last_durable: Instant::now(),
     };
     let mut last_flush = Instant::now();
     while let Ok(first) = rx.recv() {
