@@ -296,6 +296,12 @@ async fn watch_prints_changes_until_terminal() {
         w.query.get("fieldSelector").map(String::as_str),
         Some("metadata.name=eval-job")
     );
+    // From the list's revision (100 here), not the object's own last change ("7"), which
+    // compaction may have passed.
+    assert_eq!(
+        w.query.get("resourceVersion").map(String::as_str),
+        Some("100")
+    );
     // Already finished: one line, exit 0, no watch.
     let r = run_alice(&f.url, &["watch", "done-1", "-o", "json"]).await;
     assert_eq!(r.code, 0);

@@ -72,18 +72,22 @@ impl CompactorMetrics {
 
 /// What one round found: the marker's version to compare against next time, and the
 /// store's revision now (the next round compacts to it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Round {
     pub marker_version: i64,
     pub revision: i64,
     /// Whether this round compacted.
     pub compacted: bool,
+    /// The round was this server's (the marker moved) but the compaction failed: the
+    /// next round goes on from the moved marker.
+    pub compact_error: Option<String>,
 }
 
 /// One round: claim the round by moving the marker from `marker_version` (to `target`),
 /// then compact to `target` (0: nothing yet to compact, the first round only records the
 /// revision). Another server having moved the marker is not an error: the round returns
-/// the marker's version it found.
+/// the marker's version it found. `Err` only when the marker could not be read or moved;
+/// a failed compaction after the marker moved is in [`Round::compact_error`].
 pub async fn round(
     backend: &dyn KvBackend,
     marker_version: i64,
@@ -117,12 +121,14 @@ pub async fn round(
             marker_version: found,
             revision: resp.revision,
             compacted: false,
+            compact_error: None,
         });
     }
     let round = Round {
         marker_version: marker_version + 1,
         revision: resp.revision,
         compacted: target > 0,
+        compact_error: None,
     };
     if target > 0 {
         match backend.compact(target).await {
@@ -134,7 +140,13 @@ pub async fn round(
                     ..round
                 })
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                return Ok(Round {
+                    compacted: false,
+                    compact_error: Some(e.to_string()),
+                    ..round
+                })
+            }
         }
     }
     Ok(round)
@@ -160,7 +172,10 @@ pub async fn run(
         }
         match round(backend.as_ref(), marker_version, target).await {
             Ok(r) => {
-                if r.compacted {
+                if let Some(e) = &r.compact_error {
+                    metrics.failures.inc();
+                    tracing::warn!(revision = target, error = %e, "compaction failed; retrying next interval");
+                } else if r.compacted {
                     metrics.compactions.inc();
                     metrics.revision.set(target);
                     tracing::info!(revision = target, "compacted the store's history");

@@ -60,7 +60,8 @@ async fn rounds_compact_to_the_previous_rounds_revision_and_stale_servers_skip()
         Round {
             marker_version: 2,
             revision: r2.revision,
-            compacted: true
+            compacted: true,
+            compact_error: None,
         }
     );
     assert_eq!(store.status().await.unwrap().compact_revision, r1.revision);
@@ -130,4 +131,99 @@ async fn the_loop_keeps_compacting_while_writes_go_on_and_stops_when_told() {
         .await
         .expect("the loop stops when told")
         .unwrap();
+}
+
+/// The embedded store whose compactions fail while `fail` is set.
+struct FailingCompact {
+    inner: EmbeddedStore,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl KvBackend for FailingCompact {
+    async fn range(
+        &self,
+        req: RangeRequest,
+    ) -> lattice_store::StoreResult<lattice_store::RangeResponse> {
+        self.inner.range(req).await
+    }
+    async fn txn(
+        &self,
+        req: lattice_store::TxnRequest,
+    ) -> lattice_store::StoreResult<lattice_store::TxnResponse> {
+        self.inner.txn(req).await
+    }
+    async fn watch(
+        &self,
+        req: lattice_store::WatchRequest,
+    ) -> lattice_store::StoreResult<lattice_store::WatchStream> {
+        self.inner.watch(req).await
+    }
+    async fn lease_grant(
+        &self,
+        id: i64,
+        ttl: i64,
+    ) -> lattice_store::StoreResult<lattice_store::LeaseGrant> {
+        self.inner.lease_grant(id, ttl).await
+    }
+    async fn lease_revoke(&self, id: i64) -> lattice_store::StoreResult<i64> {
+        self.inner.lease_revoke(id).await
+    }
+    async fn lease_keep_alive(&self, id: i64) -> lattice_store::StoreResult<i64> {
+        self.inner.lease_keep_alive(id).await
+    }
+    async fn lease_time_to_live(
+        &self,
+        id: i64,
+        keys: bool,
+    ) -> lattice_store::StoreResult<lattice_store::LeaseTimeToLive> {
+        self.inner.lease_time_to_live(id, keys).await
+    }
+    async fn lease_leases(&self) -> lattice_store::StoreResult<Vec<i64>> {
+        self.inner.lease_leases().await
+    }
+    async fn compact(&self, revision: i64) -> lattice_store::StoreResult<i64> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Backend("disk on fire".into()));
+        }
+        self.inner.compact(revision).await
+    }
+    async fn status(&self) -> lattice_store::StoreResult<lattice_store::StoreStatus> {
+        self.inner.status().await
+    }
+}
+
+#[tokio::test]
+async fn a_failed_compaction_keeps_the_round_and_the_next_one_compacts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FailingCompact {
+        inner: EmbeddedStore::open(dir.path(), StoreConfig::default())
+            .await
+            .unwrap(),
+        fail: true.into(),
+    };
+    put(&store.inner, "/k", "v1").await;
+    let r1 = compactor::round(&store, 0, 0).await.unwrap();
+    put(&store.inner, "/k", "v2").await;
+    // The marker moves, the compaction fails: reported in the round, not as Err.
+    let r2 = compactor::round(&store, r1.marker_version, r1.revision)
+        .await
+        .unwrap();
+    assert_eq!(r2.marker_version, 2);
+    assert!(!r2.compacted);
+    assert!(r2
+        .compact_error
+        .as_deref()
+        .unwrap()
+        .contains("disk on fire"));
+    // Going on from the moved marker, the next round is this server's and compacts.
+    store.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    let r3 = compactor::round(&store, r2.marker_version, r2.revision)
+        .await
+        .unwrap();
+    assert_eq!((r3.marker_version, r3.compacted), (3, true));
+    assert_eq!(
+        store.inner.status().await.unwrap().compact_revision,
+        r2.revision
+    );
 }

@@ -526,15 +526,40 @@ pub async fn watch(
     let mut backoff = Duration::from_millis(500);
     loop {
         // (Re)read the object: the starting point, and anything missed while disconnected.
-        let a = workload::get_object(
-            ctx,
-            "allocations",
-            "allocation",
-            Some(&tenant),
-            &args.id,
-            "lattice status",
-        )
-        .await?;
+        // Listed, not fetched: the watch starts at the list's revision. The object's own
+        // resourceVersion is its last change, which compaction may have passed (an
+        // allocation running unchanged for a while): a watch from it is 410 Gone, again
+        // on every retry.
+        let params = ListParams {
+            label_selector: None,
+            field_selector: Some(format!("metadata.name={}", args.id)),
+        };
+        let path = collection("allocations", Some(&tenant));
+        let list = ctx
+            .client
+            .list(&path, &params)
+            .await
+            .map_err(|e| CliError::from_client(format!("watch allocation {:?}", args.id), e))?;
+        let listed = list
+            .get("items")
+            .and_then(Value::as_array)
+            .and_then(|items| items.iter().find(|o| name(o) == args.id))
+            .cloned();
+        let a = match listed {
+            Some(a) => a,
+            // Not there: the usual not-found error (or the object, created meanwhile).
+            None => {
+                workload::get_object(
+                    ctx,
+                    "allocations",
+                    "allocation",
+                    Some(&tenant),
+                    &args.id,
+                    "lattice status",
+                )
+                .await?
+            }
+        };
         emit(ctx, &a, out)?;
         if is_terminal(phase(&a)) {
             return Ok(if phase(&a) == "Completed" {
@@ -543,18 +568,14 @@ pub async fn watch(
                 exit::ERROR
             });
         }
-        let rv = s(&a, "/metadata/resourceVersion")
+        let rv = list
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .filter(|rv| !rv.is_empty())
+            .or_else(|| s(&a, "/metadata/resourceVersion"))
             .unwrap_or_default()
             .to_string();
-        let params = ListParams {
-            label_selector: None,
-            field_selector: Some(format!("metadata.name={}", args.id)),
-        };
-        let mut stream = match ctx
-            .client
-            .watch(&collection("allocations", Some(&tenant)), &params, &rv)
-            .await
-        {
+        let mut stream = match ctx.client.watch(&path, &params, &rv).await {
             Ok(s) => s,
             Err(e) if e.is_transient() => {
                 if !ctx.quiet {
