@@ -792,6 +792,12 @@ impl Ctx {
         f(m)
     }
 
+    /// Whether anything is remembered for `a`.
+    fn remembers(&self, a: &Allocation) -> bool {
+        let all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        !all.is_empty() && all.contains_key(&key(a.namespace(), a.name_any()))
+    }
+
     fn forget(&self, namespace: Option<&str>, name: &str) {
         let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
         all.remove(&key(namespace, name));
@@ -885,7 +891,16 @@ pub fn register(
                 memory: Mutex::new(HashMap::new()),
             });
             let forget = ctx.clone();
+            let mine = ctx.clone();
             controller
+                // Only reactive allocations with a scale policy are ever evaluated;
+                // the rest of a busy kind need not wake this controller. One it still
+                // remembers comes in, so that its memory is dropped.
+                .filter(move |a: &Allocation| {
+                    (a.spec.lifecycle.type_ == LifecycleType::Reactive
+                        && a.spec.lifecycle.scale_policy.is_some())
+                        || mine.remembers(a)
+                })
                 .on_deleted(move |r: ObjectRef| {
                     forget.forget(r.namespace.as_deref(), &r.name);
                     async {}

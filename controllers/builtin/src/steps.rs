@@ -59,10 +59,27 @@ pub fn register(host: &mut lattice_runtime::ControllerHost, backend: Arc<dyn KvB
                 store: controller.store(),
             });
             // Steps are owned by their allocation: a step's change also wakes the
-            // allocation, and the allocation's reconcile looks at all its steps.
-            controller.owns::<Allocation>().run(reconcile, ctx).await;
+            // allocation, and the allocation's reconcile looks at all its steps. Only
+            // steps and allocations with steps are reconciled (anything else is a no-op
+            // there), so the rest of the allocations need not wake this controller.
+            let store = ctx.store.clone();
+            controller
+                .filter(move |a: &Allocation| a.spec.step_of.is_some() || has_steps(&store, a))
+                .owns::<Allocation>()
+                .run(reconcile, ctx)
+                .await;
         }
     });
+}
+
+/// Whether the cache holds a step of `a`.
+fn has_steps(store: &Store<Allocation>, a: &Allocation) -> bool {
+    a.uid().is_some_and(|uid| {
+        store
+            .by_owner_uid(uid)
+            .iter()
+            .any(|s| s.spec.step_of.as_deref() == a.metadata.name.as_deref())
+    })
 }
 
 fn user_of(a: &Allocation) -> Option<&str> {

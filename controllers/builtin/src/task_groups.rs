@@ -50,7 +50,13 @@ pub fn register(host: &mut lattice_runtime::ControllerHost) {
             store: controller.store(),
         });
         // Elements are Allocations owned by an Allocation: `owns` maps them to the parent.
-        controller.owns::<Allocation>().run(reconcile, ctx).await;
+        // Only parents are reconciled (anything else is a no-op there), so the rest of
+        // the allocations need not wake this controller.
+        controller
+            .filter(is_parent)
+            .owns::<Allocation>()
+            .run(reconcile, ctx)
+            .await;
     });
 }
 

@@ -132,6 +132,7 @@ impl Default for Config {
 
 type TriggerFn = Box<dyn FnOnce(WorkQueue<ObjectRef>) -> BoxFuture<'static, ()> + Send>;
 type Predicate<K> = Arc<dyn Fn(&K) -> Option<u64> + Send + Sync>;
+type Filter<K> = Arc<std::sync::OnceLock<Box<dyn Fn(&K) -> bool + Send + Sync>>>;
 /// Last predicate value per object.
 type Memo = Arc<Mutex<std::collections::HashMap<ObjectRef, u64>>>;
 
@@ -213,6 +214,22 @@ where
     })
 }
 
+/// Refs of the cached primaries `filter` accepts (all of them without one).
+fn primary_refs<K: Resource + Send + Sync + 'static>(
+    store: &crate::reflector::Store<K>,
+    filter: &Filter<K>,
+) -> Vec<ObjectRef> {
+    match filter.get() {
+        None => store.refs(),
+        Some(f) => store
+            .state()
+            .into_iter()
+            .filter(|o| f(o))
+            .map(|o| o.object_ref())
+            .collect(),
+    }
+}
+
 fn sync_gate<O: Resource + Send + Sync + 'static>(inf: &SharedInformer<O>) -> SyncGate {
     let store = inf.store();
     async move { store.wait_until_synced().await }.boxed()
@@ -231,6 +248,7 @@ pub struct Controller<K> {
     ready: Arc<watch::Sender<bool>>,
     predicate: Arc<Mutex<Option<Predicate<K>>>>,
     memo: Memo,
+    filter: Filter<K>,
 }
 
 impl<K: Resource + Send + Sync + 'static> Controller<K> {
@@ -244,9 +262,14 @@ impl<K: Resource + Send + Sync + 'static> Controller<K> {
         let informer = factory.informer::<K>(params);
         let predicate: Arc<Mutex<Option<Predicate<K>>>> = Arc::new(Mutex::new(None));
         let memo: Memo = Arc::default();
+        let filter: Filter<K> = Arc::default();
         let seen = memo.clone();
         let pred = predicate.clone();
+        let only = filter.clone();
         let primary = forward(informer.clone(), move |ev: &InformerEvent<K>| {
+            if only.get().is_some_and(|f| !f(ev.object())) {
+                return Vec::new();
+            }
             let r = ev.object().object_ref();
             let p = pred.lock().ok().and_then(|g| g.clone());
             if let Some(p) = p {
@@ -279,6 +302,7 @@ impl<K: Resource + Send + Sync + 'static> Controller<K> {
             ready: Arc::new(watch::channel(false).0),
             predicate,
             memo,
+            filter,
         }
     }
 
@@ -324,6 +348,20 @@ impl<K: Resource + Send + Sync + 'static> Controller<K> {
     pub fn predicate(self, predicate: impl Fn(&K) -> Option<u64> + Send + Sync + 'static) -> Self {
         if let Ok(mut g) = self.predicate.lock() {
             *g = Some(Arc::new(predicate));
+        }
+        self
+    }
+
+    /// Only the `K`s `filter` accepts are this controller's primaries: their change and
+    /// deletion events (judged on the new, or the last known, state) enqueue them, and
+    /// the start-up pass and resyncs include only them. Triggers from owned and watched
+    /// kinds still enqueue whatever they map to. For controllers that care about a few
+    /// objects of a busy kind (controller-runtime's event filters): the reconcile of an
+    /// object the filter refuses must be a no-op, since it is never called for one. Set
+    /// once; a second call is ignored.
+    pub fn filter(self, filter: impl Fn(&K) -> bool + Send + Sync + 'static) -> Self {
+        if self.filter.set(Box::new(filter)).is_err() {
+            tracing::warn!(controller = %self.config.name, "a controller's filter is set once; ignoring the second");
         }
         self
     }
@@ -400,10 +438,11 @@ impl<K: Resource + Send + Sync + 'static> Controller<K> {
         S: Stream<Item = ()> + Send + 'static,
     {
         let store = self.informer.store();
+        let filter = self.filter.clone();
         self.triggers.push(Box::new(move |q: WorkQueue<ObjectRef>| {
             stream
                 .for_each(move |()| {
-                    for r in store.refs() {
+                    for r in primary_refs(&store, &filter) {
                         q.add(r);
                     }
                     futures::future::ready(())
@@ -489,7 +528,9 @@ impl<K: Resource + Send + Sync + 'static> Controller<K> {
             ready,
             predicate,
             memo,
+            filter,
         } = self;
+        let primaries = |store: &crate::reflector::Store<K>| primary_refs(store, &filter);
         let name = config.name.clone();
         let label = RuntimeMetrics::label(&name);
         let queue = WorkQueue::<ObjectRef>::new(QueueConfig {
@@ -516,7 +557,7 @@ impl<K: Resource + Send + Sync + 'static> Controller<K> {
                 }
             }
         }
-        for r in store.refs() {
+        for r in primaries(&store) {
             queue.add(r);
         }
         ready.send_replace(true);
@@ -564,7 +605,7 @@ impl<K: Resource + Send + Sync + 'static> Controller<K> {
                     metrics.in_flight.get_or_create(&label).dec();
                 }
                 _ = &mut resync, if config.resync.is_some() => {
-                    for r in store.refs() {
+                    for r in primaries(&store) {
                         queue.add(r);
                     }
                     resync.as_mut().reset(next_resync(resync_period));

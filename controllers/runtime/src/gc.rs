@@ -499,9 +499,13 @@ fn collector<D: Resource + Send + Sync + 'static>(
     ready: &mut Vec<tokio::sync::watch::Receiver<bool>>,
 ) -> BoxFuture<'static, ()> {
     // Each collector reports its own readiness; the host sees them all-or-nothing.
+    // `collect` has nothing to do for an object with no owners that is not being
+    // deleted; such objects (most of a busy kind) need not wake the collector. Owners'
+    // changes still reach their dependents through `related`.
     let c = crate::Controller::<D>::new(&ctx.factory)
         .name(&ctx.name)
-        .metrics(ctx.metrics.clone());
+        .metrics(ctx.metrics.clone())
+        .filter(|o: &D| o.is_deleting() || !o.owner_references().is_empty());
     ready.push(c.ready());
     let store = c.store();
     let c = related::<D, Allocation>(c, store.clone());

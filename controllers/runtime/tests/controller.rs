@@ -448,3 +448,83 @@ async fn generation_predicate_skips_status_only_updates() {
     .unwrap();
     assert!(eventually(T, || seen.names.lock().unwrap().iter().any(|n| n == "a1@2")).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filter_keeps_other_objects_out_but_owned_children_still_trigger() {
+    let env = env().await;
+    let api: Api<Allocation> = Api::namespaced(env.client.clone(), "t1");
+    let mut wanted = alloc("wanted", "t1");
+    wanted.metadata.labels.insert("mine".into(), "yes".into());
+    api.create(&PostParams::default(), &wanted).await.unwrap();
+    let other = api
+        .create(&PostParams::default(), &alloc("other", "t1"))
+        .await
+        .unwrap();
+    let f = factory(&env);
+    let seen = Arc::new(Seen::default());
+    let c = Controller::<Allocation>::new(&f)
+        .name("filtered")
+        .filter(|a: &Allocation| a.labels().contains_key("mine"))
+        .owns::<Allocation>()
+        .on_deleted({
+            let seen = seen.clone();
+            move |r: ObjectRef| {
+                let seen = seen.clone();
+                async move { seen.deleted.lock().unwrap().push(r.name) }
+            }
+        });
+    tokio::spawn(c.run(
+        |a: Arc<Allocation>, s: Arc<Seen>| async move {
+            s.names.lock().unwrap().push(a.name_any().to_string());
+            Ok::<_, std::convert::Infallible>(Action::await_change())
+        },
+        seen.clone(),
+    ));
+    let names = |s: &Seen| s.names.lock().unwrap().clone();
+    // Start-up pass: only the accepted object.
+    assert!(
+        eventually(T, || names(&seen) == ["wanted"]).await,
+        "{:?}",
+        names(&seen)
+    );
+    // Changes to refused objects are dropped; a refused object that starts to match
+    // comes in with that change.
+    api.patch_status(
+        "other",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Running"}})),
+    )
+    .await
+    .unwrap();
+    api.patch(
+        "wanted",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+    )
+    .await
+    .unwrap();
+    assert!(eventually(T, || names(&seen).len() == 2).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        names(&seen),
+        ["wanted", "wanted"],
+        "the refused object's change is dropped"
+    );
+    // A child of a refused owner still triggers that owner (owns maps past the filter).
+    let mut child = alloc("child", "t1");
+    child.metadata.owner_references = vec![other.owner_ref(true).unwrap()];
+    api.create(&PostParams::default(), &child).await.unwrap();
+    assert!(eventually(T, || names(&seen).iter().any(|n| n == "other")).await);
+    assert!(
+        !names(&seen).iter().any(|n| n == "child"),
+        "the child itself is refused"
+    );
+    // The deletion of an accepted object reaches the hook; a refused one's does not.
+    api.delete("wanted", &DeleteParams::default())
+        .await
+        .unwrap();
+    api.delete("child", &DeleteParams::default()).await.unwrap();
+    assert!(eventually(T, || seen.deleted.lock().unwrap().len() == 1).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(*seen.deleted.lock().unwrap(), ["wanted"]);
+}

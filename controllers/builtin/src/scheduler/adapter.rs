@@ -478,7 +478,9 @@ pub fn mark_preemptors(
     queued: &[Arc<Allocation>],
     allocation: impl Fn(&str, &str) -> Option<Arc<Allocation>>,
 ) {
-    if queued.is_empty() {
+    // Only checkpointing work can have been preempted for someone (the common case under
+    // a long queue is none: skip indexing the queue).
+    if queued.is_empty() || !inv.running.iter().any(|r| r.checkpointing) {
         return;
     }
     let mut by_name: HashMap<String, Option<usize>> = HashMap::new();
