@@ -287,7 +287,10 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     // The queue of this vCluster; a queued allocation whose vCluster is missing gets told.
     let mut queued: Vec<Arc<Allocation>> = Vec::new();
     let mut unresolved: Vec<(Arc<Allocation>, String)> = Vec::new();
-    for a in allocs.find(adapter::is_queued) {
+    for (i, a) in allocs.find(adapter::is_queued).into_iter().enumerate() {
+        if i % YIELD_EVERY == YIELD_EVERY - 1 {
+            tokio::task::yield_now().await;
+        }
         match adapter::resolve_vcluster(&a, exists) {
             Ok(k) if &k == key => queued.push(a),
             Ok(_) => {}
@@ -519,7 +522,10 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
 
     // Every allocation left in the queue carries a reason.
     let mut reasons: Vec<(&Allocation, &str, String)> = Vec::new();
-    for e in &plan.pending {
+    for (i, e) in plan.pending.iter().enumerate() {
+        if i % YIELD_EVERY == YIELD_EVERY - 1 {
+            tokio::task::yield_now().await;
+        }
         let Some(a) = name_of(e.job) else { continue };
         let code = reason_code(&e.reason);
         let msg = match &e.reason {
@@ -656,6 +662,11 @@ async fn explain(shared: &Shared, a: &Allocation, code: &str, msg: &str) {
 /// operations, etcd's default `--max-txn-ops`).
 const EXPLAIN_BATCH: usize = 64;
 
+/// Loops of a cycle over every queued allocation yield to the runtime this often, so a
+/// queue of 100,000 does not hold a worker thread (and the requests behind it) for the
+/// whole loop.
+const YIELD_EVERY: usize = 4096;
+
 /// [`explain`] for many allocations: the reasons that changed are written straight to
 /// the store, many per transaction, each guarded by the revision the decision was made
 /// on (the scheduler's own status field, like a binding's: through the API, one write
@@ -663,8 +674,12 @@ const EXPLAIN_BATCH: usize = 64;
 /// a queue of new arrivals explains each of them). When a guard fails the batch is
 /// written again one allocation at a time, so only the stale explanations are dropped.
 async fn explain_all(shared: &Shared, items: &[(&Allocation, &str, String)]) {
-    let mut writes: Vec<(String, i64, Vec<u8>)> = Vec::new();
-    for (a, code, msg) in items {
+    let per_txn = EXPLAIN_BATCH.min(shared.backend.max_txn_ops() / 2).max(1);
+    let mut chunk: Vec<(String, i64, Vec<u8>)> = Vec::with_capacity(per_txn);
+    for (i, (a, code, msg)) in items.iter().enumerate() {
+        if i % YIELD_EVERY == YIELD_EVERY - 1 {
+            tokio::task::yield_now().await;
+        }
         let st = a.status.as_ref();
         if st.and_then(|s| s.reason.as_deref()) == Some(*code)
             && st.and_then(|s| s.message.as_deref()) == Some(msg.as_str())
@@ -680,7 +695,7 @@ async fn explain_all(shared: &Shared, items: &[(&Allocation, &str, String)]) {
         st.message = Some(msg.clone());
         o.metadata.resource_version = None;
         match serde_json::to_vec(&o) {
-            Ok(v) => writes.push((
+            Ok(v) => chunk.push((
                 crate::objects::key_of::<Allocation>(a.namespace(), a.name_any()),
                 rev,
                 v,
@@ -689,35 +704,46 @@ async fn explain_all(shared: &Shared, items: &[(&Allocation, &str, String)]) {
                 tracing::warn!(allocation = %a.name_any(), error = %e, "pending reason not encoded")
             }
         }
+        // Encoded a batch at a time, written before the next is encoded: a cycle over a
+        // long queue of new arrivals never computes long without an await.
+        if chunk.len() == per_txn {
+            write_reasons(shared, &chunk).await;
+            chunk.clear();
+        }
     }
-    let per_txn = EXPLAIN_BATCH.min(shared.backend.max_txn_ops() / 2).max(1);
-    for chunk in writes.chunks(per_txn) {
+    write_reasons(shared, &chunk).await;
+}
+
+/// One transaction of [`explain_all`]'s writes; when a guard fails, one by one.
+async fn write_reasons(shared: &Shared, chunk: &[(String, i64, Vec<u8>)]) {
+    if chunk.is_empty() {
+        return;
+    }
+    let mut w = GuardedWrite::new();
+    for (key, rev, v) in chunk {
+        w.put_raw(key, *rev, v.clone());
+    }
+    match w.commit(&shared.backend).await {
+        Ok(true) => return,
+        Ok(false) if chunk.len() > 1 => {}
+        Ok(false) => {
+            tracing::debug!(key = %chunk[0].0, "pending reason not written (changed meanwhile)");
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "pending reasons not written");
+            return;
+        }
+    }
+    for (key, rev, v) in chunk {
         let mut w = GuardedWrite::new();
-        for (key, rev, v) in chunk {
-            w.put_raw(key, *rev, v.clone());
-        }
+        w.put_raw(key, *rev, v.clone());
         match w.commit(&shared.backend).await {
-            Ok(true) => continue,
-            Ok(false) if chunk.len() > 1 => {}
+            Ok(true) => {}
             Ok(false) => {
-                tracing::debug!(key = %chunk[0].0, "pending reason not written (changed meanwhile)");
-                continue;
+                tracing::debug!(%key, "pending reason not written (changed meanwhile)")
             }
-            Err(e) => {
-                tracing::debug!(error = %e, "pending reasons not written");
-                continue;
-            }
-        }
-        for (key, rev, v) in chunk {
-            let mut w = GuardedWrite::new();
-            w.put_raw(key, *rev, v.clone());
-            match w.commit(&shared.backend).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::debug!(%key, "pending reason not written (changed meanwhile)")
-                }
-                Err(e) => tracing::debug!(%key, error = %e, "pending reason not written"),
-            }
+            Err(e) => tracing::debug!(%key, error = %e, "pending reason not written"),
         }
     }
 }
