@@ -362,11 +362,6 @@ fn stop_store(shared: &Shared, e: StoreError) {
     lock(&shared.hub).close_all();
 }
 
-/// Applies requests in batches: each batch is applied to the engine, made durable with
-/// one log record and `fdatasync`, published to watchers and answered. Writing it into
-/// the state file is left to [`materializer_loop`] on its own thread, so that the next
-/// batch does not wait for the redb commit (a sequential client's next request arrives
-/// while it runs).
 /// Most times the writer yields its CPU to let a batch grow (see `writer_loop`).
 const GATHER_YIELDS: usize = 4;
 
@@ -380,6 +375,11 @@ fn drain(rx: &mut mpsc::Receiver<Request>, pending: &mut Vec<Request>, max: usiz
     }
 }
 
+/// Applies requests in batches: each batch is applied to the engine, made durable with
+/// one log record and `fdatasync`, published to watchers and answered. Writing it into
+/// the state file is left to [`materializer_loop`] on its own thread, so that the next
+/// batch does not wait for the redb commit (a sequential client's next request arrives
+/// while it runs).
 fn writer_loop(
     shared: &Shared,
     mut wal: WalLog,

@@ -267,11 +267,16 @@ impl<K: Resource + Send + Sync + 'static> Controller<K> {
         let pred = predicate.clone();
         let only = filter.clone();
         let primary = forward(informer.clone(), move |ev: &InformerEvent<K>| {
-            if only.get().is_some_and(|f| !f(ev.object())) {
-                return Vec::new();
-            }
             let r = ev.object().object_ref();
             let p = pred.lock().ok().and_then(|g| g.clone());
+            if only.get().is_some_and(|f| !f(ev.object())) {
+                // Refused: forget its predicate value, so that an object accepted again
+                // later is compared with nothing (and nothing stays behind for it).
+                if p.is_some() {
+                    seen.lock().unwrap_or_else(|e| e.into_inner()).remove(&r);
+                }
+                return Vec::new();
+            }
             if let Some(p) = p {
                 let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
                 match ev {

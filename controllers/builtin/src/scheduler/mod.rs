@@ -39,9 +39,11 @@ use bind::{BindOutcome, Binding};
 /// handled by one cycle.
 const DEBOUNCE: Duration = Duration::from_millis(5);
 
-/// The pause after a cycle is at least this many times the cycle's duration (see
-/// `vcluster_loop`): a scheduler busy with a long queue takes at most a tenth of a core.
-const PACE: u32 = 9;
+/// The pause after a cycle is at least this many times the cycle's computing time (see
+/// `vcluster_loop`): a scheduler busy with a long queue computes on at most a twentieth
+/// of a core (wall time: a 110,000 queue computes for ≈0.1–0.2 s, so the next cycle comes
+/// 2–4 s later; a queue of hundreds, well under a millisecond: no delay).
+const PACE: u32 = 19;
 
 /// What every vCluster loop shares.
 pub struct Shared {
@@ -177,11 +179,12 @@ async fn vcluster_loop(shared: Arc<Shared>, key: VClusterKey, notify: Arc<Notify
                     last_status = Instant::now();
                     write_vcluster_status(&shared, &key, &stats, started.elapsed()).await;
                 }
-                // A cycle's cost grows with the queue: under a long one the next cycle
-                // starts no sooner than PACE times this one's duration after it ended,
-                // so arrivals gather into fewer cycles and the scheduler leaves the
-                // CPU to the rest. A short cycle (the usual case) delays nothing.
-                earliest += started.elapsed() * (PACE + 1);
+                // A cycle's computing grows with the queue: under a long one the next
+                // cycle starts no sooner than PACE times this one's computing time after
+                // it, so arrivals gather into fewer cycles and the scheduler leaves the
+                // CPU to the rest. Store writes do not count (waiting costs no CPU), so
+                // a small queue (the usual case) delays nothing.
+                earliest += stats.compute_time * (PACE + 1);
                 if stats.retry_soon {
                     // A lost race or a node still being released: try again shortly.
                     let soon = tokio::time::Instant::now() + Duration::from_millis(50);
@@ -228,12 +231,17 @@ pub struct CycleStats {
     pub idle_nodes: usize,
     /// Time in the pure core.
     pub core_time: Duration,
+    /// Time the cycle spent computing (until its plan was ready, then formatting and
+    /// encoding pending reasons), not waiting for store writes: the work that grows with
+    /// the queue.
+    pub compute_time: Duration,
     /// Run again soon (conflict).
     pub retry_soon: bool,
 }
 
 /// One scheduling cycle of vCluster `key`.
 pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleStats> {
+    let begun = Instant::now();
     let mut stats = CycleStats::default();
     let Some(vc) = shared.vclusters.get_named(Some(&key.0), &key.1) else {
         return Ok(stats);
@@ -418,6 +426,7 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     };
     let plan = Scheduler::new(config).cycle(&catalog, &snap);
     stats.core_time = started.elapsed();
+    stats.compute_time = begun.elapsed();
 
     // Bindings, batched per tenant: one transaction per tenant per cycle, split where a
     // batch would exceed the store's operations per transaction.
@@ -521,6 +530,7 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     }
 
     // Every allocation left in the queue carries a reason.
+    let formatting = Instant::now();
     let mut reasons: Vec<(&Allocation, &str, String)> = Vec::new();
     for (i, e) in plan.pending.iter().enumerate() {
         if i % YIELD_EVERY == YIELD_EVERY - 1 {
@@ -549,7 +559,8 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
             reasons.push((&**a, code, msg));
         }
     }
-    explain_all(shared, &reasons).await;
+    stats.compute_time += formatting.elapsed();
+    stats.compute_time += explain_all(shared, &reasons).await;
     Ok(stats)
 }
 
@@ -655,7 +666,7 @@ fn reason_code(r: &PendingReason) -> &'static str {
 /// was made on: if the allocation changed meanwhile (bound by another loop, cancelled,
 /// failed a dependency) the stale explanation is dropped, never written over it.
 async fn explain(shared: &Shared, a: &Allocation, code: &str, msg: &str) {
-    explain_all(shared, &[(a, code, msg.to_string())]).await;
+    let _computing = explain_all(shared, &[(a, code, msg.to_string())]).await;
 }
 
 /// Most allocations explained in one store transaction (a compare and a put each: 128
@@ -667,15 +678,30 @@ const EXPLAIN_BATCH: usize = 64;
 /// whole loop.
 const YIELD_EVERY: usize = 4096;
 
+/// Most bytes of stored objects written in one transaction (etcd's default request limit
+/// is 1.5 MiB; allocations with large inline scripts are big).
+const EXPLAIN_BYTES: usize = 512 * 1024;
+
+/// A pending reason to write: the allocation's store key, the revision the decision was
+/// made on, and the reason.
+struct Reason {
+    key: String,
+    rev: i64,
+    code: String,
+    msg: String,
+}
+
 /// [`explain`] for many allocations: the reasons that changed are written straight to
 /// the store, many per transaction, each guarded by the revision the decision was made
 /// on (the scheduler's own status field, like a binding's: through the API, one write
 /// per allocation cost about as much as the allocation's creation, and every cycle over
-/// a queue of new arrivals explains each of them). When a guard fails the batch is
-/// written again one allocation at a time, so only the stale explanations are dropped.
-async fn explain_all(shared: &Shared, items: &[(&Allocation, &str, String)]) {
+/// a queue of new arrivals explains each of them).
+/// Returns the time it spent computing (not waiting for the store).
+async fn explain_all(shared: &Shared, items: &[(&Allocation, &str, String)]) -> Duration {
     let per_txn = EXPLAIN_BATCH.min(shared.backend.max_txn_ops() / 2).max(1);
-    let mut chunk: Vec<(String, i64, Vec<u8>)> = Vec::with_capacity(per_txn);
+    let mut chunk: Vec<Reason> = Vec::with_capacity(per_txn);
+    let mut compute = Duration::ZERO;
+    let mut since = Instant::now();
     for (i, (a, code, msg)) in items.iter().enumerate() {
         if i % YIELD_EVERY == YIELD_EVERY - 1 {
             tokio::task::yield_now().await;
@@ -689,63 +715,110 @@ async fn explain_all(shared: &Shared, items: &[(&Allocation, &str, String)]) {
         let Some(rev) = a.resource_version().and_then(|rv| rv.parse::<i64>().ok()) else {
             continue;
         };
-        let mut o = (*a).clone();
-        let st = o.status.get_or_insert_with(Default::default);
-        st.reason = Some(code.to_string());
-        st.message = Some(msg.clone());
-        o.metadata.resource_version = None;
-        match serde_json::to_vec(&o) {
-            Ok(v) => chunk.push((
-                crate::objects::key_of::<Allocation>(a.namespace(), a.name_any()),
-                rev,
-                v,
-            )),
-            Err(e) => {
-                tracing::warn!(allocation = %a.name_any(), error = %e, "pending reason not encoded")
-            }
-        }
-        // Encoded a batch at a time, written before the next is encoded: a cycle over a
-        // long queue of new arrivals never computes long without an await.
+        chunk.push(Reason {
+            key: crate::objects::key_of::<Allocation>(a.namespace(), a.name_any()),
+            rev,
+            code: code.to_string(),
+            msg: msg.clone(),
+        });
+        // Written a batch at a time: a cycle over a long queue of new arrivals never
+        // computes long without an await.
         if chunk.len() == per_txn {
-            write_reasons(shared, &chunk).await;
+            compute += since.elapsed();
+            compute += write_reasons(shared, &chunk).await;
             chunk.clear();
+            since = Instant::now();
         }
     }
-    write_reasons(shared, &chunk).await;
+    compute += since.elapsed();
+    compute + write_reasons(shared, &chunk).await
 }
 
-/// One transaction of [`explain_all`]'s writes; when a guard fails, one by one.
-async fn write_reasons(shared: &Shared, chunk: &[(String, i64, Vec<u8>)]) {
+/// `stored` (an object as the store holds it) with `status.reason` and `status.message`
+/// set, every other stored field as it was.
+fn with_reason(stored: &[u8], code: &str, msg: &str) -> Option<Vec<u8>> {
+    let mut v: serde_json::Value = serde_json::from_slice(stored).ok()?;
+    let obj = v.as_object_mut()?;
+    let status = obj.entry("status").or_insert_with(|| json!({}));
+    if !status.is_object() {
+        *status = json!({});
+    }
+    let st = status.as_object_mut()?;
+    st.insert("reason".into(), json!(code));
+    st.insert("message".into(), json!(msg));
+    serde_json::to_vec(&v).ok()
+}
+
+/// One batch of [`explain_all`]: the stored objects are read (the informer caches drop
+/// managedFields, and a write must keep every stored field), those still at the
+/// decision's revision get the reason set in their stored JSON, and are written in
+/// transactions guarded by that revision; a transaction that fails is written again one
+/// object at a time, so only a stale reason is dropped.
+/// Returns the time it spent computing (not waiting for the store).
+async fn write_reasons(shared: &Shared, chunk: &[Reason]) -> Duration {
     if chunk.is_empty() {
-        return;
+        return Duration::ZERO;
     }
-    let mut w = GuardedWrite::new();
-    for (key, rev, v) in chunk {
-        w.put_raw(key, *rev, v.clone());
-    }
-    match w.commit(&shared.backend).await {
-        Ok(true) => return,
-        Ok(false) if chunk.len() > 1 => {}
-        Ok(false) => {
-            tracing::debug!(key = %chunk[0].0, "pending reason not written (changed meanwhile)");
-            return;
-        }
+    let keys: Vec<String> = chunk.iter().map(|r| r.key.clone()).collect();
+    let raw = match crate::objects::read_raw(&shared.backend, &keys).await {
+        Ok(raw) => raw,
         Err(e) => {
-            tracing::debug!(error = %e, "pending reasons not written");
-            return;
+            tracing::debug!(error = %e, "pending reasons not written: reading the allocations failed");
+            return Duration::ZERO;
         }
-    }
-    for (key, rev, v) in chunk {
-        let mut w = GuardedWrite::new();
-        w.put_raw(key, *rev, v.clone());
-        match w.commit(&shared.backend).await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::debug!(%key, "pending reason not written (changed meanwhile)")
+    };
+    let encoding = Instant::now();
+    let mut writes: Vec<(&str, i64, Vec<u8>)> = Vec::with_capacity(chunk.len());
+    for (r, kv) in chunk.iter().zip(raw) {
+        // Gone, or changed since the decision: the reason is stale.
+        let Some(kv) = kv.filter(|kv| kv.mod_revision == r.rev) else {
+            tracing::debug!(key = %r.key, "pending reason not written (changed meanwhile)");
+            continue;
+        };
+        match with_reason(&kv.value, &r.code, &r.msg) {
+            Some(v) => writes.push((&r.key, r.rev, v)),
+            None => {
+                tracing::warn!(key = %r.key, "pending reason not written: the stored allocation is not a JSON object")
             }
-            Err(e) => tracing::debug!(%key, error = %e, "pending reason not written"),
         }
     }
+    let compute = encoding.elapsed();
+    let mut rest = &writes[..];
+    while !rest.is_empty() {
+        let mut n = 0;
+        let mut bytes = 0;
+        while n < rest.len() && (n == 0 || bytes + rest[n].2.len() <= EXPLAIN_BYTES) {
+            bytes += rest[n].2.len();
+            n += 1;
+        }
+        let (batch, tail) = rest.split_at(n);
+        rest = tail;
+        let mut w = GuardedWrite::new();
+        for (key, rev, v) in batch {
+            w.put_raw(key, *rev, v.clone());
+        }
+        let failed = match w.commit(&shared.backend).await {
+            Ok(true) => continue,
+            Ok(false) => "changed meanwhile".to_string(),
+            Err(e) => e.to_string(),
+        };
+        if batch.len() == 1 {
+            tracing::debug!(key = %batch[0].0, why = %failed, "pending reason not written");
+            continue;
+        }
+        for (key, rev, v) in batch {
+            let mut w = GuardedWrite::new();
+            w.put_raw(key, *rev, v.clone());
+            match w.commit(&shared.backend).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::debug!(%key, "pending reason not written (changed meanwhile)")
+                }
+                Err(e) => tracing::debug!(%key, error = %e, "pending reason not written"),
+            }
+        }
+    }
+    compute
 }
 
 /// Ask the victim's agents to stop it (checkpoint signal first when it has one). Guarded
@@ -829,9 +902,9 @@ mod tests {
 
     use super::*;
 
-    /// Reasons go to the store many per transaction; a guard that fails (the allocation
-    /// changed after the decision) drops that allocation's reason only, and the rest of
-    /// its batch is written one by one.
+    /// Reasons go to the store many per transaction, onto the stored objects (every
+    /// stored field kept, managedFields included, though the scheduler decides on cached
+    /// copies without them); an allocation changed after the decision keeps no reason.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn explanations_are_batched_and_only_stale_ones_are_dropped() {
         let dir = tempfile::tempdir().unwrap();
@@ -879,28 +952,188 @@ mod tests {
             metrics: SchedulerMetrics::default(),
         };
         let before = backend.status().await.unwrap().revision;
-        let items: Vec<(&Allocation, &str, String)> = created
+        // The scheduler decides on cached copies, which have no managedFields.
+        let cached: Vec<Allocation> = created
+            .iter()
+            .map(|a| {
+                let mut a = a.clone();
+                a.metadata.managed_fields = Vec::new();
+                a
+            })
+            .collect();
+        let items: Vec<(&Allocation, &str, String)> = cached
             .iter()
             .map(|a| (a, "no_matching_nodes", "none".to_string()))
             .collect();
         explain_all(&shared, &items).await;
         let after = backend.status().await.unwrap().revision;
-        // 149 to write (a010 already says it): a batch of 64, the batch holding the
-        // stale a070 (a065..a128) written again one by one (63 succeed), and 21.
-        assert_eq!(after - before, 1 + 63 + 1, "revisions used");
-        for a in api.list(&Default::default()).await.unwrap().items {
+        // 149 to write (a010 already says it), 64 per transaction: a065..a128 holds the
+        // stale a070, found stale when the batch is read, so 63 go in its transaction.
+        assert_eq!(after - before, 3, "revisions used");
+        let listed = api.list(&Default::default()).await.unwrap().items;
+        assert_eq!(listed.len(), 150);
+        for (a, made) in listed.iter().zip(&created) {
             let reason = a.status.as_ref().and_then(|s| s.reason.as_deref());
             let name = a.name_any().to_string();
+            assert_eq!(name, made.name_any());
+            assert!(
+                !a.metadata.managed_fields.is_empty(),
+                "{name}: managedFields kept"
+            );
             if name == "a070" {
                 assert_eq!(reason, None, "a stale explanation is dropped");
-            } else {
-                assert_eq!(reason, Some("no_matching_nodes"), "{name}");
-                assert_eq!(
-                    a.status.as_ref().and_then(|s| s.message.as_deref()),
-                    Some("none")
-                );
-                assert_eq!(a.spec.entrypoint.as_deref(), Some("/bin/true"), "{name}");
+                continue;
             }
+            assert_eq!(reason, Some("no_matching_nodes"), "{name}");
+            assert_eq!(
+                a.status.as_ref().and_then(|s| s.message.as_deref()),
+                Some("none")
+            );
+            assert_eq!(a.spec.entrypoint.as_deref(), Some("/bin/true"), "{name}");
+            assert_eq!(
+                a.metadata.managed_fields, made.metadata.managed_fields,
+                "{name}"
+            );
         }
+    }
+
+    /// A store that refuses transactions of more than one write when told to (as a
+    /// request-size limit would), and counts the transactions that write.
+    struct Refusing {
+        inner: lattice_store::EmbeddedStore,
+        refuse: std::sync::atomic::AtomicBool,
+        writes: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl KvBackend for Refusing {
+        async fn range(
+            &self,
+            req: lattice_store::RangeRequest,
+        ) -> lattice_store::StoreResult<lattice_store::RangeResponse> {
+            self.inner.range(req).await
+        }
+        async fn txn(
+            &self,
+            req: lattice_store::TxnRequest,
+        ) -> lattice_store::StoreResult<lattice_store::TxnResponse> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let puts = req
+                .success
+                .iter()
+                .filter(|op| matches!(op, lattice_store::TxnOp::Put(_)))
+                .count();
+            if puts > 1 && self.refuse.load(SeqCst) {
+                return Err(lattice_store::StoreError::RequestTooLarge {
+                    size: puts,
+                    limit: 1,
+                });
+            }
+            if puts > 0 {
+                self.writes.fetch_add(1, SeqCst);
+            }
+            self.inner.txn(req).await
+        }
+        async fn watch(
+            &self,
+            req: lattice_store::WatchRequest,
+        ) -> lattice_store::StoreResult<lattice_store::WatchStream> {
+            self.inner.watch(req).await
+        }
+        async fn lease_grant(
+            &self,
+            id: i64,
+            ttl: i64,
+        ) -> lattice_store::StoreResult<lattice_store::LeaseGrant> {
+            self.inner.lease_grant(id, ttl).await
+        }
+        async fn lease_revoke(&self, id: i64) -> lattice_store::StoreResult<i64> {
+            self.inner.lease_revoke(id).await
+        }
+        async fn lease_keep_alive(&self, id: i64) -> lattice_store::StoreResult<i64> {
+            self.inner.lease_keep_alive(id).await
+        }
+        async fn lease_time_to_live(
+            &self,
+            id: i64,
+            keys: bool,
+        ) -> lattice_store::StoreResult<lattice_store::LeaseTimeToLive> {
+            self.inner.lease_time_to_live(id, keys).await
+        }
+        async fn lease_leases(&self) -> lattice_store::StoreResult<Vec<i64>> {
+            self.inner.lease_leases().await
+        }
+        async fn compact(&self, revision: i64) -> lattice_store::StoreResult<i64> {
+            self.inner.compact(revision).await
+        }
+        async fn status(&self) -> lattice_store::StoreResult<lattice_store::StoreStatus> {
+            self.inner.status().await
+        }
+    }
+
+    /// Big allocations (20 KB scripts) go in transactions of at most `EXPLAIN_BYTES`; a
+    /// transaction the store refuses is written again one allocation at a time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn big_objects_split_by_bytes_and_a_refused_batch_goes_one_by_one() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().unwrap();
+        let refusing = Arc::new(Refusing {
+            inner: lattice_store::EmbeddedStore::open(dir.path(), Default::default())
+                .await
+                .unwrap(),
+            refuse: false.into(),
+            writes: 0.into(),
+        });
+        let backend: Arc<dyn KvBackend> = refusing.clone();
+        let client = Client::in_process(backend.clone());
+        let api: Api<Allocation> = Api::namespaced(client.clone(), "t1");
+        let mut created = Vec::new();
+        for i in 0..64 {
+            let mut a = Allocation {
+                metadata: ObjectMeta::named(format!("big{i:02}"), Some("t1")),
+                ..Default::default()
+            };
+            a.spec.script = Some(format!("#!/bin/sh\n# {}\ntrue\n", "x".repeat(20_000)));
+            created.push(api.create(&PostParams::default(), &a).await.unwrap());
+        }
+        let shared = Shared {
+            backend: backend.clone(),
+            allocations: lattice_runtime::reflector::store::<Allocation>().0,
+            nodes: lattice_runtime::reflector::store::<Node>().0,
+            tenants: lattice_runtime::reflector::store::<Tenant>().0,
+            vclusters: lattice_runtime::reflector::store::<VCluster>().0,
+            api: Api::all(client),
+            metrics: SchedulerMetrics::default(),
+        };
+        let explain_with = |list: &[Allocation], msg: &str| -> Vec<(Allocation, String)> {
+            list.iter().map(|a| (a.clone(), msg.to_string())).collect()
+        };
+        // 64 × ≈20 KB = ≈1.3 MB: three transactions of at most 512 KiB.
+        let first = explain_with(&created, "first");
+        let items: Vec<(&Allocation, &str, String)> = first
+            .iter()
+            .map(|(a, m)| (a, "no_matching_nodes", m.clone()))
+            .collect();
+        refusing.writes.store(0, SeqCst);
+        explain_all(&shared, &items).await;
+        assert_eq!(refusing.writes.load(SeqCst), 3, "transactions that wrote");
+        let now = api.list(&Default::default()).await.unwrap().items;
+        assert!(now
+            .iter()
+            .all(|a| a.status.as_ref().and_then(|s| s.message.as_deref()) == Some("first")));
+        // Batches refused: every reason still lands, one transaction each.
+        refusing.refuse.store(true, SeqCst);
+        refusing.writes.store(0, SeqCst);
+        let second = explain_with(&now, "second");
+        let items: Vec<(&Allocation, &str, String)> = second
+            .iter()
+            .map(|(a, m)| (a, "no_matching_nodes", m.clone()))
+            .collect();
+        explain_all(&shared, &items).await;
+        assert_eq!(refusing.writes.load(SeqCst), 64, "one by one");
+        let now = api.list(&Default::default()).await.unwrap().items;
+        assert!(now
+            .iter()
+            .all(|a| a.status.as_ref().and_then(|s| s.message.as_deref()) == Some("second")));
     }
 }
