@@ -902,6 +902,19 @@ mod tests {
 
     use super::*;
 
+    /// What `explain_all` needs: the store and a client (the caches stay empty).
+    fn shared_over(backend: Arc<dyn KvBackend>, client: Client) -> Shared {
+        Shared {
+            backend,
+            allocations: lattice_runtime::reflector::store::<Allocation>().0,
+            nodes: lattice_runtime::reflector::store::<Node>().0,
+            tenants: lattice_runtime::reflector::store::<Tenant>().0,
+            vclusters: lattice_runtime::reflector::store::<VCluster>().0,
+            api: Api::all(client),
+            metrics: SchedulerMetrics::default(),
+        }
+    }
+
     /// Reasons go to the store many per transaction, onto the stored objects (every
     /// stored field kept, managedFields included, though the scheduler decides on cached
     /// copies without them); an allocation changed after the decision keeps no reason.
@@ -942,15 +955,7 @@ mod tests {
             .await
             .unwrap();
 
-        let shared = Shared {
-            backend: backend.clone(),
-            allocations: lattice_runtime::reflector::store::<Allocation>().0,
-            nodes: lattice_runtime::reflector::store::<Node>().0,
-            tenants: lattice_runtime::reflector::store::<Tenant>().0,
-            vclusters: lattice_runtime::reflector::store::<VCluster>().0,
-            api: Api::all(client),
-            metrics: SchedulerMetrics::default(),
-        };
+        let shared = shared_over(backend.clone(), client);
         let before = backend.status().await.unwrap().revision;
         // The scheduler decides on cached copies, which have no managedFields.
         let cached: Vec<Allocation> = created
@@ -1096,15 +1101,7 @@ mod tests {
             a.spec.script = Some(format!("#!/bin/sh\n# {}\ntrue\n", "x".repeat(20_000)));
             created.push(api.create(&PostParams::default(), &a).await.unwrap());
         }
-        let shared = Shared {
-            backend: backend.clone(),
-            allocations: lattice_runtime::reflector::store::<Allocation>().0,
-            nodes: lattice_runtime::reflector::store::<Node>().0,
-            tenants: lattice_runtime::reflector::store::<Tenant>().0,
-            vclusters: lattice_runtime::reflector::store::<VCluster>().0,
-            api: Api::all(client),
-            metrics: SchedulerMetrics::default(),
-        };
+        let shared = shared_over(backend.clone(), client);
         let explain_with = |list: &[Allocation], msg: &str| -> Vec<(Allocation, String)> {
             list.iter().map(|a| (a.clone(), msg.to_string())).collect()
         };
