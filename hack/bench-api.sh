@@ -3,7 +3,8 @@
 # commit) driven over HTTP by target/release/lattice-api-bench on loopback. Prints
 # `RESULT name=value` lines: creates/s with 16 clients, create/get/list p50/p99, watch
 # event latency with 1,000 watchers, and server memory per 100,000 stored allocations.
-# Tunables: BENCH_CLIENTS (16), BENCH_SECONDS (10), BENCH_WATCHERS (1000).
+# Tunables: BENCH_CLIENTS (16), BENCH_SECONDS (10), BENCH_WATCHERS (1000),
+# BENCH_WATCH_TIMELINE (a file for the watch phase's per-write latencies).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hack/install-deps.sh >/dev/null
@@ -31,5 +32,6 @@ echo "==> load: ${BENCH_CLIENTS:-16} clients for ${BENCH_SECONDS:-10}s, then ${B
 target/release/lattice-api-bench --url http://127.0.0.1:28480 \
   --token-file "$work/data/admin.token" --server-pid "$pid" \
   --clients "${BENCH_CLIENTS:-16}" --seconds "${BENCH_SECONDS:-10}" \
-  --watchers "${BENCH_WATCHERS:-1000}"
+  --watchers "${BENCH_WATCHERS:-1000}" \
+  ${BENCH_WATCH_TIMELINE:+--watch-timeline "$BENCH_WATCH_TIMELINE"}
 echo "RESULT cores=$(nproc)"

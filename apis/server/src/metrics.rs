@@ -35,6 +35,9 @@ pub struct Metrics {
     pub watchers: Family<KindLabel, Gauge<i64, AtomicI64>>,
     pub watch_cache_events: Family<KindLabel, Counter>,
     pub watch_events_sent: Family<KindLabel, Counter>,
+    /// Watches served by a store watch of their own (their resourceVersion was older than
+    /// the watch cache), by kind.
+    pub watch_direct: Family<KindLabel, Counter>,
     /// Heartbeat lines accepted from node agents.
     pub heartbeats: Counter,
     /// Heartbeat lines (or opening sequences) that did not increase the sequence.
@@ -63,6 +66,7 @@ impl Metrics {
         let watchers = Family::<KindLabel, Gauge<i64, AtomicI64>>::default();
         let watch_cache_events = Family::<KindLabel, Counter>::default();
         let watch_events_sent = Family::<KindLabel, Counter>::default();
+        let watch_direct = Family::<KindLabel, Counter>::default();
         registry.register(
             "requests",
             "API requests by verb, kind and HTTP code",
@@ -87,6 +91,11 @@ impl Metrics {
             "watch_events_sent",
             "Watch events sent to clients, by kind",
             watch_events_sent.clone(),
+        );
+        registry.register(
+            "watch_direct",
+            "Watches served by a store watch of their own because their resourceVersion was older than the watch cache, by kind",
+            watch_direct.clone(),
         );
         let heartbeats = Counter::default();
         let heartbeat_replays = Counter::default();
@@ -126,6 +135,7 @@ impl Metrics {
             watchers,
             watch_cache_events,
             watch_events_sent,
+            watch_direct,
             heartbeats,
             heartbeat_replays,
             heartbeat_streams,

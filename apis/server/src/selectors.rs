@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum LabelOp {
     Eq(String),
     NotEq(String),
@@ -21,14 +21,14 @@ pub enum LabelOp {
     Lt(i64),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Requirement {
     pub key: String,
     pub op: LabelOp,
 }
 
 /// A parsed label selector: all requirements must hold. Empty matches everything.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct LabelSelector {
     pub requirements: Vec<Requirement>,
 }
@@ -262,7 +262,7 @@ impl Requirement {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct FieldRequirement {
     /// Dotted path, e.g. `metadata.name`, `status.phase`.
     pub field: String,
@@ -271,7 +271,7 @@ pub struct FieldRequirement {
 }
 
 /// A parsed field selector.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct FieldSelector {
     pub requirements: Vec<FieldRequirement>,
 }
@@ -359,7 +359,7 @@ fn scalar(v: &Value) -> String {
 }
 
 /// Both selectors together.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Selectors {
     pub labels: LabelSelector,
     pub fields: FieldSelector,

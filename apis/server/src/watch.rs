@@ -19,7 +19,7 @@ use crate::objects::{list_prefix, parse_rv};
 use crate::resources::ListOptions;
 use crate::selectors::Selectors;
 use crate::table::{self, IncludeObject};
-use crate::watch_cache::{Change, ChangeKind, Item, Source};
+use crate::watch_cache::{classify, Filter, Item, Source};
 use crate::Inner;
 
 #[derive(Debug, Clone, Default)]
@@ -30,28 +30,6 @@ pub struct WatchParams {
     pub timeout: Option<Duration>,
     pub selectors: Selectors,
     pub table: Option<IncludeObject>,
-}
-
-/// What a change looks like to a watcher with selectors (kube's cacher rules).
-fn classify<'a>(c: &'a Change, sel: &Selectors) -> Option<(&'static str, &'a Value)> {
-    match c.kind {
-        ChangeKind::Put => {
-            let now = sel.matches(&c.object);
-            // Without selectors only the previous state's existence matters.
-            let before = if sel.is_empty() {
-                c.has_prev().then_some(true)
-            } else {
-                c.prev().map(|p| sel.matches(p))
-            };
-            match (before, now) {
-                (None, true) | (Some(false), true) => Some(("ADDED", &c.object)),
-                (Some(true), true) => Some(("MODIFIED", &c.object)),
-                (Some(true), false) => Some(("DELETED", &c.object)),
-                _ => None,
-            }
-        }
-        ChangeKind::Delete => sel.matches(&c.object).then_some(("DELETED", &c.object)),
-    }
 }
 
 fn event_line(kind: &KindInfo, ty: &str, obj: &Value, tbl: Option<IncludeObject>) -> Bytes {
@@ -135,12 +113,17 @@ pub async fn serve_watch(
     } else {
         (Vec::new(), parse_rv(rv.unwrap_or("0"))?)
     };
-    let mut source = Source::open(&inner.caches, &inner.resources.backend, kind, from).await?;
+    let prefix = list_prefix(kind, ns.as_deref());
+    let filter = Filter {
+        prefix: prefix.clone(),
+        selectors: params.selectors.clone(),
+    };
+    let mut source =
+        Source::open(&inner.caches, &inner.resources.backend, kind, from, filter).await?;
 
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
     let timeout = params.timeout.unwrap_or(inner.config.default_watch_timeout);
     let deadline = Instant::now() + timeout;
-    let prefix = list_prefix(kind, ns.as_deref());
     let bookmark_every = inner.config.bookmark_interval;
     inner
         .metrics

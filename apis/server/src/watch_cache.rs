@@ -1,9 +1,14 @@
 //! The watch cache: one store watch per kind feeding a ring buffer of recent events and
-//! a broadcast channel. Any number of API watchers cost one store watch; the broadcast
-//! never blocks the feeder, so a slow watcher only hurts itself: when it lags it catches
-//! up from the ring, and when the ring no longer covers it, it is ended with 410 and the
-//! client relists. Resource versions older than the ring are served by a direct store
-//! watch (which answers 410 once compacted).
+//! one broadcast channel per *filter* (namespace and selectors). Any number of API
+//! watchers cost one store watch, and watchers with the same filter share one channel:
+//! the feeder decides once per change and filter whether the change concerns them
+//! ([`Filter::passes`]), so a change no watcher wants wakes none (a thousand watchers of
+//! one label do not each wake for every other object's change). Watchers that were left
+//! out of changes get a progress message (for their bookmarks) at most every
+//! [`PROGRESS_EVERY`]. The broadcast never blocks the feeder, so a slow watcher only
+//! hurts itself: when it lags it catches up from the ring, and when the ring no longer
+//! covers it, it is ended with 410 and the client relists. Resource versions older than
+//! the ring are served by a direct store watch (which answers 410 once compacted).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -22,6 +27,14 @@ use tokio::task::AbortHandle;
 use crate::errors::{ApiError, ApiResult};
 use crate::metrics::Metrics;
 use crate::objects::{decode, list_prefix};
+use crate::selectors::Selectors;
+
+/// How often watchers that were left out of changes learn how far the cache got.
+pub const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+/// Messages a group's channel holds for its slowest watcher before that one lags (and
+/// catches up from the ring).
+const GROUP_CHANNEL: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChangeKind {
@@ -123,6 +136,45 @@ impl Change {
     }
 }
 
+/// What a change looks like to a watcher with selectors (kube's cacher rules): ADDED when
+/// the object starts matching, MODIFIED while it matches, DELETED when it stops or is
+/// deleted; `None` when the watcher does not see it.
+pub fn classify<'a>(c: &'a Change, sel: &Selectors) -> Option<(&'static str, &'a Value)> {
+    match c.kind {
+        ChangeKind::Put => {
+            let now = sel.matches(&c.object);
+            // Without selectors only the previous state's existence matters.
+            let before = if sel.is_empty() {
+                c.has_prev().then_some(true)
+            } else {
+                c.prev().map(|p| sel.matches(p))
+            };
+            match (before, now) {
+                (None, true) | (Some(false), true) => Some(("ADDED", &c.object)),
+                (Some(true), true) => Some(("MODIFIED", &c.object)),
+                (Some(true), false) => Some(("DELETED", &c.object)),
+                _ => None,
+            }
+        }
+        ChangeKind::Delete => sel.matches(&c.object).then_some(("DELETED", &c.object)),
+    }
+}
+
+/// What a group of watchers wants: the changes under a key prefix (one tenant, or the
+/// whole kind) that their selectors see.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Filter {
+    pub prefix: Bytes,
+    pub selectors: Selectors,
+}
+
+impl Filter {
+    /// Whether a watcher with this filter is sent `c`.
+    pub fn passes(&self, c: &Change) -> bool {
+        c.key.starts_with(&self.prefix) && classify(c, &self.selectors).is_some()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum CacheMsg {
     Change(Arc<Change>),
@@ -132,19 +184,28 @@ pub enum CacheMsg {
     Reset,
 }
 
+/// The watchers of one [`Filter`].
+struct Group {
+    tx: broadcast::Sender<CacheMsg>,
+    /// Changes were left out since this group's last progress message.
+    behind: bool,
+}
+
 struct CacheState {
     ring: VecDeque<Arc<Change>>,
     /// Every change with revision > valid_from is in the ring (or will be broadcast).
     valid_from: i64,
     /// Highest revision seen (change or progress).
     last_rev: i64,
+    /// Every change up to this revision was pushed (the last store batch's revision).
+    complete_rev: i64,
     ready: bool,
+    groups: HashMap<Filter, Group>,
 }
 
 pub struct KindCache {
     pub kind: &'static KindInfo,
     state: Mutex<CacheState>,
-    tx: broadcast::Sender<CacheMsg>,
     ready_tx: tokio::sync::watch::Sender<bool>,
     capacity: usize,
 }
@@ -157,6 +218,23 @@ pub struct Subscription {
 }
 
 impl KindCache {
+    fn new(kind: &'static KindInfo, capacity: usize) -> Self {
+        let (ready_tx, _) = tokio::sync::watch::channel(false);
+        KindCache {
+            kind,
+            state: Mutex::new(CacheState {
+                ring: VecDeque::new(),
+                valid_from: i64::MAX,
+                last_rev: 0,
+                complete_rev: 0,
+                ready: false,
+                groups: HashMap::new(),
+            }),
+            ready_tx,
+            capacity,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, CacheState> {
         match self.state.lock() {
             Ok(g) => g,
@@ -164,14 +242,24 @@ impl KindCache {
         }
     }
 
-    /// Subscribe for every change with revision > `from`. `None` when the ring does not
-    /// cover `from` (use a direct store watch) or the cache is not ready.
-    pub fn subscribe(&self, from: i64) -> Option<Subscription> {
-        let st = self.lock();
+    /// Subscribe for every change with revision > `from` that passes `filter`: the
+    /// backlog holds every change of the ring after `from` (unfiltered), the receiver
+    /// only those that pass. `None` when the ring does not cover `from` (use a direct
+    /// store watch) or the cache is not ready.
+    pub fn subscribe(&self, from: i64, filter: &Filter) -> Option<Subscription> {
+        let mut st = self.lock();
         if !st.ready || from < st.valid_from {
             return None;
         }
-        let rx = self.tx.subscribe();
+        let rx = match st.groups.get(filter) {
+            Some(g) => g.tx.subscribe(),
+            None => {
+                let (tx, rx) = broadcast::channel(GROUP_CHANNEL);
+                st.groups
+                    .insert(filter.clone(), Group { tx, behind: false });
+                rx
+            }
+        };
         let start = st.ring.partition_point(|c| c.rev <= from);
         let backlog = st.ring.iter().skip(start).cloned().collect();
         Some(Subscription {
@@ -194,9 +282,15 @@ impl KindCache {
         ok
     }
 
+    /// Number of watcher groups (distinct filters) with watchers.
+    pub fn groups(&self) -> usize {
+        self.lock().groups.len()
+    }
+
     fn push(&self, c: Change, metrics: &Metrics) {
         let c = Arc::new(c);
-        let mut st = self.lock();
+        let mut guard = self.lock();
+        let st = &mut *guard;
         st.last_rev = st.last_rev.max(c.rev);
         st.ring.push_back(c.clone());
         while st.ring.len() > self.capacity {
@@ -210,15 +304,42 @@ impl KindCache {
                 kind: self.kind.kind.into(),
             })
             .inc();
-        let _ = self.tx.send(CacheMsg::Change(c));
+        // Groups whose watchers all left are dropped here.
+        st.groups.retain(|filter, g| {
+            if g.tx.receiver_count() == 0 {
+                return false;
+            }
+            if filter.passes(&c) {
+                let _ = g.tx.send(CacheMsg::Change(c.clone()));
+            } else {
+                g.behind = true;
+            }
+            true
+        });
     }
 
-    /// Every change up to `rev` was pushed.
+    /// Every change up to `rev` was pushed: when that is news (no change reached `rev`),
+    /// every group hears it.
     fn progress(&self, rev: i64) {
         let mut st = self.lock();
+        st.complete_rev = st.complete_rev.max(rev);
         if rev > st.last_rev {
             st.last_rev = rev;
-            let _ = self.tx.send(CacheMsg::Progress(rev));
+            for g in st.groups.values_mut() {
+                let _ = g.tx.send(CacheMsg::Progress(rev));
+                g.behind = false;
+            }
+        }
+    }
+
+    /// Tell the groups that were left out of changes since their last message how far
+    /// the cache is complete (called every [`PROGRESS_EVERY`]).
+    fn flush_progress(&self) {
+        let mut st = self.lock();
+        let rev = st.complete_rev;
+        for g in st.groups.values_mut().filter(|g| g.behind) {
+            let _ = g.tx.send(CacheMsg::Progress(rev));
+            g.behind = false;
         }
     }
 
@@ -227,8 +348,11 @@ impl KindCache {
         st.ring.clear();
         st.valid_from = rev;
         st.last_rev = rev;
+        st.complete_rev = rev;
         st.ready = false;
-        let _ = self.tx.send(CacheMsg::Reset);
+        for (_, g) in st.groups.drain() {
+            let _ = g.tx.send(CacheMsg::Reset);
+        }
         let _ = self.ready_tx.send(false);
     }
 
@@ -237,6 +361,7 @@ impl KindCache {
         st.ring.clear();
         st.valid_from = rev;
         st.last_rev = rev;
+        st.complete_rev = rev;
         st.ready = true;
         let _ = self.ready_tx.send(true);
     }
@@ -306,8 +431,11 @@ impl WatchCaches {
         }
     }
 
-    /// The cache of `kind`, starting it if needed.
-    pub fn get(&self, kind: &'static KindInfo) -> Arc<KindCache> {
+    /// The cache of `kind`, starting it if needed: from revision `from` when the store
+    /// still has it and the changes since would fit in the ring (so the watcher that
+    /// starts the cache, and those listing at about the same time, are served by it
+    /// rather than by store watches of their own), else from the store's head.
+    pub fn get(&self, kind: &'static KindInfo, from: i64) -> Arc<KindCache> {
         let mut map = match self.caches.lock() {
             Ok(m) => m,
             Err(p) => p.into_inner(),
@@ -315,25 +443,13 @@ impl WatchCaches {
         if let Some(c) = map.get(kind.plural) {
             return c.clone();
         }
-        let (tx, _) = broadcast::channel(1024);
-        let (ready_tx, _) = tokio::sync::watch::channel(false);
-        let cache = Arc::new(KindCache {
-            kind,
-            state: Mutex::new(CacheState {
-                ring: VecDeque::new(),
-                valid_from: i64::MAX,
-                last_rev: 0,
-                ready: false,
-            }),
-            tx,
-            ready_tx,
-            capacity: self.capacity,
-        });
+        let cache = Arc::new(KindCache::new(kind, self.capacity));
         map.insert(kind.plural, cache.clone());
         let handle = tokio::spawn(feed(
             self.backend.clone(),
             cache.clone(),
             self.metrics.clone(),
+            Some(from),
         ));
         if let Ok(mut t) = self.tasks.lock() {
             t.push(handle.abort_handle());
@@ -342,8 +458,14 @@ impl WatchCaches {
     }
 }
 
-/// The feeder: one store watch per kind, restarted (with a Reset) when it ends.
-async fn feed(backend: Arc<dyn KvBackend>, cache: Arc<KindCache>, metrics: Arc<Metrics>) {
+/// The feeder: one store watch per kind, restarted (with a Reset) when it ends. The
+/// first start replays from `from` when that is recent (see [`WatchCaches::get`]).
+async fn feed(
+    backend: Arc<dyn KvBackend>,
+    cache: Arc<KindCache>,
+    metrics: Arc<Metrics>,
+    mut from: Option<i64>,
+) {
     let prefix = list_prefix(cache.kind, None);
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -355,7 +477,13 @@ async fn feed(backend: Arc<dyn KvBackend>, cache: Arc<KindCache>, metrics: Arc<M
             })
             .await;
         let rev = match head {
-            Ok(r) => r.revision,
+            // Replaying more than the ring holds would only decode what it drops.
+            Ok(r) => match from.take() {
+                Some(f) if f >= 0 && f <= r.revision && r.revision - f <= cache.capacity as i64 => {
+                    f
+                }
+                _ => r.revision,
+            },
             Err(e) => {
                 tracing::warn!(kind = cache.kind.kind, error = %e, "watch cache: cannot read the store revision");
                 tokio::time::sleep(backoff).await;
@@ -372,6 +500,7 @@ async fn feed(backend: Arc<dyn KvBackend>, cache: Arc<KindCache>, metrics: Arc<M
         };
         let mut stream = match backend.watch(req).await {
             Ok(s) => s,
+            Err(StoreError::Compacted { .. }) => continue, // from the head next time
             Err(e) => {
                 tracing::warn!(kind = cache.kind.kind, error = %e, "watch cache: cannot start the store watch");
                 tokio::time::sleep(backoff).await;
@@ -382,8 +511,17 @@ async fn feed(backend: Arc<dyn KvBackend>, cache: Arc<KindCache>, metrics: Arc<M
         cache.start(rev);
         backoff = Duration::from_millis(100);
         tracing::debug!(kind = cache.kind.kind, rev, "watch cache started");
+        let mut tick = tokio::time::interval(PROGRESS_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            match stream.next().await {
+            let next = tokio::select! {
+                next = stream.next() => next,
+                _ = tick.tick() => {
+                    cache.flush_progress();
+                    continue;
+                }
+            };
+            match next {
                 Some(Ok(batch)) => {
                     // Each change goes out as soon as it is decoded: a large batch (a
                     // burst of commits) does not hold its first change back until the
@@ -412,13 +550,13 @@ async fn feed(backend: Arc<dyn KvBackend>, cache: Arc<KindCache>, metrics: Arc<M
 }
 
 /// How far a cache watcher got: changes at or below `floor` are never delivered (the
-/// watcher started after them); `seen` changes of revision `rev` were delivered (one
-/// transaction can change several keys at one revision).
-#[derive(Debug, Clone, Copy)]
+/// watcher started after them); the last change handed on was `key` at revision `rev`
+/// (one transaction can change several keys at one revision, each once).
+#[derive(Debug, Clone)]
 pub struct Cursor {
     floor: i64,
     rev: i64,
-    seen: usize,
+    key: Bytes,
 }
 
 impl Cursor {
@@ -426,13 +564,24 @@ impl Cursor {
         if c.rev <= self.floor {
             return false;
         }
-        if c.rev == self.rev {
-            self.seen += 1;
-        } else {
-            self.rev = c.rev;
-            self.seen = 1;
-        }
+        self.rev = c.rev;
+        self.key = c.key.clone();
         true
+    }
+
+    /// Drop from a backlog read from `rev - 1` what was already handed on: the changes of
+    /// `rev` up to and including `key` (the ring keeps each revision's changes in order).
+    fn skip_delivered(&self, backlog: &mut VecDeque<Arc<Change>>) {
+        if self.rev <= self.floor {
+            return;
+        }
+        let delivered = backlog
+            .iter()
+            .take_while(|c| c.rev == self.rev)
+            .position(|c| c.key == self.key);
+        if let Some(i) = delivered {
+            backlog.drain(..=i);
+        }
     }
 }
 
@@ -440,6 +589,7 @@ impl Cursor {
 pub enum Source {
     Cache {
         cache: Arc<KindCache>,
+        filter: Filter,
         backlog: VecDeque<Arc<Change>>,
         rx: broadcast::Receiver<CacheMsg>,
         cursor: Cursor,
@@ -456,28 +606,38 @@ pub enum Item {
 }
 
 impl Source {
-    /// Open a source delivering every change with revision > `from`.
+    /// Open a source delivering every change with revision > `from` that passes
+    /// `filter`, and possibly others (the caller still applies the filter).
     pub async fn open(
         caches: &WatchCaches,
         backend: &Arc<dyn KvBackend>,
         kind: &'static KindInfo,
         from: i64,
+        filter: Filter,
     ) -> ApiResult<Source> {
-        let cache = caches.get(kind);
+        let cache = caches.get(kind, from);
         if cache.wait_ready(Duration::from_secs(5)).await {
-            if let Some(sub) = cache.subscribe(from) {
+            if let Some(sub) = cache.subscribe(from, &filter) {
                 return Ok(Source::Cache {
                     cache,
+                    filter,
                     backlog: sub.backlog.into(),
                     rx: sub.rx,
                     cursor: Cursor {
                         floor: from,
                         rev: from,
-                        seen: 0,
+                        key: Bytes::new(),
                     },
                 });
             }
         }
+        caches
+            .metrics
+            .watch_direct
+            .get_or_create(&crate::metrics::KindLabel {
+                kind: kind.kind.into(),
+            })
+            .inc();
         let prefix = list_prefix(kind, None);
         let req = WatchRequest {
             range: KeyRange::between(prefix.clone(), prefix_end(&prefix)),
@@ -502,6 +662,7 @@ impl Source {
         match self {
             Source::Cache {
                 cache,
+                filter,
                 backlog,
                 rx,
                 cursor,
@@ -532,17 +693,11 @@ impl Source {
                         // Catch up from the ring (re-reading the current revision, minus
                         // what was already delivered of it), or give up with 410.
                         let from = (cursor.rev - 1).max(cursor.floor);
-                        match cache.subscribe(from) {
+                        match cache.subscribe(from, filter) {
                             Some(sub) => {
                                 tracing::debug!(kind = cache.kind.kind, skipped = n, "slow watcher caught up from the ring");
                                 let mut b: VecDeque<Arc<Change>> = sub.backlog.into();
-                                if cursor.rev > cursor.floor {
-                                    let mut skip = cursor.seen;
-                                    while skip > 0 && b.front().is_some_and(|c| c.rev == cursor.rev) {
-                                        b.pop_front();
-                                        skip -= 1;
-                                    }
-                                }
+                                cursor.skip_delivered(&mut b);
                                 *rx = sub.rx;
                                 *backlog = b;
                             }
@@ -577,5 +732,155 @@ impl Source {
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::selectors::LabelSelector;
+    use serde_json::json;
+
+    fn kind() -> &'static KindInfo {
+        lattice_apis::registry::find_kind("Allocation").expect("Allocation is registered")
+    }
+
+    fn key(tenant: &str, name: &str) -> Bytes {
+        let mut k = list_prefix(kind(), Some(tenant)).to_vec();
+        k.extend_from_slice(name.as_bytes());
+        Bytes::from(k)
+    }
+
+    fn obj(name: &str, app: &str) -> Arc<Value> {
+        Arc::new(json!({"metadata": {"name": name, "labels": {"app": app}}}))
+    }
+
+    fn put(rev: i64, tenant: &str, name: &str, app: &str, prev: Option<&str>) -> Change {
+        Change::new(
+            rev,
+            key(tenant, name),
+            ChangeKind::Put,
+            obj(name, app),
+            prev.map(|p| obj(name, p)),
+        )
+    }
+
+    fn web_in(tenant: &str) -> Filter {
+        Filter {
+            prefix: list_prefix(kind(), Some(tenant)),
+            selectors: Selectors {
+                labels: LabelSelector::parse("app=web").expect("valid selector"),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// What is waiting on a receiver: `(rev, name)` for changes, `(rev, "progress")`.
+    fn drain(rx: &mut broadcast::Receiver<CacheMsg>) -> Vec<(i64, String)> {
+        let mut out = Vec::new();
+        while let Ok(m) = rx.try_recv() {
+            out.push(match m {
+                CacheMsg::Change(c) => (c.rev, c.object["metadata"]["name"].to_string()),
+                CacheMsg::Progress(r) => (r, "progress".into()),
+                CacheMsg::Reset => (0, "reset".into()),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn a_group_is_sent_only_the_changes_its_filter_sees_then_progress() {
+        let metrics = Metrics::new();
+        let cache = KindCache::new(kind(), 100);
+        cache.start(0);
+        let mut web = cache.subscribe(0, &web_in("t1")).expect("ready").rx;
+        let mut web2 = cache.subscribe(0, &web_in("t1")).expect("ready").rx;
+        let all = Filter {
+            prefix: list_prefix(kind(), None),
+            selectors: Selectors::default(),
+        };
+        let mut every = cache.subscribe(0, &all).expect("ready").rx;
+        assert_eq!(cache.groups(), 2, "equal filters share one group");
+
+        cache.push(put(1, "t1", "x", "web", None), &metrics); // ADDED for web
+        cache.push(put(2, "t1", "y", "db", None), &metrics); // never web
+        cache.push(put(3, "t2", "z", "web", None), &metrics); // other tenant
+        cache.push(put(4, "t1", "x", "db", Some("web")), &metrics); // leaves web: DELETED
+        cache.push(put(5, "t1", "y", "db", Some("db")), &metrics); // still not web
+        cache.progress(5);
+
+        let seen = drain(&mut web);
+        assert_eq!(seen, vec![(1, "\"x\"".into()), (4, "\"x\"".into())]);
+        assert_eq!(drain(&mut web2), seen);
+        assert_eq!(drain(&mut every).len(), 5);
+
+        // Left out of 2, 3 and 5: the next flush says the cache is complete up to 5;
+        // the group that was sent everything hears nothing.
+        cache.flush_progress();
+        assert_eq!(drain(&mut web), vec![(5, "progress".into())]);
+        assert!(drain(&mut every).is_empty());
+        cache.flush_progress();
+        assert!(drain(&mut web).is_empty(), "one progress per gap");
+
+        // Progress the cache had not seen (an idle store's notification) reaches all.
+        cache.progress(9);
+        assert_eq!(drain(&mut web), vec![(9, "progress".into())]);
+        assert_eq!(drain(&mut every), vec![(9, "progress".into())]);
+
+        // A group is dropped with its last watcher.
+        drop((web, web2));
+        cache.push(put(10, "t1", "w", "web", None), &metrics);
+        assert_eq!(cache.groups(), 1);
+        assert_eq!(drain(&mut every), vec![(10, "\"w\"".into())]);
+    }
+
+    #[test]
+    fn catching_up_skips_exactly_what_was_handed_on() {
+        let ring: VecDeque<Arc<Change>> = [
+            put(5, "t1", "a", "web", None),
+            put(5, "t1", "b", "db", None),
+            put(5, "t1", "c", "web", None),
+            put(6, "t1", "d", "web", None),
+        ]
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+        let names = |b: &VecDeque<Arc<Change>>| -> Vec<String> {
+            b.iter()
+                .map(|c| c.object["metadata"]["name"].to_string())
+                .collect()
+        };
+        // Handed on a, then c (b was filtered out): only d is left.
+        let mut cursor = Cursor {
+            floor: 0,
+            rev: 0,
+            key: Bytes::new(),
+        };
+        assert!(cursor.accept(&ring[0]));
+        assert!(cursor.accept(&ring[2]));
+        let mut b = ring.clone();
+        cursor.skip_delivered(&mut b);
+        assert_eq!(names(&b), vec!["\"d\""]);
+        // Handed on a only: b and c are still due.
+        let mut cursor = Cursor {
+            floor: 0,
+            rev: 0,
+            key: Bytes::new(),
+        };
+        assert!(cursor.accept(&ring[0]));
+        let mut b = ring.clone();
+        cursor.skip_delivered(&mut b);
+        assert_eq!(names(&b), vec!["\"b\"", "\"c\"", "\"d\""]);
+        // Nothing handed on yet: nothing is skipped, and the floor holds.
+        let mut cursor = Cursor {
+            floor: 5,
+            rev: 5,
+            key: Bytes::new(),
+        };
+        let mut b = ring.clone();
+        cursor.skip_delivered(&mut b);
+        assert_eq!(b.len(), 4);
+        assert!(!cursor.accept(&ring[0]));
+        assert!(cursor.accept(&ring[3]));
     }
 }

@@ -72,7 +72,7 @@ async fn resume_from_resource_version_and_timeout() {
     for n in ["b", "c", "d"] {
         s.post(&allocs("t1"), &alloc(n, "t1")).await;
     }
-    // from an rv before the cache existed (direct store watch), then live
+    // from an rv before the cache existed (the cache starts there), then live
     let mut w = s
         .watch(&format!(
             "{}?watch=1&resourceVersion={start_rv}",
@@ -98,7 +98,7 @@ async fn resume_from_resource_version_and_timeout() {
             allocs("t1")
         ))
         .await;
-    // b's rv < cache start, so this may be served by the store; either way c, d, e follow
+    // c, d and e follow (from the cache's ring)
     let mut names = Vec::new();
     for _ in 0..3 {
         names.push(
@@ -122,6 +122,63 @@ async fn resume_from_resource_version_and_timeout() {
     let started = Instant::now();
     assert!(w3.next(Duration::from_secs(5)).await.is_none());
     assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+/// `lattice_apiserver_watch_direct_total{kind="Allocation"}` (0 when absent).
+async fn direct_watches(s: &TestServer) -> u64 {
+    let (_, m) = s.get("/metrics").await;
+    m.as_str()
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("lattice_apiserver_watch_direct_total{kind=\"Allocation\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn watchers_listing_before_the_cache_starts_are_served_by_it() {
+    let s = start().await;
+    let (_, first) = s.post(&allocs("t1"), &alloc("a0", "t1")).await;
+    s.post(&allocs("t1"), &alloc("a", "t1")).await;
+    // Clients list, the store moves on (another writer), then they all watch from the
+    // list's revision: the cache starts there, and no watcher needs a store watch.
+    let listed = rv(&s.get(&allocs("t1")).await.1);
+    for n in ["b", "c"] {
+        s.post(&allocs("t1"), &alloc(n, "t1")).await;
+    }
+    let mut ws = Vec::new();
+    for _ in 0..20 {
+        ws.push(
+            s.watch(&format!(
+                "{}?watch=1&resourceVersion={listed}&labelSelector=app%3Ddemo",
+                allocs("t1")
+            ))
+            .await,
+        );
+    }
+    s.post(&allocs("t1"), &alloc("d", "t1")).await;
+    for w in &mut ws {
+        for n in ["b", "c", "d"] {
+            let e = w.next(T).await.unwrap();
+            assert_eq!(
+                (e["type"].as_str(), e["object"]["metadata"]["name"].as_str()),
+                (Some("ADDED"), Some(n))
+            );
+        }
+    }
+    assert_eq!(direct_watches(&s).await, 0);
+    // A revision older than the cache's start still works, through the store.
+    let mut old = s
+        .watch(&format!(
+            "{}?watch=1&resourceVersion={}",
+            allocs("t1"),
+            rv(&first)
+        ))
+        .await;
+    let e = old.next(T).await.unwrap();
+    assert_eq!(e["object"]["metadata"]["name"], "a");
+    assert_eq!(direct_watches(&s).await, 1);
 }
 
 #[tokio::test]

@@ -85,8 +85,41 @@ pub struct ObjectMeta {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub finalizers: Vec<String>,
     /// Server-side apply bookkeeping.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "managed_fields_or_skip"
+    )]
     pub managed_fields: Vec<ManagedFieldsEntry>,
+}
+
+thread_local! {
+    static SKIP_MANAGED_FIELDS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run `decode` with `metadata.managedFields` read past rather than built (it comes out
+/// empty): for caches that drop them anyway, where they were a third of an object's
+/// decoding. Only what `decode` deserializes on this thread is affected.
+pub fn without_managed_fields<T>(decode: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SKIP_MANAGED_FIELDS.with(|s| s.set(self.0));
+        }
+    }
+    let _restore = Restore(SKIP_MANAGED_FIELDS.with(|s| s.replace(true)));
+    decode()
+}
+
+fn managed_fields_or_skip<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<ManagedFieldsEntry>, D::Error> {
+    if SKIP_MANAGED_FIELDS.with(|s| s.get()) {
+        serde::de::IgnoredAny::deserialize(d)?;
+        Ok(Vec::new())
+    } else {
+        Vec::deserialize(d)
+    }
 }
 
 impl ObjectMeta {
@@ -515,4 +548,34 @@ impl Status {
 // Keep `is_false` available for kinds that skip false booleans.
 pub(crate) fn skip_false(b: &bool) -> bool {
     is_false(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn managed_fields_are_skipped_only_inside_without_managed_fields() {
+        let json = r#"{"name":"a","labels":{"x":"1"},"managedFields":[{"manager":"kubectl",
+            "operation":"Apply","fieldsType":"FieldsV1","fieldsV1":{"f:spec":{"f:x":{}}}}],
+            "finalizers":["f"]}"#;
+        let full: ObjectMeta = serde_json::from_str(json).unwrap();
+        assert_eq!(full.managed_fields.len(), 1);
+        assert_eq!(full.managed_fields[0].manager.as_deref(), Some("kubectl"));
+        let lean: ObjectMeta = without_managed_fields(|| serde_json::from_str(json)).unwrap();
+        assert!(lean.managed_fields.is_empty());
+        // every other field is read as before, and the setting does not outlive the call
+        assert_eq!(
+            ObjectMeta {
+                managed_fields: Vec::new(),
+                ..full.clone()
+            },
+            lean
+        );
+        let again: ObjectMeta = serde_json::from_str(json).unwrap();
+        assert_eq!(again, full);
+        // a malformed managedFields is still an error, skipped or not
+        let bad = r#"{"name":"a","managedFields":[1,"#;
+        assert!(without_managed_fields(|| serde_json::from_str::<ObjectMeta>(bad)).is_err());
+    }
 }

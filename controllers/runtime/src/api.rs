@@ -55,6 +55,9 @@ pub struct Api<K> {
     client: Client,
     kind: &'static KindInfo,
     namespace: Option<String>,
+    /// Lists and watches leave `metadata.managedFields` empty (see
+    /// [`Api::without_managed_fields`]).
+    skip_managed_fields: bool,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -64,6 +67,7 @@ impl<K> Clone for Api<K> {
             client: self.client.clone(),
             kind: self.kind,
             namespace: self.namespace.clone(),
+            skip_managed_fields: self.skip_managed_fields,
             _k: PhantomData,
         }
     }
@@ -121,7 +125,24 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
             } else {
                 None
             },
+            skip_managed_fields: false,
             _k: PhantomData,
+        }
+    }
+
+    /// The same Api, except that the objects its lists and watches return have no
+    /// `metadata.managedFields` (they are read past, not built): for caches, which have
+    /// no use for them. Gets and writes are unchanged.
+    pub fn without_managed_fields(mut self) -> Self {
+        self.skip_managed_fields = true;
+        self
+    }
+
+    fn decode_listed(&self, v: Value) -> Result<K> {
+        if self.skip_managed_fields {
+            lattice_apis::meta::without_managed_fields(|| decode(v))
+        } else {
+            decode(v)
         }
     }
 
@@ -197,7 +218,10 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
             },
             _ => Vec::new(),
         };
-        let items = items.into_iter().map(decode).collect::<Result<Vec<K>>>()?;
+        let items = items
+            .into_iter()
+            .map(|v| self.decode_listed(v))
+            .collect::<Result<Vec<K>>>()?;
         Ok(ObjectList {
             items,
             resource_version,
@@ -215,8 +239,15 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
             .transport()
             .watch(self.kind, self.ns(), params)
             .await?;
+        let skip = self.skip_managed_fields;
+        let decode = move |v: Value| -> Result<K> {
+            match skip {
+                true => lattice_apis::meta::without_managed_fields(|| decode(v)),
+                false => decode(v),
+            }
+        };
         Ok(raw
-            .map(|ev| {
+            .map(move |ev| {
                 Ok(match ev? {
                     RawWatchEvent::Added(v) => WatchEvent::Added(decode(v)?),
                     RawWatchEvent::Modified(v) => WatchEvent::Modified(decode(v)?),
@@ -224,7 +255,10 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
                     RawWatchEvent::Bookmark(rv) => WatchEvent::Bookmark(rv),
                     RawWatchEvent::Error(e) => WatchEvent::Error(e),
                     RawWatchEvent::Stored(s) => {
-                        let obj = s.decode()?;
+                        let obj = match skip {
+                            true => lattice_apis::meta::without_managed_fields(|| s.decode())?,
+                            false => s.decode()?,
+                        };
                         match s.kind {
                             StoredEventType::Added => WatchEvent::Added(obj),
                             StoredEventType::Modified => WatchEvent::Modified(obj),

@@ -232,7 +232,9 @@ impl InformerFactory {
         {
             return existing.clone();
         }
-        let api = Api::<K>::scoped(self.client.clone(), params.namespace.as_deref());
+        // The reflector drops managedFields: not building them saves their decoding.
+        let api = Api::<K>::scoped(self.client.clone(), params.namespace.as_deref())
+            .without_managed_fields();
         let config = Config {
             label_selector: params.label_selector.clone(),
             field_selector: params.field_selector.clone(),

@@ -173,3 +173,45 @@ async fn informer_cache_converges_after_relist() {
     );
     assert!(store.by_label("app", "demo").len() == 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_without_managed_fields_lists_and_watches_objects_without_them() {
+    use futures::StreamExt;
+    use lattice_runtime::{ListParams, WatchEvent, WatchParams};
+    let env = env().await;
+    let api: Api<Allocation> = Api::namespaced(env.client.clone(), "t1");
+    let lean = api.clone().without_managed_fields();
+    let apply = |label: &str| {
+        let mut obj = serde_json::to_value(alloc("a1", "t1")).unwrap();
+        obj["metadata"]["labels"] = json!({"v": label});
+        lattice_runtime::Patch::Apply(obj)
+    };
+    api.patch("a1", &PatchParams::apply("tester"), &apply("1"))
+        .await
+        .unwrap();
+    let full = api.list(&ListParams::default()).await.unwrap();
+    assert!(!full.items[0].metadata.managed_fields.is_empty());
+    let listed = lean.list(&ListParams::default()).await.unwrap();
+    assert!(listed.items[0].metadata.managed_fields.is_empty());
+    assert_eq!(listed.items[0].labels(), full.items[0].labels());
+    assert_eq!(listed.items[0].spec, full.items[0].spec);
+
+    let from = WatchParams {
+        resource_version: listed.resource_version.clone(),
+        ..Default::default()
+    };
+    let mut lean_events = lean.watch(&from).await.unwrap();
+    let mut full_events = api.watch(&from).await.unwrap();
+    api.patch("a1", &PatchParams::apply("tester"), &apply("2"))
+        .await
+        .unwrap();
+    for (events, keeps) in [(&mut lean_events, false), (&mut full_events, true)] {
+        match tokio::time::timeout(T, events.next()).await.unwrap() {
+            Some(Ok(WatchEvent::Modified(a))) => {
+                assert_eq!(a.labels().get("v").map(String::as_str), Some("2"));
+                assert_eq!(!a.metadata.managed_fields.is_empty(), keeps);
+            }
+            other => panic!("expected MODIFIED, got {other:?}"),
+        }
+    }
+}

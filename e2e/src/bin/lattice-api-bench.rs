@@ -11,6 +11,11 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use futures::StreamExt;
 
+/// The server's allocator: the load generator shares the machine's cores with the
+/// server, so it should spend as little of them as it can.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 struct Args {
     /// Base URL of the API server, e.g. http://127.0.0.1:8080.
@@ -37,6 +42,11 @@ struct Args {
     /// PID of the server, for its resident memory (/proc/PID/status).
     #[arg(long)]
     server_pid: Option<u32>,
+    /// Write the watch phase's timeline to this file: one line per write, with when it
+    /// was sent (ms into the phase), its create latency, and the median and slowest
+    /// delivery to the watchers (ms).
+    #[arg(long)]
+    watch_timeline: Option<std::path::PathBuf>,
 }
 
 fn percentile(v: &mut [Duration], q: f64) -> f64 {
@@ -72,13 +82,59 @@ fn allocation(tenant: &str, name: &str) -> serde_json::Value {
     })
 }
 
+/// Just what the watchers read of an event line.
+#[derive(serde::Deserialize)]
+struct EventLine {
+    #[serde(rename = "type")]
+    ty: String,
+    object: EventObject,
+}
+
+#[derive(serde::Deserialize)]
+struct EventObject {
+    metadata: EventMeta,
+}
+
+#[derive(serde::Deserialize)]
+struct EventMeta {
+    #[serde(default)]
+    name: String,
+}
+
 struct Bench {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
+    /// The create phase's request URL and body, built once: the body is `body.0`, the
+    /// object's name, `body.1`.
+    create_url: reqwest::Url,
+    body: (String, String),
 }
 
 impl Bench {
+    fn new(
+        http: reqwest::Client,
+        base: &str,
+        token: Option<String>,
+        tenant: &str,
+    ) -> anyhow::Result<Self> {
+        let base = base.trim_end_matches('/').to_string();
+        const NAME: &str = "@@name@@";
+        let template = serde_json::to_string(&allocation(tenant, NAME))?;
+        let (pre, post) = template
+            .split_once(NAME)
+            .ok_or_else(|| anyhow::anyhow!("no name in the template"))?;
+        Ok(Self {
+            create_url: reqwest::Url::parse(&format!(
+                "{base}/apis/lattice.dev/v1alpha1/namespaces/{tenant}/allocations"
+            ))?,
+            body: (pre.to_string(), post.to_string()),
+            http,
+            base,
+            token,
+        })
+    }
+
     fn collection(&self, tenant: &str) -> String {
         format!(
             "{}/apis/lattice.dev/v1alpha1/namespaces/{tenant}/allocations",
@@ -93,10 +149,16 @@ impl Bench {
         }
     }
 
-    async fn create(&self, tenant: &str, name: &str) -> anyhow::Result<()> {
+    /// Create allocation `name` (names are `[a-z0-9-]`: nothing to escape).
+    async fn create(&self, name: &str) -> anyhow::Result<()> {
+        let mut body = String::with_capacity(self.body.0.len() + name.len() + self.body.1.len());
+        body.push_str(&self.body.0);
+        body.push_str(name);
+        body.push_str(&self.body.1);
         let resp = self
-            .req(self.http.post(self.collection(tenant)))
-            .json(&allocation(tenant, name))
+            .req(self.http.post(self.create_url.clone()))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
             .send()
             .await?;
         if !resp.status().is_success() {
@@ -113,15 +175,16 @@ async fn main() -> anyhow::Result<()> {
         Some(p) => Some(std::fs::read_to_string(p)?.trim().to_string()),
         None => None,
     };
-    let bench = Arc::new(Bench {
-        http: reqwest::Client::builder()
+    let tenant = args.tenant.clone();
+    let bench = Arc::new(Bench::new(
+        reqwest::Client::builder()
             .pool_max_idle_per_host(args.clients * 2)
             .tcp_nodelay(true)
             .build()?,
-        base: args.url.trim_end_matches('/').to_string(),
+        &args.url,
         token,
-    });
-    let tenant = args.tenant.clone();
+        &tenant,
+    )?);
     let rss_before = args.server_pid.and_then(rss_kib);
 
     // 1. Concurrent creates.
@@ -131,19 +194,14 @@ async fn main() -> anyhow::Result<()> {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..args.clients {
-        let (bench, stop, created, lat, tenant) = (
-            bench.clone(),
-            stop.clone(),
-            created.clone(),
-            lat.clone(),
-            tenant.clone(),
-        );
+        let (bench, stop, created, lat) =
+            (bench.clone(), stop.clone(), created.clone(), lat.clone());
         tasks.push(tokio::spawn(async move {
             let mut i = 0u64;
             let mut mine = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                bench.create(&tenant, &format!("c{c}-{i}")).await?;
+                bench.create(&format!("c{c}-{i}")).await?;
                 mine.push(t.elapsed());
                 created.fetch_add(1, Ordering::Relaxed);
                 i += 1;
@@ -240,7 +298,7 @@ async fn main() -> anyhow::Result<()> {
             .to_string()
     };
     let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let seen: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let seen: Arc<Mutex<HashMap<String, Vec<Duration>>>> = Arc::default();
     let received = Arc::new(AtomicU64::new(0));
     let mut watchers = Vec::new();
     let opened = Arc::new(AtomicU64::new(0));
@@ -268,17 +326,19 @@ async fn main() -> anyhow::Result<()> {
                 buf.extend_from_slice(&chunk?);
                 while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
                     let line: Vec<u8> = buf.drain(..=pos).collect();
-                    let Ok(ev) = serde_json::from_slice::<serde_json::Value>(&line) else {
+                    let Ok(ev) = serde_json::from_slice::<EventLine>(&line) else {
                         continue;
                     };
-                    if ev["type"] != "ADDED" {
+                    if ev.ty != "ADDED" {
                         continue;
                     }
-                    let name = ev["object"]["metadata"]["name"].as_str().unwrap_or("");
+                    let name = ev.object.metadata.name.as_str();
                     let at = sent.lock().ok().and_then(|s| s.get(name).copied());
                     if let Some(at) = at {
                         if let Ok(mut s) = seen.lock() {
-                            s.push(now.duration_since(at));
+                            s.entry(name.to_string())
+                                .or_default()
+                                .push(now.duration_since(at));
                         }
                         received.fetch_add(1, Ordering::Relaxed);
                     }
@@ -293,6 +353,12 @@ async fn main() -> anyhow::Result<()> {
     }
     result("watchers_open", opened.load(Ordering::Relaxed) as f64);
     let mut write_lat = Vec::new();
+    let phase = Instant::now();
+    let phase_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default();
+    let mut sent_at = Vec::new();
     for i in 0..args.watch_events {
         let name = format!("w-{i}");
         let mut obj = allocation(&tenant, &name);
@@ -310,6 +376,7 @@ async fn main() -> anyhow::Result<()> {
             anyhow::bail!("create {name}: {}", resp.status());
         }
         write_lat.push(t.elapsed());
+        sent_at.push(t.duration_since(phase));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let expected = (args.watch_events * args.watchers) as u64;
@@ -325,7 +392,26 @@ async fn main() -> anyhow::Result<()> {
         "watch_events_received_ratio",
         got as f64 / expected.max(1) as f64,
     );
-    let mut s = std::mem::take(&mut *seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?);
+    let mut per_write = std::mem::take(&mut *seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?);
+    if let Some(path) = &args.watch_timeline {
+        let mut out = format!(
+            "# watch phase from unix time {phase_unix:.3}\n# write sent_ms create_ms p50_ms max_ms\n"
+        );
+        for (i, (at, lat)) in sent_at.iter().zip(&write_lat).enumerate() {
+            let mut d = per_write
+                .get(&format!("w-{i}"))
+                .cloned()
+                .unwrap_or_default();
+            let (p50, max) = (percentile(&mut d, 0.5), percentile(&mut d, 1.0));
+            out += &format!(
+                "{i} {:.1} {:.2} {p50:.2} {max:.2}\n",
+                at.as_secs_f64() * 1000.0,
+                lat.as_secs_f64() * 1000.0
+            );
+        }
+        std::fs::write(path, out)?;
+    }
+    let mut s: Vec<Duration> = per_write.drain().flat_map(|(_, v)| v).collect();
     result("watch_p50_ms", percentile(&mut s, 0.50));
     result("watch_p99_ms", percentile(&mut s, 0.99));
     result(
