@@ -80,6 +80,8 @@ pub struct SchedulerMetrics {
     preemptions: Family<PreemptionLabel, Counter>,
     claims: Family<ClaimLabel, Counter>,
     cycles: Family<VClusterLabel, Counter>,
+    reasons_queued: Gauge<i64, AtomicI64>,
+    reasons_written: Counter,
 }
 
 impl Default for SchedulerMetrics {
@@ -102,7 +104,19 @@ impl SchedulerMetrics {
             preemptions: Family::default(),
             claims: Family::default(),
             cycles: Family::default(),
+            reasons_queued: Gauge::default(),
+            reasons_written: Counter::default(),
         }
+    }
+
+    /// Pending reasons waiting for the reason writer now.
+    pub fn set_reasons_queued(&self, n: usize) {
+        self.reasons_queued.set(n as i64);
+    }
+
+    /// Pending reasons the reason writer wrote.
+    pub fn reasons_written(&self, n: usize) {
+        self.reasons_written.inc_by(n as u64);
     }
 
     /// Register under the seed's names: `lattice_scheduling_*` and
@@ -161,6 +175,16 @@ impl SchedulerMetrics {
             self.claims.clone(),
         );
         r.register("cycles", "Scheduling cycles run", self.cycles.clone());
+        r.register(
+            "reasons_queued",
+            "Pending reasons decided but not yet written (the writer is rate limited; a newer reason for the same allocation replaces a queued one)",
+            self.reasons_queued.clone(),
+        );
+        r.register(
+            "reasons_written",
+            "Pending reasons written onto allocations",
+            self.reasons_written.clone(),
+        );
     }
 
     /// Record one cycle.

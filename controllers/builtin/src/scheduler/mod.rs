@@ -54,6 +54,7 @@ pub struct Shared {
     vclusters: Store<VCluster>,
     api: Api<Allocation>,
     metrics: SchedulerMetrics,
+    reasons: ReasonQueue,
 }
 
 /// Run the scheduler until dropped (the controller host drops it on losing leadership).
@@ -78,7 +79,9 @@ pub async fn run(ctx: HostContext, backend: Arc<dyn KvBackend>, metrics: Schedul
         vclusters: vclusters.store(),
         api: Api::all(ctx.client.clone()),
         metrics,
+        reasons: ReasonQueue::default(),
     });
+    let _reason_writer = AbortOnDrop(tokio::spawn(reason_writer(shared.clone())));
     ctx.set_ready(true);
     tracing::info!("scheduler started");
 
@@ -684,6 +687,7 @@ const EXPLAIN_BYTES: usize = 512 * 1024;
 
 /// A pending reason to write: the allocation's store key, the revision the decision was
 /// made on, and the reason.
+#[derive(Debug, Clone, PartialEq)]
 struct Reason {
     key: String,
     rev: i64,
@@ -691,17 +695,110 @@ struct Reason {
     msg: String,
 }
 
-/// [`explain`] for many allocations: the reasons that changed are written straight to
-/// the store, many per transaction, each guarded by the revision the decision was made
-/// on (the scheduler's own status field, like a binding's: through the API, one write
-/// per allocation cost about as much as the allocation's creation, and every cycle over
-/// a queue of new arrivals explains each of them).
-/// Returns the time it spent computing (not waiting for the store).
-async fn explain_all(shared: &Shared, items: &[(&Allocation, &str, String)]) -> Duration {
+/// Most pending reasons written per second. They are the scheduler's background
+/// bookkeeping: under a storm of arrivals (the API benchmark creates 10,000 a second)
+/// writing each one at once took the CPU from the requests and the watchers for seconds
+/// after every cycle over the queue. kube-scheduler's API client allows 50 writes a
+/// second by default; ours are batched, 64 to a transaction.
+const REASONS_PER_SECOND: f64 = 2000.0;
+
+/// Reasons decided and not yet written, oldest first, the newest decision per
+/// allocation: a reason decided again before it was written replaces the queued one in
+/// its place (one write, not two).
+#[derive(Default)]
+struct ReasonQueue {
+    inner: std::sync::Mutex<QueuedReasons>,
+    ready: Notify,
+}
+
+#[derive(Default)]
+struct QueuedReasons {
+    order: std::collections::VecDeque<String>,
+    by_key: HashMap<String, Reason>,
+}
+
+impl ReasonQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueuedReasons> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queue `reasons`; returns how many are queued now.
+    fn push(&self, reasons: Vec<Reason>) -> usize {
+        if reasons.is_empty() {
+            return self.lock().order.len();
+        }
+        let mut q = self.lock();
+        for r in reasons {
+            if !q.by_key.contains_key(&r.key) {
+                q.order.push_back(r.key.clone());
+            }
+            q.by_key.insert(r.key.clone(), r);
+        }
+        let n = q.order.len();
+        drop(q);
+        self.ready.notify_one();
+        n
+    }
+
+    /// Up to `n` of the oldest queued reasons.
+    fn take(&self, n: usize) -> Vec<Reason> {
+        let mut q = self.lock();
+        let mut out = Vec::with_capacity(n.min(q.order.len()));
+        while out.len() < n {
+            let Some(key) = q.order.pop_front() else {
+                break;
+            };
+            if let Some(r) = q.by_key.remove(&key) {
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    fn len(&self) -> usize {
+        self.lock().order.len()
+    }
+}
+
+/// The reason writer: writes queued reasons a transaction at a time, no faster than
+/// [`REASONS_PER_SECOND`].
+async fn reason_writer(shared: Arc<Shared>) {
+    loop {
+        let started = tokio::time::Instant::now();
+        let written = write_queued(&shared, 1).await;
+        if written == 0 {
+            shared.reasons.ready.notified().await;
+            continue;
+        }
+        tokio::time::sleep_until(
+            started + Duration::from_secs_f64(written as f64 / REASONS_PER_SECOND),
+        )
+        .await;
+    }
+}
+
+/// Write up to `txns` transactions' worth of queued reasons; returns how many were taken
+/// from the queue.
+async fn write_queued(shared: &Shared, txns: usize) -> usize {
     let per_txn = EXPLAIN_BATCH.min(shared.backend.max_txn_ops() / 2).max(1);
-    let mut chunk: Vec<Reason> = Vec::with_capacity(per_txn);
-    let mut compute = Duration::ZERO;
-    let mut since = Instant::now();
+    let batch = shared.reasons.take(per_txn * txns);
+    if !batch.is_empty() {
+        write_reasons(shared, &batch).await;
+        shared.metrics.reasons_written(batch.len());
+    }
+    shared.metrics.set_reasons_queued(shared.reasons.len());
+    batch.len()
+}
+
+/// [`explain`] for many allocations: the reasons that changed are queued for the reason
+/// writer, which writes them straight to the store, many per transaction, each guarded
+/// by the revision the decision was made on (the scheduler's own status field, like a
+/// binding's: through the API, one write per allocation cost about as much as the
+/// allocation's creation, and every cycle over a queue of new arrivals explains each of
+/// them). Returns the time it spent.
+async fn explain_all(shared: &Shared, items: &[(&Allocation, &str, String)]) -> Duration {
+    let started = Instant::now();
+    let mut queue: Vec<Reason> = Vec::new();
     for (i, (a, code, msg)) in items.iter().enumerate() {
         if i % YIELD_EVERY == YIELD_EVERY - 1 {
             tokio::task::yield_now().await;
@@ -715,23 +812,16 @@ async fn explain_all(shared: &Shared, items: &[(&Allocation, &str, String)]) -> 
         let Some(rev) = a.resource_version().and_then(|rv| rv.parse::<i64>().ok()) else {
             continue;
         };
-        chunk.push(Reason {
+        queue.push(Reason {
             key: crate::objects::key_of::<Allocation>(a.namespace(), a.name_any()),
             rev,
             code: code.to_string(),
             msg: msg.clone(),
         });
-        // Written a batch at a time: a cycle over a long queue of new arrivals never
-        // computes long without an await.
-        if chunk.len() == per_txn {
-            compute += since.elapsed();
-            compute += write_reasons(shared, &chunk).await;
-            chunk.clear();
-            since = Instant::now();
-        }
     }
-    compute += since.elapsed();
-    compute + write_reasons(shared, &chunk).await
+    let queued = shared.reasons.push(queue);
+    shared.metrics.set_reasons_queued(queued);
+    started.elapsed()
 }
 
 /// `stored` (an object as the store holds it) with `status.reason` and `status.message`
@@ -749,25 +839,23 @@ fn with_reason(stored: &[u8], code: &str, msg: &str) -> Option<Vec<u8>> {
     serde_json::to_vec(&v).ok()
 }
 
-/// One batch of [`explain_all`]: the stored objects are read (the informer caches drop
+/// One batch of queued reasons ([`explain_all`]): the stored objects are read (the informer caches drop
 /// managedFields, and a write must keep every stored field), those still at the
 /// decision's revision get the reason set in their stored JSON, and are written in
 /// transactions guarded by that revision; a transaction that fails is written again one
 /// object at a time, so only a stale reason is dropped.
-/// Returns the time it spent computing (not waiting for the store).
-async fn write_reasons(shared: &Shared, chunk: &[Reason]) -> Duration {
+async fn write_reasons(shared: &Shared, chunk: &[Reason]) {
     if chunk.is_empty() {
-        return Duration::ZERO;
+        return;
     }
     let keys: Vec<String> = chunk.iter().map(|r| r.key.clone()).collect();
     let raw = match crate::objects::read_raw(&shared.backend, &keys).await {
         Ok(raw) => raw,
         Err(e) => {
             tracing::debug!(error = %e, "pending reasons not written: reading the allocations failed");
-            return Duration::ZERO;
+            return;
         }
     };
-    let encoding = Instant::now();
     let mut writes: Vec<(&str, i64, Vec<u8>)> = Vec::with_capacity(chunk.len());
     for (r, kv) in chunk.iter().zip(raw) {
         // Gone, or changed since the decision: the reason is stale.
@@ -782,7 +870,6 @@ async fn write_reasons(shared: &Shared, chunk: &[Reason]) -> Duration {
             }
         }
     }
-    let compute = encoding.elapsed();
     let mut rest = &writes[..];
     while !rest.is_empty() {
         let mut n = 0;
@@ -818,7 +905,6 @@ async fn write_reasons(shared: &Shared, chunk: &[Reason]) -> Duration {
             }
         }
     }
-    compute
 }
 
 /// Ask the victim's agents to stop it (checkpoint signal first when it has one). Guarded
@@ -912,7 +998,41 @@ mod tests {
             vclusters: lattice_runtime::reflector::store::<VCluster>().0,
             api: Api::all(client),
             metrics: SchedulerMetrics::default(),
+            reasons: ReasonQueue::default(),
         }
+    }
+
+    /// The reason queue keeps arrival order, and a reason decided again before it was
+    /// written replaces the queued one in its place.
+    #[test]
+    fn a_newer_reason_replaces_the_queued_one_in_its_place() {
+        let r = |key: &str, rev: i64, msg: &str| Reason {
+            key: key.into(),
+            rev,
+            code: "no_matching_nodes".into(),
+            msg: msg.into(),
+        };
+        let q = ReasonQueue::default();
+        assert_eq!(
+            q.push(vec![r("a", 1, "x"), r("b", 2, "x"), r("c", 3, "x")]),
+            3
+        );
+        assert_eq!(q.push(vec![r("b", 5, "y"), r("d", 6, "x")]), 4);
+        let first = q.take(2);
+        assert_eq!(first, vec![r("a", 1, "x"), r("b", 5, "y")]);
+        // Taken reasons are gone: deciding one again queues it at the end.
+        assert_eq!(q.push(vec![r("a", 7, "z")]), 3);
+        assert_eq!(
+            q.take(10),
+            vec![r("c", 3, "x"), r("d", 6, "x"), r("a", 7, "z")]
+        );
+        assert!(q.take(10).is_empty());
+        assert_eq!(q.len(), 0);
+    }
+
+    /// Write every queued reason now (the writer task's pacing left out).
+    async fn flush(shared: &Shared) {
+        while write_queued(shared, 1).await > 0 {}
     }
 
     /// Reasons go to the store many per transaction, onto the stored objects (every
@@ -971,6 +1091,7 @@ mod tests {
             .map(|a| (a, "no_matching_nodes", "none".to_string()))
             .collect();
         explain_all(&shared, &items).await;
+        flush(&shared).await;
         let after = backend.status().await.unwrap().revision;
         // 149 to write (a010 already says it), 64 per transaction: a065..a128 holds the
         // stale a070, found stale when the batch is read, so 63 go in its transaction.
@@ -1113,6 +1234,7 @@ mod tests {
             .collect();
         refusing.writes.store(0, SeqCst);
         explain_all(&shared, &items).await;
+        flush(&shared).await;
         assert_eq!(refusing.writes.load(SeqCst), 3, "transactions that wrote");
         let now = api.list(&Default::default()).await.unwrap().items;
         assert!(now
@@ -1127,6 +1249,7 @@ mod tests {
             .map(|(a, m)| (a, "no_matching_nodes", m.clone()))
             .collect();
         explain_all(&shared, &items).await;
+        flush(&shared).await;
         assert_eq!(refusing.writes.load(SeqCst), 64, "one by one");
         let now = api.list(&Default::default()).await.unwrap().items;
         assert!(now
