@@ -458,6 +458,17 @@ impl WatchCaches {
     }
 }
 
+/// The revision up to which a store watch batch proves every change delivered: its
+/// last event's (etcd answers a watch that replays history with the store's current
+/// revision in the header while later revisions are still to come; a revision is never
+/// split between batches), or, for a progress notification, the batch's revision.
+fn complete_up_to(batch: &lattice_store::WatchBatch) -> i64 {
+    match batch.events.last() {
+        Some(ev) => batch.revision.min(ev.kv.mod_revision),
+        None => batch.revision,
+    }
+}
+
 /// The feeder: one store watch per kind, restarted (with a Reset) when it ends. The
 /// first start replays from `from` when that is recent (see [`WatchCaches::get`]).
 async fn feed(
@@ -529,7 +540,7 @@ async fn feed(
                     for c in batch.events.iter().filter_map(convert_event) {
                         cache.push(c, &metrics);
                     }
-                    cache.progress(batch.revision);
+                    cache.progress(complete_up_to(&batch));
                 }
                 Some(Err(e)) => {
                     tracing::warn!(kind = cache.kind.kind, error = %e, "watch cache: store watch failed; restarting");
@@ -551,15 +562,27 @@ async fn feed(
 
 /// How far a cache watcher got: changes at or below `floor` are never delivered (the
 /// watcher started after them); the last change handed on was `key` at revision `rev`
-/// (one transaction can change several keys at one revision, each once).
+/// (one transaction can change several keys at one revision, each once); every change
+/// for it up to `progress` was handed on (its group's progress messages: a watcher with
+/// a narrow filter may have been handed no change for a long time).
 #[derive(Debug, Clone)]
 pub struct Cursor {
     floor: i64,
     rev: i64,
     key: Bytes,
+    progress: i64,
 }
 
 impl Cursor {
+    fn new(floor: i64) -> Self {
+        Cursor {
+            floor,
+            rev: floor,
+            key: Bytes::new(),
+            progress: floor,
+        }
+    }
+
     fn accept(&mut self, c: &Change) -> bool {
         if c.rev <= self.floor {
             return false;
@@ -569,10 +592,17 @@ impl Cursor {
         true
     }
 
-    /// Drop from a backlog read from `rev - 1` what was already handed on: the changes of
-    /// `rev` up to and including `key` (the ring keeps each revision's changes in order).
+    /// Where a watcher that lagged catches up from: its last change's revision minus one
+    /// (the rest of that revision may be due), or the progress it was told, if later.
+    fn resume_from(&self) -> i64 {
+        (self.rev - 1).max(self.floor).max(self.progress)
+    }
+
+    /// Drop from a backlog read from [`Cursor::resume_from`] what was already handed on:
+    /// the changes of `rev` up to and including `key` (the ring keeps each revision's
+    /// changes in order).
     fn skip_delivered(&self, backlog: &mut VecDeque<Arc<Change>>) {
-        if self.rev <= self.floor {
+        if self.rev <= self.resume_from() {
             return;
         }
         let delivered = backlog
@@ -623,11 +653,7 @@ impl Source {
                     filter,
                     backlog: sub.backlog.into(),
                     rx: sub.rx,
-                    cursor: Cursor {
-                        floor: from,
-                        rev: from,
-                        key: Bytes::new(),
-                    },
+                    cursor: Cursor::new(from),
                 });
             }
         }
@@ -681,6 +707,7 @@ impl Source {
                     }
                     Ok(CacheMsg::Progress(r)) => {
                         if r > cursor.floor {
+                            cursor.progress = cursor.progress.max(r);
                             return Ok(Item::Progress(r));
                         }
                     }
@@ -692,7 +719,7 @@ impl Source {
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         // Catch up from the ring (re-reading the current revision, minus
                         // what was already delivered of it), or give up with 410.
-                        let from = (cursor.rev - 1).max(cursor.floor);
+                        let from = cursor.resume_from();
                         match cache.subscribe(from, filter) {
                             Some(sub) => {
                                 tracing::debug!(kind = cache.kind.kind, skipped = n, "slow watcher caught up from the ring");
@@ -851,36 +878,120 @@ mod tests {
                 .collect()
         };
         // Handed on a, then c (b was filtered out): only d is left.
-        let mut cursor = Cursor {
-            floor: 0,
-            rev: 0,
-            key: Bytes::new(),
-        };
+        let mut cursor = Cursor::new(0);
         assert!(cursor.accept(&ring[0]));
         assert!(cursor.accept(&ring[2]));
         let mut b = ring.clone();
         cursor.skip_delivered(&mut b);
         assert_eq!(names(&b), vec!["\"d\""]);
         // Handed on a only: b and c are still due.
-        let mut cursor = Cursor {
-            floor: 0,
-            rev: 0,
-            key: Bytes::new(),
-        };
+        let mut cursor = Cursor::new(0);
         assert!(cursor.accept(&ring[0]));
         let mut b = ring.clone();
         cursor.skip_delivered(&mut b);
         assert_eq!(names(&b), vec!["\"b\"", "\"c\"", "\"d\""]);
         // Nothing handed on yet: nothing is skipped, and the floor holds.
-        let mut cursor = Cursor {
-            floor: 5,
-            rev: 5,
-            key: Bytes::new(),
-        };
+        let mut cursor = Cursor::new(5);
         let mut b = ring.clone();
         cursor.skip_delivered(&mut b);
         assert_eq!(b.len(), 4);
         assert!(!cursor.accept(&ring[0]));
         assert!(cursor.accept(&ring[3]));
+    }
+
+    #[test]
+    fn a_replayed_batch_proves_only_what_it_holds() {
+        let event = |rev: i64| lattice_store::Event {
+            kind: EventType::Put,
+            kv: lattice_store::KeyValue {
+                key: key("t1", "a"),
+                mod_revision: rev,
+                ..Default::default()
+            },
+            prev_kv: None,
+        };
+        let batch = |revision: i64, events: Vec<lattice_store::Event>| lattice_store::WatchBatch {
+            revision,
+            events,
+        };
+        // etcd replaying: header at the current revision 900, events up to 40.
+        assert_eq!(complete_up_to(&batch(900, vec![event(12), event(40)])), 40);
+        // Live: the header is the events' revision.
+        assert_eq!(complete_up_to(&batch(41, vec![event(41)])), 41);
+        // Progress notification.
+        assert_eq!(complete_up_to(&batch(950, vec![])), 950);
+    }
+
+    /// A watcher with a narrow filter is handed few changes; the progress its group is
+    /// told moves where it catches up from, so an old last change does not make it fall
+    /// out of the ring (410) when it lags.
+    #[test]
+    fn progress_moves_where_a_lagging_watcher_catches_up_from() {
+        let mut cursor = Cursor::new(0);
+        assert!(cursor.accept(&put(5, "t1", "a", "web", None)));
+        assert_eq!(cursor.resume_from(), 4);
+        cursor.progress = 9000;
+        assert_eq!(cursor.resume_from(), 9000);
+        // Nothing at or below the progress was handed on since: nothing to skip.
+        let mut b: VecDeque<Arc<Change>> = [put(9001, "t1", "b", "web", None)]
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        cursor.skip_delivered(&mut b);
+        assert_eq!(b.len(), 1);
+        // A change after the progress: catch up from just before it, skipping it.
+        assert!(cursor.accept(&b[0]));
+        assert_eq!(cursor.resume_from(), 9000);
+        let mut b2 = b.clone();
+        b2.push_back(Arc::new(put(9002, "t1", "c", "web", None)));
+        cursor.skip_delivered(&mut b2);
+        assert_eq!(b2.len(), 1);
+        assert_eq!(b2[0].rev, 9002);
+    }
+
+    /// A watcher with a narrow filter that lags after its last change left the ring
+    /// catches up from the progress it was told (the changes it lagged on are still in
+    /// the ring) instead of ending with 410.
+    #[tokio::test]
+    async fn a_narrow_watcher_lagging_long_after_its_last_change_catches_up() {
+        let metrics = Metrics::new();
+        let ring = 2 * GROUP_CHANNEL;
+        let cache = Arc::new(KindCache::new(kind(), ring));
+        cache.start(0);
+        let filter = web_in("t1");
+        let sub = cache.subscribe(0, &filter).expect("ready");
+        let mut source = Source::Cache {
+            cache: cache.clone(),
+            filter,
+            backlog: sub.backlog.into(),
+            rx: sub.rx,
+            cursor: Cursor::new(0),
+        };
+        cache.push(put(1, "t1", "w0", "web", None), &metrics);
+        assert!(matches!(source.next().await, Ok(Item::Change(c)) if c.rev == 1));
+        // Changes the filter does not see roll revision 1 out of the ring; the group
+        // hears how far the cache got.
+        let quiet = ring as i64 + 100;
+        for rev in 2..=quiet {
+            cache.push(put(rev, "t1", &format!("d{rev}"), "db", None), &metrics);
+        }
+        cache.progress(quiet);
+        cache.flush_progress();
+        assert!(matches!(source.next().await, Ok(Item::Progress(r)) if r == quiet));
+        // Then more matching changes than the group's channel holds, unread: it lags,
+        // while the ring still holds all of them.
+        let n = GROUP_CHANNEL as i64 + 10;
+        for rev in quiet + 1..=quiet + n {
+            cache.push(put(rev, "t1", &format!("w{rev}"), "web", None), &metrics);
+        }
+        let mut got = Vec::new();
+        while got.len() < n as usize {
+            match source.next().await {
+                Ok(Item::Change(c)) => got.push(c.rev),
+                Ok(Item::Progress(_)) => {}
+                Err(e) => panic!("lagging watcher ended: {e:?}"),
+            }
+        }
+        assert_eq!(got, (quiet + 1..=quiet + n).collect::<Vec<_>>());
     }
 }

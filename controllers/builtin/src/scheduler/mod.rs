@@ -502,6 +502,12 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     }
     for (tenant, bindings) in batches {
         let list: Vec<Binding> = bindings.iter().map(|(b, _)| b.clone()).collect();
+        // A queued reason for one of these is stale, and its write would fail the
+        // binding transaction (the guard on the allocation's revision).
+        shared.reasons.forget(
+            list.iter()
+                .map(|b| crate::objects::key_of::<Allocation>(Some(&b.tenant), &b.name)),
+        );
         let outcomes = bind::bind_batch(&shared.backend, &tenant, &list).await?;
         for ((b, backfill), outcome) in bindings.iter().zip(outcomes) {
             match outcome {
@@ -738,6 +744,15 @@ impl ReasonQueue {
         drop(q);
         self.ready.notify_one();
         n
+    }
+
+    /// Drop the queued reasons of these allocations (keys).
+    fn forget(&self, keys: impl Iterator<Item = String>) {
+        let mut q = self.lock();
+        let gone: HashSet<String> = keys.filter(|k| q.by_key.remove(k).is_some()).collect();
+        if !gone.is_empty() {
+            q.order.retain(|k| !gone.contains(k));
+        }
     }
 
     /// Up to `n` of the oldest queued reasons.
@@ -1028,6 +1043,16 @@ mod tests {
         );
         assert!(q.take(10).is_empty());
         assert_eq!(q.len(), 0);
+        // A forgotten reason (its allocation is being bound) is not written; queuing it
+        // again puts it at the end.
+        q.push(vec![r("a", 8, "x"), r("b", 9, "x"), r("c", 10, "x")]);
+        q.forget(["b".to_string()].into_iter());
+        assert_eq!(q.len(), 2);
+        q.push(vec![r("b", 11, "y")]);
+        assert_eq!(
+            q.take(10),
+            vec![r("a", 8, "x"), r("c", 10, "x"), r("b", 11, "y")]
+        );
     }
 
     /// Write every queued reason now (the writer task's pacing left out).
