@@ -86,6 +86,15 @@ pub(crate) fn decode<K: Resource>(v: Value) -> Result<K> {
     serde_json::from_value(v).map_err(|e| Error::decode(K::KIND, e))
 }
 
+/// `decode()`, reading past managedFields when `skip` (see [`Api::without_managed_fields`]).
+fn lean<T>(skip: bool, decode: impl FnOnce() -> T) -> T {
+    if skip {
+        lattice_apis::meta::without_managed_fields(decode)
+    } else {
+        decode()
+    }
+}
+
 fn encode<K: Resource>(obj: &K) -> Result<Value> {
     let mut v = serde_json::to_value(obj).map_err(|e| Error::decode(K::KIND, e))?;
     if let Some(o) = v.as_object_mut() {
@@ -136,14 +145,6 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
     pub fn without_managed_fields(mut self) -> Self {
         self.skip_managed_fields = true;
         self
-    }
-
-    fn decode_listed(&self, v: Value) -> Result<K> {
-        if self.skip_managed_fields {
-            lattice_apis::meta::without_managed_fields(|| decode(v))
-        } else {
-            decode(v)
-        }
     }
 
     /// The same Api scoped to another tenant (`None`: all).
@@ -220,7 +221,7 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
         };
         let items = items
             .into_iter()
-            .map(|v| self.decode_listed(v))
+            .map(|v| lean(self.skip_managed_fields, || decode(v)))
             .collect::<Result<Vec<K>>>()?;
         Ok(ObjectList {
             items,
@@ -240,12 +241,7 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
             .watch(self.kind, self.ns(), params)
             .await?;
         let skip = self.skip_managed_fields;
-        let decode = move |v: Value| -> Result<K> {
-            match skip {
-                true => lattice_apis::meta::without_managed_fields(|| decode(v)),
-                false => decode(v),
-            }
-        };
+        let decode = move |v: Value| -> Result<K> { lean(skip, || decode(v)) };
         Ok(raw
             .map(move |ev| {
                 Ok(match ev? {
@@ -255,10 +251,7 @@ impl<K: Resource + Send + Sync + 'static> Api<K> {
                     RawWatchEvent::Bookmark(rv) => WatchEvent::Bookmark(rv),
                     RawWatchEvent::Error(e) => WatchEvent::Error(e),
                     RawWatchEvent::Stored(s) => {
-                        let obj = match skip {
-                            true => lattice_apis::meta::without_managed_fields(|| s.decode())?,
-                            false => s.decode()?,
-                        };
+                        let obj = lean(skip, || s.decode())?;
                         match s.kind {
                             StoredEventType::Added => WatchEvent::Added(obj),
                             StoredEventType::Modified => WatchEvent::Modified(obj),

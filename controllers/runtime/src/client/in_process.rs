@@ -10,7 +10,7 @@ use lattice_apiserver::objects::list_prefix;
 use lattice_apiserver::patch::PatchType;
 use lattice_apiserver::resources::{self, ListOptions, Resources, WriteOptions};
 use lattice_apiserver::selectors::{FieldSelector, LabelSelector, Selectors};
-use lattice_apiserver::watch_cache::{convert_event, Change, ChangeKind};
+use lattice_apiserver::watch_cache::{self, convert_event, Change};
 use lattice_store::{KeyRange, KvBackend, StoreError, WatchRequest};
 use serde_json::Value;
 
@@ -72,30 +72,17 @@ fn gone(message: String) -> ErrorResponse {
     }
 }
 
-/// What a change looks like through a selector (the API server's watch rules): an
-/// object entering the selector is ADDED, leaving it is DELETED.
+/// What a change looks like through a selector (the API server's watch rules,
+/// [`watch_cache::classify`]): an object entering the selector is ADDED, leaving it is
+/// DELETED.
 fn classify(c: &Change, sel: &Selectors) -> Option<RawWatchEvent> {
-    let obj = || (*c.object).clone();
-    match c.kind {
-        ChangeKind::Put => {
-            let now = sel.matches(&c.object);
-            // Without selectors only the previous state's existence matters.
-            let before = if sel.is_empty() {
-                c.has_prev().then_some(true)
-            } else {
-                c.prev().map(|p| sel.matches(p))
-            };
-            match (before, now) {
-                (None | Some(false), true) => Some(RawWatchEvent::Added(obj())),
-                (Some(true), true) => Some(RawWatchEvent::Modified(obj())),
-                (Some(true), false) => Some(RawWatchEvent::Deleted(obj())),
-                _ => None,
-            }
-        }
-        ChangeKind::Delete => sel
-            .matches(&c.object)
-            .then(|| RawWatchEvent::Deleted(obj())),
-    }
+    let (ty, obj) = watch_cache::classify(c, sel)?;
+    let obj = obj.clone();
+    Some(match ty {
+        "ADDED" => RawWatchEvent::Added(obj),
+        "MODIFIED" => RawWatchEvent::Modified(obj),
+        _ => RawWatchEvent::Deleted(obj),
+    })
 }
 
 /// A store event as a [`RawWatchEvent::Stored`] (what [`classify`] makes of it without
