@@ -1055,6 +1055,44 @@ mod tests {
         );
     }
 
+    /// The writer takes no more than `REASONS_PER_SECOND` from the queue: 300 queued
+    /// reasons (five transactions' worth) take at least the time of four at that rate
+    /// (the first goes at once). Their allocations do not exist, so the store does
+    /// nothing but the reads: without the pacing the queue empties in milliseconds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_reason_writer_keeps_to_its_rate() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = lattice_store::EmbeddedStore::open(dir.path(), Default::default())
+            .await
+            .unwrap();
+        let backend: Arc<dyn KvBackend> = Arc::new(store);
+        let shared = Arc::new(shared_over(backend.clone(), Client::in_process(backend)));
+        let n = 300;
+        shared.reasons.push(
+            (0..n)
+                .map(|i| Reason {
+                    key: crate::objects::key_of::<Allocation>(Some("t1"), &format!("x{i}")),
+                    rev: 1,
+                    code: "no_matching_nodes".into(),
+                    msg: "none".into(),
+                })
+                .collect(),
+        );
+        let started = Instant::now();
+        let writer = AbortOnDrop(tokio::spawn(reason_writer(shared.clone())));
+        while shared.reasons.len() > 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let took = started.elapsed();
+        drop(writer);
+        let per_txn = EXPLAIN_BATCH.min(shared.backend.max_txn_ops() / 2);
+        let floor = Duration::from_secs_f64((n - per_txn) as f64 / REASONS_PER_SECOND);
+        assert!(
+            took >= floor,
+            "{n} reasons taken in {took:?}, under {floor:?}"
+        );
+    }
+
     /// Write every queued reason now (the writer task's pacing left out).
     async fn flush(shared: &Shared) {
         while write_queued(shared, 1).await > 0 {}
