@@ -108,3 +108,90 @@ pub trait KvBackend: Send + Sync + 'static {
         Ok(resp.kvs.into_iter().next())
     }
 }
+
+/// A fault hook: given the request, an error to fail it with, or `None` to let it through.
+pub type FaultHook<R> = Box<dyn Fn(&R) -> Option<crate::StoreError> + Send + Sync>;
+
+/// A backend that hands every call to `inner`, except that transactions and compactions
+/// first ask a hook, which may fail them: for tests of how callers take a store's
+/// refusals (a request-size limit, a compaction that fails).
+pub struct WithFaults<B> {
+    pub inner: B,
+    txn: FaultHook<TxnRequest>,
+    compact: FaultHook<i64>,
+}
+
+impl<B: KvBackend> WithFaults<B> {
+    /// `inner` with no faults yet.
+    pub fn new(inner: B) -> Self {
+        Self {
+            inner,
+            txn: Box::new(|_| None),
+            compact: Box::new(|_| None),
+        }
+    }
+
+    /// Ask `hook` before every transaction.
+    pub fn on_txn(
+        mut self,
+        hook: impl Fn(&TxnRequest) -> Option<crate::StoreError> + Send + Sync + 'static,
+    ) -> Self {
+        self.txn = Box::new(hook);
+        self
+    }
+
+    /// Ask `hook` (with the revision) before every compaction.
+    pub fn on_compact(
+        mut self,
+        hook: impl Fn(&i64) -> Option<crate::StoreError> + Send + Sync + 'static,
+    ) -> Self {
+        self.compact = Box::new(hook);
+        self
+    }
+}
+
+#[async_trait]
+impl<B: KvBackend> KvBackend for WithFaults<B> {
+    async fn range(&self, req: RangeRequest) -> StoreResult<RangeResponse> {
+        self.inner.range(req).await
+    }
+    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
+        match (self.txn)(&req) {
+            Some(e) => Err(e),
+            None => self.inner.txn(req).await,
+        }
+    }
+    async fn watch(&self, req: WatchRequest) -> StoreResult<WatchStream> {
+        self.inner.watch(req).await
+    }
+    async fn lease_grant(&self, id: i64, ttl: i64) -> StoreResult<LeaseGrant> {
+        self.inner.lease_grant(id, ttl).await
+    }
+    async fn lease_revoke(&self, id: i64) -> StoreResult<i64> {
+        self.inner.lease_revoke(id).await
+    }
+    async fn lease_keep_alive(&self, id: i64) -> StoreResult<i64> {
+        self.inner.lease_keep_alive(id).await
+    }
+    async fn lease_keep_alive_many(&self, ids: &[i64]) -> StoreResult<Vec<Option<i64>>> {
+        self.inner.lease_keep_alive_many(ids).await
+    }
+    async fn lease_time_to_live(&self, id: i64, keys: bool) -> StoreResult<LeaseTimeToLive> {
+        self.inner.lease_time_to_live(id, keys).await
+    }
+    async fn lease_leases(&self) -> StoreResult<Vec<i64>> {
+        self.inner.lease_leases().await
+    }
+    async fn compact(&self, revision: i64) -> StoreResult<i64> {
+        match (self.compact)(&revision) {
+            Some(e) => Err(e),
+            None => self.inner.compact(revision).await,
+        }
+    }
+    async fn status(&self) -> StoreResult<StoreStatus> {
+        self.inner.status().await
+    }
+    fn max_txn_ops(&self) -> usize {
+        self.inner.max_txn_ops()
+    }
+}

@@ -30,7 +30,7 @@ pub mod types;
 pub mod wal;
 pub mod watch;
 
-pub use backend::{KvBackend, WatchStream};
+pub use backend::{KvBackend, WatchStream, WithFaults};
 pub use embedded::{EmbeddedStore, StoreConfig};
 pub use error::{StoreError, StoreResult};
 pub use metrics::{RaftMetrics, StoreMetrics};

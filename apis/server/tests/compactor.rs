@@ -133,75 +133,22 @@ async fn the_loop_keeps_compacting_while_writes_go_on_and_stops_when_told() {
         .unwrap();
 }
 
-/// The embedded store whose compactions fail while `fail` is set.
-struct FailingCompact {
-    inner: EmbeddedStore,
-    fail: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait::async_trait]
-impl KvBackend for FailingCompact {
-    async fn range(
-        &self,
-        req: RangeRequest,
-    ) -> lattice_store::StoreResult<lattice_store::RangeResponse> {
-        self.inner.range(req).await
-    }
-    async fn txn(
-        &self,
-        req: lattice_store::TxnRequest,
-    ) -> lattice_store::StoreResult<lattice_store::TxnResponse> {
-        self.inner.txn(req).await
-    }
-    async fn watch(
-        &self,
-        req: lattice_store::WatchRequest,
-    ) -> lattice_store::StoreResult<lattice_store::WatchStream> {
-        self.inner.watch(req).await
-    }
-    async fn lease_grant(
-        &self,
-        id: i64,
-        ttl: i64,
-    ) -> lattice_store::StoreResult<lattice_store::LeaseGrant> {
-        self.inner.lease_grant(id, ttl).await
-    }
-    async fn lease_revoke(&self, id: i64) -> lattice_store::StoreResult<i64> {
-        self.inner.lease_revoke(id).await
-    }
-    async fn lease_keep_alive(&self, id: i64) -> lattice_store::StoreResult<i64> {
-        self.inner.lease_keep_alive(id).await
-    }
-    async fn lease_time_to_live(
-        &self,
-        id: i64,
-        keys: bool,
-    ) -> lattice_store::StoreResult<lattice_store::LeaseTimeToLive> {
-        self.inner.lease_time_to_live(id, keys).await
-    }
-    async fn lease_leases(&self) -> lattice_store::StoreResult<Vec<i64>> {
-        self.inner.lease_leases().await
-    }
-    async fn compact(&self, revision: i64) -> lattice_store::StoreResult<i64> {
-        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(StoreError::Backend("disk on fire".into()));
-        }
-        self.inner.compact(revision).await
-    }
-    async fn status(&self) -> lattice_store::StoreResult<lattice_store::StoreStatus> {
-        self.inner.status().await
-    }
-}
-
 #[tokio::test]
 async fn a_failed_compaction_keeps_the_round_and_the_next_one_compacts() {
     let dir = tempfile::tempdir().unwrap();
-    let store = FailingCompact {
-        inner: EmbeddedStore::open(dir.path(), StoreConfig::default())
+    // The embedded store whose compactions fail while `fail` is set.
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let failing = fail.clone();
+    let store = lattice_store::WithFaults::new(
+        EmbeddedStore::open(dir.path(), StoreConfig::default())
             .await
             .unwrap(),
-        fail: true.into(),
-    };
+    )
+    .on_compact(move |_| {
+        failing
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then(|| StoreError::Backend("disk on fire".into()))
+    });
     put(&store.inner, "/k", "v1").await;
     let r1 = compactor::round(&store, 0, 0).await.unwrap();
     put(&store.inner, "/k", "v2").await;
@@ -217,7 +164,7 @@ async fn a_failed_compaction_keeps_the_round_and_the_next_one_compacts() {
         .unwrap()
         .contains("disk on fire"));
     // Going on from the moved marker, the next round is this server's and compacts.
-    store.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    fail.store(false, std::sync::atomic::Ordering::SeqCst);
     let r3 = compactor::round(&store, r2.marker_version, r2.revision)
         .await
         .unwrap();

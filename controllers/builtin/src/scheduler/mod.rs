@@ -1186,94 +1186,38 @@ mod tests {
         }
     }
 
-    /// A store that refuses transactions of more than one write when told to (as a
-    /// request-size limit would), and counts the transactions that write.
-    struct Refusing {
-        inner: lattice_store::EmbeddedStore,
-        refuse: std::sync::atomic::AtomicBool,
-        writes: std::sync::atomic::AtomicUsize,
-    }
-
-    #[async_trait::async_trait]
-    impl KvBackend for Refusing {
-        async fn range(
-            &self,
-            req: lattice_store::RangeRequest,
-        ) -> lattice_store::StoreResult<lattice_store::RangeResponse> {
-            self.inner.range(req).await
-        }
-        async fn txn(
-            &self,
-            req: lattice_store::TxnRequest,
-        ) -> lattice_store::StoreResult<lattice_store::TxnResponse> {
-            use std::sync::atomic::Ordering::SeqCst;
-            let puts = req
-                .success
-                .iter()
-                .filter(|op| matches!(op, lattice_store::TxnOp::Put(_)))
-                .count();
-            if puts > 1 && self.refuse.load(SeqCst) {
-                return Err(lattice_store::StoreError::RequestTooLarge {
-                    size: puts,
-                    limit: 1,
-                });
-            }
-            if puts > 0 {
-                self.writes.fetch_add(1, SeqCst);
-            }
-            self.inner.txn(req).await
-        }
-        async fn watch(
-            &self,
-            req: lattice_store::WatchRequest,
-        ) -> lattice_store::StoreResult<lattice_store::WatchStream> {
-            self.inner.watch(req).await
-        }
-        async fn lease_grant(
-            &self,
-            id: i64,
-            ttl: i64,
-        ) -> lattice_store::StoreResult<lattice_store::LeaseGrant> {
-            self.inner.lease_grant(id, ttl).await
-        }
-        async fn lease_revoke(&self, id: i64) -> lattice_store::StoreResult<i64> {
-            self.inner.lease_revoke(id).await
-        }
-        async fn lease_keep_alive(&self, id: i64) -> lattice_store::StoreResult<i64> {
-            self.inner.lease_keep_alive(id).await
-        }
-        async fn lease_time_to_live(
-            &self,
-            id: i64,
-            keys: bool,
-        ) -> lattice_store::StoreResult<lattice_store::LeaseTimeToLive> {
-            self.inner.lease_time_to_live(id, keys).await
-        }
-        async fn lease_leases(&self) -> lattice_store::StoreResult<Vec<i64>> {
-            self.inner.lease_leases().await
-        }
-        async fn compact(&self, revision: i64) -> lattice_store::StoreResult<i64> {
-            self.inner.compact(revision).await
-        }
-        async fn status(&self) -> lattice_store::StoreResult<lattice_store::StoreStatus> {
-            self.inner.status().await
-        }
-    }
-
     /// Big allocations (20 KB scripts) go in transactions of at most `EXPLAIN_BYTES`; a
     /// transaction the store refuses is written again one allocation at a time.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn big_objects_split_by_bytes_and_a_refused_batch_goes_one_by_one() {
         use std::sync::atomic::Ordering::SeqCst;
         let dir = tempfile::tempdir().unwrap();
-        let refusing = Arc::new(Refusing {
-            inner: lattice_store::EmbeddedStore::open(dir.path(), Default::default())
-                .await
-                .unwrap(),
-            refuse: false.into(),
-            writes: 0.into(),
-        });
-        let backend: Arc<dyn KvBackend> = refusing.clone();
+        // The store refuses transactions of more than one write when told to (as a
+        // request-size limit would), and counts the transactions that write.
+        let refuse = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (r, w) = (refuse.clone(), writes.clone());
+        let store = lattice_store::EmbeddedStore::open(dir.path(), Default::default())
+            .await
+            .unwrap();
+        let backend: Arc<dyn KvBackend> =
+            Arc::new(lattice_store::WithFaults::new(store).on_txn(move |req| {
+                let puts = req
+                    .success
+                    .iter()
+                    .filter(|op| matches!(op, lattice_store::TxnOp::Put(_)))
+                    .count();
+                if puts > 1 && r.load(SeqCst) {
+                    return Some(lattice_store::StoreError::RequestTooLarge {
+                        size: puts,
+                        limit: 1,
+                    });
+                }
+                if puts > 0 {
+                    w.fetch_add(1, SeqCst);
+                }
+                None
+            }));
         let client = Client::in_process(backend.clone());
         let api: Api<Allocation> = Api::namespaced(client.clone(), "t1");
         let mut created = Vec::new();
@@ -1295,17 +1239,17 @@ mod tests {
             .iter()
             .map(|(a, m)| (a, "no_matching_nodes", m.clone()))
             .collect();
-        refusing.writes.store(0, SeqCst);
+        writes.store(0, SeqCst);
         explain_all(&shared, &items).await;
         flush(&shared).await;
-        assert_eq!(refusing.writes.load(SeqCst), 3, "transactions that wrote");
+        assert_eq!(writes.load(SeqCst), 3, "transactions that wrote");
         let now = api.list(&Default::default()).await.unwrap().items;
         assert!(now
             .iter()
             .all(|a| a.status.as_ref().and_then(|s| s.message.as_deref()) == Some("first")));
         // Batches refused: every reason still lands, one transaction each.
-        refusing.refuse.store(true, SeqCst);
-        refusing.writes.store(0, SeqCst);
+        refuse.store(true, SeqCst);
+        writes.store(0, SeqCst);
         let second = explain_with(&now, "second");
         let items: Vec<(&Allocation, &str, String)> = second
             .iter()
@@ -1313,7 +1257,7 @@ mod tests {
             .collect();
         explain_all(&shared, &items).await;
         flush(&shared).await;
-        assert_eq!(refusing.writes.load(SeqCst), 64, "one by one");
+        assert_eq!(writes.load(SeqCst), 64, "one by one");
         let now = api.list(&Default::default()).await.unwrap().items;
         assert!(now
             .iter()
