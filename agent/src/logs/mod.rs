@@ -240,7 +240,11 @@ impl Logs {
 
     /// The hub of a run, resuming from its stored index when there is one.
     pub fn open_hub(&self, key: &LogKey) -> std::io::Result<Arc<LogHub>> {
-        if let Some(h) = self.lock().get(key) {
+        // One hold of the lock from the index to the hub: a reader that sees the new
+        // attempt's stored index finds its hub too (else it served that index's empty
+        // history as a finished run, and `logs --follow` right after a start ended at once).
+        let mut hubs = self.lock();
+        if let Some(h) = hubs.get(key) {
             return Ok(h.clone());
         }
         let mut index = self.store.get_index(key)?.unwrap_or_default();
@@ -253,7 +257,7 @@ impl Logs {
             index,
             self.ring_bytes,
         ));
-        self.lock().insert(key.clone(), hub.clone());
+        hubs.insert(key.clone(), hub.clone());
         Ok(hub)
     }
 
