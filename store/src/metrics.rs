@@ -17,6 +17,9 @@ pub struct StoreMetrics {
     /// State-file transactions written behind the log (and the log records in them).
     pub materialized_txns: Counter,
     pub materialized_records: Counter,
+    /// Batches committed by the writing caller itself (nothing queued, log free) rather
+    /// than by the writer thread.
+    pub inline_commits: Counter,
     pub applied_revision: Gauge,
     pub writes: Counter,
     pub watchers: Gauge,
@@ -31,6 +34,7 @@ impl Default for StoreMetrics {
             checkpoint_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             materialized_txns: Counter::default(),
             materialized_records: Counter::default(),
+            inline_commits: Counter::default(),
             applied_revision: Gauge::default(),
             writes: Counter::default(),
             watchers: Gauge::default(),
@@ -56,6 +60,11 @@ impl StoreMetrics {
             "checkpoint_duration_seconds",
             "Time the writer waits for the state file's durable commit before the log starts over",
             self.checkpoint_seconds.clone(),
+        );
+        r.register(
+            "inline_commits",
+            "Batches committed by the writing request itself (nothing queued) instead of the writer thread",
+            self.inline_commits.clone(),
         );
         r.register(
             "materialized_transactions",

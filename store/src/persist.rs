@@ -95,7 +95,13 @@ pub struct Persist {
     path: PathBuf,
     /// The write-ahead log, when batches are made durable through it.
     wal: Option<WalLog>,
+    /// The file's size when last looked at, and when (see [`Persist::size_bytes`]).
+    size: std::cell::Cell<(Option<std::time::Instant>, i64)>,
 }
+
+/// How stale the reported state file size may be: it was looked up with a `statx` after
+/// every commit, one system call per write on the sequential path, for a gauge.
+const SIZE_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The write-ahead log of the single-member store, taken out of its [`Persist`].
 pub struct WalLog {
@@ -269,6 +275,7 @@ impl Persist {
             db,
             path,
             wal: None,
+            size: std::cell::Cell::new((None, 0)),
         };
         persist.init_tables()?;
         Ok(persist)
@@ -579,10 +586,17 @@ impl Persist {
         txn.commit().map_err(io)
     }
 
+    /// The state file's size in bytes, looked up at most once every [`SIZE_REFRESH`].
     pub fn size_bytes(&self) -> i64 {
-        std::fs::metadata(&self.path)
+        let (checked, size) = self.size.get();
+        if checked.is_some_and(|t| t.elapsed() < SIZE_REFRESH) {
+            return size;
+        }
+        let size = std::fs::metadata(&self.path)
             .map(|m| m.len() as i64)
-            .unwrap_or(0)
+            .unwrap_or(0);
+        self.size.set((Some(std::time::Instant::now()), size));
+        size
     }
 
     pub fn path(&self) -> &Path {

@@ -22,6 +22,83 @@ async fn next(w: &mut WatchStream) -> WatchBatch {
         .expect("watch error")
 }
 
+/// `<name>_count` of a histogram in the store's metrics.
+fn histogram_count(store: &EmbeddedStore, name: &str) -> u64 {
+    let mut registry = prometheus_client::registry::Registry::default();
+    store.metrics().register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let prefix = format!("lattice_store_{name}_count ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in {text}"))
+}
+
+/// A lone writer's writes (after its first three) are committed by the request itself,
+/// not handed to the writer thread and back; concurrent writers still queue for the writer thread and share
+/// fsyncs; a write that finds a checkpoint due goes to the writer thread, which
+/// checkpoints; and everything comes back after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lone_writes_commit_inline_and_the_log_still_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await;
+    let inline = || store.metrics().inline_commits.get();
+    for i in 0..20 {
+        store
+            .put(PutRequest::new(format!("/in/{i:03}"), "v"))
+            .await
+            .unwrap();
+    }
+    // The first three establish that one client writes in turn; the rest go inline.
+    assert_eq!(inline(), 17, "sequential puts commit inline");
+    assert_eq!(histogram_count(&store, "commit_batch_size"), 20);
+
+    let writers: Vec<_> = (0..64)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in 0..10 {
+                    store
+                        .put(PutRequest::new(format!("/in/c{w:02}-{i}"), "v"))
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let batches = histogram_count(&store, "commit_batch_size") - 20;
+    assert!(
+        batches < 640,
+        "64 concurrent writers shared no fsync: {batches} batches for 640 puts"
+    );
+    assert!(inline() < 20 + 640, "every concurrent put went inline");
+
+    // 9 values of 1.4 MiB pass the log's 12 MiB checkpoint mark.
+    let big = "x".repeat(1400 * 1024);
+    let checkpoints = histogram_count(&store, "checkpoint_duration_seconds");
+    for i in 0..10 {
+        store
+            .put(PutRequest::new(format!("/in/big{i}"), big.clone()))
+            .await
+            .unwrap();
+    }
+    assert!(
+        histogram_count(&store, "checkpoint_duration_seconds") > checkpoints,
+        "no checkpoint after 14 MiB of log"
+    );
+    let revision = store.revision();
+    store.close().await;
+    drop(store);
+    let store = open(dir.path()).await;
+    assert_eq!(store.revision(), revision);
+    let all = store.range(RangeRequest::prefix("/in/")).await.unwrap();
+    assert_eq!(all.kvs.len(), 20 + 640 + 10);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_sees_every_revision_once_under_concurrent_writers() {
     let dir = tempfile::tempdir().unwrap();

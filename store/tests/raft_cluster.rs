@@ -667,3 +667,73 @@ async fn members_with_different_max_txn_ops_apply_alike() {
     }
     c.shutdown_all().await;
 }
+
+/// The AppendEntries stream (`AppendStream`): each request gets one answer, in order, on
+/// one stream; an undecodable message ends that stream with `InvalidArgument` and nothing
+/// else; the member goes on replicating (its leader's streams are untouched).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn append_stream_answers_in_order_and_refuses_garbage_without_harm() {
+    use lattice_store::raft::pb::raft_transport_client::RaftTransportClient;
+    use lattice_store::raft::pb::Payload;
+    use lattice_store::raft::TypeConfig;
+    use openraft::error::RaftError;
+    use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
+
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let f = (leader + 1) % 3;
+    let addr = format!("http://{}", c.node(f).local_addr());
+    let mut client = RaftTransportClient::connect(addr.clone()).await.unwrap();
+
+    // Two stale heartbeats (term 0, from a member that does not exist) on one stream: two
+    // answers, both "higher vote", in order, and the stream stays open.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut answers = client
+        .append_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    for _ in 0..2 {
+        let req: AppendEntriesRequest<TypeConfig> = AppendEntriesRequest {
+            vote: openraft::Vote::new(0, 99),
+            prev_log_id: None,
+            entries: vec![],
+            leader_commit: None,
+        };
+        tx.send(Payload {
+            data: postcard::to_allocvec(&req).unwrap(),
+        })
+        .await
+        .unwrap();
+        let answer = answers.message().await.unwrap().expect("an answer");
+        let resp: Result<AppendEntriesResponse<u64>, RaftError<u64>> =
+            postcard::from_bytes(&answer.data).unwrap();
+        assert!(
+            matches!(resp, Ok(AppendEntriesResponse::HigherVote(_))),
+            "{resp:?}"
+        );
+    }
+    // Garbage: the stream ends with InvalidArgument.
+    tx.send(Payload {
+        data: vec![0xff; 7],
+    })
+    .await
+    .unwrap();
+    let status = answers.message().await.expect_err("garbage refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+    assert!(answers.message().await.map_or(true, |m| m.is_none()));
+
+    // The member still replicates: a write through the leader reaches it.
+    let rev = c
+        .node(leader)
+        .put(PutRequest::new("/stream/after", "ok"))
+        .await
+        .unwrap()
+        .revision;
+    c.wait_revision(f, rev, Duration::from_secs(10)).await;
+    assert_eq!(
+        get_value(&c.node(f), "/stream/after", true).await.unwrap(),
+        Some("ok".into())
+    );
+    c.shutdown_all().await;
+}

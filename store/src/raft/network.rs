@@ -2,6 +2,12 @@
 //! the server side ([`RaftService`]). Payloads are postcard-encoded openraft messages in a
 //! `bytes` field (`proto/raft.proto`).
 //!
+//! AppendEntries, the one RPC on every write's path, travels on a long-lived stream per
+//! replication target (`AppendStream`): one HTTP/2 DATA frame each way per request, where
+//! a unary call costs the sender a HEADERS, a DATA and an end-of-stream frame (three socket
+//! writes) and the receiver a response with trailers. Votes, snapshots and forwarded
+//! client requests stay unary.
+//!
 //! A per-member switch ([`NetShared::set_partitioned`]) makes this member drop all Raft and
 //! forward traffic in both directions: tests use it to cut a member off without killing it.
 
@@ -62,6 +68,36 @@ impl NetShared {
         self.partitioned.load(Ordering::SeqCst)
     }
 
+    /// Open an `AppendStream` to `addr`.
+    async fn open_append_stream(&self, addr: &str, ttl: Duration) -> Result<AppendStream, String> {
+        let channel = self.channel(addr).await?;
+        let mut client = RaftTransportClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let opened = tokio::time::timeout(
+            ttl,
+            client.append_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+        )
+        .await;
+        match opened {
+            Ok(Ok(resp)) => Ok(AppendStream {
+                tx,
+                rx: resp.into_inner(),
+            }),
+            Ok(Err(status)) => {
+                self.forget(addr);
+                Err(format!("opening a stream to {addr}: {status}"))
+            }
+            Err(_) => {
+                self.forget(addr);
+                Err(format!(
+                    "opening a stream to {addr}: timed out after {ttl:?}"
+                ))
+            }
+        }
+    }
+
     async fn channel(&self, addr: &str) -> Result<Channel, String> {
         if let Some(c) = lock(&self.channels).get(addr) {
             return Ok(c.clone());
@@ -100,7 +136,6 @@ impl NetShared {
         let req = Payload { data };
         let fut = async {
             match rpc {
-                Rpc::AppendEntries => client.append_entries(req).await,
                 Rpc::Vote => client.vote(req).await,
                 Rpc::InstallSnapshot => client.install_snapshot(req).await,
                 Rpc::Forward => client.forward(req).await,
@@ -140,7 +175,6 @@ fn source_chain(e: &dyn Error) -> String {
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Rpc {
-    AppendEntries,
     Vote,
     InstallSnapshot,
     Forward,
@@ -159,8 +193,16 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             addr: node.addr.clone(),
             net: self.net.clone(),
+            append: None,
+            append_busy: false,
         }
     }
+}
+
+/// An open `AppendStream`: requests go in on `tx`, answers come back on `rx`, one each.
+struct AppendStream {
+    tx: tokio::sync::mpsc::Sender<Payload>,
+    rx: tonic::Streaming<Payload>,
 }
 
 /// The connection to one peer.
@@ -168,11 +210,62 @@ pub struct PeerClient {
     target: u64,
     addr: String,
     net: Arc<NetShared>,
+    /// The AppendEntries stream, opened on first use and after any failure.
+    append: Option<AppendStream>,
+    /// Set while an AppendEntries is between sending and its answer: found set at the next
+    /// call, the last one was abandoned (openraft dropped its future) and its answer may
+    /// still be on the way, so the stream is not used again.
+    append_busy: bool,
 }
 
 type RpcErr<E> = RPCError<u64, BasicNode, RaftError<u64, E>>;
 
 impl PeerClient {
+    /// One AppendEntries on this peer's stream (opened if need be). Any failure drops the
+    /// stream; the next call opens a new one.
+    async fn append_call(&mut self, data: Vec<u8>, ttl: Duration) -> Result<Vec<u8>, String> {
+        if self.net.is_partitioned() {
+            self.append = None;
+            return Err("partitioned".into());
+        }
+        if std::mem::take(&mut self.append_busy)
+            || self.append.as_ref().is_some_and(|s| s.tx.is_closed())
+        {
+            self.append = None;
+        }
+        let started = tokio::time::Instant::now();
+        let stream = match &mut self.append {
+            Some(s) => s,
+            None => self
+                .append
+                .insert(self.net.open_append_stream(&self.addr, ttl).await?),
+        };
+        let ttl = ttl.saturating_sub(started.elapsed());
+        self.append_busy = true;
+        let exchange = async {
+            stream
+                .tx
+                .send(Payload { data })
+                .await
+                .map_err(|_| "the stream closed".to_string())?;
+            match stream.rx.message().await {
+                Ok(Some(p)) => Ok(p.data),
+                Ok(None) => Err("the stream ended".to_string()),
+                Err(status) => Err(status.to_string()),
+            }
+        };
+        let result = match tokio::time::timeout(ttl, exchange).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("timed out after {ttl:?}")),
+        };
+        self.append_busy = false;
+        if result.is_err() {
+            self.append = None;
+            self.net.forget(&self.addr);
+        }
+        result.map_err(|e| format!("{}: {e}", self.addr))
+    }
+
     async fn send<Req, Resp, E>(
         &self,
         rpc: Rpc,
@@ -208,7 +301,15 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RpcErr<openraft::error::Infallible>> {
-        self.send(Rpc::AppendEntries, &rpc, &option).await
+        let data =
+            postcard::to_allocvec(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let bytes = self
+            .append_call(data, option.hard_ttl())
+            .await
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&AnyError::error(e))))?;
+        let resp: Result<AppendEntriesResponse<u64>, RaftError<u64>> =
+            postcard::from_bytes(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        resp.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 
     async fn install_snapshot(
@@ -264,6 +365,58 @@ impl RaftTransport for RaftService {
         let req: AppendEntriesRequest<TypeConfig> =
             postcard::from_bytes(&request.into_inner().data).map_err(bad_request)?;
         encode(&self.raft.append_entries(req).await)
+    }
+
+    type AppendStreamStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<Payload, tonic::Status>> + Send + 'static>,
+    >;
+
+    /// Answers each request of the stream in turn, in the task that sends the answers
+    /// (no hand-over to another task). A refusal (partitioned, undecodable) ends the stream
+    /// with its status.
+    async fn append_stream(
+        &self,
+        request: tonic::Request<tonic::Streaming<Payload>>,
+    ) -> Result<tonic::Response<Self::AppendStreamStream>, tonic::Status> {
+        self.check()?;
+        let state = (
+            Some(request.into_inner()),
+            self.raft.clone(),
+            self.net.clone(),
+            self.inner.clone(),
+        );
+        let answers = futures::stream::unfold(state, |(inbound, raft, net, inner)| async move {
+            let mut inbound = inbound?;
+            let data = match inbound.message().await {
+                Ok(Some(p)) => p.data,
+                Ok(None) | Err(_) => return None,
+            };
+            let refusal = if net.is_partitioned() {
+                Some(tonic::Status::unavailable(PARTITIONED))
+            } else if inner
+                .upgrade()
+                .is_none_or(|i| i.stopped.load(Ordering::SeqCst))
+            {
+                // A stopped member's server lets open streams finish before its connections
+                // close (graceful shutdown): end this one, so the leader reconnects (to
+                // whatever member serves this address next) rather than talk to the
+                // stopped one forever.
+                Some(tonic::Status::unavailable("member stopped"))
+            } else {
+                None
+            };
+            if let Some(refused) = refusal {
+                return Some((Err(refused), (None, raft, net, inner)));
+            }
+            let req: AppendEntriesRequest<TypeConfig> = match postcard::from_bytes(&data) {
+                Ok(req) => req,
+                Err(e) => return Some((Err(bad_request(e)), (None, raft, net, inner))),
+            };
+            let answer = encode(&raft.append_entries(req).await).map(|r| r.into_inner());
+            let next = if answer.is_ok() { Some(inbound) } else { None };
+            Some((answer, (next, raft, net, inner)))
+        });
+        Ok(tonic::Response::new(Box::pin(answers)))
     }
 
     async fn vote(
