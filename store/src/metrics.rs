@@ -102,6 +102,9 @@ pub struct RaftMetrics {
     pub log_flush_seconds: Histogram,
     /// Durable commits of `raft-log.redb` (after each, the write-ahead log starts over).
     pub log_checkpoints: Counter,
+    /// Appends made durable by openraft's own task (the log writer idle) rather than
+    /// handed to the log writer thread.
+    pub log_inline_appends: Counter,
 }
 
 impl Default for RaftMetrics {
@@ -110,6 +113,7 @@ impl Default for RaftMetrics {
             commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             log_flush_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             log_checkpoints: Counter::default(),
+            log_inline_appends: Counter::default(),
         }
     }
 }
@@ -131,6 +135,11 @@ impl RaftMetrics {
             "log_checkpoints",
             "Durable commits of the Raft log file",
             self.log_checkpoints.clone(),
+        );
+        r.register(
+            "log_inline_appends",
+            "Raft log appends made durable by the Raft task itself (log writer idle) instead of the log writer thread",
+            self.log_inline_appends.clone(),
         );
     }
 }

@@ -71,6 +71,12 @@ async fn bootstrap_replicates_to_every_member() {
             "member {i}"
         );
     }
+    // One write at a time: the log writers were idle, and the appends were logged by the
+    // Raft tasks themselves (the data above was read back from them).
+    let inline: u64 = (0..3)
+        .map(|i| c.node(i).raft_metrics().log_inline_appends.get())
+        .sum();
+    assert!(inline >= 30, "{inline} appends logged inline");
     c.shutdown_all().await;
 }
 

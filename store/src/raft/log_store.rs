@@ -16,6 +16,14 @@
 //! are inserted again. Until inserted, appended entries are served to readers from an
 //! in-memory overlay.
 //!
+//! An append that finds the writer idle (nothing queued, its state free) is logged by the
+//! appending task itself: openraft 0.9's core awaits the flush of every append before it
+//! goes on, so handing the append to the writer thread and its callback back costs two
+//! thread wake-ups on every write's path (leader and follower) and gains nothing. The
+//! insertion into `raft-log.redb` is then queued for the writer thread as usual. While
+//! anything is queued, appends go to the writer thread (so a record logged inline is
+//! always inserted before any later truncation or checkpoint is processed).
+//!
 //! `save_vote`, `truncate` and `purge` go through the same writer, after every earlier
 //! append, and commit durably (a checkpoint): so a log record is never replayed over a
 //! later truncation. `save_committed` only records the committed log ID in memory: the
@@ -26,6 +34,7 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -76,6 +85,8 @@ enum WriteOp {
         rows: Rows,
         callback: LogFlushed<TypeConfig>,
     },
+    /// Insert what an inline append logged (see the module docs).
+    Insert(Logged),
     /// Remove the entries in `range` and, for a purge, record `last_purged`; durably.
     Remove {
         range: (Bound<u64>, Bound<u64>),
@@ -119,6 +130,11 @@ pub(crate) struct LogDb {
     /// Appended but not yet in `raft-log.redb` (visible to readers).
     pending: Mutex<BTreeMap<u64, Entry<TypeConfig>>>,
     writer: Mutex<Option<(mpsc::Sender<WriteOp>, std::thread::JoinHandle<()>)>>,
+    /// The log writer's state: taken by the writer thread for each round of work, or by an
+    /// inline append. `None` once closed.
+    state: Mutex<Option<Writer>>,
+    /// Operations sent to the writer thread and not yet done.
+    queued: AtomicUsize,
     /// The committed log ID last saved, and whether it still has to be written.
     committed: Mutex<Committed>,
     /// Flush latency and checkpoints here; the member's commit latency (`RaftStore`).
@@ -198,8 +214,17 @@ impl Writer {
 
     /// Make a group of appends durable, answer them, then insert them into redb.
     fn flush(&mut self, appends: Vec<(Rows, LogFlushed<TypeConfig>)>) {
+        if let Some(logged) = self.log(appends) {
+            self.insert(logged);
+        }
+    }
+
+    /// Make a group of appends durable with one log record and `fdatasync`, and answer
+    /// them (openraft may count them then). `None`: nothing to insert (no appends, or the
+    /// log failed and they were answered with the error).
+    fn log(&mut self, appends: Vec<(Rows, LogFlushed<TypeConfig>)>) -> Option<Logged> {
         if appends.is_empty() {
-            return;
+            return None;
         }
         let committed = self.db.take_unwritten_committed(false);
         let logged = match &self.failed {
@@ -245,16 +270,33 @@ impl Writer {
                     }
                     callback.log_io_completed(Err(std::io::Error::other(e.clone())));
                 }
-                return;
+                return None;
             }
         };
         // Durable: openraft may count these entries now.
-        let mut written = Vec::new();
-        let mut rows_all = Vec::new();
+        let mut rows_all = Vec::with_capacity(appends.len());
         for (rows, callback) in appends {
             callback.log_io_completed(Ok(()));
-            written.extend(rows.iter().map(|(id, _)| *id));
             rows_all.push(rows);
+        }
+        Some(Logged {
+            rows: rows_all,
+            committed,
+            seq,
+        })
+    }
+
+    /// Insert logged appends into redb (no fsync), then checkpoint if one is due.
+    fn insert(&mut self, logged: Logged) {
+        let Logged {
+            rows: rows_all,
+            committed,
+            seq,
+        } = logged;
+        if self.failed.is_some() {
+            // The entries stay in the overlay and in the log (the next start inserts
+            // them); nothing more is written.
+            return;
         }
         self.wal_seq = seq;
         let inserted = self.commit(false, |txn| {
@@ -280,7 +322,7 @@ impl Writer {
             // In the file now. Keep any entry that replaced one of them in the meantime
             // (truncate + re-append).
             let mut pending = lock(&self.db.pending);
-            for id in &written {
+            for (id, _) in rows_all.iter().flatten() {
                 if pending.get(&id.index).is_some_and(|e| e.log_id == *id) {
                     pending.remove(&id.index);
                 }
@@ -297,7 +339,15 @@ impl Writer {
     }
 }
 
-fn writer_loop(mut w: Writer, rx: mpsc::Receiver<WriteOp>) {
+/// Appends made durable, waiting to be inserted into `raft-log.redb`.
+struct Logged {
+    rows: Vec<Rows>,
+    committed: Option<Option<LogId<u64>>>,
+    /// The log record that holds them.
+    seq: u64,
+}
+
+fn writer_loop(db: Arc<LogDb>, rx: mpsc::Receiver<WriteOp>) {
     while let Ok(first) = rx.recv() {
         let mut ops = vec![first];
         while ops.len() < MAX_GROUP {
@@ -306,38 +356,20 @@ fn writer_loop(mut w: Writer, rx: mpsc::Receiver<WriteOp>) {
                 Err(_) => break,
             }
         }
-        let mut appends = Vec::new();
-        for op in ops {
-            match op {
-                WriteOp::Append { rows, callback } => appends.push((rows, callback)),
-                WriteOp::Remove {
-                    range,
-                    purged,
-                    reply,
-                } => {
-                    w.flush(std::mem::take(&mut appends));
-                    let res = w.checkpoint(|txn| {
-                        let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
-                        table
-                            .retain_in(range, |_, _| false)
-                            .map_err(|e| e.to_string())?;
-                        if let Some(p) = &purged {
-                            put_sealed(txn, "last_purged", &sealed(p)?)?;
-                        }
-                        Ok(())
-                    });
-                    let _ = reply.send(res);
-                }
-                WriteOp::Meta { key, sealed, reply } => {
-                    w.flush(std::mem::take(&mut appends));
-                    let res = w.checkpoint(|txn| put_sealed(txn, key, &sealed));
-                    let _ = reply.send(res);
-                }
+        let taken = ops.len();
+        {
+            let mut state = lock(&db.state);
+            match state.as_mut() {
+                Some(w) => work(w, ops),
+                None => refuse(ops, &format!("{} is closed", db.path.display())),
             }
         }
-        w.flush(appends);
+        db.queued.fetch_sub(taken, Ordering::AcqRel);
     }
     // Closing: everything into the file durably, the committed log ID included.
+    let Some(mut w) = lock(&db.state).take() else {
+        return;
+    };
     let committed = w.db.take_unwritten_committed(true);
     let res = w.checkpoint(|txn| match &committed {
         Some(c) => put_sealed(txn, "committed", &sealed(c)?),
@@ -345,6 +377,60 @@ fn writer_loop(mut w: Writer, rx: mpsc::Receiver<WriteOp>) {
     });
     if let Err(e) = res {
         tracing::warn!(error = %e, file = %w.db.path.display(), "final raft log checkpoint failed (the next start replays the log)");
+    }
+}
+
+/// One round of the writer thread: `ops` in order, appends in between grouped into one
+/// log record.
+fn work(w: &mut Writer, ops: Vec<WriteOp>) {
+    let mut appends = Vec::new();
+    for op in ops {
+        match op {
+            WriteOp::Append { rows, callback } => appends.push((rows, callback)),
+            WriteOp::Insert(logged) => {
+                w.flush(std::mem::take(&mut appends));
+                w.insert(logged);
+            }
+            WriteOp::Remove {
+                range,
+                purged,
+                reply,
+            } => {
+                w.flush(std::mem::take(&mut appends));
+                let res = w.checkpoint(|txn| {
+                    let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
+                    table
+                        .retain_in(range, |_, _| false)
+                        .map_err(|e| e.to_string())?;
+                    if let Some(p) = &purged {
+                        put_sealed(txn, "last_purged", &sealed(p)?)?;
+                    }
+                    Ok(())
+                });
+                let _ = reply.send(res);
+            }
+            WriteOp::Meta { key, sealed, reply } => {
+                w.flush(std::mem::take(&mut appends));
+                let res = w.checkpoint(|txn| put_sealed(txn, key, &sealed));
+                let _ = reply.send(res);
+            }
+        }
+    }
+    w.flush(appends);
+}
+
+/// Answer `ops` with `e` (the writer's state is gone).
+fn refuse(ops: Vec<WriteOp>, e: &str) {
+    for op in ops {
+        match op {
+            WriteOp::Append { callback, .. } => {
+                callback.log_io_completed(Err(std::io::Error::other(e.to_string())))
+            }
+            WriteOp::Insert(_) => {}
+            WriteOp::Remove { reply, .. } | WriteOp::Meta { reply, .. } => {
+                let _ = reply.send(Err(e.to_string()));
+            }
+        }
     }
 }
 
@@ -365,6 +451,8 @@ impl LogDb {
             path,
             pending: Mutex::new(BTreeMap::new()),
             writer: Mutex::new(None),
+            state: Mutex::new(None),
+            queued: AtomicUsize::new(0),
             committed: Mutex::new(Committed::default()),
             metrics: RaftMetrics::default(),
         });
@@ -377,9 +465,11 @@ impl LogDb {
             last_checkpoint: Instant::now(),
             failed: None,
         };
+        *lock(&log.state) = Some(writer);
+        let thread_log = log.clone();
         let handle = std::thread::Builder::new()
             .name("raft-log-writer".into())
-            .spawn(move || writer_loop(writer, rx))
+            .spawn(move || writer_loop(thread_log, rx))
             .map_err(|e| format!("starting the raft log writer: {e}"))?;
         *lock(&log.writer) = Some((tx, handle));
         Ok(log)
@@ -436,6 +526,8 @@ impl LogDb {
                 tracing::error!("raft log writer panicked");
             }
         }
+        // (The writer thread took it when it ended; not if it panicked.)
+        drop(lock(&self.state).take());
         let mut g = self.db.write().unwrap_or_else(|p| p.into_inner());
         g.take();
     }
@@ -455,11 +547,44 @@ impl LogDb {
 
     fn send(&self, op: WriteOp) -> Result<(), String> {
         match lock(&self.writer).as_ref() {
-            Some((tx, _)) => tx
-                .send(op)
-                .map_err(|_| "raft log writer stopped".to_string()),
+            Some((tx, _)) => {
+                self.queued.fetch_add(1, Ordering::AcqRel);
+                tx.send(op).map_err(|_| {
+                    self.queued.fetch_sub(1, Ordering::AcqRel);
+                    "raft log writer stopped".to_string()
+                })
+            }
             None => Err(format!("{} is closed", self.path.display())),
         }
+    }
+
+    /// Log `rows` on the calling thread if the writer is idle (nothing queued, its state
+    /// free), then queue their insertion; otherwise hand them back.
+    fn append_inline(
+        &self,
+        rows: Rows,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), (Rows, LogFlushed<TypeConfig>)> {
+        if self.queued.load(Ordering::Acquire) != 0 {
+            return Err((rows, callback));
+        }
+        let Ok(mut state) = self.state.try_lock() else {
+            return Err((rows, callback));
+        };
+        let Some(w) = state.as_mut() else {
+            return Err((rows, callback));
+        };
+        self.metrics.log_inline_appends.inc();
+        let logged = w.log(vec![(rows, callback)]);
+        drop(state);
+        if let Some(logged) = logged {
+            // Answered already; should the writer be gone, the entries stay in the overlay
+            // and the log, and the next start inserts them.
+            if let Err(e) = self.send(WriteOp::Insert(logged)) {
+                tracing::warn!(error = %e, "queueing the insertion of logged raft entries");
+            }
+        }
+        Ok(())
     }
 
     /// Send `op` (made with the reply channel) and wait for the writer's answer.
@@ -653,11 +778,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             overlay.push(e);
         }
         lock(&self.db.pending).extend(overlay.into_iter().map(|e| (e.log_id.index, e)));
-        // The writer fsyncs, then fires the callback: openraft learns of durability only
-        // after the fact.
-        self.db
-            .send(WriteOp::Append { rows, callback })
-            .map_err(write_err)
+        // Whoever logs them fsyncs, then fires the callback: openraft learns of durability
+        // only after the fact.
+        match self.db.append_inline(rows, callback) {
+            Ok(()) => Ok(()),
+            Err((rows, callback)) => self
+                .db
+                .send(WriteOp::Append { rows, callback })
+                .map_err(write_err),
+        }
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), SErr> {
