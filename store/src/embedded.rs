@@ -457,13 +457,17 @@ fn commit_inline(shared: &Shared, request: Request) -> Result<(), Request> {
     let Some(committer) = guard.as_mut() else {
         return Err(request);
     };
-    if committer.wal.checkpoint_due() {
+    // A failed store takes nothing (checked under the lock: a commit that failed on the
+    // writer thread set it before letting the committer go).
+    if committer.wal.checkpoint_due() || lock(&shared.failed).is_some() {
         return Err(request);
     }
     shared.metrics.inline_commits.inc();
     let mut pending = vec![request];
     let mut answers = Vec::with_capacity(1);
-    match commit_batch(shared, committer, &mut pending, &mut answers) {
+    // No checkpoint here (its durable state-file commit takes milliseconds): the next
+    // write finds it due and goes to the writer thread, which makes it.
+    match commit_batch(shared, committer, &mut pending, &mut answers, false) {
         Flow::Continue => {}
         // The log failed (and `commit_batch` answered and said why): the writer thread
         // finds no committer and ends.
@@ -554,8 +558,9 @@ fn writer_loop(shared: &Shared, mut rx: mpsc::Receiver<Request>) {
             }
             return;
         };
-        let flow = commit_batch(shared, committer, &mut pending, &mut answers);
-        if let Flow::Stop(_) = flow {
+        let flow = commit_batch(shared, committer, &mut pending, &mut answers, true);
+        if !matches!(flow, Flow::Continue) {
+            // Failed or stopped: no write may be committed inline after this one.
             *guard = None;
         }
         drop(guard);
@@ -585,6 +590,7 @@ fn commit_batch(
     committer: &mut Committer,
     pending: &mut Vec<Request>,
     answers: &mut Vec<Answer>,
+    may_checkpoint: bool,
 ) -> Flow {
     let limits = &shared.config.limits;
     let Committer { wal, materializer } = committer;
@@ -697,7 +703,7 @@ fn commit_batch(
             stop_store(shared, StoreError::Stopped);
             return Flow::Stopped;
         }
-        if wal.checkpoint_due() {
+        if may_checkpoint && wal.checkpoint_due() {
             let started = Instant::now();
             let (tx, done) = std::sync::mpsc::sync_channel(1);
             let result = materializer

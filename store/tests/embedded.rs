@@ -50,8 +50,13 @@ async fn lone_writes_commit_inline_and_the_log_still_checkpoints() {
             .await
             .unwrap();
     }
-    // The first three establish that one client writes in turn; the rest go inline.
-    assert_eq!(inline(), 17, "sequential puts commit inline");
+    // The first three establish that one client writes in turn; the rest go inline (but
+    // for one that found the log's 5-second checkpoint due, on a very slow machine).
+    assert!(
+        (16..=17).contains(&inline()),
+        "{} of 20 sequential puts inline",
+        inline()
+    );
     assert_eq!(histogram_count(&store, "commit_batch_size"), 20);
 
     let writers: Vec<_> = (0..64)
