@@ -95,13 +95,44 @@ async fn lone_writes_commit_inline_and_the_log_still_checkpoints() {
         histogram_count(&store, "checkpoint_duration_seconds") > checkpoints,
         "no checkpoint after 14 MiB of log"
     );
+
+    // With many watchers (here 100) even a lone writer's writes go to the writer thread,
+    // whose wake-ups of the watchers' tasks spread over the runtime's workers.
+    let mut watches = Vec::new();
+    for _ in 0..100 {
+        watches.push(
+            store
+                .watch(WatchRequest {
+                    range: KeyRange::prefix("/in/w"),
+                    ..Default::default()
+                })
+                .await
+                .unwrap(),
+        );
+    }
+    let before = inline();
+    for i in 0..10 {
+        store
+            .put(PutRequest::new(format!("/in/w{i}"), "v"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(inline(), before, "watched writes committed inline");
+    for w in &mut watches {
+        let mut seen = 0;
+        while seen < 10 {
+            seen += next(w).await.events.len();
+        }
+    }
+    drop(watches);
+
     let revision = store.revision();
     store.close().await;
     drop(store);
     let store = open(dir.path()).await;
     assert_eq!(store.revision(), revision);
     let all = store.range(RangeRequest::prefix("/in/")).await.unwrap();
-    assert_eq!(all.kvs.len(), 20 + 640 + 10);
+    assert_eq!(all.kvs.len(), 20 + 640 + 10 + 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
