@@ -2,8 +2,10 @@
 //! leases, behind [`KvBackend`].
 //!
 //! Write path: callers send [`Command`]s to one writer thread, which drains whatever is
-//! queued (group commit), applies the batch to the engine in memory, makes it durable with
-//! one write-ahead log record and `fdatasync` ([`crate::wal`]), and only then *publishes*
+//! queued (group commit) — or, for a lone writer, the caller commits its write itself
+//! under the same lock (see [`EmbeddedStore::propose`]) — applies the batch to the engine
+//! in memory, makes it durable with one write-ahead log record and `fdatasync`
+//! ([`crate::wal`]), and only then *publishes*
 //! the new revision: readers never see a revision above the published one, watchers are
 //! fed, and callers are answered. An acknowledged write is therefore always on disk, and
 //! no reader observes a write that a crash could still take back. The state file
