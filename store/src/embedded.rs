@@ -352,7 +352,7 @@ impl EmbeddedStore {
     /// its throughput: smaller batches, more fsyncs, a worker blocked in each), and a
     /// checkpoint (a durable
     /// state-file commit, milliseconds) is left to that thread too, and so are writes to
-    /// a store with many watchers (see [`INLINE_MAX_WATCHERS`]).
+    /// a store with many watchers (see `INLINE_MAX_WATCHERS`).
     pub async fn propose(&self, cmd: Command) -> StoreResult<CommandResponse> {
         self.check_failed()?;
         self.shared.config.limits.check_command(&cmd)?;

@@ -586,7 +586,7 @@ impl Persist {
         txn.commit().map_err(io)
     }
 
-    /// The state file's size in bytes, looked up at most once every [`SIZE_REFRESH`].
+    /// The state file's size in bytes, looked up at most once every `SIZE_REFRESH` (1 s).
     pub fn size_bytes(&self) -> i64 {
         let (checked, size) = self.size.get();
         if checked.is_some_and(|t| t.elapsed() < SIZE_REFRESH) {
