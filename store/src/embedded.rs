@@ -498,6 +498,24 @@ fn commit_inline(shared: &Shared, request: Request) -> Result<(), Request> {
     Ok(())
 }
 
+/// Lease bookkeeping after an apply: a granted (or re-granted) lease expires its TTL from
+/// now, a revoked one is forgotten. (Deadlines live outside the deterministic engine.)
+pub(crate) fn track_lease_deadlines(deadlines: &mut HashMap<i64, Instant>, applied: &[Applied]) {
+    let now = Instant::now();
+    for a in applied {
+        for (id, ttl) in &a.leases {
+            match ttl {
+                Some(ttl) => {
+                    deadlines.insert(*id, now + Duration::from_secs((*ttl).max(1) as u64));
+                }
+                None => {
+                    deadlines.remove(id);
+                }
+            }
+        }
+    }
+}
+
 /// A write's answer and where it goes.
 type Answer = (
     oneshot::Sender<StoreResult<CommandResponse>>,
@@ -661,23 +679,7 @@ fn commit_batch(
             .observe(started.elapsed().as_secs_f64());
         shared.metrics.batch_size.observe(replies.len() as f64);
     }
-    // Lease bookkeeping for grants and revokes in this batch.
-    {
-        let mut deadlines = lock(&shared.deadlines);
-        let now = Instant::now();
-        for a in &applied {
-            for (id, ttl) in &a.leases {
-                match ttl {
-                    Some(ttl) => {
-                        deadlines.insert(*id, now + Duration::from_secs((*ttl).max(1) as u64));
-                    }
-                    None => {
-                        deadlines.remove(id);
-                    }
-                }
-            }
-        }
-    }
+    track_lease_deadlines(&mut lock(&shared.deadlines), &applied);
     // Publish, then answer.
     let revisions: Vec<(i64, Arc<[Event]>)> =
         applied.iter().filter_map(|a| a.revision.clone()).collect();

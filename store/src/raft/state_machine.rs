@@ -304,22 +304,7 @@ impl SmShared {
     }
 
     fn publish(&self, applied: &[Applied], revision: i64) {
-        {
-            let mut deadlines = lock(&self.deadlines);
-            let now = Instant::now();
-            for a in applied {
-                for (id, ttl) in &a.leases {
-                    match ttl {
-                        Some(ttl) => {
-                            deadlines.insert(*id, now + Duration::from_secs((*ttl).max(1) as u64));
-                        }
-                        None => {
-                            deadlines.remove(id);
-                        }
-                    }
-                }
-            }
-        }
+        crate::embedded::track_lease_deadlines(&mut lock(&self.deadlines), applied);
         self.metrics.applied_revision.set(revision);
         let revisions: Vec<(i64, Arc<[Event]>)> =
             applied.iter().filter_map(|a| a.revision.clone()).collect();
