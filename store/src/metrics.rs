@@ -105,6 +105,11 @@ pub struct RaftMetrics {
     /// Appends made durable by openraft's own task (the log writer idle) rather than
     /// handed to the log writer thread.
     pub log_inline_appends: Counter,
+    /// Leader appends handed to openraft as flushed before their `fdatasync` (replication
+    /// starts at once; see `raft/log_store.rs`).
+    pub log_early_appends: Counter,
+    /// AppendEntries whose commit index was lowered to the leader's durable log.
+    pub commit_clamped: Counter,
 }
 
 impl Default for RaftMetrics {
@@ -114,6 +119,8 @@ impl Default for RaftMetrics {
             log_flush_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             log_checkpoints: Counter::default(),
             log_inline_appends: Counter::default(),
+            log_early_appends: Counter::default(),
+            commit_clamped: Counter::default(),
         }
     }
 }
@@ -140,6 +147,16 @@ impl RaftMetrics {
             "log_inline_appends",
             "Raft log appends made durable by the Raft task itself (log writer idle) instead of the log writer thread",
             self.log_inline_appends.clone(),
+        );
+        r.register(
+            "log_early_appends",
+            "Leader appends reported flushed to Raft before their fdatasync, so replication starts in parallel (answers, reads and followers still wait for it)",
+            self.log_early_appends.clone(),
+        );
+        r.register(
+            "commit_clamped",
+            "AppendEntries whose commit index was lowered to the leader's durable log",
+            self.commit_clamped.clone(),
         );
     }
 }

@@ -743,3 +743,84 @@ async fn append_stream_answers_in_order_and_refuses_garbage_without_harm() {
     );
     c.shutdown_all().await;
 }
+
+/// The leader replicates an entry while it writes it to its own log, but nothing is
+/// answered, applied or sent to followers as committed before its own log has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_leader_log_delays_answers_and_follower_applies_not_replication() {
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let l = c.node(leader);
+    let rev = l
+        .put(PutRequest::new("/slow/warm", "1"))
+        .await
+        .unwrap()
+        .revision;
+    for i in 0..3 {
+        c.wait_revision(i, rev, Duration::from_secs(10)).await;
+    }
+    let before = l.durable_log_index().expect("a durable log");
+    let followers: Vec<lattice_store::raft::RaftStore> =
+        (0..3).filter(|i| *i != leader).map(|i| c.node(i)).collect();
+
+    let delay = Duration::from_millis(400);
+    l.delay_log_writes(delay);
+    let started = Instant::now();
+    let writer = l.clone();
+    let put = tokio::spawn(async move {
+        let r = writer.put(PutRequest::new("/slow/k", "v")).await;
+        (r, Instant::now())
+    });
+
+    // While the leader's write is held up: the followers receive the entry (replication
+    // did not wait for the leader's log) but apply nothing past the leader's durable log.
+    let mut replicated = false;
+    while started.elapsed() < delay - Duration::from_millis(100) {
+        let durable = l.durable_log_index().unwrap_or(0);
+        for f in &followers {
+            let m = f.raft().metrics().borrow().clone();
+            let applied = m.last_applied.map_or(0, |a| a.index);
+            assert!(
+                applied <= durable,
+                "follower {} applied {applied} past the leader's durable log {durable}",
+                f.id()
+            );
+            if m.last_log_index.unwrap_or(0) > before {
+                replicated = true;
+            }
+        }
+        assert!(
+            !put.is_finished(),
+            "answered before the leader's log had it"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        replicated,
+        "the followers got the entry only after the leader's write"
+    );
+    assert_eq!(
+        l.durable_log_index(),
+        Some(before),
+        "the leader's write was not held up"
+    );
+
+    let (res, answered) = put.await.unwrap();
+    let rev = res.unwrap().revision;
+    assert!(
+        answered - started >= delay,
+        "answered after {:?}",
+        answered - started
+    );
+    l.delay_log_writes(Duration::ZERO);
+    // The followers learn the commit once the leader's log has it.
+    for i in 0..3 {
+        c.wait_revision(i, rev, Duration::from_secs(5)).await;
+    }
+    assert!(l.raft_metrics().commit_clamped.get() > 0);
+    assert_eq!(
+        get_value(&followers[0], "/slow/k", true).await.unwrap(),
+        Some("v".into())
+    );
+    c.shutdown_all().await;
+}

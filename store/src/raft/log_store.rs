@@ -24,6 +24,27 @@
 //! anything is queued, appends go to the writer thread (so a record logged inline is
 //! always inserted before any later truncation or checkpoint is processed).
 //!
+//! **A leader's own appends are answered early.** openraft 0.9's core awaits the flush of
+//! each append before it starts replicating it, which puts the leader's `fdatasync` and
+//! the followers' one after the other on every write's path. A running member (see
+//! [`LogDb::enable_early_ack`]) therefore reports its own entries as leader (the entries'
+//! leader ID is the committed vote it saved last, and that vote is its own) flushed at
+//! once and queues them for the writer thread; replication and the leader's write run in
+//! parallel. openraft then counts the leader's copy toward the quorum before it is
+//! durable, so everything that must not run ahead of it waits for [`LogDb::durable`],
+//! the end of the durable log, published after every `fdatasync`:
+//! - the state machine applies an entry only once it is durable here (so no client is
+//!   answered, no read served and no watcher told of it before; snapshots and log
+//!   purges follow the applied state);
+//! - the commit index sent to followers is lowered to it (`network::clamp_commit`), so
+//!   no follower applies an entry that a power cut of the leader could still take from a
+//!   quorum (a heartbeat brings the rest once durable);
+//! - the committed log ID is never saved past it.
+//!
+//! A failed or closed writer marks `durable` failed: what waits for it gives up and the
+//! member stops. Followers' appends are reported only once durable, as before, because
+//! their answer is what the leader counts.
+//!
 //! `save_vote`, `truncate` and `purge` go through the same writer, after every earlier
 //! append, and commit durably (a checkpoint): so a log record is never replayed over a
 //! later truncation. `save_committed` only records the committed log ID in memory: the
@@ -34,8 +55,8 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
@@ -83,7 +104,8 @@ type Rows = Vec<(LogId<u64>, Vec<u8>)>;
 enum WriteOp {
     Append {
         rows: Rows,
-        callback: LogFlushed<TypeConfig>,
+        /// `None`: a leader append already reported flushed (see [`LogDb::durable`]).
+        callback: Option<LogFlushed<TypeConfig>>,
     },
     /// Insert what an inline append logged (see the module docs).
     Insert(Logged),
@@ -91,6 +113,9 @@ enum WriteOp {
     Remove {
         range: (Bound<u64>, Bound<u64>),
         purged: Option<LogId<u64>>,
+        /// A truncation from this index: the durable log ends at the given entry before
+        /// it (if it ended at or after the index).
+        truncated: Option<(u64, Option<LogId<u64>>)>,
         reply: Reply,
     },
     /// Write one meta record (`crc32 | postcard`), durably.
@@ -116,6 +141,32 @@ struct LogBatch {
     committed: Option<Option<LogId<u64>>>,
 }
 
+/// One append waiting for the writer: its rows and, unless already answered, its callback.
+type Append = (Rows, Option<LogFlushed<TypeConfig>>);
+
+/// How far this member's log is durable: what a leader's early-answered appends wait for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Durability {
+    /// The last entry of the durable prefix of the log (always an entry of the current
+    /// log: a truncation below it moves it back).
+    pub(crate) last: Option<LogId<u64>>,
+    /// The log writer failed or closed: nothing more becomes durable.
+    pub(crate) failed: Option<String>,
+}
+
+impl Durability {
+    /// Whether the entry at `index` is durable; `Err` once nothing more can become so.
+    pub(crate) fn covers(&self, index: u64) -> Result<bool, String> {
+        if self.last.is_some_and(|l| l.index >= index) {
+            return Ok(true);
+        }
+        match &self.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(false),
+        }
+    }
+}
+
 /// Appends committed per fsync at most.
 const MAX_GROUP: usize = 1024;
 
@@ -137,6 +188,16 @@ pub(crate) struct LogDb {
     queued: AtomicUsize,
     /// The committed log ID last saved, and whether it still has to be written.
     committed: Mutex<Committed>,
+    /// Set by a running member to its node ID: its own appends as leader are then reported
+    /// flushed to openraft at once (see the module docs).
+    early_ack: OnceLock<u64>,
+    /// The vote last saved.
+    vote: Mutex<Option<Vote<u64>>>,
+    /// The durable prefix of the log, published after every `fdatasync`.
+    pub(crate) durable: tokio::sync::watch::Sender<Durability>,
+    /// Test switch: every log write takes this much longer (milliseconds), as on a slow
+    /// disk.
+    pub(crate) flush_delay_ms: AtomicU64,
     /// Flush latency and checkpoints here; the member's commit latency (`RaftStore`).
     pub(crate) metrics: RaftMetrics,
 }
@@ -213,7 +274,7 @@ impl Writer {
     }
 
     /// Make a group of appends durable, answer them, then insert them into redb.
-    fn flush(&mut self, appends: Vec<(Rows, LogFlushed<TypeConfig>)>) {
+    fn flush(&mut self, appends: Vec<Append>) {
         if let Some(logged) = self.log(appends) {
             self.insert(logged);
         }
@@ -222,11 +283,24 @@ impl Writer {
     /// Make a group of appends durable with one log record and `fdatasync`, and answer
     /// them (openraft may count them then). `None`: nothing to insert (no appends, or the
     /// log failed and they were answered with the error).
-    fn log(&mut self, appends: Vec<(Rows, LogFlushed<TypeConfig>)>) -> Option<Logged> {
+    fn log(&mut self, appends: Vec<Append>) -> Option<Logged> {
         if appends.is_empty() {
             return None;
         }
-        let committed = self.db.take_unwritten_committed(false);
+        let last = appends
+            .iter()
+            .rev()
+            .find_map(|(rows, _)| rows.last().map(|(id, _)| *id));
+        let mut committed = self.db.take_unwritten_committed(false);
+        // A leader counts its early-answered appends, so the committed log ID may run
+        // ahead of what this record makes durable: never save one past it (a restart
+        // would look for entries the log lacks). The full value goes with a later record.
+        if let (Some(Some(c)), Some(l)) = (committed, last) {
+            if c.index > l.index {
+                committed = Some(Some(l));
+                lock(&self.db.committed).unwritten = true;
+            }
+        }
         let logged = match &self.failed {
             Some(e) => Err(e.clone()),
             None => {
@@ -242,6 +316,10 @@ impl Writer {
                     .wal
                     .append_with(|buf| crate::wal::encode_into(&batch, buf))
                     .map_err(|e| e.to_string());
+                let delay = self.db.flush_delay_ms.load(Ordering::Relaxed);
+                if delay > 0 {
+                    std::thread::sleep(Duration::from_millis(delay));
+                }
                 self.db
                     .metrics
                     .log_flush_seconds
@@ -260,6 +338,9 @@ impl Writer {
                 if committed.is_some() {
                     lock(&self.db.committed).unwritten = true;
                 }
+                self.db.durable.send_modify(|d| {
+                    d.failed.get_or_insert_with(|| e.clone());
+                });
                 let mut pending = lock(&self.db.pending);
                 for (rows, callback) in appends {
                     // Not durable anywhere: readers must not see them.
@@ -268,15 +349,23 @@ impl Writer {
                             pending.remove(&id.index);
                         }
                     }
-                    callback.log_io_completed(Err(std::io::Error::other(e.clone())));
+                    if let Some(callback) = callback {
+                        callback.log_io_completed(Err(std::io::Error::other(e.clone())));
+                    }
                 }
                 return None;
             }
         };
-        // Durable: openraft may count these entries now.
+        // Durable: openraft may count these entries now, and what waits for a leader's
+        // early-answered ones may go on.
+        if last.is_some() {
+            self.db.durable.send_modify(|d| d.last = last);
+        }
         let mut rows_all = Vec::with_capacity(appends.len());
         for (rows, callback) in appends {
-            callback.log_io_completed(Ok(()));
+            if let Some(callback) = callback {
+                callback.log_io_completed(Ok(()));
+            }
             rows_all.push(rows);
         }
         Some(Logged {
@@ -361,7 +450,7 @@ fn writer_loop(db: Arc<LogDb>, rx: mpsc::Receiver<WriteOp>) {
             let mut state = lock(&db.state);
             match state.as_mut() {
                 Some(w) => work(w, ops),
-                None => refuse(ops, &format!("{} is closed", db.path.display())),
+                None => refuse(&db, ops, &format!("{} is closed", db.path.display())),
             }
         }
         db.queued.fetch_sub(taken, Ordering::AcqRel);
@@ -394,6 +483,7 @@ fn work(w: &mut Writer, ops: Vec<WriteOp>) {
             WriteOp::Remove {
                 range,
                 purged,
+                truncated,
                 reply,
             } => {
                 w.flush(std::mem::take(&mut appends));
@@ -407,6 +497,13 @@ fn work(w: &mut Writer, ops: Vec<WriteOp>) {
                     }
                     Ok(())
                 });
+                if let Some((since, before)) = truncated {
+                    w.db.durable.send_modify(|d| {
+                        if d.last.is_some_and(|l| l.index >= since) {
+                            d.last = before;
+                        }
+                    });
+                }
                 let _ = reply.send(res);
             }
             WriteOp::Meta { key, sealed, reply } => {
@@ -420,11 +517,18 @@ fn work(w: &mut Writer, ops: Vec<WriteOp>) {
 }
 
 /// Answer `ops` with `e` (the writer's state is gone).
-fn refuse(ops: Vec<WriteOp>, e: &str) {
+fn refuse(db: &LogDb, ops: Vec<WriteOp>, e: &str) {
+    if ops.iter().any(|op| matches!(op, WriteOp::Append { .. })) {
+        db.durable.send_modify(|d| {
+            d.failed.get_or_insert_with(|| e.to_string());
+        });
+    }
     for op in ops {
         match op {
             WriteOp::Append { callback, .. } => {
-                callback.log_io_completed(Err(std::io::Error::other(e.to_string())))
+                if let Some(callback) = callback {
+                    callback.log_io_completed(Err(std::io::Error::other(e.to_string())))
+                }
             }
             WriteOp::Insert(_) => {}
             WriteOp::Remove { reply, .. } | WriteOp::Meta { reply, .. } => {
@@ -454,9 +558,17 @@ impl LogDb {
             state: Mutex::new(None),
             queued: AtomicUsize::new(0),
             committed: Mutex::new(Committed::default()),
+            early_ack: OnceLock::new(),
+            vote: Mutex::new(None),
+            durable: tokio::sync::watch::Sender::new(Durability::default()),
+            flush_delay_ms: AtomicU64::new(0),
             metrics: RaftMetrics::default(),
         });
         let wal = log.recover(dir)?;
+        // Everything in the file and the replayed log is durable.
+        let last = log.last_log_id()?;
+        log.durable.send_modify(|d| d.last = last);
+        *lock(&log.vote) = log.get_meta::<Vote<u64>>("vote")?;
         let (tx, rx) = mpsc::channel();
         let writer = Writer {
             db: log.clone(),
@@ -560,11 +672,8 @@ impl LogDb {
 
     /// Log `rows` on the calling thread if the writer is idle (nothing queued, its state
     /// free), then queue their insertion; otherwise hand them back.
-    fn append_inline(
-        &self,
-        rows: Rows,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), (Rows, LogFlushed<TypeConfig>)> {
+    fn append_inline(&self, rows: Rows, callback: LogFlushed<TypeConfig>) -> Result<(), Append> {
+        let callback = Some(callback);
         if self.queued.load(Ordering::Acquire) != 0 {
             return Err((rows, callback));
         }
@@ -585,6 +694,30 @@ impl LogDb {
             }
         }
         Ok(())
+    }
+
+    /// Report this member's own appends as leader flushed to openraft before they are
+    /// (see the module docs). Only for a running member: what gates its answers, its
+    /// applies and its followers' commit index on [`LogDb::durable`] must be in place.
+    pub(crate) fn enable_early_ack(&self, node_id: u64) {
+        let _ = self.early_ack.set(node_id);
+    }
+
+    /// Whether `rows` are this member's own entries as the leader of the vote it saved
+    /// last: appended by its leader role, never received from another member (a later
+    /// leader replicating this member's old entries back has a later vote).
+    fn is_own_leader_append(&self, rows: &Rows) -> bool {
+        let Some(me) = self.early_ack.get() else {
+            return false;
+        };
+        let vote = lock(&self.vote);
+        let Some(v) = vote.as_ref() else {
+            return false;
+        };
+        v.is_committed()
+            && v.leader_id().voted_for() == Some(*me)
+            && !rows.is_empty()
+            && rows.iter().all(|(id, _)| id.leader_id == *v.leader_id())
     }
 
     /// Send `op` (made with the reply channel) and wait for the writer's answer.
@@ -734,7 +867,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 reply,
             })
             .await
-            .map_err(vote_err)
+            .map_err(vote_err)?;
+        *lock(&self.db.vote) = Some(*vote);
+        Ok(())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, SErr> {
@@ -778,6 +913,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             overlay.push(e);
         }
         lock(&self.db.pending).extend(overlay.into_iter().map(|e| (e.log_id.index, e)));
+        if self.db.is_own_leader_append(&rows) {
+            // The leader's own entries: queued for the writer thread and reported flushed
+            // at once, so openraft replicates them while they are written here. What must
+            // wait for them waits on `durable` (module docs).
+            self.db.metrics.log_early_appends.inc();
+            return match self.db.send(WriteOp::Append {
+                rows,
+                callback: None,
+            }) {
+                Ok(()) => {
+                    callback.log_io_completed(Ok(()));
+                    Ok(())
+                }
+                Err(e) => Err(write_err(e)),
+            };
+        }
         // Whoever logs them fsyncs, then fires the callback: openraft learns of durability
         // only after the fact.
         match self.db.append_inline(rows, callback) {
@@ -792,11 +943,25 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), SErr> {
         tracing::debug!(%log_id, "truncating raft log");
         lock(&self.db.pending).retain(|i, _| *i < log_id.index);
+        // The entry the log will end with (or the purged one before it).
+        let before = match log_id.index.checked_sub(1) {
+            None => None,
+            Some(i) => match self
+                .db
+                .entries((Bound::Included(i), Bound::Included(i)))
+                .map_err(read_err)?
+                .first()
+            {
+                Some(e) => Some(e.log_id),
+                None => self.db.get_meta("last_purged").map_err(read_err)?,
+            },
+        };
         // After every earlier append (the writer keeps the order), durably.
         self.db
             .request(|reply| WriteOp::Remove {
                 range: (Bound::Included(log_id.index), Bound::Unbounded),
                 purged: None,
+                truncated: Some((log_id.index, before)),
                 reply,
             })
             .await
@@ -809,11 +974,80 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .request(|reply| WriteOp::Remove {
                 range: (Bound::Unbounded, Bound::Included(log_id.index)),
                 purged: Some(log_id),
+                truncated: None,
                 reply,
             })
             .await
             .map_err(write_err)?;
         lock(&self.db.pending).retain(|i, _| *i > log_id.index);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+
+    fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    /// Append `entries` as an early-answered leader append does (no callback).
+    fn append(db: &LogDb, entries: Vec<Entry<TypeConfig>>) {
+        let rows = entries
+            .iter()
+            .map(|e| (e.log_id, seal(&postcard::to_allocvec(e).unwrap())))
+            .collect();
+        lock(&db.pending).extend(entries.into_iter().map(|e| (e.log_id.index, e)));
+        db.send(WriteOp::Append {
+            rows,
+            callback: None,
+        })
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_durable_log_follows_writes_and_moves_back_on_truncation() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = LogDb::open(dir.path()).unwrap();
+        let mut rx = db.durable.subscribe();
+        assert_eq!(rx.borrow().last, None);
+        assert_eq!(rx.borrow().covers(1), Ok(false));
+
+        append(&db, (1..=5).map(|i| entry(1, i)).collect());
+        rx.wait_for(|d| d.covers(5) == Ok(true)).await.unwrap();
+        assert_eq!(rx.borrow().last, Some(entry(1, 5).log_id));
+
+        // A truncation from 3: the durable log ends at entry 2 of the old log.
+        let mut store = LogStore { db: db.clone() };
+        store.truncate(entry(1, 3).log_id).await.unwrap();
+        assert_eq!(rx.borrow().last, Some(entry(1, 2).log_id));
+        assert_eq!(rx.borrow().covers(3), Ok(false));
+        // New entries from a later term take their place once written.
+        append(&db, vec![entry(2, 3)]);
+        rx.wait_for(|d| d.covers(3) == Ok(true)).await.unwrap();
+        assert_eq!(rx.borrow().last, Some(entry(2, 3).log_id));
+        // A truncation above the durable end leaves it.
+        store.truncate(entry(2, 9).log_id).await.unwrap();
+        assert_eq!(rx.borrow().last, Some(entry(2, 3).log_id));
+
+        // Reopened: everything in the file is durable.
+        db.close();
+        let db = LogDb::open(dir.path()).unwrap();
+        assert_eq!(db.durable.borrow().last, Some(entry(2, 3).log_id));
+
+        // A log write that fails: whatever waits for durability hears of it.
+        *lock(&db.state) = None;
+        append(&db, vec![entry(2, 4)]);
+        let mut rx = db.durable.subscribe();
+        let failed = rx.wait_for(|d| d.failed.is_some()).await.unwrap().covers(4);
+        assert!(failed.is_err(), "{failed:?}");
+        assert_eq!(db.durable.borrow().covers(3), Ok(true));
+        db.close();
     }
 }

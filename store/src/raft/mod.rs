@@ -456,7 +456,13 @@ pub fn open_storage(
             return Err(e);
         }
     };
-    Ok((LogStore { db: log }, StateMachine { shared: sm }))
+    Ok((
+        LogStore { db: log },
+        StateMachine {
+            shared: sm,
+            durable: None,
+        },
+    ))
 }
 
 /// Raft view of a member: who leads, term, log and apply positions.
@@ -551,12 +557,22 @@ impl RaftStore {
         };
 
         let net = Arc::new(NetShared::default());
+        // The leader replicates its appends while it writes them; applies here and the
+        // commit index sent to followers wait for them to be durable here.
+        log.enable_early_ack(config.node_id);
         let raft = match Raft::new(
             config.node_id,
             rcfg,
-            NetworkFactory { net: net.clone() },
+            NetworkFactory {
+                net: net.clone(),
+                durable: Some(log.durable.subscribe()),
+                metrics: log.metrics.clone(),
+            },
             LogStore { db: log.clone() },
-            StateMachine { shared: sm.clone() },
+            StateMachine {
+                shared: sm.clone(),
+                durable: Some(log.durable.subscribe()),
+            },
         )
         .await
         {
@@ -663,6 +679,22 @@ impl RaftStore {
     /// The network switches of this member (tests: [`NetShared::set_partitioned`]).
     pub fn network(&self) -> &NetShared {
         &self.inner.net
+    }
+
+    /// The index of the last entry of this member's durable log. A leader replicates its
+    /// entries while it writes them, so its own log may trail what it has sent; nothing
+    /// past this index is applied, answered or reported committed to followers.
+    pub fn durable_log_index(&self) -> Option<u64> {
+        self.inner.log.durable.borrow().last.map(|l| l.index)
+    }
+
+    /// Test switch: every write of this member's Raft log takes `delay` longer, as on a
+    /// slow disk (zero: off).
+    pub fn delay_log_writes(&self, delay: Duration) {
+        self.inner
+            .log
+            .flush_delay_ms
+            .store(delay.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Raft metrics of this member (`lattice_raft_*`: commit latency, log flush latency,
@@ -1024,6 +1056,41 @@ impl RaftStore {
     }
 
     fn spawn_background(&self) {
+        // The commit index owed to followers: an AppendEntries that went out with it
+        // lowered to the durable log (`network::clamp_commit`) is followed, once the log
+        // is durable that far, by a heartbeat that carries it (else they would learn it
+        // with the next write or heartbeat).
+        let weak = Arc::downgrade(&self.inner);
+        let net = self.inner.net.clone();
+        let mut durable = self.inner.log.durable.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let signalled =
+                    tokio::time::timeout(Duration::from_secs(1), net.commit_owed_signal.notified())
+                        .await
+                        .is_ok();
+                if !signalled {
+                    // (Looks whether the member is gone now and then.)
+                    match weak.upgrade() {
+                        Some(inner) if !inner.stopped.load(Ordering::SeqCst) => continue,
+                        _ => return,
+                    }
+                }
+                let owed = net.commit_owed.swap(0, Ordering::AcqRel);
+                if owed == 0 {
+                    continue;
+                }
+                let done = durable
+                    .wait_for(|d| !matches!(d.covers(owed), Ok(false)))
+                    .await
+                    .map(|d| d.covers(owed).is_ok());
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.stopped.load(Ordering::SeqCst) || !matches!(done, Ok(true)) {
+                    return;
+                }
+                let _ = inner.raft.trigger().heartbeat().await;
+            }
+        });
         // Watch catch-up.
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {

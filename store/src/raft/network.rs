@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::error::Error;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -25,16 +25,18 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{AnyError, BasicNode, Raft};
+use openraft::{AnyError, BasicNode, LogId, Raft};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
+use super::log_store::Durability;
 use super::pb::raft_transport_client::RaftTransportClient;
 use super::pb::raft_transport_server::RaftTransport;
 use super::pb::Payload;
 use super::state_machine::lock;
 use super::{ClientRequest, Inner, TypeConfig, WireError};
+use crate::metrics::RaftMetrics;
 
 /// Largest message on the Raft transport (snapshot chunks, entry batches).
 pub(crate) const MAX_MESSAGE: usize = 256 * 1024 * 1024;
@@ -44,6 +46,11 @@ pub(crate) const MAX_MESSAGE: usize = 256 * 1024 * 1024;
 pub struct NetShared {
     partitioned: AtomicBool,
     channels: Mutex<HashMap<String, Channel>>,
+    /// The highest commit index an AppendEntries went out without (lowered to the
+    /// durable log): owed to the followers once durable (a heartbeat carries it).
+    pub(crate) commit_owed: AtomicU64,
+    /// Signalled when `commit_owed` is raised.
+    pub(crate) commit_owed_signal: tokio::sync::Notify,
 }
 
 /// Why a call to a peer failed.
@@ -183,6 +190,9 @@ pub(crate) enum Rpc {
 /// Creates a [`PeerClient`] per replication target.
 pub struct NetworkFactory {
     pub(crate) net: Arc<NetShared>,
+    /// This member's durable log (see [`clamp_commit`]); `None`: sent as openraft says.
+    pub(crate) durable: Option<tokio::sync::watch::Receiver<Durability>>,
+    pub(crate) metrics: RaftMetrics,
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
@@ -193,6 +203,8 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             addr: node.addr.clone(),
             net: self.net.clone(),
+            durable: self.durable.clone(),
+            metrics: self.metrics.clone(),
             append: None,
             append_busy: false,
         }
@@ -210,6 +222,8 @@ pub struct PeerClient {
     target: u64,
     addr: String,
     net: Arc<NetShared>,
+    durable: Option<tokio::sync::watch::Receiver<Durability>>,
+    metrics: RaftMetrics,
     /// The AppendEntries stream, opened on first use and after any failure.
     append: Option<AppendStream>,
     /// Set while an AppendEntries is between sending and its answer: found set at the next
@@ -298,9 +312,18 @@ impl PeerClient {
 impl RaftNetwork<TypeConfig> for PeerClient {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RpcErr<openraft::error::Infallible>> {
+        if let Some(durable) = &self.durable {
+            let last = durable.borrow().last;
+            let commit = rpc.leader_commit.map_or(0, |c| c.index);
+            if clamp_commit(&mut rpc, last) {
+                self.metrics.commit_clamped.inc();
+                self.net.commit_owed.fetch_max(commit, Ordering::AcqRel);
+                self.net.commit_owed_signal.notify_one();
+            }
+        }
         let data =
             postcard::to_allocvec(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let bytes = self
@@ -327,6 +350,27 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> Result<VoteResponse<u64>, RpcErr<openraft::error::Infallible>> {
         self.send(Rpc::Vote, &rpc, &option).await
     }
+}
+
+/// Lower the commit index `rpc` carries to `durable`, the end of the sender's durable log;
+/// whether it was lowered.
+///
+/// A leader counts its own entries before their `fdatasync` (see `log_store.rs`), so its
+/// commit index may cover an entry a quorum holds only with the leader's unsynced copy.
+/// Its own applies wait for the sync; this keeps followers from applying such an entry
+/// too: should the leader lose it in a power cut, a new leader may be elected without
+/// it, and a follower would have applied an entry the cluster then overwrites.
+/// `durable` is an entry of the leader's current log, so it is a valid commit index.
+pub(crate) fn clamp_commit(
+    rpc: &mut AppendEntriesRequest<TypeConfig>,
+    durable: Option<LogId<u64>>,
+) -> bool {
+    let commit = rpc.leader_commit.map(|c| c.index);
+    if commit <= durable.map(|d| d.index) {
+        return false;
+    }
+    rpc.leader_commit = durable;
+    true
 }
 
 /// The gRPC service a member serves to its peers.

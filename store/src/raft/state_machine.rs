@@ -380,6 +380,10 @@ fn is_light(entries: &[Entry<TypeConfig>]) -> bool {
 /// openraft's state machine handle.
 pub struct StateMachine {
     pub(crate) shared: Arc<SmShared>,
+    /// This member's durable log: entries are applied only once durable here (a leader
+    /// reports its own appends flushed before they are; see `log_store.rs`). `None`: no
+    /// early-answered appends (storage used without a running member).
+    pub(crate) durable: Option<tokio::sync::watch::Receiver<super::log_store::Durability>>,
 }
 
 impl StateMachine {
@@ -418,6 +422,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: openraft::OptionalSend,
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        if let (Some(rx), Some(last)) = (self.durable.as_mut(), entries.last()) {
+            // Nothing is answered, read, watched or snapshotted before it is durable on
+            // this member: a leader counted its own entry before its fdatasync.
+            let index = last.log_id.index;
+            let waited = rx
+                .wait_for(|d| !matches!(d.covers(index), Ok(false)))
+                .await
+                .map_err(|_| sm_write_err("the raft log closed"))?
+                .covers(index);
+            if let Err(e) = waited {
+                tracing::error!(error = %e, "the raft log failed before entries to apply became durable; this member stops");
+                return Err(sm_write_err(e));
+            }
+        }
         let durable = self.shared.checkpoint_due(entries.len() as u64);
         // A small batch committed without fsync takes a fraction of a millisecond: done
         // here, it saves the hand-over to a blocking thread and back on every write's path.
