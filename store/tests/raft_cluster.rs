@@ -744,11 +744,19 @@ async fn append_stream_answers_in_order_and_refuses_garbage_without_harm() {
     c.shutdown_all().await;
 }
 
+/// Heartbeats far apart: followers learn a commit index held back for the leader's log
+/// (below) only through the heartbeat sent once it is written.
+fn slow_heartbeats(c: &mut RaftConfig) {
+    c.heartbeat_interval = Duration::from_secs(2);
+    c.election_timeout_min = Duration::from_secs(6);
+    c.election_timeout_max = Duration::from_secs(8);
+}
+
 /// The leader replicates an entry while it writes it to its own log, but nothing is
 /// answered, applied or sent to followers as committed before its own log has it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_leader_log_delays_answers_and_follower_applies_not_replication() {
-    let mut c = Cluster::start(3, no_tune).await;
+    let mut c = Cluster::start(3, slow_heartbeats).await;
     let leader = c.wait_leader(Duration::from_secs(10)).await;
     let l = c.node(leader);
     let rev = l
@@ -813,14 +821,99 @@ async fn a_slow_leader_log_delays_answers_and_follower_applies_not_replication()
         answered - started
     );
     l.delay_log_writes(Duration::ZERO);
-    // The followers learn the commit once the leader's log has it.
+    // The followers learn the commit once the leader's log has it: from the heartbeat
+    // sent then, well before the next regular one (2 s).
     for i in 0..3 {
-        c.wait_revision(i, rev, Duration::from_secs(5)).await;
+        c.wait_revision(i, rev, Duration::from_millis(500)).await;
     }
     assert!(l.raft_metrics().commit_clamped.get() > 0);
     assert_eq!(
         get_value(&followers[0], "/slow/k", true).await.unwrap(),
         Some("v".into())
     );
+    c.shutdown_all().await;
+}
+
+/// A leader that restarts comes back through an election in a later term, never as the
+/// leader of its old term (whose log IDs it could then hand out again; see
+/// `LogDb::restart_vote`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_leader_leads_again_only_after_an_election() {
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let rev = c
+        .node(leader)
+        .put(PutRequest::new("/restart/a", "1"))
+        .await
+        .unwrap()
+        .revision;
+    let term = c.node(leader).raft().metrics().borrow().current_term;
+    c.stop(leader).await;
+    c.restart(leader).await;
+    let metrics = c.node(leader).raft().metrics().borrow().clone();
+    assert!(
+        metrics.current_leader != Some(leader as u64 + 1) || metrics.current_term > term,
+        "restarted as the leader of term {term}"
+    );
+    let now = c.wait_leader(Duration::from_secs(10)).await;
+    let new_term = c.node(now).raft().metrics().borrow().current_term;
+    assert!(new_term > term, "leader of term {new_term}, was {term}");
+    let rev2 = c
+        .node(now)
+        .put(PutRequest::new("/restart/b", "2"))
+        .await
+        .unwrap()
+        .revision;
+    assert!(rev2 > rev);
+    for i in 0..3 {
+        c.wait_revision(i, rev2, Duration::from_secs(10)).await;
+    }
+    c.shutdown_all().await;
+}
+
+/// A leader whose Raft log fails stops; the others elect a leader and go on, and no
+/// acknowledged write is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_whose_log_fails_stops_and_the_others_go_on() {
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let l = c.node(leader);
+    let rev = l
+        .put(PutRequest::new("/fail/a", "1"))
+        .await
+        .unwrap()
+        .revision;
+    l.fail_log_writes();
+    // Not acknowledged (its outcome is unknown to the client).
+    let res = l.put(PutRequest::new("/fail/b", "2")).await;
+    assert!(res.is_err(), "{res:?}");
+    // The others elect a leader among themselves and take writes.
+    let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let new_leader = loop {
+        let found = others.iter().copied().find(|i| {
+            let m = c.node(*i).raft().metrics().borrow().clone();
+            m.current_leader == Some(*i as u64 + 1)
+        });
+        if let Some(i) = found {
+            break i;
+        }
+        assert!(Instant::now() < deadline, "no new leader among the others");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let rev2 = c
+        .node(new_leader)
+        .put(PutRequest::new("/fail/c", "3"))
+        .await
+        .unwrap()
+        .revision;
+    assert!(rev2 > rev);
+    for i in &others {
+        c.wait_revision(*i, rev2, Duration::from_secs(10)).await;
+        assert_eq!(
+            get_value(&c.node(*i), "/fail/a", true).await.unwrap(),
+            Some("1".into())
+        );
+    }
     c.shutdown_all().await;
 }

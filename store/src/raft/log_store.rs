@@ -60,7 +60,9 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
-use openraft::{AnyError, Entry, LogId, OptionalSend, StorageError, StorageIOError, Vote};
+use openraft::{
+    AnyError, Entry, EntryPayload, LogId, OptionalSend, StorageError, StorageIOError, Vote,
+};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -147,8 +149,9 @@ type Append = (Rows, Option<LogFlushed<TypeConfig>>);
 /// How far this member's log is durable: what a leader's early-answered appends wait for.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Durability {
-    /// The last entry of the durable prefix of the log (always an entry of the current
-    /// log: a truncation below it moves it back).
+    /// The last entry of the durable prefix of the log: an entry of the current log (a
+    /// truncation below it moves it back), or, after a purge or an installed snapshot, the
+    /// last purged one.
     pub(crate) last: Option<LogId<u64>>,
     /// The log writer failed or closed: nothing more becomes durable.
     pub(crate) failed: Option<String>,
@@ -198,6 +201,8 @@ pub(crate) struct LogDb {
     /// Test switch: every log write takes this much longer (milliseconds), as on a slow
     /// disk.
     pub(crate) flush_delay_ms: AtomicU64,
+    /// Test switch: log writes fail, as on a failing disk.
+    pub(crate) fail_writes: std::sync::atomic::AtomicBool,
     /// Flush latency and checkpoints here; the member's commit latency (`RaftStore`).
     pub(crate) metrics: RaftMetrics,
 }
@@ -303,6 +308,10 @@ impl Writer {
         }
         let logged = match &self.failed {
             Some(e) => Err(e.clone()),
+            None if self.db.fail_writes.load(Ordering::Relaxed) => Err(format!(
+                "{}: injected log write failure (test switch)",
+                self.db.path.display()
+            )),
             None => {
                 let batch = LogBatchRef {
                     rows: appends
@@ -343,15 +352,17 @@ impl Writer {
                 });
                 let mut pending = lock(&self.db.pending);
                 for (rows, callback) in appends {
+                    // Answered early: openraft already counts them as in the log, so they
+                    // stay readable (removing them could leave a hole in what replication
+                    // reads); the member stops on `durable.failed` (`RaftStore`).
+                    let Some(callback) = callback else { continue };
                     // Not durable anywhere: readers must not see them.
                     for (id, _) in &rows {
                         if pending.get(&id.index).is_some_and(|en| en.log_id == *id) {
                             pending.remove(&id.index);
                         }
                     }
-                    if let Some(callback) = callback {
-                        callback.log_io_completed(Err(std::io::Error::other(e.clone())));
-                    }
+                    callback.log_io_completed(Err(std::io::Error::other(e.clone())));
                 }
                 return None;
             }
@@ -436,7 +447,23 @@ struct Logged {
     seq: u64,
 }
 
+/// Marks the durable log failed should the writer thread panic: nothing would ever
+/// become durable again, and what waits for it must not wait forever.
+struct PanicGuard<'a>(&'a LogDb);
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.durable.send_modify(|d| {
+                d.failed
+                    .get_or_insert_with(|| "the raft log writer panicked".into());
+            });
+        }
+    }
+}
+
 fn writer_loop(db: Arc<LogDb>, rx: mpsc::Receiver<WriteOp>) {
+    let _guard = PanicGuard(&db);
     while let Ok(first) = rx.recv() {
         let mut ops = vec![first];
         while ops.len() < MAX_GROUP {
@@ -562,6 +589,7 @@ impl LogDb {
             vote: Mutex::new(None),
             durable: tokio::sync::watch::Sender::new(Durability::default()),
             flush_delay_ms: AtomicU64::new(0),
+            fail_writes: std::sync::atomic::AtomicBool::new(false),
             metrics: RaftMetrics::default(),
         });
         let wal = log.recover(dir)?;
@@ -701,6 +729,25 @@ impl LogDb {
     /// applies and its followers' commit index on [`LogDb::durable`] must be in place.
     pub(crate) fn enable_early_ack(&self, node_id: u64) {
         let _ = self.early_ack.set(node_id);
+        let mut vote = lock(&self.vote);
+        *vote = vote.map(|v| self.restart_vote(v));
+    }
+
+    /// The vote this member starts with. openraft 0.9 restarts a member whose saved vote
+    /// is its own committed one as the leader of that term, without an election, and
+    /// numbers new entries from the end of its log. With early-answered appends, entries
+    /// it had sent but not yet written may be gone from its log while a follower holds
+    /// them: the new entries would reuse their log IDs (same term, leader and index) and
+    /// the follower would take its old ones as matching. So such a member starts with the
+    /// same vote uncommitted (still a vote for itself in that term, so it grants no other)
+    /// and becomes leader only through an election in a later term.
+    fn restart_vote(&self, v: Vote<u64>) -> Vote<u64> {
+        match self.early_ack.get() {
+            Some(me) if v.is_committed() && v.leader_id().voted_for() == Some(*me) => {
+                Vote::new(v.leader_id().term, *me)
+            }
+            _ => v,
+        }
     }
 
     /// Whether `rows` are this member's own entries as the leader of the vote it saved
@@ -873,9 +920,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, SErr> {
-        self.db.get_meta("vote").map_err(|e| StorageError::IO {
+        let vote: Option<Vote<u64>> = self.db.get_meta("vote").map_err(|e| StorageError::IO {
             source: StorageIOError::read_vote(AnyError::error(e)),
-        })
+        })?;
+        Ok(vote.map(|v| self.db.restart_vote(v)))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), SErr> {
@@ -905,15 +953,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        if let Some(e) = self.db.durable.borrow().failed.clone() {
+            return Err(write_err(e));
+        }
         let mut rows = Vec::new();
         let mut overlay = Vec::new();
+        let mut membership = false;
         for e in entries {
             let payload = postcard::to_allocvec(&e).map_err(write_err)?;
             rows.push((e.log_id, seal(&payload)));
+            membership |= matches!(e.payload, EntryPayload::Membership(_));
             overlay.push(e);
         }
         lock(&self.db.pending).extend(overlay.into_iter().map(|e| (e.log_id.index, e)));
-        if self.db.is_own_leader_append(&rows) {
+        // Membership changes are never answered early: openraft counts one as committed
+        // (and may start the next) at commit, not at apply.
+        if !membership && self.db.is_own_leader_append(&rows) {
             // The leader's own entries: queued for the writer thread and reported flushed
             // at once, so openraft replicates them while they are written here. What must
             // wait for them waits on `durable` (module docs).
@@ -986,7 +1041,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
 #[cfg(test)]
 mod tests {
-    use openraft::{CommittedLeaderId, EntryPayload};
+    use openraft::CommittedLeaderId;
 
     use super::*;
 
@@ -1019,9 +1074,28 @@ mod tests {
         assert_eq!(rx.borrow().last, None);
         assert_eq!(rx.borrow().covers(1), Ok(false));
 
+        // A leader's committed log ID may run ahead of its log: never saved past it.
+        {
+            let mut c = lock(&db.committed);
+            c.latest = Some(Some(entry(1, 9).log_id));
+            c.unwritten = true;
+        }
         append(&db, (1..=5).map(|i| entry(1, i)).collect());
         rx.wait_for(|d| d.covers(5) == Ok(true)).await.unwrap();
         assert_eq!(rx.borrow().last, Some(entry(1, 5).log_id));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let saved = loop {
+            if let Some(c) = db.get_meta::<Option<LogId<u64>>>("committed").unwrap() {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "committed log ID never saved");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(saved, Some(entry(1, 5).log_id));
+        assert!(
+            lock(&db.committed).unwritten,
+            "the full value is still to be saved"
+        );
 
         // A truncation from 3: the durable log ends at entry 2 of the old log.
         let mut store = LogStore { db: db.clone() };
@@ -1048,6 +1122,48 @@ mod tests {
         let failed = rx.wait_for(|d| d.failed.is_some()).await.unwrap().covers(4);
         assert!(failed.is_err(), "{failed:?}");
         assert_eq!(db.durable.borrow().covers(3), Ok(true));
+        db.close();
+    }
+    fn rows(entries: &[Entry<TypeConfig>]) -> Rows {
+        entries
+            .iter()
+            .map(|e| (e.log_id, seal(&postcard::to_allocvec(e).unwrap())))
+            .collect()
+    }
+
+    #[test]
+    fn only_a_running_leaders_own_entries_are_answered_early_and_it_restarts_as_a_candidate() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = LogDb::open(dir.path()).unwrap();
+        let mine = rows(&[entry(3, 7), entry(3, 8)]);
+        *lock(&db.vote) = Some(Vote::new_committed(3, 1));
+        // Not a running member: never.
+        assert!(!db.is_own_leader_append(&mine));
+        db.enable_early_ack(1);
+        // The committed vote was demoted when the member started (see below); once it
+        // leads again (a new committed vote saved), its own entries are answered early.
+        assert_eq!(*lock(&db.vote), Some(Vote::new(3, 1)));
+        assert!(!db.is_own_leader_append(&mine));
+        *lock(&db.vote) = Some(Vote::new_committed(3, 1));
+        assert!(db.is_own_leader_append(&mine));
+        // Entries of another term or leader (replicated back by a later leader), a mix,
+        // an uncommitted vote, another member's vote: never.
+        assert!(!db.is_own_leader_append(&rows(&[entry(2, 7)])));
+        assert!(!db.is_own_leader_append(&rows(&[entry(3, 7), entry(2, 8)])));
+        assert!(!db.is_own_leader_append(&rows(&[])));
+        *lock(&db.vote) = Some(Vote::new(3, 1));
+        assert!(!db.is_own_leader_append(&mine));
+        *lock(&db.vote) = Some(Vote::new_committed(3, 2));
+        assert!(!db.is_own_leader_append(&mine));
+
+        // Restart: its own committed vote comes back uncommitted (an election follows);
+        // any other vote as saved.
+        assert_eq!(db.restart_vote(Vote::new_committed(3, 1)), Vote::new(3, 1));
+        assert_eq!(
+            db.restart_vote(Vote::new_committed(3, 2)),
+            Vote::new_committed(3, 2)
+        );
+        assert_eq!(db.restart_vote(Vote::new(4, 1)), Vote::new(4, 1));
         db.close();
     }
 }

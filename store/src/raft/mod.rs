@@ -688,6 +688,12 @@ impl RaftStore {
         self.inner.log.durable.borrow().last.map(|l| l.index)
     }
 
+    /// Test switch: every write of this member's Raft log fails from now on, as on a
+    /// failing disk.
+    pub fn fail_log_writes(&self) {
+        self.inner.log.fail_writes.store(true, Ordering::Relaxed);
+    }
+
     /// Test switch: every write of this member's Raft log takes `delay` longer, as on a
     /// slow disk (zero: off).
     pub fn delay_log_writes(&self, delay: Duration) {
@@ -1056,6 +1062,25 @@ impl RaftStore {
     }
 
     fn spawn_background(&self) {
+        // A failed Raft log stops the member: the leader answers its own appends before
+        // they are written (see `log_store.rs`), so it must not go on leading once it
+        // cannot write them; a new leader is then elected among the others.
+        let weak = Arc::downgrade(&self.inner);
+        let mut durable = self.inner.log.durable.subscribe();
+        tokio::spawn(async move {
+            let failed = match durable.wait_for(|d| d.failed.is_some()).await {
+                Ok(d) => d.failed.clone().unwrap_or_default(),
+                Err(_) => return,
+            };
+            let Some(inner) = weak.upgrade() else { return };
+            if inner.stopped.load(Ordering::SeqCst) {
+                return;
+            }
+            tracing::error!(error = %failed, node = inner.config.node_id, "the raft log failed; this member stops taking part in raft");
+            if let Err(e) = inner.raft.shutdown().await {
+                tracing::warn!(error = %e, "raft shutdown after a log failure");
+            }
+        });
         // The commit index owed to followers: an AppendEntries that went out with it
         // lowered to the durable log (`network::clamp_commit`) is followed, once the log
         // is durable that far, by a heartbeat that carries it (else they would learn it
