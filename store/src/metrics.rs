@@ -110,6 +110,8 @@ pub struct RaftMetrics {
     pub log_early_appends: Counter,
     /// AppendEntries whose commit index was lowered to the leader's durable log.
     pub commit_clamped: Counter,
+    /// Heartbeats sent to carry such a commit index once durable.
+    pub commit_heartbeats: Counter,
 }
 
 impl Default for RaftMetrics {
@@ -121,6 +123,7 @@ impl Default for RaftMetrics {
             log_inline_appends: Counter::default(),
             log_early_appends: Counter::default(),
             commit_clamped: Counter::default(),
+            commit_heartbeats: Counter::default(),
         }
     }
 }
@@ -157,6 +160,11 @@ impl RaftMetrics {
             "commit_clamped",
             "AppendEntries whose commit index was lowered to the leader's durable log",
             self.commit_clamped.clone(),
+        );
+        r.register(
+            "commit_heartbeats",
+            "Heartbeats sent to carry a commit index held back for the leader's log once it is durable",
+            self.commit_heartbeats.clone(),
         );
     }
 }

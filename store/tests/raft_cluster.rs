@@ -747,9 +747,9 @@ async fn append_stream_answers_in_order_and_refuses_garbage_without_harm() {
 /// Heartbeats far apart: followers learn a commit index held back for the leader's log
 /// (below) only through the heartbeat sent once it is written.
 fn slow_heartbeats(c: &mut RaftConfig) {
-    c.heartbeat_interval = Duration::from_secs(2);
-    c.election_timeout_min = Duration::from_secs(6);
-    c.election_timeout_max = Duration::from_secs(8);
+    c.heartbeat_interval = Duration::from_secs(5);
+    c.election_timeout_min = Duration::from_secs(15);
+    c.election_timeout_max = Duration::from_secs(20);
 }
 
 /// The leader replicates an entry while it writes it to its own log, but nothing is
@@ -822,11 +822,12 @@ async fn a_slow_leader_log_delays_answers_and_follower_applies_not_replication()
     );
     l.delay_log_writes(Duration::ZERO);
     // The followers learn the commit once the leader's log has it: from the heartbeat
-    // sent then, well before the next regular one (2 s).
+    // sent then, well before the next regular one (5 s).
     for i in 0..3 {
-        c.wait_revision(i, rev, Duration::from_millis(500)).await;
+        c.wait_revision(i, rev, Duration::from_millis(1500)).await;
     }
     assert!(l.raft_metrics().commit_clamped.get() > 0);
+    assert!(l.raft_metrics().commit_heartbeats.get() > 0);
     assert_eq!(
         get_value(&followers[0], "/slow/k", true).await.unwrap(),
         Some("v".into())
@@ -887,6 +888,19 @@ async fn a_leader_whose_log_fails_stops_and_the_others_go_on() {
     // Not acknowledged (its outcome is unknown to the client).
     let res = l.put(PutRequest::new("/fail/b", "2")).await;
     assert!(res.is_err(), "{res:?}");
+    // The member stops as a whole: not even a local read is served any more.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match get_value(&l, "/fail/a", true).await {
+            Err(StoreError::Stopped) => break,
+            other => assert!(Instant::now() < deadline, "still serving: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        l.current_leader() != Some(l.id()),
+        "still names itself leader"
+    );
     // The others elect a leader among themselves and take writes.
     let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
     let deadline = Instant::now() + Duration::from_secs(10);

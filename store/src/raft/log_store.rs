@@ -415,7 +415,9 @@ impl Writer {
             // The entries stay in the overlay (readers still find them) and in the log
             // (the next start inserts them); nothing more is accepted.
             tracing::error!(error = %e, file = %self.db.path.display(), "writing the raft log file failed; the member stops accepting log writes");
-            self.failed = Some(format!("{}: {e}", self.db.path.display()));
+            let e = format!("{}: {e}", self.db.path.display());
+            self.db.mark_failed(&e);
+            self.failed = Some(e);
             return;
         }
         {
@@ -433,6 +435,7 @@ impl Writer {
         {
             if let Err(e) = self.checkpoint(|_| Ok(())) {
                 tracing::error!(error = %e, file = %self.db.path.display(), "raft log checkpoint failed; the member stops accepting log writes");
+                self.db.mark_failed(&e);
                 self.failed = Some(e);
             }
         }
@@ -724,6 +727,14 @@ impl LogDb {
         Ok(())
     }
 
+    /// Nothing more can be written: whatever waits for the durable log gives up, and the
+    /// member stops (`RaftStore`).
+    fn mark_failed(&self, e: &str) {
+        self.durable.send_modify(|d| {
+            d.failed.get_or_insert_with(|| e.to_string());
+        });
+    }
+
     /// Report this member's own appends as leader flushed to openraft before they are
     /// (see the module docs). Only for a running member: what gates its answers, its
     /// applies and its followers' commit index on [`LogDb::durable`] must be in place.
@@ -739,8 +750,9 @@ impl LogDb {
     /// it had sent but not yet written may be gone from its log while a follower holds
     /// them: the new entries would reuse their log IDs (same term, leader and index) and
     /// the follower would take its old ones as matching. So such a member starts with the
-    /// same vote uncommitted (still a vote for itself in that term, so it grants no other)
-    /// and becomes leader only through an election in a later term.
+    /// same vote uncommitted and becomes leader only through an election in a later term
+    /// (like a candidate that restarted; any log ID another leader of the same term hands
+    /// out carries that leader's node ID, so it never equals one of this member's).
     fn restart_vote(&self, v: Vote<u64>) -> Vote<u64> {
         match self.early_ack.get() {
             Some(me) if v.is_committed() && v.leader_id().voted_for() == Some(*me) => {
@@ -1164,6 +1176,50 @@ mod tests {
             Vote::new_committed(3, 2)
         );
         assert_eq!(db.restart_vote(Vote::new(4, 1)), Vote::new(4, 1));
+        db.close();
+    }
+    #[tokio::test]
+    async fn a_leaders_committed_vote_reads_back_uncommitted_once_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = LogDb::open(dir.path()).unwrap();
+        let mut store = LogStore { db: db.clone() };
+        store.save_vote(&Vote::new_committed(4, 1)).await.unwrap();
+        db.close();
+        // Opened by tools (no running member): as saved.
+        let db = LogDb::open(dir.path()).unwrap();
+        let mut store = LogStore { db: db.clone() };
+        assert_eq!(
+            store.read_vote().await.unwrap(),
+            Some(Vote::new_committed(4, 1))
+        );
+        // Member 1 starting: its own committed vote comes back uncommitted.
+        db.enable_early_ack(1);
+        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(4, 1)));
+        db.close();
+        // Member 2 starting with member 1's vote: as saved.
+        let db = LogDb::open(dir.path()).unwrap();
+        db.enable_early_ack(2);
+        let mut store = LogStore { db: db.clone() };
+        assert_eq!(
+            store.read_vote().await.unwrap(),
+            Some(Vote::new_committed(4, 1))
+        );
+        db.close();
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_keeps_early_answered_entries_readable_and_refuses_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = LogDb::open(dir.path()).unwrap();
+        db.fail_writes.store(true, Ordering::Relaxed);
+        append(&db, vec![entry(1, 1), entry(1, 2)]);
+        let mut rx = db.durable.subscribe();
+        rx.wait_for(|d| d.failed.is_some()).await.unwrap();
+        // openraft counts them as in the log: still there for replication to read.
+        let kept = db.entries((Bound::Unbounded, Bound::Unbounded)).unwrap();
+        assert_eq!(kept.len(), 2);
+        // What waits for them hears of the failure (and `append` refuses from now on).
+        assert!(db.durable.borrow().covers(1).is_err());
         db.close();
     }
 }

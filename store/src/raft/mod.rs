@@ -3,7 +3,11 @@
 //!
 //! # Pieces
 //! * `log_store`: the Raft log on redb (`<data_dir>/raft-log.redb`) behind a write-ahead
-//!   log (`raft-log.wal`), fsynced before openraft is told an append or a vote is durable.
+//!   log (`raft-log.wal`), fsynced before openraft is told an append or a vote is durable
+//!   — except the leader's own appends, reported at once so that replication overlaps
+//!   the leader's write; then its applies (answers, reads, watch events, snapshots), the
+//!   commit index it sends to followers and the committed log ID it saves all wait for
+//!   its durable log (see that module's docs).
 //! * `state_machine`: [`crate::mvcc::Mvcc`] + [`crate::persist::Persist`]
 //!   (`<data_dir>/state.redb`); each applied batch commits data, last applied log ID and
 //!   membership in one transaction, fsynced only at checkpoints (the fsynced log is the
@@ -136,10 +140,12 @@ type Reply = tokio::sync::oneshot::Sender<Result<(CommandResponse, u64), WireErr
 /// awaited in its own task).
 ///
 /// openraft 0.9's core appends one proposal at a time and waits for its log flush before it
-/// takes the next one (and before replicating it). So a proposal is handed over only once
-/// the core has dealt with the previous one (a no-op core request queued behind it answers
-/// then): writes arriving meanwhile wait here and go out together, in one entry, one
-/// fsync and one round of replication, instead of queueing one by one inside the core.
+/// takes the next one (for the leader's own appends the flush is reported at once, see
+/// `log_store`, but the core still takes them one by one). So a proposal is handed over
+/// only once the core has dealt with the previous one (a no-op core request queued behind
+/// it answers then): writes arriving meanwhile wait here and go out together, in one
+/// entry, one fsync and one round of replication, instead of queueing one by one inside
+/// the core.
 async fn proposer(
     raft: Raft<TypeConfig>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<(Command, Reply)>,
@@ -690,12 +696,14 @@ impl RaftStore {
 
     /// Test switch: every write of this member's Raft log fails from now on, as on a
     /// failing disk.
+    #[doc(hidden)]
     pub fn fail_log_writes(&self) {
         self.inner.log.fail_writes.store(true, Ordering::Relaxed);
     }
 
     /// Test switch: every write of this member's Raft log takes `delay` longer, as on a
     /// slow disk (zero: off).
+    #[doc(hidden)]
     pub fn delay_log_writes(&self, delay: Duration) {
         self.inner
             .log
@@ -726,6 +734,10 @@ impl RaftStore {
     }
 
     pub fn current_leader(&self) -> Option<u64> {
+        if self.inner.stopped.load(Ordering::SeqCst) {
+            // openraft's last metrics outlive it; a stopped member knows no leader.
+            return None;
+        }
         self.inner.raft.metrics().borrow().current_leader
     }
 
@@ -735,7 +747,7 @@ impl RaftStore {
         let m = self.inner.raft.metrics().borrow().clone();
         RaftStatus {
             id: m.id,
-            leader: m.current_leader,
+            leader: self.current_leader(),
             term: m.current_term,
             last_log_index: m.last_log_index.unwrap_or(0),
             last_applied_index: m.last_applied.map_or(0, |l| l.index),
@@ -897,6 +909,7 @@ impl RaftStore {
     pub async fn wait_for_leader(&self, timeout: Duration) -> StoreResult<u64> {
         let deadline = Instant::now() + timeout;
         loop {
+            self.check_stopped()?;
             if let Some(l) = self.current_leader() {
                 return Ok(l);
             }
@@ -1076,10 +1089,10 @@ impl RaftStore {
             if inner.stopped.load(Ordering::SeqCst) {
                 return;
             }
-            tracing::error!(error = %failed, node = inner.config.node_id, "the raft log failed; this member stops taking part in raft");
-            if let Err(e) = inner.raft.shutdown().await {
-                tracing::warn!(error = %e, "raft shutdown after a log failure");
-            }
+            tracing::error!(error = %failed, node = inner.config.node_id, "the raft log failed; this member stops");
+            // The whole member: Raft, its gRPC server, its watches; requests answer
+            // `Stopped` (not "not leader", which a client would retry here).
+            RaftStore { inner }.shutdown().await;
         });
         // The commit index owed to followers: an AppendEntries that went out with it
         // lowered to the durable log (`network::clamp_commit`) is followed, once the log
@@ -1113,6 +1126,7 @@ impl RaftStore {
                 if inner.stopped.load(Ordering::SeqCst) || !matches!(done, Ok(true)) {
                     return;
                 }
+                inner.log.metrics.commit_heartbeats.inc();
                 let _ = inner.raft.trigger().heartbeat().await;
             }
         });
