@@ -170,6 +170,19 @@ impl Durability {
     }
 }
 
+/// Wait until the entry at `index` is durable in the log `rx` watches; `Err` once nothing
+/// more can become durable (the log failed or closed).
+pub(crate) async fn wait_durable(
+    rx: &mut tokio::sync::watch::Receiver<Durability>,
+    index: u64,
+) -> Result<(), String> {
+    let durability = rx
+        .wait_for(|d| !matches!(d.covers(index), Ok(false)))
+        .await
+        .map_err(|_| "the raft log closed".to_string())?;
+    durability.covers(index).map(|_| ())
+}
+
 /// Appends committed per fsync at most.
 const MAX_GROUP: usize = 1024;
 

@@ -1118,12 +1118,9 @@ impl RaftStore {
                 if owed == 0 {
                     continue;
                 }
-                let done = durable
-                    .wait_for(|d| !matches!(d.covers(owed), Ok(false)))
-                    .await
-                    .map(|d| d.covers(owed).is_ok());
+                let done = log_store::wait_durable(&mut durable, owed).await;
                 let Some(inner) = weak.upgrade() else { return };
-                if inner.stopped.load(Ordering::SeqCst) || !matches!(done, Ok(true)) {
+                if inner.stopped.load(Ordering::SeqCst) || done.is_err() {
                     return;
                 }
                 inner.log.metrics.commit_heartbeats.inc();

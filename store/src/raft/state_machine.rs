@@ -425,13 +425,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if let (Some(rx), Some(last)) = (self.durable.as_mut(), entries.last()) {
             // Nothing is answered, read, watched or snapshotted before it is durable on
             // this member: a leader counted its own entry before its fdatasync.
-            let index = last.log_id.index;
-            let waited = rx
-                .wait_for(|d| !matches!(d.covers(index), Ok(false)))
-                .await
-                .map_err(|_| sm_write_err("the raft log closed"))?
-                .covers(index);
-            if let Err(e) = waited {
+            if let Err(e) = super::log_store::wait_durable(rx, last.log_id.index).await {
                 tracing::error!(error = %e, "the raft log failed before entries to apply became durable; this member stops");
                 return Err(sm_write_err(e));
             }
