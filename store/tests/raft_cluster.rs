@@ -1,4 +1,4 @@
-//! Replicated store: in-process 3-member clusters over real gRPC on loopback, with real
+//! Replicated store: in-process 3- and 5-member clusters over real gRPC on loopback, with real
 //! fsyncs in temporary directories.
 
 mod raft_common;
@@ -466,6 +466,112 @@ async fn partitioned_minority_cannot_commit() {
         assert_eq!(
             get_value(&n, "/p/new-leader", false).await.unwrap(),
             Some("ok".into())
+        );
+    }
+    c.shutdown_all().await;
+}
+
+/// Put `key` through any running member, retrying while a leader is being elected;
+/// returns the revision once acknowledged.
+async fn put_until_acknowledged(c: &Cluster, key: &str, value: &str, within: Duration) -> i64 {
+    let deadline = Instant::now() + within;
+    loop {
+        for n in c.running() {
+            match n
+                .put(PutRequest::new(key.to_owned(), value.to_owned()))
+                .await
+            {
+                Ok(r) => return r.revision,
+                Err(e) => assert!(
+                    Instant::now() < deadline,
+                    "{key} not acknowledged within {within:?}: {e}"
+                ),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Five members need three for a majority: with the leader and a follower gone the other
+/// three elect a leader and go on; with a third gone the last two commit nothing (and
+/// elect no leader); with three running again writes resume, and every member, the
+/// stopped ones included once restarted, ends with every acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn five_members_survive_two_failures_but_not_three() {
+    let mut c = Cluster::start(5, short_requests).await;
+    let first = c.wait_leader(Duration::from_secs(10)).await;
+    for i in 0..5 {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while c.node(i).raft_status().voters.len() != 5 {
+            assert!(
+                Instant::now() < deadline,
+                "member {} never saw 5 voters",
+                i + 1
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let mut acked = vec![(
+        "/five/0".to_string(),
+        put_until_acknowledged(&c, "/five/0", "0", Duration::from_secs(5)).await,
+    )];
+
+    // Two down, the leader among them: a new leader within 5 s, writes go on.
+    let second = (first + 1) % 5;
+    c.stop(first).await;
+    c.stop(second).await;
+    let stopped = Instant::now();
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    assert!(
+        stopped.elapsed() < Duration::from_secs(5),
+        "new leader after {:?}",
+        stopped.elapsed()
+    );
+    assert!(leader != first && leader != second);
+    for k in 1..=20 {
+        let key = format!("/five/{k}");
+        let rev = put_until_acknowledged(&c, &key, "3 up", Duration::from_secs(10)).await;
+        acked.push((key, rev));
+    }
+
+    // A third down (the leader): two of five are no majority.
+    c.stop(leader).await;
+    let last = acked.last().map_or(0, |a| a.1);
+    for n in c.running() {
+        let res = n.put(PutRequest::new("/five/minority", "lost")).await;
+        assert!(res.is_err(), "two of five acknowledged a write: {res:?}");
+        assert!(
+            get_value(&n, "/five/0", false).await.is_err(),
+            "two of five served a linearizable read"
+        );
+        assert_eq!(n.revision(), last, "member {} applied past {last}", n.id());
+        assert!(!n.is_leader(), "member {} leads two of five", n.id());
+    }
+
+    // Three again: writes resume.
+    c.restart(first).await;
+    let rev = put_until_acknowledged(&c, "/five/back", "3 up", Duration::from_secs(15)).await;
+    acked.push(("/five/back".into(), rev));
+
+    // All five: the restarted members catch up with everything acknowledged.
+    c.restart(second).await;
+    c.restart(leader).await;
+    for i in 0..5 {
+        c.wait_revision(i, rev, Duration::from_secs(20)).await;
+    }
+    for n in c.running() {
+        for (key, _) in &acked {
+            assert!(
+                get_value(&n, key, true).await.unwrap().is_some(),
+                "member {} lost acknowledged {key}",
+                n.id()
+            );
+        }
+        assert_eq!(
+            get_value(&n, "/five/minority", true).await.unwrap(),
+            None,
+            "member {}",
+            n.id()
         );
     }
     c.shutdown_all().await;
