@@ -544,7 +544,13 @@ async fn five_members_survive_two_failures_but_not_three() {
             get_value(&n, "/five/0", false).await.is_err(),
             "two of five served a linearizable read"
         );
-        assert_eq!(n.revision(), last, "member {} applied past {last}", n.id());
+        // (It may lag the last acknowledged write: the commit index may not have reached it
+        // before the leader stopped.)
+        assert!(
+            n.revision() <= last,
+            "member {} applied past {last}",
+            n.id()
+        );
         assert!(!n.is_leader(), "member {} leads two of five", n.id());
     }
 
