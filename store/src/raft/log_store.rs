@@ -7,7 +7,7 @@
 //! Durability: appends go to one writer thread that drains every queued append into one
 //! write-ahead log record made durable with one `fdatasync` — group commit — and only
 //! *then* fires each append's flush callback, so openraft never counts an entry as durable
-//! before it is. The entries are then inserted into `raft-log.redb` in a transaction
+//! before it is. The entries are later inserted into `raft-log.redb` in a transaction
 //! committed *without* fsync (a redb commit with `Durability::Immediate` is two fsyncs and
 //! several page writes, about four times the cost of the log record); a durable redb
 //! commit (a checkpoint) follows every [`CHECKPOINT_BYTES`] of log or [`CHECKPOINT_EVERY`],
@@ -16,13 +16,21 @@
 //! are inserted again. Until inserted, appended entries are served to readers from an
 //! in-memory overlay.
 //!
+//! **Insertions are deferred and batched**: logged entries wait (in the overlay, see
+//! [`Deferred`]) until [`INSERT_DELAY`] after the first of them, [`INSERT_ROWS`] rows or
+//! [`INSERT_BYTES`], and go into `raft-log.redb` in one transaction. Inserting each
+//! append on its own cost every write a redb commit and, after an inline append (below),
+//! a wake-up of the writer thread on its path. Every checkpoint (so every truncation,
+//! purge, vote and the close) inserts what is deferred first, in the same transaction:
+//! the write-ahead log never starts over while it holds a record not in the file.
+//!
 //! An append that finds the writer idle (nothing queued, its state free) is logged by the
 //! appending task itself: openraft 0.9's core awaits the flush of every append before it
 //! goes on, so handing the append to the writer thread and its callback back costs two
-//! thread wake-ups on every write's path (leader and follower) and gains nothing. The
-//! insertion into `raft-log.redb` is then queued for the writer thread as usual. While
-//! anything is queued, appends go to the writer thread (so a record logged inline is
-//! always inserted before any later truncation or checkpoint is processed).
+//! thread wake-ups on every write's path (leader and follower) and gains nothing. Its
+//! insertion is deferred like any other; the writer thread is woken only to arm the
+//! deadline of a new batch (or when a batch or checkpoint is due). While anything is
+//! queued, appends go to the writer thread, which keeps all log operations in order.
 //!
 //! **A leader's own appends are answered early.** openraft 0.9's core awaits the flush of
 //! each append before it starts replicating it, which puts the leader's `fdatasync` and
@@ -109,8 +117,8 @@ enum WriteOp {
         /// `None`: a leader append already reported flushed (see [`LogDb::durable`]).
         callback: Option<LogFlushed<TypeConfig>>,
     },
-    /// Insert what an inline append logged (see the module docs).
-    Insert(Logged),
+    /// An inline append deferred an insertion (see the module docs): insert when due.
+    Deferred,
     /// Remove the entries in `range` and, for a purge, record `last_purged`; durably.
     Remove {
         range: (Bound<u64>, Bound<u64>),
@@ -186,6 +194,14 @@ pub(crate) async fn wait_durable(
 /// Appends committed per fsync at most.
 const MAX_GROUP: usize = 1024;
 
+/// Logged entries are inserted into `raft-log.redb` at most this long after the first of a
+/// batch was logged (see the module docs)...
+const INSERT_DELAY: Duration = Duration::from_millis(20);
+/// ... or once this many rows ...
+const INSERT_ROWS: usize = 1024;
+/// ... or this many bytes are waiting.
+const INSERT_BYTES: usize = 4 << 20;
+
 /// The saved committed log ID rides along with an append at most this often: the value
 /// is only a start-up shortcut (see `save_committed`).
 const COMMITTED_EVERY: Duration = Duration::from_millis(100);
@@ -252,9 +268,78 @@ struct Writer {
     /// Sequence number of the last log record `raft-log.redb` holds.
     wal_seq: u64,
     last_checkpoint: Instant,
+    /// Logged, not yet inserted.
+    deferred: Deferred,
     /// A failed redb commit: the entries are durable in the log but the state file can no
     /// longer be trusted to hold them, so nothing more is accepted.
     failed: Option<String>,
+}
+
+/// Logged appends waiting to be inserted into `raft-log.redb` together (module docs);
+/// readers find them in the overlay meanwhile.
+#[derive(Default)]
+struct Deferred {
+    rows: Vec<Rows>,
+    count: usize,
+    bytes: usize,
+    /// The latest committed log ID logged with them, if one was.
+    committed: Option<Option<LogId<u64>>>,
+    /// The log record that holds the last of them.
+    seq: u64,
+    /// When the first of them was logged; `None`: nothing waits.
+    since: Option<Instant>,
+}
+
+impl Deferred {
+    fn push(&mut self, logged: Logged) {
+        let Logged {
+            rows,
+            committed,
+            seq,
+        } = logged;
+        for r in &rows {
+            self.count += r.len();
+            self.bytes += r.iter().map(|(_, b)| b.len()).sum::<usize>();
+        }
+        self.rows.extend(rows);
+        if committed.is_some() {
+            self.committed = committed;
+        }
+        self.seq = seq;
+        self.since.get_or_insert_with(Instant::now);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.since.is_none()
+    }
+
+    /// When the batch must be inserted at the latest.
+    fn deadline(&self) -> Option<Instant> {
+        self.since.map(|s| s + INSERT_DELAY)
+    }
+
+    fn due(&self) -> bool {
+        self.count >= INSERT_ROWS
+            || self.bytes >= INSERT_BYTES
+            || self.deadline().is_some_and(|d| d <= Instant::now())
+    }
+
+    /// Write the rows (and committed log ID) into `txn`.
+    fn fill(&self, txn: &WriteTransaction) -> Result<(), String> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        if let Some(c) = &self.committed {
+            put_sealed(txn, "committed", &sealed(c)?)?;
+        }
+        let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
+        for (id, bytes) in self.rows.iter().flatten() {
+            table
+                .insert(id.index, bytes.as_slice())
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
 }
 
 impl Writer {
@@ -284,17 +369,33 @@ impl Writer {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        self.commit(true, fill)?;
+        // What is deferred goes in first, in the same transaction: the log starts over
+        // below, so every record it holds must be in the file.
+        let deferred = std::mem::take(&mut self.deferred);
+        let held = self.wal_seq;
+        if !deferred.is_empty() {
+            self.wal_seq = deferred.seq;
+        }
+        if let Err(e) = self.commit(true, |txn| {
+            deferred.fill(txn)?;
+            fill(txn)
+        }) {
+            // Nothing of it was committed: still deferred, the log unchanged.
+            self.wal_seq = held;
+            self.deferred = deferred;
+            return Err(e);
+        }
+        self.db.drop_inserted(&deferred.rows);
         self.wal.restart();
         self.last_checkpoint = Instant::now();
         self.db.metrics.log_checkpoints.inc();
         Ok(())
     }
 
-    /// Make a group of appends durable, answer them, then insert them into redb.
+    /// Make a group of appends durable, answer them, and defer their insertion.
     fn flush(&mut self, appends: Vec<Append>) {
         if let Some(logged) = self.log(appends) {
-            self.insert(logged);
+            self.defer(logged);
         }
     }
 
@@ -399,32 +500,46 @@ impl Writer {
         })
     }
 
-    /// Insert logged appends into redb (no fsync), then checkpoint if one is due.
-    fn insert(&mut self, logged: Logged) {
-        let Logged {
-            rows: rows_all,
-            committed,
-            seq,
-        } = logged;
+    /// Queue logged appends for insertion into redb (see the module docs).
+    fn defer(&mut self, logged: Logged) {
         if self.failed.is_some() {
             // The entries stay in the overlay and in the log (the next start inserts
             // them); nothing more is written.
             return;
         }
-        self.wal_seq = seq;
-        let inserted = self.commit(false, |txn| {
-            if let Some(c) = &committed {
-                put_sealed(txn, "committed", &sealed(c)?)?;
+        self.deferred.push(logged);
+    }
+
+    /// Whether [`Writer::maintain`] has work now.
+    fn maintenance_due(&self) -> bool {
+        self.failed.is_none() && (self.deferred.due() || self.checkpoint_due())
+    }
+
+    fn checkpoint_due(&self) -> bool {
+        self.wal.written() > 0
+            && (self.wal.written() >= CHECKPOINT_BYTES
+                || self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY)
+    }
+
+    /// Insert the deferred appends if due (no fsync), and checkpoint if one is due.
+    fn maintain(&mut self) {
+        if self.failed.is_some() {
+            return;
+        }
+        if self.checkpoint_due() {
+            if let Err(e) = self.checkpoint(|_| Ok(())) {
+                tracing::error!(error = %e, file = %self.db.path.display(), "raft log checkpoint failed; the member stops accepting log writes");
+                self.db.mark_failed(&e);
+                self.failed = Some(e);
             }
-            let mut table = txn.open_table(LOG).map_err(|e| e.to_string())?;
-            for (id, bytes) in rows_all.iter().flatten() {
-                table
-                    .insert(id.index, bytes.as_slice())
-                    .map_err(|e| e.to_string())?;
-            }
-            Ok(())
-        });
-        if let Err(e) = inserted {
+            return;
+        }
+        if !self.deferred.due() {
+            return;
+        }
+        let deferred = std::mem::take(&mut self.deferred);
+        self.wal_seq = deferred.seq;
+        if let Err(e) = self.commit(false, |txn| deferred.fill(txn)) {
             // The entries stay in the overlay (readers still find them) and in the log
             // (the next start inserts them); nothing more is accepted.
             tracing::error!(error = %e, file = %self.db.path.display(), "writing the raft log file failed; the member stops accepting log writes");
@@ -433,29 +548,11 @@ impl Writer {
             self.failed = Some(e);
             return;
         }
-        {
-            // In the file now. Keep any entry that replaced one of them in the meantime
-            // (truncate + re-append).
-            let mut pending = lock(&self.db.pending);
-            for (id, _) in rows_all.iter().flatten() {
-                if pending.get(&id.index).is_some_and(|e| e.log_id == *id) {
-                    pending.remove(&id.index);
-                }
-            }
-        }
-        if self.wal.written() >= CHECKPOINT_BYTES
-            || self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
-        {
-            if let Err(e) = self.checkpoint(|_| Ok(())) {
-                tracing::error!(error = %e, file = %self.db.path.display(), "raft log checkpoint failed; the member stops accepting log writes");
-                self.db.mark_failed(&e);
-                self.failed = Some(e);
-            }
-        }
+        self.db.drop_inserted(&deferred.rows);
     }
 }
 
-/// Appends made durable, waiting to be inserted into `raft-log.redb`.
+/// Appends made durable, to be inserted into `raft-log.redb`.
 struct Logged {
     rows: Vec<Rows>,
     committed: Option<Option<LogId<u64>>>,
@@ -480,8 +577,21 @@ impl Drop for PanicGuard<'_> {
 
 fn writer_loop(db: Arc<LogDb>, rx: mpsc::Receiver<WriteOp>) {
     let _guard = PanicGuard(&db);
-    while let Ok(first) = rx.recv() {
-        let mut ops = vec![first];
+    // When the deferred insertions are due, if any wait.
+    let mut deadline: Option<Instant> = None;
+    loop {
+        let first = match deadline {
+            None => match rx.recv() {
+                Ok(op) => Some(op),
+                Err(_) => break,
+            },
+            Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                Ok(op) => Some(op),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            },
+        };
+        let mut ops: Vec<WriteOp> = first.into_iter().collect();
         while ops.len() < MAX_GROUP {
             match rx.try_recv() {
                 Ok(op) => ops.push(op),
@@ -491,14 +601,21 @@ fn writer_loop(db: Arc<LogDb>, rx: mpsc::Receiver<WriteOp>) {
         let taken = ops.len();
         {
             let mut state = lock(&db.state);
-            match state.as_mut() {
-                Some(w) => work(w, ops),
-                None => refuse(&db, ops, &format!("{} is closed", db.path.display())),
-            }
+            deadline = match state.as_mut() {
+                Some(w) => {
+                    work(w, ops);
+                    w.maintain();
+                    w.deferred.deadline().filter(|_| w.failed.is_none())
+                }
+                None => {
+                    refuse(&db, ops, &format!("{} is closed", db.path.display()));
+                    None
+                }
+            };
         }
         db.queued.fetch_sub(taken, Ordering::AcqRel);
     }
-    // Closing: everything into the file durably, the committed log ID included.
+    // Closing: everything into the file durably (what is deferred, the committed log ID).
     let Some(mut w) = lock(&db.state).take() else {
         return;
     };
@@ -519,10 +636,9 @@ fn work(w: &mut Writer, ops: Vec<WriteOp>) {
     for op in ops {
         match op {
             WriteOp::Append { rows, callback } => appends.push((rows, callback)),
-            WriteOp::Insert(logged) => {
-                w.flush(std::mem::take(&mut appends));
-                w.insert(logged);
-            }
+            // (Ordered after the appends before it like every other op; the caller then
+            // runs `maintain`.)
+            WriteOp::Deferred => {}
             WriteOp::Remove {
                 range,
                 purged,
@@ -573,7 +689,7 @@ fn refuse(db: &LogDb, ops: Vec<WriteOp>, e: &str) {
                     callback.log_io_completed(Err(std::io::Error::other(e.to_string())))
                 }
             }
-            WriteOp::Insert(_) => {}
+            WriteOp::Deferred => {}
             WriteOp::Remove { reply, .. } | WriteOp::Meta { reply, .. } => {
                 let _ = reply.send(Err(e.to_string()));
             }
@@ -619,6 +735,7 @@ impl LogDb {
             wal_seq: log.get_meta::<u64>("wal_seq")?.unwrap_or(0),
             wal,
             last_checkpoint: Instant::now(),
+            deferred: Deferred::default(),
             failed: None,
         };
         *lock(&log.state) = Some(writer);
@@ -715,7 +832,7 @@ impl LogDb {
     }
 
     /// Log `rows` on the calling thread if the writer is idle (nothing queued, its state
-    /// free), then queue their insertion; otherwise hand them back.
+    /// free), then defer their insertion; otherwise hand them back.
     fn append_inline(&self, rows: Rows, callback: LogFlushed<TypeConfig>) -> Result<(), Append> {
         let callback = Some(callback);
         if self.queued.load(Ordering::Acquire) != 0 {
@@ -728,16 +845,34 @@ impl LogDb {
             return Err((rows, callback));
         };
         self.metrics.log_inline_appends.inc();
-        let logged = w.log(vec![(rows, callback)]);
+        let mut wake = false;
+        if let Some(logged) = w.log(vec![(rows, callback)]) {
+            // The writer thread inserts them: woken to arm the deadline of a new batch, or
+            // when something is due now; not on every append.
+            let first = w.deferred.is_empty();
+            w.defer(logged);
+            wake = (first && !w.deferred.is_empty()) || w.maintenance_due();
+        }
         drop(state);
-        if let Some(logged) = logged {
+        if wake {
             // Answered already; should the writer be gone, the entries stay in the overlay
             // and the log, and the next start inserts them.
-            if let Err(e) = self.send(WriteOp::Insert(logged)) {
-                tracing::warn!(error = %e, "queueing the insertion of logged raft entries");
+            if let Err(e) = self.send(WriteOp::Deferred) {
+                tracing::warn!(error = %e, "waking the raft log writer for deferred insertions");
             }
         }
         Ok(())
+    }
+
+    /// `rows` are in the file now: drop them from the overlay, keeping any entry that
+    /// replaced one of them meanwhile (truncate + re-append).
+    fn drop_inserted(&self, rows: &[Rows]) {
+        let mut pending = lock(&self.pending);
+        for (id, _) in rows.iter().flatten() {
+            if pending.get(&id.index).is_some_and(|e| e.log_id == *id) {
+                pending.remove(&id.index);
+            }
+        }
     }
 
     /// Nothing more can be written: whatever waits for the durable log gives up, and the
@@ -833,6 +968,16 @@ impl LogDb {
             .range(range)
             .map(|(i, e)| (*i, e.clone()))
             .collect();
+        // A bounded range the overlay holds in full (what replication and the state
+        // machine read of recent entries) needs no read of the file.
+        let wanted = match range {
+            (Bound::Included(a), Bound::Excluded(b)) => b.checked_sub(a),
+            (Bound::Included(a), Bound::Included(b)) => b.checked_sub(a).map(|n| n + 1),
+            _ => None,
+        };
+        if wanted.is_some_and(|n| n > 0 && n == overlay.len() as u64) {
+            return Ok(overlay.into_iter().map(|(_, e)| e).collect());
+        }
         let mut out = self.file_entries(range)?;
         if overlay.is_empty() {
             return Ok(out);
@@ -1149,6 +1294,84 @@ mod tests {
         assert_eq!(db.durable.borrow().covers(3), Ok(true));
         db.close();
     }
+    fn indexes(entries: &[Entry<TypeConfig>]) -> Vec<(u64, u64)> {
+        entries
+            .iter()
+            .map(|e| (e.log_id.leader_id.term, e.log_id.index))
+            .collect()
+    }
+
+    /// Log `entries` and defer their insertion, as an inline append does, and wait for
+    /// nothing: they are in the write-ahead log and the overlay only.
+    fn log_deferred(db: &LogDb, entries: Vec<Entry<TypeConfig>>) {
+        let r = rows(&entries);
+        lock(&db.pending).extend(entries.into_iter().map(|e| (e.log_id.index, e)));
+        let mut state = lock(&db.state);
+        let w = state.as_mut().unwrap();
+        let logged = w.log(vec![(r, None)]).unwrap();
+        w.defer(logged);
+    }
+
+    const ALL: (Bound<u64>, Bound<u64>) = (Bound::Unbounded, Bound::Unbounded);
+
+    #[tokio::test]
+    async fn deferred_insertions_reach_the_file_by_their_deadline_and_before_every_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = LogDb::open(dir.path()).unwrap();
+        let mut store = LogStore { db: db.clone() };
+
+        // Logged, not yet inserted: readers find them in the overlay (with no file read
+        // for a range it holds in full).
+        log_deferred(&db, (1..=4).map(|i| entry(1, i)).collect());
+        assert!(db.file_entries(ALL).unwrap().is_empty());
+        let read = db
+            .entries((Bound::Included(2), Bound::Excluded(5)))
+            .unwrap();
+        assert_eq!(indexes(&read), vec![(1, 2), (1, 3), (1, 4)]);
+
+        // A truncation inserts what is deferred first, then removes from its index, in
+        // one durable commit.
+        store.truncate(entry(1, 3).log_id).await.unwrap();
+        assert_eq!(
+            indexes(&db.file_entries(ALL).unwrap()),
+            vec![(1, 1), (1, 2)]
+        );
+        assert!(lock(&db.pending).is_empty());
+
+        // With nothing else to do, the writer inserts a batch once its deadline passes
+        // (an inline append wakes it to arm the deadline).
+        log_deferred(&db, vec![entry(2, 3), entry(2, 4)]);
+        db.send(WriteOp::Deferred).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !lock(&db.pending).is_empty() {
+            assert!(Instant::now() < deadline, "deferred entries never inserted");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            indexes(&db.file_entries(ALL).unwrap()),
+            vec![(1, 1), (1, 2), (2, 3), (2, 4)]
+        );
+
+        // Deferred at close: the final checkpoint inserts it.
+        log_deferred(&db, vec![entry(2, 5)]);
+        db.close();
+        let db = LogDb::open(dir.path()).unwrap();
+        assert_eq!(indexes(&db.file_entries(ALL).unwrap()).len(), 5);
+
+        // Deferred when the member dies (no insertion, no checkpoint): the next start
+        // inserts it from the write-ahead log.
+        log_deferred(&db, vec![entry(2, 6)]);
+        std::mem::forget(lock(&db.state).take());
+        db.close();
+        let db = LogDb::open(dir.path()).unwrap();
+        assert_eq!(
+            indexes(&db.file_entries(ALL).unwrap()),
+            vec![(1, 1), (1, 2), (2, 3), (2, 4), (2, 5), (2, 6)]
+        );
+        assert_eq!(db.durable.borrow().last, Some(entry(2, 6).log_id));
+        db.close();
+    }
+
     fn rows(entries: &[Entry<TypeConfig>]) -> Rows {
         entries
             .iter()
