@@ -207,9 +207,25 @@ async fn stopped_member_catches_up_after_restart_via_snapshot() {
             .unwrap()
             .revision;
     }
-    // The leader's log was purged past what the stopped member has: it needs a snapshot.
-    let purged = writer.raft().metrics().borrow().purged;
-    assert!(purged.is_some(), "expected a purged log after 300 entries");
+    // The leader's log is purged past what the stopped member has: it needs a snapshot.
+    // (openraft postpones a purge while a replication attempt to the stopped member still
+    // covers the entries, so writes go on until one happens.)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut extra = 0;
+    while writer.raft().metrics().borrow().purged.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the leader's log was never purged: {:?}",
+            writer.raft().metrics().borrow()
+        );
+        last = writer
+            .put(PutRequest::new(format!("/cu/x{extra:04}"), "x"))
+            .await
+            .unwrap()
+            .revision;
+        extra += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     c.restart(victim).await;
     c.wait_revision(victim, last, Duration::from_secs(20)).await;
     let node = c.node(victim);
@@ -220,7 +236,7 @@ async fn stopped_member_catches_up_after_restart_via_snapshot() {
         })
         .await
         .unwrap();
-    assert_eq!(resp.count, 300);
+    assert_eq!(resp.count, 300 + extra);
     // It keeps replicating normally afterwards.
     let rev = writer
         .put(PutRequest::new("/cu/after", "y"))

@@ -1127,6 +1127,36 @@ impl RaftStore {
                 let _ = inner.raft.trigger().heartbeat().await;
             }
         });
+        // Held-back commits to `state.redb` (`state_machine.rs`): made within
+        // `COMMIT_DELAY` of the first of a batch even when no later apply comes.
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.stopped.load(Ordering::SeqCst) {
+                    return;
+                }
+                let sm = inner.sm.clone();
+                drop(inner);
+                // (Looks whether the member is gone now and then.)
+                if tokio::time::timeout(Duration::from_secs(1), sm.deferred.notified())
+                    .await
+                    .is_err()
+                {
+                    continue;
+                }
+                tokio::time::sleep(state_machine::COMMIT_DELAY).await;
+                match tokio::task::spawn_blocking(move || sm.commit_deferred_if_due()).await {
+                    Ok(Ok(())) => {}
+                    // The batches stay held back; the next apply retries the commit and
+                    // stops the member should it fail again.
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, "committing held-back applied entries to state.redb failed")
+                    }
+                    Err(e) => tracing::error!(error = %e, "deferred state.redb commit task failed"),
+                }
+            }
+        });
         // Watch catch-up.
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {

@@ -1,21 +1,25 @@
 //! The replicated state machine: the deterministic [`Mvcc`] engine made durable by
 //! [`Persist`] (`state.redb`), shared with [`super::RaftStore`] for local reads and watches.
 //!
-//! * `apply`: a batch of committed entries is applied in memory, then the data *and* the
-//!   last applied log ID and membership are committed in one redb transaction; only then
-//!   is the new revision published to readers and watchers. Entries at or below the
-//!   recorded `last_applied` are skipped, so re-applying after a restart is a no-op
-//!   (idempotent).
+//! * `apply`: a batch of committed entries is applied in memory (readers and watchers
+//!   read the engine in memory), then its changes *and* the last applied log ID and
+//!   membership go to `state.redb` in one redb transaction, and the new revision is
+//!   published to readers and watchers. Entries at or below the recorded `last_applied`
+//!   are skipped, so re-applying after a restart is a no-op (idempotent).
 //! * Durability: the fsynced Raft log is the durable record of every applied entry, so an
 //!   apply batch is committed *without* fsync (`redb::Durability::None`), and only every
 //!   [`CHECKPOINT_ENTRIES`] entries or [`CHECKPOINT_INTERVAL`] is a commit fsynced (a
-//!   checkpoint). A crash loses at most the commits since the last checkpoint — data and
+//!   checkpoint). Nor is each batch committed on its own: batches are held back
+//!   ([`Deferred`]) and committed together, in order, once [`COMMIT_DELAY`] has passed
+//!   since the first of them, [`COMMIT_ENTRIES`] entries or [`COMMIT_BYTES`] wait, or a
+//!   checkpoint is due (as etcd's backend commits its batch every 100 ms). A crash loses
+//!   at most the commits since the last checkpoint and what was held back — data and
 //!   `last_applied` together, never one without the other — and the member redoes them
 //!   from its log on restart: openraft re-applies `(last_applied, committed]` before it
 //!   starts, and the rest as the leader reports it committed. The log is purged only
 //!   below a snapshot, and building a snapshot first makes the state covering it durable
-//!   (see `SmShared::build_snapshot`), so the entries to redo are never gone. Closing the
-//!   member (shutdown) makes the state durable too.
+//!   (held-back batches included; see `SmShared::build_snapshot`), so the entries to redo
+//!   are never gone. Closing the member (shutdown) makes the state durable too.
 //! * Snapshots are built from a consistent view (the engine under its read lock, with the
 //!   matching `last_applied`) while `apply` may continue afterwards; installing one
 //!   replaces `state.redb` atomically (write beside, fsync, rename).
@@ -53,6 +57,14 @@ pub(crate) const CHECKPOINT_ENTRIES: u64 = 1024;
 /// ...or once the oldest commit not yet fsynced is this old.
 pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Applied batches are committed to `state.redb` at most this long after the first of
+/// them was held back (module docs)...
+pub(crate) const COMMIT_DELAY: Duration = Duration::from_millis(20);
+/// ...or once this many log entries...
+const COMMIT_ENTRIES: u64 = 256;
+/// ...or about this many bytes of keys and values wait.
+const COMMIT_BYTES: usize = 4 << 20;
+
 /// `state.redb`, and how much of it is not yet durable.
 struct StateFile {
     persist: Persist,
@@ -60,6 +72,31 @@ struct StateFile {
     unsynced: u64,
     /// When the oldest of those commits was made.
     unsynced_since: Option<Instant>,
+    /// Applied, not yet committed.
+    deferred: Deferred,
+}
+
+/// Apply batches held back from `state.redb`, to be committed together (module docs).
+#[derive(Default)]
+struct Deferred {
+    applied: Vec<Applied>,
+    /// Log entries they cover.
+    entries: u64,
+    /// Keys and values in their events.
+    bytes: usize,
+    /// The state after the last of them: revision, compact revision, Raft meta
+    /// (`last_applied`, membership). `None`: nothing held back.
+    tail: Option<(i64, i64, Vec<u8>)>,
+    /// When the first of them was held back.
+    since: Option<Instant>,
+}
+
+impl Deferred {
+    fn due(&self) -> bool {
+        self.entries >= COMMIT_ENTRIES
+            || self.bytes >= COMMIT_BYTES
+            || self.since.is_some_and(|t| t.elapsed() >= COMMIT_DELAY)
+    }
 }
 
 impl StateFile {
@@ -68,17 +105,50 @@ impl StateFile {
             persist,
             unsynced: 0,
             unsynced_since: None,
+            deferred: Deferred::default(),
         }
     }
 
-    /// Make every commit so far durable.
-    fn sync(&mut self) -> StoreResult<()> {
-        if self.unsynced_since.is_some() {
-            self.persist.sync()?;
+    /// Commit what is held back, fsynced if `durable`; with nothing held back, a durable
+    /// commit still makes the earlier ones durable. Returns the commands committed (for
+    /// metrics): 0 if nothing was held back.
+    fn commit_deferred(&mut self, durable: bool) -> StoreResult<usize> {
+        let Some((revision, compact, meta)) = self.deferred.tail.take() else {
+            if durable && self.unsynced_since.is_some() {
+                self.persist.sync()?;
+                self.unsynced = 0;
+                self.unsynced_since = None;
+            }
+            return Ok(0);
+        };
+        let res = self.persist.commit_with_raft_meta(
+            &self.deferred.applied,
+            revision,
+            compact,
+            &meta,
+            durable,
+        );
+        if let Err(e) = res {
+            // Nothing of it was committed: still held back (a later commit retries it; the
+            // apply that meets the error stops the member).
+            self.deferred.tail = Some((revision, compact, meta));
+            return Err(e);
+        }
+        let d = std::mem::take(&mut self.deferred);
+        if durable {
             self.unsynced = 0;
             self.unsynced_since = None;
+        } else {
+            self.unsynced += d.entries;
+            let since = d.since.unwrap_or_else(Instant::now);
+            self.unsynced_since.get_or_insert(since);
         }
-        Ok(())
+        Ok(d.applied.len())
+    }
+
+    /// Make every applied batch so far durable.
+    fn sync(&mut self) -> StoreResult<()> {
+        self.commit_deferred(true).map(|_| ())
     }
 }
 
@@ -108,11 +178,15 @@ pub(crate) struct SmState {
 /// State shared by the state machine (driven by openraft) and the store front end.
 pub(crate) struct SmShared {
     pub(crate) state: RwLock<SmState>,
-    /// Newest revision that is committed to `state.redb` (durable through the Raft log; see
-    /// the module docs) and visible to readers.
+    /// Newest revision applied and visible to readers (durable through the Raft log; its
+    /// commit to `state.redb` may be held back, see the module docs).
     pub(crate) published: AtomicI64,
     pub(crate) hub: Mutex<WatchHub>,
     pub(crate) catch_up: Notify,
+    /// Signalled when an apply batch is held back with nothing before it: the deferred
+    /// commit task (`RaftStore`) then commits it within [`COMMIT_DELAY`] should no later
+    /// apply do so.
+    pub(crate) deferred: Notify,
     /// Lease deadlines; acted upon only by the leader (see `RaftStore`).
     pub(crate) deadlines: Mutex<HashMap<i64, Instant>>,
     /// This member's limits. `max_txn_ops` is enforced by `RaftStore::propose` before a
@@ -170,6 +244,7 @@ impl SmShared {
             }),
             hub: Mutex::new(WatchHub::default()),
             catch_up: Notify::new(),
+            deferred: Notify::new(),
             deadlines: Mutex::new(deadlines),
             limits,
             dir,
@@ -253,7 +328,7 @@ impl SmShared {
         let mut file = lock(&self.persist);
         drop(guard);
         let file = file.as_mut().ok_or(StoreError::Stopped)?;
-        self.commit(file, &applied, revision, compact, &meta, fresh, durable)?;
+        self.commit(file, &applied, revision, compact, meta, fresh, durable)?;
         Ok((responses, applied, revision))
     }
 
@@ -262,16 +337,19 @@ impl SmShared {
     fn checkpoint_due(&self, entries: u64) -> bool {
         match lock(&self.persist).as_ref() {
             Some(file) => {
-                file.unsynced + entries >= CHECKPOINT_ENTRIES
-                    || file
-                        .unsynced_since
-                        .is_some_and(|t| t.elapsed() >= CHECKPOINT_INTERVAL)
+                let oldest = match (file.unsynced_since, file.deferred.since) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                file.unsynced + file.deferred.entries + entries >= CHECKPOINT_ENTRIES
+                    || oldest.is_some_and(|t| t.elapsed() >= CHECKPOINT_INTERVAL)
             }
             None => false,
         }
     }
 
-    /// Commit one apply batch covering `entries` log entries, fsynced if `durable`.
+    /// Hold back one apply batch covering `entries` log entries, then commit what is held
+    /// back if that is due, fsynced if `durable` (module docs).
     #[allow(clippy::too_many_arguments)]
     fn commit(
         &self,
@@ -279,28 +357,53 @@ impl SmShared {
         applied: &[Applied],
         revision: i64,
         compact: i64,
-        meta: &[u8],
+        meta: Vec<u8>,
         entries: u64,
         durable: bool,
     ) -> StoreResult<()> {
+        let d = &mut file.deferred;
+        let first = d.tail.is_none();
+        d.applied.extend(applied.iter().cloned());
+        d.entries += entries;
+        d.bytes += applied
+            .iter()
+            .filter_map(|a| a.revision.as_ref())
+            .flat_map(|(_, events)| events.iter())
+            .map(|e| e.kv.key.len() + e.kv.value.len())
+            .sum::<usize>();
+        d.tail = Some((revision, compact, meta));
+        d.since.get_or_insert_with(Instant::now);
+        if durable || d.due() {
+            self.commit_deferred(file, durable)?;
+        } else if first {
+            self.deferred.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Commit what `file` holds back, with metrics.
+    fn commit_deferred(&self, file: &mut StateFile, durable: bool) -> StoreResult<()> {
         let started = Instant::now();
-        file.persist
-            .commit_with_raft_meta(applied, revision, compact, meta, durable)?;
-        if durable {
-            file.unsynced = 0;
-            file.unsynced_since = None;
-        } else {
-            file.unsynced += entries;
-            file.unsynced_since.get_or_insert(started);
+        let commands = file.commit_deferred(durable)?;
+        if commands == 0 {
+            return Ok(());
         }
         self.metrics
             .commit_seconds
             .observe(started.elapsed().as_secs_f64());
-        self.metrics.batch_size.observe(applied.len() as f64);
+        self.metrics.batch_size.observe(commands as f64);
         let size = file.persist.size_bytes();
         self.db_size.store(size, Ordering::Relaxed);
         self.metrics.db_size_bytes.set(size);
         Ok(())
+    }
+
+    /// Commit the held-back apply batches if they are due (the deferred commit task).
+    pub(crate) fn commit_deferred_if_due(&self) -> StoreResult<()> {
+        match lock(&self.persist).as_mut() {
+            Some(file) if file.deferred.due() => self.commit_deferred(file, false),
+            _ => Ok(()),
+        }
     }
 
     fn publish(&self, applied: &[Applied], revision: i64) {
@@ -528,5 +631,98 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .map_err(sm_read_err)?
             .map_err(sm_read_err)?;
         Ok(Some(snap))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::CommittedLeaderId;
+
+    use super::*;
+    use crate::mvcc::Command;
+    use crate::{PutRequest, TxnOp, TxnRequest};
+
+    fn put(index: u64) -> Entry<TypeConfig> {
+        let put = PutRequest::new(format!("/k{index}"), "v".to_owned());
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(super::super::Proposal {
+                commands: vec![Command::Txn(TxnRequest {
+                    success: vec![TxnOp::Put(put)],
+                    ..Default::default()
+                })],
+            }),
+        }
+    }
+
+    /// The last applied index `state.redb` holds (what a start-up would find).
+    fn in_file(sm: &SmShared) -> Option<u64> {
+        let guard = lock(&sm.persist);
+        let bytes = guard.as_ref().unwrap().persist.raft_meta().unwrap()?;
+        let (applied, _): (Option<LogId<u64>>, Membership) = postcard::from_bytes(&bytes).unwrap();
+        applied.map(|l| l.index)
+    }
+
+    /// Pretend the batch held back now began `ago` before now (`None`: never comes due by
+    /// time).
+    fn held_since(sm: &SmShared, ago: Option<Duration>) {
+        let mut guard = lock(&sm.persist);
+        let d = &mut guard.as_mut().unwrap().deferred;
+        d.since = Some(match ago {
+            Some(ago) => Instant::now() - ago,
+            None => Instant::now() + Duration::from_secs(3600),
+        });
+    }
+
+    #[test]
+    fn applied_batches_are_committed_together_when_due_and_before_a_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = SmShared::open(dir.path().to_owned(), Limits::default()).unwrap();
+
+        // Held back: applied (readers see it), not in the file.
+        sm.apply_entries(vec![put(1)], false).unwrap();
+        held_since(&sm, None);
+        sm.apply_entries(vec![put(2), put(3)], false).unwrap();
+        assert_eq!(sm.read().mvcc.revision(), 3);
+        assert_eq!(in_file(&sm), None);
+        sm.commit_deferred_if_due().unwrap();
+        assert_eq!(in_file(&sm), None, "not due yet");
+
+        // Due by time: the deferred commit task commits all three batches in one go.
+        held_since(&sm, Some(COMMIT_DELAY));
+        sm.commit_deferred_if_due().unwrap();
+        assert_eq!(in_file(&sm), Some(3));
+        assert_eq!(lock(&sm.persist).as_ref().unwrap().unsynced, 3);
+
+        // Due by size: a batch of COMMIT_ENTRIES entries is committed by its own apply.
+        let big: Vec<_> = (4..4 + COMMIT_ENTRIES).map(put).collect();
+        sm.apply_entries(big, false).unwrap();
+        assert_eq!(in_file(&sm), Some(3 + COMMIT_ENTRIES));
+
+        // A snapshot makes what is held back durable first.
+        let next = 4 + COMMIT_ENTRIES;
+        sm.apply_entries(vec![put(next)], false).unwrap();
+        held_since(&sm, None);
+        assert_eq!(in_file(&sm), Some(next - 1));
+        let snap = sm.build_snapshot().unwrap();
+        assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(next));
+        assert_eq!(in_file(&sm), Some(next));
+        assert_eq!(lock(&sm.persist).as_ref().unwrap().unsynced, 0);
+
+        // A crash loses only what was held back (the Raft log redoes it); a close loses
+        // nothing.
+        sm.apply_entries(vec![put(next + 1)], false).unwrap();
+        held_since(&sm, None);
+        drop(lock(&sm.persist).take());
+        drop(sm);
+        let sm = SmShared::open(dir.path().to_owned(), Limits::default()).unwrap();
+        assert_eq!(sm.read().last_applied.map(|l| l.index), Some(next));
+        sm.apply_entries(vec![put(next + 1)], false).unwrap();
+        held_since(&sm, None);
+        sm.close();
+        drop(sm);
+        let sm = SmShared::open(dir.path().to_owned(), Limits::default()).unwrap();
+        assert_eq!(sm.read().last_applied.map(|l| l.index), Some(next + 1));
+        assert_eq!(sm.read().mvcc.revision(), next as i64 + 1);
     }
 }
