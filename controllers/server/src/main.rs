@@ -582,8 +582,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// `lattice_raft_{current_leader,current_term,last_log_index,last_applied_index,is_leader}`
-/// gauges, updated as openraft's metrics change (what `lattice admin raft status` and
-/// alerting read).
+/// gauges: leadership as it changes, the log and applied indexes at most 250 ms behind
+/// (what `lattice admin raft status` and alerting read).
 fn register_raft_gauges(
     raft: &lattice_store::raft::RaftStore,
     registry: &mut prometheus_client::registry::Registry,
@@ -613,21 +613,33 @@ fn register_raft_gauges(
     );
     r.register("is_leader", "1 when this member leads", is_leader.clone());
     let id = raft.id();
-    let mut changes = raft.raft().metrics();
+    // openraft publishes its full metrics on every append and apply, which would wake this
+    // task several times per write on every member: leadership is read from the server
+    // metrics (they change only with the vote, state or membership), the log and applied
+    // indexes at most every 250 ms.
+    let mut server = raft.raft().server_metrics();
+    let data = raft.raft().data_metrics();
     tokio::spawn(async move {
         loop {
-            // Read the fields in place: openraft publishes on every append and apply.
+            let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
             {
-                let m = changes.borrow_and_update();
-                let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                let m = server.borrow_and_update();
                 leader.set(i(m.current_leader.unwrap_or(0)));
-                term.set(i(m.current_term));
-                last_log.set(i(m.last_log_index.unwrap_or(0)));
-                applied.set(i(m.last_applied.map_or(0, |l| l.index)));
+                term.set(i(m.vote.leader_id().get_term()));
                 is_leader.set(i64::from(m.current_leader == Some(id)));
             }
-            if changes.changed().await.is_err() {
-                break;
+            {
+                let d = data.borrow();
+                last_log.set(i(d.last_log.map_or(0, |l| l.index)));
+                applied.set(i(d.last_applied.map_or(0, |l| l.index)));
+            }
+            tokio::select! {
+                changed = server.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
+                _ = tokio::time::sleep(std::time::Duration::from_millis(250)) => {}
             }
         }
     });
@@ -636,7 +648,9 @@ fn register_raft_gauges(
 /// "Am I the Raft leader", pushed as it changes (the controller host's gate).
 fn raft_leader_gate(raft: &lattice_store::raft::RaftStore) -> tokio::sync::watch::Receiver<bool> {
     let id = raft.id();
-    let mut metrics = raft.raft().metrics();
+    // The server metrics change only with the vote, state or membership (the full metrics
+    // with every write).
+    let mut metrics = raft.raft().server_metrics();
     let (tx, rx) = tokio::sync::watch::channel(raft.is_leader());
     tokio::spawn(async move {
         loop {

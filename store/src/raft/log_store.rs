@@ -227,6 +227,9 @@ pub(crate) struct LogDb {
     vote: Mutex<Option<Vote<u64>>>,
     /// The durable prefix of the log, published after every `fdatasync`.
     pub(crate) durable: tokio::sync::watch::Sender<Durability>,
+    /// Signalled when `durable` turns failed: what waits only for that waits here, not on
+    /// `durable`, which changes with every write.
+    pub(crate) failure: Arc<tokio::sync::Notify>,
     /// Test switch: every log write takes this much longer (milliseconds), as on a slow
     /// disk.
     pub(crate) flush_delay_ms: AtomicU64,
@@ -461,9 +464,7 @@ impl Writer {
                 if committed.is_some() {
                     lock(&self.db.committed).unwritten = true;
                 }
-                self.db.durable.send_modify(|d| {
-                    d.failed.get_or_insert_with(|| e.clone());
-                });
+                self.db.mark_failed(&e);
                 let mut pending = lock(&self.db.pending);
                 for (rows, callback) in appends {
                     // Answered early: openraft already counts them as in the log, so they
@@ -567,10 +568,7 @@ struct PanicGuard<'a>(&'a LogDb);
 impl Drop for PanicGuard<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.0.durable.send_modify(|d| {
-                d.failed
-                    .get_or_insert_with(|| "the raft log writer panicked".into());
-            });
+            self.0.mark_failed("the raft log writer panicked");
         }
     }
 }
@@ -678,9 +676,7 @@ fn work(w: &mut Writer, ops: Vec<WriteOp>) {
 /// Answer `ops` with `e` (the writer's state is gone).
 fn refuse(db: &LogDb, ops: Vec<WriteOp>, e: &str) {
     if ops.iter().any(|op| matches!(op, WriteOp::Append { .. })) {
-        db.durable.send_modify(|d| {
-            d.failed.get_or_insert_with(|| e.to_string());
-        });
+        db.mark_failed(e);
     }
     for op in ops {
         match op {
@@ -720,6 +716,7 @@ impl LogDb {
             early_ack: OnceLock::new(),
             vote: Mutex::new(None),
             durable: tokio::sync::watch::Sender::new(Durability::default()),
+            failure: Arc::new(tokio::sync::Notify::new()),
             flush_delay_ms: AtomicU64::new(0),
             fail_writes: std::sync::atomic::AtomicBool::new(false),
             metrics: RaftMetrics::default(),
@@ -881,6 +878,7 @@ impl LogDb {
         self.durable.send_modify(|d| {
             d.failed.get_or_insert_with(|| e.to_string());
         });
+        self.failure.notify_one();
     }
 
     /// Report this member's own appends as leader flushed to openraft before they are

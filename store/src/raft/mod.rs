@@ -1078,12 +1078,26 @@ impl RaftStore {
         // A failed Raft log stops the member: the leader answers its own appends before
         // they are written (see `log_store.rs`), so it must not go on leading once it
         // cannot write them; a new leader is then elected among the others.
+        // (It waits for the failure signal, not on `durable`, which changes with every
+        // write: a wake-up of this task per write, on every member.)
         let weak = Arc::downgrade(&self.inner);
-        let mut durable = self.inner.log.durable.subscribe();
+        let durable = self.inner.log.durable.subscribe();
+        let failure = self.inner.log.failure.clone();
         tokio::spawn(async move {
-            let failed = match durable.wait_for(|d| d.failed.is_some()).await {
-                Ok(d) => d.failed.clone().unwrap_or_default(),
-                Err(_) => return,
+            let failed = loop {
+                if let Some(f) = durable.borrow().failed.clone() {
+                    break f;
+                }
+                let signalled = tokio::time::timeout(Duration::from_secs(1), failure.notified())
+                    .await
+                    .is_ok();
+                if !signalled {
+                    // (Looks whether the member is gone now and then.)
+                    match weak.upgrade() {
+                        Some(inner) if !inner.stopped.load(Ordering::SeqCst) => continue,
+                        _ => return,
+                    }
+                }
             };
             let Some(inner) = weak.upgrade() else { return };
             if inner.stopped.load(Ordering::SeqCst) {
