@@ -1088,15 +1088,8 @@ impl RaftStore {
                 if let Some(f) = durable.borrow().failed.clone() {
                     break f;
                 }
-                let signalled = tokio::time::timeout(Duration::from_secs(1), failure.notified())
-                    .await
-                    .is_ok();
-                if !signalled {
-                    // (Looks whether the member is gone now and then.)
-                    match weak.upgrade() {
-                        Some(inner) if !inner.stopped.load(Ordering::SeqCst) => continue,
-                        _ => return,
-                    }
+                if !signalled_while_running(&weak, &failure).await {
+                    return;
                 }
             };
             let Some(inner) = weak.upgrade() else { return };
@@ -1116,18 +1109,7 @@ impl RaftStore {
         let net = self.inner.net.clone();
         let mut durable = self.inner.log.durable.subscribe();
         tokio::spawn(async move {
-            loop {
-                let signalled =
-                    tokio::time::timeout(Duration::from_secs(1), net.commit_owed_signal.notified())
-                        .await
-                        .is_ok();
-                if !signalled {
-                    // (Looks whether the member is gone now and then.)
-                    match weak.upgrade() {
-                        Some(inner) if !inner.stopped.load(Ordering::SeqCst) => continue,
-                        _ => return,
-                    }
-                }
+            while signalled_while_running(&weak, &net.commit_owed_signal).await {
                 let owed = net.commit_owed.swap(0, Ordering::AcqRel);
                 if owed == 0 {
                     continue;
@@ -1144,22 +1126,13 @@ impl RaftStore {
         // Held-back commits to `state.redb` (`state_machine.rs`): made within
         // `COMMIT_DELAY` of the first of a batch even when no later apply comes.
         let weak = Arc::downgrade(&self.inner);
+        let deferred = self.inner.sm.deferred.clone();
         tokio::spawn(async move {
-            loop {
+            while signalled_while_running(&weak, &deferred).await {
+                tokio::time::sleep(state_machine::COMMIT_DELAY).await;
                 let Some(inner) = weak.upgrade() else { return };
-                if inner.stopped.load(Ordering::SeqCst) {
-                    return;
-                }
                 let sm = inner.sm.clone();
                 drop(inner);
-                // (Looks whether the member is gone now and then.)
-                if tokio::time::timeout(Duration::from_secs(1), sm.deferred.notified())
-                    .await
-                    .is_err()
-                {
-                    continue;
-                }
-                tokio::time::sleep(state_machine::COMMIT_DELAY).await;
                 match tokio::task::spawn_blocking(move || sm.commit_deferred_if_due()).await {
                     Ok(Ok(())) => {}
                     // The batches stay held back; the next apply retries the commit and
@@ -1446,6 +1419,26 @@ impl Inner {
             Ok(())
         } else {
             Err(WireError::NotLeader(m.current_leader))
+        }
+    }
+}
+
+/// Wait for `signal` on behalf of a background task of the member `weak`: `false` once the
+/// member is gone or stopped (looked at every second while nothing is signalled).
+async fn signalled_while_running(
+    weak: &std::sync::Weak<Inner>,
+    signal: &tokio::sync::Notify,
+) -> bool {
+    loop {
+        if tokio::time::timeout(Duration::from_secs(1), signal.notified())
+            .await
+            .is_ok()
+        {
+            return true;
+        }
+        match weak.upgrade() {
+            Some(inner) if !inner.stopped.load(Ordering::SeqCst) => {}
+            _ => return false,
         }
     }
 }

@@ -186,7 +186,7 @@ pub(crate) struct SmShared {
     /// Signalled when an apply batch is held back with nothing before it: the deferred
     /// commit task (`RaftStore`) then commits it within [`COMMIT_DELAY`] should no later
     /// apply do so.
-    pub(crate) deferred: Notify,
+    pub(crate) deferred: Arc<Notify>,
     /// Lease deadlines; acted upon only by the leader (see `RaftStore`).
     pub(crate) deadlines: Mutex<HashMap<i64, Instant>>,
     /// This member's limits. `max_txn_ops` is enforced by `RaftStore::propose` before a
@@ -244,7 +244,7 @@ impl SmShared {
             }),
             hub: Mutex::new(WatchHub::default()),
             catch_up: Notify::new(),
-            deferred: Notify::new(),
+            deferred: Arc::new(Notify::new()),
             deadlines: Mutex::new(deadlines),
             limits,
             dir,
