@@ -28,6 +28,10 @@ struct Args {
     /// Only the put phases (for the 3-member comparison).
     #[arg(long)]
     puts_only: bool,
+    /// Only the no-op round trip and the sequential puts (the paired rounds of
+    /// `hack/bench-store.sh`).
+    #[arg(long)]
+    seq_only: bool,
 }
 
 /// The `q` quantile of `v` in milliseconds.
@@ -116,6 +120,9 @@ async fn main() -> anyhow::Result<()> {
     );
     result(&args, "seq_put_p50_ms", quantile(lat.clone(), 0.5));
     result(&args, "seq_put_p99_ms", p99(lat));
+    if args.seq_only {
+        return Ok(());
+    }
 
     for clients in [8, 64] {
         let rate = concurrent_puts(
