@@ -118,8 +118,9 @@ seq_rounds() { # <etcd name> <etcd endpoint> <lattice name> <lattice endpoint>
     local name endpoint t
     for t in "${order[@]}"; do
       read -r name endpoint <<<"$t"
+      # (The rounds' own figures go to stderr: stdout is the list of ratios.)
       target/release/lattice-bench --name "r${r}_$name" --endpoint "$endpoint" --seq-only \
-        ${BENCH_ARGS:-} >>"$out"
+        ${BENCH_ARGS:-} | tee -a "$out" >&2
     done
     ratios="$ratios,$(ratio "r${r}_$3_seq_puts_per_s" "r${r}_$1_seq_puts_per_s")"
   done

@@ -124,6 +124,10 @@ struct ServeArgs {
     /// 0 runs the store on the main runtime.
     #[arg(long, default_value_t = 1, env = "LATTICE_STORE_THREADS")]
     store_threads: usize,
+    /// A Raft member snapshots its state (and purges its log) after this many log entries
+    /// since the last snapshot, like etcd's `--snapshot-count`.
+    #[arg(long, default_value_t = 100_000)]
+    snapshot_entries: u64,
     /// Endpoints of the external etcd cluster (with --backend etcd), comma separated.
     #[arg(long, value_delimiter = ',')]
     etcd_endpoints: Vec<String>,
@@ -705,6 +709,7 @@ async fn start_raft(
     let mut config = RaftConfig::new(args.node_id, data_dir.join("store"), addr);
     config.advertise_addr = args.raft_advertise_addr.clone();
     config.bootstrap = args.bootstrap;
+    config.snapshot_logs = args.snapshot_entries;
     config.limits = limits;
     let (node_id, join) = (args.node_id, args.join.clone());
     // Started on the store's runtime, so that every task it spawns runs there.

@@ -409,9 +409,14 @@ pub struct RaftConfig {
     pub election_timeout_min: Duration,
     pub election_timeout_max: Duration,
     /// Build a snapshot (and purge the log) after this many entries since the last one.
+    /// Default 100,000, etcd's `--snapshot-count` since 3.2. A snapshot here serializes
+    /// the whole key space (etcd's only marks its backend file), and every member builds
+    /// it at the same index: at 10,000, with 96,000 keys (27 MB), a 3-member cluster on
+    /// two cores did 1,095–1,206 sequential puts/s in a round of 2,000 that met one,
+    /// 1,400–1,600 in the rounds around it.
     pub snapshot_logs: u64,
     /// Log entries kept after a snapshot (lets a slightly lagging follower catch up from the
-    /// log rather than a snapshot).
+    /// log rather than a snapshot). Default 5,000, as etcd keeps.
     pub keep_logs_after_snapshot: u64,
     /// How long a client request waits for a leader and for its commit.
     pub request_timeout: Duration,
@@ -433,8 +438,8 @@ impl RaftConfig {
             heartbeat_interval: Duration::from_millis(150),
             election_timeout_min: Duration::from_millis(600),
             election_timeout_max: Duration::from_millis(1200),
-            snapshot_logs: 10_000,
-            keep_logs_after_snapshot: 1_000,
+            snapshot_logs: 100_000,
+            keep_logs_after_snapshot: 5_000,
             request_timeout: Duration::from_secs(10),
             limits: Limits::default(),
             watch_buffer: 256,
