@@ -412,8 +412,8 @@ pub struct RaftConfig {
     /// Default 100,000, etcd's `--snapshot-count` since 3.2. A snapshot here serializes
     /// the whole key space (etcd's only marks its backend file), and every member builds
     /// it at the same index: at 10,000, with 96,000 keys (27 MB), a 3-member cluster on
-    /// two cores did 1,095–1,206 sequential puts/s in a round of 2,000 that met one,
-    /// 1,400–1,600 in the rounds around it.
+    /// two cores did 955–1,327 sequential puts/s in rounds of 2,000 that overlapped one,
+    /// 1,361–1,600 in the rounds around them.
     pub snapshot_logs: u64,
     /// Log entries kept after a snapshot (lets a slightly lagging follower catch up from the
     /// log rather than a snapshot). Default 5,000, as etcd keeps.
