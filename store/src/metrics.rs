@@ -24,6 +24,9 @@ pub struct StoreMetrics {
     pub writes: Counter,
     pub watchers: Gauge,
     pub db_size_bytes: Gauge,
+    /// Time to build a snapshot of the state (a Raft member's, for log purges and
+    /// follower catch-up), made durable first, in seconds.
+    pub snapshot_seconds: Histogram,
 }
 
 impl Default for StoreMetrics {
@@ -32,6 +35,7 @@ impl Default for StoreMetrics {
             commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             checkpoint_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            snapshot_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             materialized_txns: Counter::default(),
             materialized_records: Counter::default(),
             inline_commits: Counter::default(),
@@ -87,6 +91,11 @@ impl StoreMetrics {
             "db_size_bytes",
             "Size of the state file",
             self.db_size_bytes.clone(),
+        );
+        r.register(
+            "snapshot_duration_seconds",
+            "Time to build a Raft snapshot of the state (made durable first)",
+            self.snapshot_seconds.clone(),
         );
     }
 }

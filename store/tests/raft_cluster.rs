@@ -226,6 +226,19 @@ async fn stopped_member_catches_up_after_restart_via_snapshot() {
         extra += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // A purge follows a snapshot, which the member timed.
+    let mut registry = prometheus_client::registry::Registry::default();
+    writer.metrics().register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let snapshots: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("lattice_store_snapshot_duration_seconds_count "))
+        .unwrap_or_else(|| panic!("no snapshot duration in\n{text}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(snapshots >= 1, "no snapshot was timed:\n{text}");
     c.restart(victim).await;
     c.wait_revision(victim, last, Duration::from_secs(20)).await;
     let node = c.node(victim);

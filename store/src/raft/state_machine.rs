@@ -422,6 +422,7 @@ impl SmShared {
     }
 
     fn build_snapshot(&self) -> Result<Snapshot<TypeConfig>, String> {
+        let started = std::time::Instant::now();
         let (backup, last_applied, membership) = {
             let st = self.read();
             (
@@ -449,7 +450,9 @@ impl SmShared {
             last_membership: membership,
             snapshot_id,
         };
-        tracing::info!(snapshot = %meta, keys = backup.key_count(), bytes = data.len(), "built raft snapshot");
+        let seconds = started.elapsed().as_secs_f64();
+        self.metrics.snapshot_seconds.observe(seconds);
+        tracing::info!(snapshot = %meta, keys = backup.key_count(), bytes = data.len(), seconds, "built raft snapshot");
         *lock(&self.current_snapshot) = Some((meta.clone(), data.clone()));
         Ok(Snapshot {
             meta,
