@@ -128,19 +128,21 @@ seq_rounds() { # <etcd name> <etcd endpoint> <lattice name> <lattice endpoint>
 }
 median() { tr ',' '\n' | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
+# One setup's paired rounds: <label> <ratio prefix> <etcd name> <etcd endpoint>
+# <lattice name> <lattice endpoint>.
+report_rounds() {
+  local rounds
+  echo "==> paired rounds of sequential puts, $1"
+  rounds=$(seq_rounds "$3" "$4" "$5" "$6")
+  echo "RESULT $2_ratio_rounds=$rounds"
+  echo "RESULT $2_ratio_first_pass_vs_etcd=$(ratio "$5_seq_puts_per_s" "$3_seq_puts_per_s")"
+  echo "RESULT $2_ratio_vs_etcd=$(median <<<"$rounds")"
+}
 if [ "${BENCH_ONLY_3:-}" != 1 ]; then
-  echo "==> paired rounds of sequential puts, 1 member"
-  rounds1=$(seq_rounds etcd 127.0.0.1:23791 lattice 127.0.0.1:23792)
-  echo "RESULT put_ratio_rounds=$rounds1"
-  echo "RESULT put_ratio_first_pass_vs_etcd=$(ratio lattice_seq_puts_per_s etcd_seq_puts_per_s)"
-  echo "RESULT put_ratio_vs_etcd=$(median <<<"$rounds1")"
+  report_rounds "1 member" put etcd 127.0.0.1:23791 lattice 127.0.0.1:23792
 fi
 if [ "${BENCH_SKIP_3:-}" != 1 ]; then
-  echo "==> paired rounds of sequential puts, 3 members"
-  rounds3=$(seq_rounds etcd3 127.0.0.1:24791 lattice3 127.0.0.1:25791)
-  echo "RESULT put3_ratio_rounds=$rounds3"
-  echo "RESULT put3_ratio_first_pass_vs_etcd=$(ratio lattice3_seq_puts_per_s etcd3_seq_puts_per_s)"
-  echo "RESULT put3_ratio_vs_etcd=$(median <<<"$rounds3")"
+  report_rounds "3 members" put3 etcd3 127.0.0.1:24791 lattice3 127.0.0.1:25791
 fi
 echo "RESULT put8_ratio_vs_etcd=$(ratio lattice_puts_per_s_8_clients etcd_puts_per_s_8_clients)"
 echo "RESULT put64_ratio_vs_etcd=$(ratio lattice_puts_per_s_64_clients etcd_puts_per_s_64_clients)"

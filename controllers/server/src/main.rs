@@ -344,6 +344,8 @@ pub(crate) fn write_private(path: &Path, data: &[u8]) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> anyhow::Result<()> {
+    // Where the replicated store and the etcd port run (`--store-threads`).
+    let store_rt = store_rt.unwrap_or_else(tokio::runtime::Handle::current);
     let data_dir = match (&args.data_dir, args.dev) {
         (Some(d), _) => d.clone(),
         (None, true) => PathBuf::from(".lattice-dev"),
@@ -370,7 +372,7 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
     let mut raft_store = None;
     let backend: Arc<dyn KvBackend> = match args.backend {
         Backend::Embedded if args.raft_addr.is_some() => {
-            let store = start_raft(&args, &data_dir, limits.clone(), store_rt.as_ref()).await?;
+            let store = start_raft(&args, &data_dir, limits.clone(), &store_rt).await?;
             store.metrics().register(&mut registry);
             store.raft_metrics().register(&mut registry);
             register_raft_gauges(&store, &mut registry);
@@ -431,10 +433,7 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
             .await
             .with_context(|| format!("binding the etcd port {addr}"))?;
         tracing::info!(addr = %grpc.local_addr(), "etcd v3 API listening");
-        tasks.push(match &store_rt {
-            Some(rt) => rt.spawn(grpc.serve(shutdown())),
-            None => tokio::spawn(grpc.serve(shutdown())),
-        });
+        tasks.push(store_rt.spawn(grpc.serve(shutdown())));
     }
 
     let secret_path = args
@@ -700,7 +699,7 @@ async fn start_raft(
     args: &ServeArgs,
     data_dir: &Path,
     limits: Limits,
-    rt: Option<&tokio::runtime::Handle>,
+    rt: &tokio::runtime::Handle,
 ) -> anyhow::Result<lattice_store::raft::RaftStore> {
     use lattice_store::raft::{RaftConfig, RaftStore};
     let addr = args
@@ -725,13 +724,10 @@ async fn start_raft(
         }
         anyhow::Ok(store)
     };
-    let store = match rt {
-        Some(rt) => rt
-            .spawn(start)
-            .await
-            .context("the store's runtime stopped")??,
-        None => start.await?,
-    };
+    let store = rt
+        .spawn(start)
+        .await
+        .context("the store's runtime stopped")??;
     tracing::info!(node = args.node_id, raft = %store.local_addr(), "raft member started");
     Ok(store)
 }
