@@ -51,19 +51,8 @@ async fn bootstrap_replicates_to_every_member() {
     assert!(st.raft_term >= 1 && st.raft_applied_index >= 30);
     // The leader timed the 30 proposals (some share one when they arrive together) and
     // every member its log writes.
-    let count = |i: usize, name: &str| -> u64 {
-        let mut registry = prometheus_client::registry::Registry::default();
-        c.node(i).raft_metrics().register(&mut registry);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        let line = format!("{name}_count ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&line))
-            .unwrap_or_else(|| panic!("no {name}_count in\n{text}"))
-            .trim()
-            .parse()
-            .unwrap()
-    };
+    let count =
+        |i: usize, name: &str| histogram_count(|r| c.node(i).raft_metrics().register(r), name);
     assert!(count(leader, "lattice_raft_commit_duration_seconds") >= 1);
     for i in 0..3 {
         assert!(
@@ -227,18 +216,11 @@ async fn stopped_member_catches_up_after_restart_via_snapshot() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // A purge follows a snapshot, which the member timed.
-    let mut registry = prometheus_client::registry::Registry::default();
-    writer.metrics().register(&mut registry);
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-    let snapshots: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("lattice_store_snapshot_duration_seconds_count "))
-        .unwrap_or_else(|| panic!("no snapshot duration in\n{text}"))
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(snapshots >= 1, "no snapshot was timed:\n{text}");
+    let snapshots = histogram_count(
+        |r| writer.metrics().register(r),
+        "lattice_store_snapshot_duration_seconds",
+    );
+    assert!(snapshots >= 1, "no snapshot was timed");
     c.restart(victim).await;
     c.wait_revision(victim, last, Duration::from_secs(20)).await;
     let node = c.node(victim);
@@ -1071,4 +1053,22 @@ async fn a_leader_whose_log_fails_stops_and_the_others_go_on() {
         );
     }
     c.shutdown_all().await;
+}
+
+/// The observation count of histogram `name` among the metrics `register` adds.
+fn histogram_count(
+    register: impl FnOnce(&mut prometheus_client::registry::Registry),
+    name: &str,
+) -> u64 {
+    let mut registry = prometheus_client::registry::Registry::default();
+    register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let line = format!("{name}_count ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&line))
+        .unwrap_or_else(|| panic!("no {name}_count in\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
 }
