@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# A/B of the replicated store: two Lattice clusters side by side (A on ports 25xxx, B on
+# 26xxx), then sequential-put rounds against each cluster's leader in turn, alternating
+# which goes first. Meant for deciding whether a change to the store helps, on a machine
+# whose speed drifts by ±10 % within a minute: both arms see the same minutes, and neither
+# runs while the other does.
+#
+# Prints each round's puts/s, `RESULT ab_a_seq_puts_per_s=` / `ab_b_seq_puts_per_s=` (the
+# means), `RESULT ab_b_vs_a=` (ratio of the means) and `RESULT ab_b_vs_a_pairs_median=`
+# (the median of the rounds' B/A ratios). A against A (same binary, same settings) gave
+# B/A 1.005, 1.071 and 1.031 in three runs here, single rounds up to ±12 % apart: run a
+# change in both arms' places (AB_A_* and AB_B_* swapped) and trust only an effect that
+# holds both ways and is larger than that (the leader's log write moved onto its store
+# thread: 0.904 and, swapped, 1/1.061).
+#
+# Knobs (environment):
+#   AB_A_SERVER, AB_B_SERVER  lattice-server binaries (default target/release/lattice-server,
+#                 built if missing); build the other arm into a copy first
+#   AB_A_ENV, AB_B_ENV  `NAME=value ...` environment for that arm's members
+#   AB_A_FLAGS, AB_B_FLAGS  extra lattice-server flags for that arm (e.g. "--store-threads 0")
+#   AB_MEMBERS    members per cluster, 1 or 3 (default 3)
+#   AB_ROUNDS     rounds per arm (default 10)
+#   AB_PUTS       sequential puts per round (default 1500)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hack/install-deps.sh >/dev/null
+export PROTOC="${PROTOC:-$(command -v protoc)}"
+if [ ! -x target/release/lattice-bench ] ||
+  { [ -z "${AB_A_SERVER:-}" ] || [ -z "${AB_B_SERVER:-}" ]; }; then
+  echo "==> building release binaries"
+  cargo build --release -q -p lattice-server -p lattice-e2e --bins
+fi
+members=${AB_MEMBERS:-3}
+case "$members" in 1 | 3) ;; *) echo "AB_MEMBERS must be 1 or 3" >&2; exit 2 ;; esac
+
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+healthy() {
+  for _ in $(seq 150); do
+    ETCDCTL_API=3 etcdctl --endpoints="$1" endpoint health >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "no healthy member at $1" >&2
+  return 1
+}
+
+# start <arm> <port digit> <binary> <env> <flags>
+start() {
+  local i flags
+  for i in $(seq "$members"); do
+    flags=(--bootstrap)
+    [ "$i" -gt 1 ] && flags=(--join "127.0.0.1:2${2}901")
+    # shellcheck disable=SC2086 # the env and flags knobs are word lists
+    env $4 "$3" --data-dir "$work/$1-$i" --api-addr "127.0.0.1:2${2}18$i" --tls-addr off \
+      --etcd-addr "127.0.0.1:2${2}79$i" --raft-addr "127.0.0.1:2${2}90$i" --node-id "$i" \
+      $5 "${flags[@]}" >"$work/$1-$i.log" 2>&1 &
+    pids+=($!)
+    healthy "127.0.0.1:2${2}79$i"
+  done
+}
+start a 5 "${AB_A_SERVER:-target/release/lattice-server}" "${AB_A_ENV:-}" "${AB_A_FLAGS:-}"
+start b 6 "${AB_B_SERVER:-target/release/lattice-server}" "${AB_B_ENV:-}" "${AB_B_FLAGS:-}"
+# The bootstrap member leads both clusters (the others joined it).
+ep_a=127.0.0.1:25791
+ep_b=127.0.0.1:26791
+
+round() { # <name> <endpoint> [puts]
+  target/release/lattice-bench --name "$1" --endpoint "$2" --puts "${3:-${AB_PUTS:-1500}}" \
+    --seq-only | sed -n "s/^RESULT $1_seq_puts_per_s=//p"
+}
+round warm_a "$ep_a" 500 >/dev/null
+round warm_b "$ep_b" 500 >/dev/null
+
+a_all=() b_all=() pairs=()
+for r in $(seq "${AB_ROUNDS:-10}"); do
+  if [ $((r % 2)) = 1 ]; then
+    a=$(round a "$ep_a"); b=$(round b "$ep_b")
+  else
+    b=$(round b "$ep_b"); a=$(round a "$ep_a")
+  fi
+  a_all+=("$a") b_all+=("$b")
+  pair=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')
+  pairs+=("$pair")
+  echo "round $r: A $a  B $b  B/A $pair"
+done
+mean() { printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.1f", s / NR }'; }
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+ma=$(mean "${a_all[@]}")
+mb=$(mean "${b_all[@]}")
+echo "RESULT ab_a_seq_puts_per_s=$ma"
+echo "RESULT ab_b_seq_puts_per_s=$mb"
+echo "RESULT ab_b_vs_a=$(awk -v a="$ma" -v b="$mb" 'BEGIN { printf "%.3f", b / a }')"
+echo "RESULT ab_b_vs_a_pairs_median=$(median "${pairs[@]}")"
