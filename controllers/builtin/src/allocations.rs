@@ -441,6 +441,27 @@ impl Ctx {
         })
     }
 
+    /// [`Ctx::owners`], read again from the store when the cache does not list all of
+    /// `users`: an allocation is cancelled, or a writer passed over, only on the stored
+    /// Tenant, never on a cache that has not yet seen an admin just added.
+    async fn owners_confirmed(
+        &self,
+        tenant: Option<&str>,
+        users: &[&str],
+    ) -> Result<Vec<String>, anyhow::Error> {
+        let cached = self.owners(tenant).await?;
+        let (Some(ns), false) = (tenant, users.iter().all(|u| cached.iter().any(|o| o == u)))
+        else {
+            return Ok(cached);
+        };
+        Ok(self
+            .tenant_api
+            .get_opt(ns)
+            .await?
+            .map(|t| t.spec.admins)
+            .unwrap_or_default())
+    }
+
     /// The store `create_revision` of each allocation (by uid; absent when it is gone).
     async fn create_revisions(
         &self,
@@ -849,7 +870,8 @@ async fn symbol_state(
     });
     if scope == SymbolScope::Global && !writers.is_empty() {
         // A global writer whose user may not write there (RFC 26) is not a writer.
-        let owners = ctx.owners(ns).await?;
+        let users: Vec<&str> = writers.iter().map(|w| user_of(w)).collect();
+        let owners = ctx.owners_confirmed(ns, &users).await?;
         writers.retain(|w| owners.iter().any(|o| o == user_of(w)));
     }
     if writers.is_empty() {
@@ -1235,7 +1257,11 @@ async fn scope_violation(ctx: &Ctx, a: &Allocation) -> Result<Option<String>, an
         return Ok(None);
     }
     let user = user_of(a);
-    let owner = ctx.owners(a.namespace()).await?.iter().any(|o| o == user);
+    let owner = ctx
+        .owners_confirmed(a.namespace(), &[user])
+        .await?
+        .iter()
+        .any(|o| o == user);
     let Some((desc, _)) = global_writes
         .into_iter()
         .find(|(_, access)| !scope_permits(*access, FluxScope::Global, owner))
