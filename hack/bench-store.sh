@@ -24,6 +24,8 @@
 #                 and its etcd port alone); the release build is then skipped
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=hack/store-bench-lib.sh
+. hack/store-bench-lib.sh
 hack/install-deps.sh >/dev/null
 export PROTOC="${PROTOC:-$(command -v protoc)}"
 lattice_server="${BENCH_LATTICE_SERVER:-target/release/lattice-server}"
@@ -48,11 +50,8 @@ if [ "${BENCH_ONLY_3:-}" != 1 ]; then
   "$lattice_server" --data-dir "$work/lattice" --api-addr 127.0.0.1:28080 \
     --tls-addr off --etcd-addr 127.0.0.1:23792 >"$work/lattice.log" 2>&1 &
   pids+=($!)
-  for _ in $(seq 100); do
-    ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:23791 endpoint health >/dev/null 2>&1 &&
-    ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:23792 endpoint health >/dev/null 2>&1 && break
-    sleep 0.2
-  done
+  wait_healthy 127.0.0.1:23791
+  wait_healthy 127.0.0.1:23792
 fi
 
 out="$work/results"
@@ -71,21 +70,6 @@ if [ "${BENCH_ONLY_3:-}" != 1 ]; then
   done
 fi
 
-# The endpoint (of the comma-separated ones) whose member is the cluster's leader, as
-# `etcdctl endpoint status` reports it (etcd and Lattice alike); waits for one.
-leader_of() {
-  local ep
-  for _ in $(seq 100); do
-    ep=$(ETCDCTL_API=3 etcdctl --endpoints="$1" endpoint status -w fields 2>/dev/null | awk '
-      /^"MemberID"/ { id = $3 } /^"Leader"/ { lead = $3 }
-      /^"Endpoint"/ { gsub(/"/, "", $3); if (id != "" && (id "") == (lead "") && lead != "0") { print $3; exit } }' || true)
-    [ -n "$ep" ] && { echo "$ep"; return; }
-    sleep 0.2
-  done
-  echo "no leader among $1" >&2
-  return 1
-}
-
 if [ "${BENCH_SKIP_3:-}" != 1 ]; then
   echo "==> 3-member clusters: etcd on 2479[1-3], Lattice (Raft) on 2579[1-3]"
   cluster="e1=http://127.0.0.1:24801,e2=http://127.0.0.1:24802,e3=http://127.0.0.1:24803"
@@ -96,22 +80,8 @@ if [ "${BENCH_SKIP_3:-}" != 1 ]; then
       --initial-cluster-state new --log-level error >"$work/etcd3-$i.log" 2>&1 &
     pids+=($!)
   done
-  for i in 1 2 3; do
-    flags=(--bootstrap)
-    [ $i -gt 1 ] && flags=(--join 127.0.0.1:27901)
-    "$lattice_server" --data-dir "$work/lattice3-$i" --api-addr 127.0.0.1:2818$i \
-      --tls-addr off --etcd-addr 127.0.0.1:2579$i --raft-addr 127.0.0.1:2790$i --node-id $i \
-      "${flags[@]}" >"$work/lattice3-$i.log" 2>&1 &
-    pids+=($!)
-    for _ in $(seq 150); do
-      ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:2579$i endpoint health >/dev/null 2>&1 && break
-      sleep 0.2
-    done
-  done
-  for _ in $(seq 100); do
-    ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:24791 endpoint health >/dev/null 2>&1 && break
-    sleep 0.2
-  done
+  start_lattice_cluster "$lattice_server" "$work/lattice3" 3 28180 25790 27900
+  wait_healthy 127.0.0.1:24791
   # Both clients talk to their cluster's leader. A write sent to a follower is forwarded
   # (etcd: a proposal to the leader, then the follower applies and answers), which made
   # etcd's figure depend on which member won its first election: about 1,000 puts/s
@@ -148,7 +118,6 @@ seq_rounds() { # <etcd name> <etcd endpoint> <lattice name> <lattice endpoint>
   done
   echo "$ratios"
 }
-median() { tr ',' '\n' | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 # One setup's paired rounds: <label> <ratio prefix> <etcd name> <etcd endpoint>
 # <lattice name> <lattice endpoint>.
@@ -158,7 +127,7 @@ report_rounds() {
   rounds=$(seq_rounds "$3" "$4" "$5" "$6")
   echo "RESULT $2_ratio_rounds=$rounds"
   echo "RESULT $2_ratio_first_pass_vs_etcd=$(ratio "$5_seq_puts_per_s" "$3_seq_puts_per_s")"
-  echo "RESULT $2_ratio_vs_etcd=$(median <<<"$rounds")"
+  echo "RESULT $2_ratio_vs_etcd=$(median %.2f <<<"$rounds")"
 }
 if [ "${BENCH_ONLY_3:-}" != 1 ]; then
   report_rounds "1 member" put etcd 127.0.0.1:23791 lattice 127.0.0.1:23792

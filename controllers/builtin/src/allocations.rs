@@ -424,36 +424,23 @@ struct Ctx {
 
 impl Ctx {
     /// The instance owners of a tenant in the sense of Flux RFC 26: its admins
-    /// (`Tenant.spec.admins`).
-    async fn owners(&self, tenant: Option<&str>) -> Result<Vec<String>, anyhow::Error> {
-        let Some(ns) = tenant else {
-            return Ok(Vec::new());
-        };
-        Ok(match self.tenants.get_named(None, ns) {
-            Some(t) => t.spec.admins.clone(),
-            // Not cached (yet): ask the store.
-            None => self
-                .tenant_api
-                .get_opt(ns)
-                .await?
-                .map(|t| t.spec.admins)
-                .unwrap_or_default(),
-        })
-    }
-
-    /// [`Ctx::owners`], read again from the store when the cache does not list all of
-    /// `users`: an allocation is cancelled, or a writer passed over, only on the stored
-    /// Tenant, never on a cache that has not yet seen an admin just added.
-    async fn owners_confirmed(
+    /// (`Tenant.spec.admins`), from the cache when it lists every one of `users`, else as
+    /// stored. An allocation is cancelled, or a writer passed over, for not being an owner
+    /// only on the stored Tenant, never on a cache that has not yet seen an admin just
+    /// added.
+    async fn owners(
         &self,
         tenant: Option<&str>,
         users: &[&str],
     ) -> Result<Vec<String>, anyhow::Error> {
-        let cached = self.owners(tenant).await?;
-        let (Some(ns), false) = (tenant, users.iter().all(|u| cached.iter().any(|o| o == u)))
-        else {
-            return Ok(cached);
+        let Some(ns) = tenant else {
+            return Ok(Vec::new());
         };
+        if let Some(t) = self.tenants.get_named(None, ns) {
+            if users.iter().all(|u| t.spec.admins.iter().any(|o| o == u)) {
+                return Ok(t.spec.admins.clone());
+            }
+        }
         Ok(self
             .tenant_api
             .get_opt(ns)
@@ -871,7 +858,7 @@ async fn symbol_state(
     if scope == SymbolScope::Global && !writers.is_empty() {
         // A global writer whose user may not write there (RFC 26) is not a writer.
         let users: Vec<&str> = writers.iter().map(|w| user_of(w)).collect();
-        let owners = ctx.owners_confirmed(ns, &users).await?;
+        let owners = ctx.owners(ns, &users).await?;
         writers.retain(|w| owners.iter().any(|o| o == user_of(w)));
     }
     if writers.is_empty() {
@@ -1258,7 +1245,7 @@ async fn scope_violation(ctx: &Ctx, a: &Allocation) -> Result<Option<String>, an
     }
     let user = user_of(a);
     let owner = ctx
-        .owners_confirmed(a.namespace(), &[user])
+        .owners(a.namespace(), &[user])
         .await?
         .iter()
         .any(|o| o == user);

@@ -1,0 +1,52 @@
+# Shared by hack/bench-store.sh and hack/bench-store-ab.sh (sourced, not run): starting
+# Lattice clusters, waiting for members, finding a cluster's leader, medians. Callers
+# keep the PIDs they start in the array `pids` and kill them on exit.
+
+# Wait until the etcd v3 endpoint answers `endpoint health` (up to 30 s).
+wait_healthy() {
+  for _ in $(seq 150); do
+    ETCDCTL_API=3 etcdctl --endpoints="$1" endpoint health >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "no healthy member at $1" >&2
+  return 1
+}
+
+# The endpoint (of the comma-separated ones) whose member is the cluster's leader, as
+# `etcdctl endpoint status` reports it (etcd and Lattice alike); waits for one.
+leader_of() {
+  local ep
+  for _ in $(seq 100); do
+    ep=$(ETCDCTL_API=3 etcdctl --endpoints="$1" endpoint status -w fields 2>/dev/null | awk '
+      /^"MemberID"/ { id = $3 } /^"Leader"/ { lead = $3 }
+      /^"Endpoint"/ { gsub(/"/, "", $3); if (id != "" && (id "") == (lead "") && lead != "0") { print $3; exit } }' || true)
+    [ -n "$ep" ] && { echo "$ep"; return; }
+    sleep 0.2
+  done
+  echo "no leader among $1" >&2
+  return 1
+}
+
+# start_lattice_cluster <binary> <data dir prefix> <members> <api port base>
+#   <etcd port base> <raft port base> [env words] [flag words]
+# Member i (from 1) listens on base + i for each port and logs to <prefix>-i.log; member
+# 1 bootstraps and the others join it, one at a time, each waited for.
+start_lattice_cluster() {
+  local i flags
+  for i in $(seq "$3"); do
+    flags=(--bootstrap)
+    [ "$i" -gt 1 ] && flags=(--join "127.0.0.1:$(($6 + 1))")
+    # shellcheck disable=SC2086 # the env and flag arguments are word lists
+    env ${7:-} "$1" --data-dir "$2-$i" --api-addr "127.0.0.1:$(($4 + i))" --tls-addr off \
+      --etcd-addr "127.0.0.1:$(($5 + i))" --raft-addr "127.0.0.1:$(($6 + i))" --node-id "$i" \
+      ${8:-} "${flags[@]}" >"$2-$i.log" 2>&1 &
+    pids+=($!)
+    wait_healthy "127.0.0.1:$(($5 + i))"
+  done
+}
+
+# The median of numbers given one per line or comma-separated on stdin; an even count's
+# mean of the middle two is printed with the printf format $1 (default %.3f).
+median() {
+  tr ',' '\n' | sort -g | awk -v fmt="${1:-%.3f}" '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf fmt, (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
