@@ -16,7 +16,8 @@
 #
 # Knobs (environment):
 #   AB_A_SERVER, AB_B_SERVER  lattice-server binaries (default target/release/lattice-server,
-#                 built if missing); build the other arm into a copy first
+#                 rebuilt from the tree whenever an arm uses it); build the other arm into a
+#                 copy first
 #   AB_A_ENV, AB_B_ENV  `NAME=value ...` environment for that arm's members
 #   AB_A_FLAGS, AB_B_FLAGS  extra lattice-server flags for that arm (e.g. "--store-threads 0")
 #   AB_MEMBERS    members per cluster, 1 or 3 (default 3)
