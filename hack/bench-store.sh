@@ -22,6 +22,12 @@
 #                 the same store flags (e.g. target/release/examples/raft-member from
 #                 `cargo build --release -p lattice-store --example raft-member`: the store
 #                 and its etcd port alone); the release build is then skipped
+#
+# Over Lattice's 3-member paired rounds it also prints, from the members' metrics, where a
+# sequential put goes: `lattice3_commit_ms_mean` (the leader's proposal to answer),
+# `lattice3_follower_flush_ms_mean` (a follower's log write and fdatasync, on every put's
+# path), `lattice3_leader_flush_ms_mean` (the leader's own, in parallel) and
+# `lattice3_leader_flush_waited_share` (the puts whose answer waited for the leader's own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=hack/store-bench-lib.sh
@@ -133,7 +139,27 @@ if [ "${BENCH_ONLY_3:-}" != 1 ]; then
   report_rounds "1 member" put etcd 127.0.0.1:23791 lattice 127.0.0.1:23792
 fi
 if [ "${BENCH_SKIP_3:-}" != 1 ]; then
+  # Where Lattice's 3-member sequential put goes, over its paired rounds: the leader's
+  # proposal-to-answer time, its own and its followers' log flush (the followers' is on
+  # every put's path), and the share of puts whose answer waited for the leader's own.
+  lattice3_api() { echo "127.0.0.1:$((28180 + ${1##*:} - 25790))"; }
+  leader_api=$(lattice3_api "$lattice3_ep")
+  before=()
+  for i in 1 2 3; do before+=("$(raft_timing "127.0.0.1:$((28180 + i))")"); done
   report_rounds "3 members" put3 etcd3 "$etcd3_ep" lattice3 "$lattice3_ep"
+  for i in 1 2 3; do
+    api="127.0.0.1:$((28180 + i))"
+    role=follower
+    [ "$api" = "$leader_api" ] && role=leader
+    echo "$role ${before[$((i - 1))]} $(raft_timing "$api")"
+  done | awk '
+    $1 == "leader" { cs = $7 - $2; cc = $8 - $3; lf = $9 - $4; lc = $10 - $5; cl = $11 - $6 }
+    $1 == "follower" { ff += $9 - $4; fc += $10 - $5 }
+    END {
+      if (cc > 0) printf "RESULT lattice3_commit_ms_mean=%.3f\nRESULT lattice3_leader_flush_waited_share=%.3f\n", cs * 1000 / cc, cl / cc
+      if (lc > 0) printf "RESULT lattice3_leader_flush_ms_mean=%.3f\n", lf * 1000 / lc
+      if (fc > 0) printf "RESULT lattice3_follower_flush_ms_mean=%.3f\n", ff * 1000 / fc
+    }'
 fi
 echo "RESULT put8_ratio_vs_etcd=$(ratio lattice_puts_per_s_8_clients etcd_puts_per_s_8_clients)"
 echo "RESULT put64_ratio_vs_etcd=$(ratio lattice_puts_per_s_64_clients etcd_puts_per_s_64_clients)"

@@ -50,3 +50,18 @@ start_lattice_cluster() {
 median() {
   tr ',' '\n' | sort -g | awk -v fmt="${1:-%.3f}" '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf fmt, (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
+
+# One Lattice member's Raft timing totals from its metrics endpoint (`host:port` of its
+# API): "<commit sum s> <commit count> <log flush sum s> <log flush count> <commit
+# heartbeats>" (a commit heartbeat follows a commit reached before the leader's own log
+# flush, so it counts the writes whose answer waited for that flush). All zero when the
+# member serves no metrics.
+raft_timing() {
+  { curl -sf "http://$1/metrics" || true; } | awk '
+    /^lattice_raft_commit_duration_seconds_sum/ { cs = $2 }
+    /^lattice_raft_commit_duration_seconds_count/ { cc = $2 }
+    /^lattice_raft_log_flush_duration_seconds_sum/ { fs = $2 }
+    /^lattice_raft_log_flush_duration_seconds_count/ { fc = $2 }
+    /^lattice_raft_commit_heartbeats_total/ { cl = $2 }
+    END { printf "%s %s %s %s %s\n", cs + 0, cc + 0, fs + 0, fc + 0, cl + 0 }'
+}
