@@ -49,10 +49,7 @@ start_lattice_cluster "${AB_B_SERVER:-target/release/lattice-server}" "$work/b" 
 ep_a=$(leader_of "$(seq -s, -f 127.0.0.1:2579%g "$members")")
 ep_b=$(leader_of "$(seq -s, -f 127.0.0.1:2679%g "$members")")
 
-round() { # <name> <endpoint> [puts]
-  target/release/lattice-bench --name "$1" --endpoint "$2" --puts "${3:-${AB_PUTS:-1500}}" \
-    --seq-only | sed -n "s/^RESULT $1_seq_puts_per_s=//p"
-}
+round() { seq_round "$1" "$2" "${3:-${AB_PUTS:-1500}}"; } # <name> <endpoint> [puts]
 round warm_a "$ep_a" 500 >/dev/null
 round warm_b "$ep_b" 500 >/dev/null
 
@@ -68,7 +65,6 @@ for r in $(seq "${AB_ROUNDS:-10}"); do
   pairs+=("$pair")
   echo "round $r: A $a  B $b  B/A $pair"
 done
-mean() { printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.1f", s / NR }'; }
 ma=$(mean "${a_all[@]}")
 mb=$(mean "${b_all[@]}")
 echo "RESULT ab_a_seq_puts_per_s=$ma"

@@ -65,3 +65,12 @@ raft_timing() {
     /^lattice_raft_commit_heartbeats_total/ { cl = $2 }
     END { printf "%s %s %s %s %s\n", cs + 0, cc + 0, fs + 0, fc + 0, cl + 0 }'
 }
+
+# One round of sequential puts: `seq_round <name> <endpoint> <puts>` prints its puts/s.
+seq_round() {
+  target/release/lattice-bench --name "$1" --endpoint "$2" --puts "$3" --seq-only |
+    sed -n "s/^RESULT $1_seq_puts_per_s=//p"
+}
+
+# The mean of its arguments, to one decimal.
+mean() { printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.1f", s / NR }'; }
