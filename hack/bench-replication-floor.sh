@@ -45,24 +45,7 @@ start_lattice_cluster target/release/lattice-server "$work/lattice3" 3 28180 257
 lattice=$(leader_of 127.0.0.1:25791,127.0.0.1:25792,127.0.0.1:25793)
 echo "==> Lattice's leader: $lattice; the floor's: 127.0.0.1:25891"
 
-puts=${FLOOR_PUTS:-2000}
 seq_round warm_f 127.0.0.1:25891 500 >/dev/null
 seq_round warm_l "$lattice" 500 >/dev/null
-f_all=() l_all=() pairs=()
-for r in $(seq "${FLOOR_ROUNDS:-6}"); do
-  if [ $((r % 2)) = 1 ]; then
-    f=$(seq_round f 127.0.0.1:25891 "$puts"); l=$(seq_round l "$lattice" "$puts")
-  else
-    l=$(seq_round l "$lattice" "$puts"); f=$(seq_round f 127.0.0.1:25891 "$puts")
-  fi
-  f_all+=("$f") l_all+=("$l")
-  pair=$(awk -v f="$f" -v l="$l" 'BEGIN { printf "%.3f", l / f }')
-  pairs+=("$pair")
-  echo "round $r: floor $f  Lattice $l  Lattice/floor $pair"
-done
-mf=$(mean "${f_all[@]}")
-ml=$(mean "${l_all[@]}")
-echo "RESULT floor_seq_puts_per_s=$mf"
-echo "RESULT lattice3_seq_puts_per_s=$ml"
-echo "RESULT lattice3_vs_floor=$(awk -v f="$mf" -v l="$ml" 'BEGIN { printf "%.3f", l / f }')"
-echo "RESULT lattice3_vs_floor_pairs_median=$(printf '%s\n' "${pairs[@]}" | median)"
+alternate_rounds floor 127.0.0.1:25891 lattice3 "$lattice" "${FLOOR_ROUNDS:-6}" \
+  "${FLOOR_PUTS:-2000}" lattice3_vs_floor

@@ -49,25 +49,6 @@ start_lattice_cluster "${AB_B_SERVER:-target/release/lattice-server}" "$work/b" 
 ep_a=$(leader_of "$(seq -s, -f 127.0.0.1:2579%g "$members")")
 ep_b=$(leader_of "$(seq -s, -f 127.0.0.1:2679%g "$members")")
 
-round() { seq_round "$1" "$2" "${3:-${AB_PUTS:-1500}}"; } # <name> <endpoint> [puts]
-round warm_a "$ep_a" 500 >/dev/null
-round warm_b "$ep_b" 500 >/dev/null
-
-a_all=() b_all=() pairs=()
-for r in $(seq "${AB_ROUNDS:-10}"); do
-  if [ $((r % 2)) = 1 ]; then
-    a=$(round a "$ep_a"); b=$(round b "$ep_b")
-  else
-    b=$(round b "$ep_b"); a=$(round a "$ep_a")
-  fi
-  a_all+=("$a") b_all+=("$b")
-  pair=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')
-  pairs+=("$pair")
-  echo "round $r: A $a  B $b  B/A $pair"
-done
-ma=$(mean "${a_all[@]}")
-mb=$(mean "${b_all[@]}")
-echo "RESULT ab_a_seq_puts_per_s=$ma"
-echo "RESULT ab_b_seq_puts_per_s=$mb"
-echo "RESULT ab_b_vs_a=$(awk -v a="$ma" -v b="$mb" 'BEGIN { printf "%.3f", b / a }')"
-echo "RESULT ab_b_vs_a_pairs_median=$(printf '%s\n' "${pairs[@]}" | median)"
+seq_round warm_a "$ep_a" 500 >/dev/null
+seq_round warm_b "$ep_b" 500 >/dev/null
+alternate_rounds ab_a "$ep_a" ab_b "$ep_b" "${AB_ROUNDS:-10}" "${AB_PUTS:-1500}" ab_b_vs_a

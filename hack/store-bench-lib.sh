@@ -74,3 +74,31 @@ seq_round() {
 
 # The mean of its arguments, to one decimal.
 mean() { printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.1f", s / NR }'; }
+
+# Rounds of sequential puts against two endpoints, alternating which goes first:
+#   alternate_rounds <name a> <endpoint a> <name b> <endpoint b> <rounds> <puts> <ratio>
+# Prints each round, then `RESULT <name a>_seq_puts_per_s=` and `<name b>_seq_puts_per_s=`
+# (the means), `RESULT <ratio>=` (b's mean over a's) and `RESULT <ratio>_pairs_median=`
+# (the median of the rounds' b/a).
+alternate_rounds() {
+  local r x y pair ma mb all_a=() all_b=() pairs=()
+  for r in $(seq "$5"); do
+    if [ $((r % 2)) = 1 ]; then
+      x=$(seq_round "$1" "$2" "$6")
+      y=$(seq_round "$3" "$4" "$6")
+    else
+      y=$(seq_round "$3" "$4" "$6")
+      x=$(seq_round "$1" "$2" "$6")
+    fi
+    all_a+=("$x") all_b+=("$y")
+    pair=$(awk -v a="$x" -v b="$y" 'BEGIN { printf "%.3f", b / a }')
+    pairs+=("$pair")
+    echo "round $r: $1 $x  $3 $y  $3/$1 $pair"
+  done
+  ma=$(mean "${all_a[@]}")
+  mb=$(mean "${all_b[@]}")
+  echo "RESULT $1_seq_puts_per_s=$ma"
+  echo "RESULT $3_seq_puts_per_s=$mb"
+  echo "RESULT $7=$(awk -v a="$ma" -v b="$mb" 'BEGIN { printf "%.3f", b / a }')"
+  echo "RESULT $7_pairs_median=$(printf '%s\n' "${pairs[@]}" | median)"
+}
