@@ -142,8 +142,7 @@ if [ "${BENCH_SKIP_3:-}" != 1 ]; then
   # Where Lattice's 3-member sequential put goes, over its paired rounds: the leader's
   # proposal-to-answer time, its own and its followers' log flush (the followers' is on
   # every put's path), and the share of puts whose answer waited for the leader's own.
-  lattice3_api() { echo "127.0.0.1:$((28180 + ${1##*:} - 25790))"; }
-  leader_api=$(lattice3_api "$lattice3_ep")
+  leader_api="127.0.0.1:$((28180 + ${lattice3_ep##*:} - 25790))"
   before=()
   for i in 1 2 3; do before+=("$(raft_timing "127.0.0.1:$((28180 + i))")"); done
   report_rounds "3 members" put3 etcd3 "$etcd3_ep" lattice3 "$lattice3_ep"
