@@ -23,6 +23,8 @@
 #   AB_MEMBERS    members per cluster, 1 or 3 (default 3)
 #   AB_ROUNDS     rounds per arm (default 10)
 #   AB_PUTS       sequential puts per round (default 1500)
+#   AB_VIA        `leader` (default) or `follower`: the member each client talks to (a
+#                 follower forwards the writes to its leader)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=hack/store-bench-lib.sh
@@ -46,8 +48,14 @@ start_lattice_cluster "${AB_A_SERVER:-target/release/lattice-server}" "$work/a" 
   25180 25790 25900 "${AB_A_ENV:-}" "${AB_A_FLAGS:-}"
 start_lattice_cluster "${AB_B_SERVER:-target/release/lattice-server}" "$work/b" "$members" \
   26180 26790 26900 "${AB_B_ENV:-}" "${AB_B_FLAGS:-}"
-ep_a=$(leader_of "$(seq -s, -f 127.0.0.1:2579%g "$members")")
-ep_b=$(leader_of "$(seq -s, -f 127.0.0.1:2679%g "$members")")
+case "${AB_VIA:-leader}" in
+  leader) pick=leader_of ;;
+  follower) [ "$members" = 3 ] || { echo "AB_VIA=follower needs AB_MEMBERS=3" >&2; exit 2; }; pick=follower_of ;;
+  *) echo "AB_VIA must be leader or follower" >&2; exit 2 ;;
+esac
+ep_a=$($pick "$(seq -s, -f 127.0.0.1:2579%g "$members")")
+ep_b=$($pick "$(seq -s, -f 127.0.0.1:2679%g "$members")")
+echo "==> A: $ep_a, B: $ep_b (${AB_VIA:-leader})"
 
 seq_round warm_a "$ep_a" 500 >/dev/null
 seq_round warm_b "$ep_b" 500 >/dev/null

@@ -18,6 +18,12 @@
 #                 rounds' ratios are printed as `put_ratio_rounds` / `put3_ratio_rounds`
 #                 and the full pass's alone as `put_ratio_first_pass_vs_etcd` /
 #                 `put3_ratio_first_pass_vs_etcd`.
+#   BENCH_FOLLOWER_ROUNDS  paired rounds of 1,500 sequential puts through a follower of
+#                 each 3-member cluster (default 4; 0: none), after the leader's rounds:
+#                 both stores forward such writes to their leader and answer once the
+#                 follower has applied them. Prints `etcd3_via_follower_seq_puts_per_s`,
+#                 `lattice3_via_follower_seq_puts_per_s` (the means),
+#                 `put3_via_follower_ratio_vs_etcd` and its `_pairs_median`.
 #   BENCH_LATTICE_SERVER  binary to run instead of target/release/lattice-server, taking
 #                 the same store flags (e.g. target/release/examples/raft-member from
 #                 `cargo build --release -p lattice-store --example raft-member`: the store
@@ -159,6 +165,13 @@ if [ "${BENCH_SKIP_3:-}" != 1 ]; then
       if (lc > 0) printf "RESULT lattice3_leader_flush_ms_mean=%.3f\n", lf * 1000 / lc
       if (fc > 0) printf "RESULT lattice3_follower_flush_ms_mean=%.3f\n", ff * 1000 / fc
     }'
+  if [ "${BENCH_FOLLOWER_ROUNDS:-4}" -gt 0 ]; then
+    etcd3_fep=$(follower_of 127.0.0.1:24791,127.0.0.1:24792,127.0.0.1:24793)
+    lattice3_fep=$(follower_of 127.0.0.1:25791,127.0.0.1:25792,127.0.0.1:25793)
+    echo "==> paired rounds of sequential puts through a follower (etcd $etcd3_fep, Lattice $lattice3_fep)"
+    alternate_rounds etcd3_via_follower "$etcd3_fep" lattice3_via_follower "$lattice3_fep" \
+      "${BENCH_FOLLOWER_ROUNDS:-4}" 1500 put3_via_follower_ratio_vs_etcd
+  fi
 fi
 echo "RESULT put8_ratio_vs_etcd=$(ratio lattice_puts_per_s_8_clients etcd_puts_per_s_8_clients)"
 echo "RESULT put64_ratio_vs_etcd=$(ratio lattice_puts_per_s_64_clients etcd_puts_per_s_64_clients)"

@@ -27,6 +27,21 @@ leader_of() {
   return 1
 }
 
+# follower_of <endpoints, comma-separated>: the first endpoint whose member does not lead
+# (once some member leads).
+follower_of() {
+  local ep
+  for _ in $(seq 100); do
+    ep=$(ETCDCTL_API=3 etcdctl --endpoints="$1" endpoint status -w fields 2>/dev/null | awk '
+      /^"MemberID"/ { id = $3 } /^"Leader"/ { lead = $3 }
+      /^"Endpoint"/ { gsub(/"/, "", $3); if (id != "" && lead != "0" && (id "") != (lead "")) { print $3; exit } }' || true)
+    [ -n "$ep" ] && { echo "$ep"; return; }
+    sleep 0.2
+  done
+  echo "no follower among $1" >&2
+  return 1
+}
+
 # start_lattice_cluster <binary> <data dir prefix> <members> <api port base>
 #   <etcd port base> <raft port base> [env words] [flag words]
 # Member i (from 1) listens on base + i for each port and logs to <prefix>-i.log; member

@@ -122,6 +122,15 @@ impl RaftTransport for Follower {
     async fn forward(&self, _: Request<Payload>) -> Result<Response<Payload>, Status> {
         unimplemented()
     }
+
+    type ForwardStreamStream = PayloadStream;
+
+    async fn forward_stream(
+        &self,
+        _: Request<tonic::Streaming<Payload>>,
+    ) -> Result<Response<PayloadStream>, Status> {
+        unimplemented()
+    }
 }
 
 type Done = tokio::sync::oneshot::Sender<()>;

@@ -121,6 +121,9 @@ pub struct RaftMetrics {
     pub commit_clamped: Counter,
     /// Heartbeats sent to carry such a commit index once durable.
     pub commit_heartbeats: Counter,
+    /// A client request this member forwarded to the leader (it does not lead), from
+    /// sending it to the leader's answer.
+    pub forward_seconds: Histogram,
 }
 
 impl Default for RaftMetrics {
@@ -133,6 +136,7 @@ impl Default for RaftMetrics {
             log_early_appends: Counter::default(),
             commit_clamped: Counter::default(),
             commit_heartbeats: Counter::default(),
+            forward_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
         }
     }
 }
@@ -174,6 +178,11 @@ impl RaftMetrics {
             "commit_heartbeats",
             "Heartbeats sent to carry a commit index held back for the leader's log once it is durable",
             self.commit_heartbeats.clone(),
+        );
+        r.register(
+            "forward_duration_seconds",
+            "A client request this member forwarded to the leader, from sending it to the answer",
+            self.forward_seconds.clone(),
         );
     }
 }

@@ -1072,3 +1072,114 @@ fn histogram_count(
         .parse()
         .unwrap()
 }
+
+/// Many writers through one follower: their requests share its forward stream to the
+/// leader and each gets its own answer back (a put's previous value is the writer's own
+/// last one), whatever order the leader answers in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writes_through_a_follower_each_get_their_own_answer() {
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let f = (leader + 1) % 3;
+    let follower = c.node(f);
+    let mut writers = Vec::new();
+    for w in 0..32usize {
+        let follower = follower.clone();
+        writers.push(tokio::spawn(async move {
+            for i in 0..20usize {
+                let mut put = PutRequest::new(format!("/fw/{w}"), format!("{w}-{i}"));
+                put.prev_kv = true;
+                let resp = follower.put(put).await.unwrap();
+                let prev = resp
+                    .prev_kv
+                    .map(|kv| String::from_utf8(kv.value.to_vec()).unwrap());
+                let expected = i.checked_sub(1).map(|p| format!("{w}-{p}"));
+                assert_eq!(prev, expected, "writer {w}, write {i}");
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let forwarded = histogram_count(
+        |r| follower.raft_metrics().register(r),
+        "lattice_raft_forward_duration_seconds",
+    );
+    assert!(forwarded >= 640, "{forwarded} forwarded requests counted");
+    for i in 0..3 {
+        assert_eq!(
+            get_value(&c.node(i), "/fw/31", false).await.unwrap(),
+            Some("31-19".into()),
+            "member {i}"
+        );
+    }
+    c.shutdown_all().await;
+}
+
+/// A leader that does not serve the forward stream (as a member from before it) is asked
+/// with unary calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_through_a_follower_fall_back_to_unary_calls() {
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    c.node(leader).network().set_refuse_forward_streams(true);
+    let f = (leader + 1) % 3;
+    for i in 0..5 {
+        c.node(f)
+            .put(PutRequest::new(format!("/unary/{i}"), "v"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        get_value(&c.node(leader), "/unary/4", false).await.unwrap(),
+        Some("v".into())
+    );
+    c.shutdown_all().await;
+}
+
+/// Malformed forward-stream messages never crash the leader: one shorter than its ID ends
+/// the stream with InvalidArgument; an undecodable request is answered (under its ID) with
+/// an error and the stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forward_stream_refuses_garbage_without_harm() {
+    use lattice_store::raft::pb::raft_transport_client::RaftTransportClient;
+    use lattice_store::raft::pb::Payload;
+
+    let mut c = Cluster::start(3, no_tune).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let addr = format!("http://{}", c.node(leader).local_addr());
+    let mut client = RaftTransportClient::connect(addr).await.unwrap();
+
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut answers = client
+        .forward_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    for id in [5u64, 6] {
+        let mut data = id.to_le_bytes().to_vec();
+        data.extend_from_slice(&[0xff; 16]);
+        tx.send(Payload { data }).await.unwrap();
+        let answer = answers.message().await.unwrap().expect("an answer");
+        assert_eq!(answer.data[..8], id.to_le_bytes(), "answered under its ID");
+        assert_eq!(answer.data[8], 0, "a result (an error), not a refusal");
+        assert!(answer.data.len() > 9);
+    }
+    tx.send(Payload { data: vec![1; 7] }).await.unwrap();
+    let status = answers.message().await.expect_err("garbage refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+
+    // The cluster still takes writes through a follower.
+    let f = (leader + 1) % 3;
+    c.node(f)
+        .put(PutRequest::new("/forward/after", "ok"))
+        .await
+        .unwrap();
+    assert_eq!(
+        get_value(&c.node(leader), "/forward/after", false)
+            .await
+            .unwrap(),
+        Some("ok".into())
+    );
+    c.shutdown_all().await;
+}

@@ -17,8 +17,10 @@
 //!
 //! # Semantics
 //! * Writes (`txn` with writes, leases, compaction) are Raft log entries. A member that is
-//!   not the leader forwards them to the leader over gRPC. An `Ok` answer means the entry
-//!   is committed and applied. A request that may or may not have been applied (the leader
+//!   not the leader forwards them to the leader over gRPC, on one long-lived stream per
+//!   leader shared by all its writers, and answers once the leader has answered and it
+//!   has applied the entry itself. An `Ok` answer means the entry is committed and
+//!   applied. A request that may or may not have been applied (the leader
 //!   died or stepped down mid-request, or commit took longer than
 //!   [`RaftConfig::request_timeout`]) fails with `StoreError::Backend("… outcome
 //!   unknown …")`; the store never retries such a request itself, so a write is never
@@ -499,6 +501,8 @@ pub(crate) struct Inner {
     log: Arc<log_store::LogDb>,
     net: Arc<NetShared>,
     stopped: AtomicBool,
+    /// Turns true with `stopped`, for tasks that wait (the forward streams served).
+    stopped_watch: tokio::sync::watch::Sender<bool>,
     server_stop: Mutex<Option<oneshot::Sender<()>>>,
     server_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     proposals: tokio::sync::mpsc::UnboundedSender<(Command, Reply)>,
@@ -606,6 +610,7 @@ impl RaftStore {
             log,
             net: net.clone(),
             stopped: AtomicBool::new(false),
+            stopped_watch: tokio::sync::watch::Sender::new(false),
             server_stop: Mutex::new(None),
             server_task: Mutex::new(None),
             config,
@@ -617,6 +622,7 @@ impl RaftStore {
             raft: raft.clone(),
             net,
             inner: Arc::downgrade(&inner),
+            stopped: inner.stopped_watch.subscribe(),
         };
         let server = pb::raft_transport_server::RaftTransportServer::new(service)
             .max_decoding_message_size(network::MAX_MESSAGE)
@@ -933,6 +939,7 @@ impl RaftStore {
         if self.inner.stopped.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.inner.stopped_watch.send_replace(true);
         if let Err(e) = self.inner.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
@@ -989,12 +996,13 @@ impl RaftStore {
                     let remaining = deadline
                         .saturating_duration_since(Instant::now())
                         .max(Duration::from_millis(100));
-                    match self
-                        .inner
-                        .net
-                        .call(&addr, Rpc::Forward, data, remaining)
-                        .await
-                    {
+                    let sent = Instant::now();
+                    let answer = self.inner.net.forward(&addr, data, remaining).await;
+                    if answer.is_ok() {
+                        let took = sent.elapsed().as_secs_f64();
+                        self.inner.log.metrics.forward_seconds.observe(took);
+                    }
+                    match answer {
                         Ok(bytes) => postcard::from_bytes::<ClientResult>(&bytes).map_err(|e| {
                             StoreError::Backend(format!("undecodable answer from {l}: {e}"))
                         })?,
@@ -1048,26 +1056,23 @@ impl RaftStore {
         }
     }
 
+    /// Wait until this member has applied (and published to its readers) log `index`.
     async fn wait_applied(&self, index: u64) -> StoreResult<()> {
-        let applied = self
-            .inner
-            .raft
-            .metrics()
-            .borrow()
-            .last_applied
-            .map_or(0, |l| l.index);
-        if index == 0 || applied >= index {
+        let mut applied = self.inner.sm.applied_index.subscribe();
+        if index == 0 || *applied.borrow() >= index {
             return Ok(());
         }
-        self.inner
-            .raft
-            .wait(Some(self.inner.config.request_timeout))
-            .applied_index_at_least(Some(index), "apply locally")
+        let timeout = self.inner.config.request_timeout;
+        let waited = tokio::time::timeout(timeout, applied.wait_for(|a| *a >= index))
             .await
-            .map_err(|e| {
-                StoreError::NoLeader(format!("waiting to apply log index {index}: {e}"))
-            })?;
-        Ok(())
+            .map(|r| r.map(|_| ()));
+        match waited {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(StoreError::Stopped),
+            Err(_) => Err(StoreError::NoLeader(format!(
+                "waiting to apply log index {index}: not applied here within {timeout:?}"
+            ))),
+        }
     }
 
     /// Read-index: make this member's state at least as new as the leader's commit point.

@@ -5,8 +5,11 @@
 //! AppendEntries, the one RPC on every write's path, travels on a long-lived stream per
 //! replication target (`AppendStream`): one HTTP/2 DATA frame each way per request, where
 //! a unary call costs the sender a HEADERS, a DATA and an end-of-stream frame (three socket
-//! writes) and the receiver a response with trailers. Votes, snapshots and forwarded
-//! client requests stay unary.
+//! writes) and the receiver a response with trailers. Client requests a member forwards
+//! to the leader (writes, read-index, lease keep-alives) travel on one long-lived stream
+//! per leader too (`ForwardStream`), tagged with IDs and answered in any order, so many
+//! writers share it; a leader without that RPC is asked with unary `Forward` calls. Votes,
+//! snapshots, joins and operator removals stay unary.
 //!
 //! A per-member switch ([`NetShared::set_partitioned`]) makes this member drop all Raft and
 //! forward traffic in both directions: tests use it to cut a member off without killing it.
@@ -46,6 +49,13 @@ pub(crate) const MAX_MESSAGE: usize = 256 * 1024 * 1024;
 pub struct NetShared {
     partitioned: AtomicBool,
     channels: Mutex<HashMap<String, Channel>>,
+    /// Open forward streams, by leader address.
+    forwards: Mutex<HashMap<String, Arc<ForwardMux>>>,
+    /// Leaders that do not serve `ForwardStream` (older members): asked with unary calls
+    /// until their connection fails.
+    unary_forward: Mutex<std::collections::HashSet<String>>,
+    /// Test switch: refuse `ForwardStream` as an older member would.
+    refuse_forward_streams: AtomicBool,
     /// The highest commit index an AppendEntries went out without (lowered to the
     /// durable log): owed to the followers once durable (a heartbeat carries it).
     pub(crate) commit_owed: AtomicU64,
@@ -68,11 +78,18 @@ impl NetShared {
         self.partitioned.store(on, Ordering::SeqCst);
         if on {
             lock(&self.channels).clear();
+            lock(&self.forwards).clear();
         }
     }
 
     pub fn is_partitioned(&self) -> bool {
         self.partitioned.load(Ordering::SeqCst)
+    }
+
+    /// Test switch: while set, this member answers `ForwardStream` with `Unimplemented`, as
+    /// a member from before that RPC does, so the others forward to it with unary calls.
+    pub fn set_refuse_forward_streams(&self, on: bool) {
+        self.refuse_forward_streams.store(on, Ordering::SeqCst);
     }
 
     /// Open an `AppendStream` to `addr`.
@@ -123,6 +140,164 @@ impl NetShared {
 
     fn forget(&self, addr: &str) {
         lock(&self.channels).remove(addr);
+        lock(&self.unary_forward).remove(addr);
+    }
+
+    /// Send a client request (`data`: a postcard [`ClientRequest`]) to the leader at `addr`
+    /// on its forward stream, opened if need be, and return the encoded `ClientResult`.
+    /// Falls back to a unary `Forward` call when the leader does not know the stream.
+    pub(crate) async fn forward(
+        &self,
+        addr: &str,
+        data: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<Vec<u8>, CallError> {
+        if self.is_partitioned() {
+            return Err(CallError::NotSent("partitioned".into()));
+        }
+        if lock(&self.unary_forward).contains(addr) {
+            return self.call(addr, Rpc::Forward, data, ttl).await;
+        }
+        let started = tokio::time::Instant::now();
+        let mux = match self.forward_mux(addr, ttl).await {
+            Ok(mux) => mux,
+            Err(OpenError::Unsupported) => {
+                tracing::info!(leader = %addr, "the leader has no forward stream; forwarding with unary calls");
+                lock(&self.unary_forward).insert(addr.to_string());
+                let ttl = ttl.saturating_sub(started.elapsed());
+                return self.call(addr, Rpc::Forward, data, ttl).await;
+            }
+            Err(OpenError::Failed(e)) => return Err(CallError::NotSent(e)),
+        };
+        let id = mux.next_id.fetch_add(1, Ordering::Relaxed);
+        let (answer_tx, answer_rx) = tokio::sync::oneshot::channel();
+        {
+            let mut pending = lock(&mux.pending);
+            if pending.closed {
+                drop(pending);
+                self.forget_forward(addr, &mux);
+                return Err(CallError::NotSent(format!(
+                    "{addr}: the forward stream closed"
+                )));
+            }
+            pending.waiting.insert(id, answer_tx);
+        }
+        if mux
+            .tx
+            .send(Payload {
+                data: frame(id, None, &data),
+            })
+            .is_err()
+        {
+            lock(&mux.pending).waiting.remove(&id);
+            self.forget_forward(addr, &mux);
+            return Err(CallError::NotSent(format!(
+                "{addr}: the forward stream closed"
+            )));
+        }
+        let ttl = ttl.saturating_sub(started.elapsed());
+        match tokio::time::timeout(ttl, answer_rx).await {
+            Ok(Ok(ForwardAnswer::Done(bytes))) => Ok(bytes),
+            Ok(Ok(ForwardAnswer::Refused(why))) => {
+                self.forget_forward(addr, &mux);
+                Err(CallError::NotSent(format!("{addr}: {why}")))
+            }
+            Ok(Ok(ForwardAnswer::Lost(why))) => {
+                self.forget_forward(addr, &mux);
+                Err(CallError::Unknown(format!("{addr}: {why}")))
+            }
+            Ok(Err(_)) => Err(CallError::Unknown(format!(
+                "{addr}: the forward stream dropped the request"
+            ))),
+            Err(_) => {
+                lock(&mux.pending).waiting.remove(&id);
+                Err(CallError::Unknown(format!(
+                    "{addr}: timed out after {ttl:?}"
+                )))
+            }
+        }
+    }
+
+    /// The open forward stream to `addr`, or a new one.
+    async fn forward_mux(&self, addr: &str, ttl: Duration) -> Result<Arc<ForwardMux>, OpenError> {
+        if let Some(mux) = lock(&self.forwards).get(addr) {
+            if !mux.tx.is_closed() {
+                return Ok(mux.clone());
+            }
+        }
+        let channel = self.channel(addr).await.map_err(OpenError::Failed)?;
+        let mut client = RaftTransportClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let opened = tokio::time::timeout(
+            ttl,
+            client.forward_stream(tokio_stream::wrappers::UnboundedReceiverStream::new(rx)),
+        )
+        .await;
+        let mut answers = match opened {
+            Ok(Ok(resp)) => resp.into_inner(),
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                return Err(OpenError::Unsupported)
+            }
+            Ok(Err(status)) => {
+                self.forget(addr);
+                return Err(OpenError::Failed(format!(
+                    "opening a forward stream to {addr}: {status}"
+                )));
+            }
+            Err(_) => {
+                self.forget(addr);
+                return Err(OpenError::Failed(format!(
+                    "opening a forward stream to {addr}: timed out after {ttl:?}"
+                )));
+            }
+        };
+        let pending = Arc::new(Mutex::new(Pending::default()));
+        let mux = Arc::new(ForwardMux {
+            tx,
+            next_id: AtomicU64::new(0),
+            pending: pending.clone(),
+        });
+        lock(&self.forwards).insert(addr.to_string(), mux.clone());
+        let leader = addr.to_string();
+        tokio::spawn(async move {
+            let why = loop {
+                match answers.message().await {
+                    Ok(Some(p)) => match split_answer(&p.data) {
+                        Some((id, answer)) => {
+                            let waiter = lock(&pending).waiting.remove(&id);
+                            if let Some(waiter) = waiter {
+                                let _ = waiter.send(answer);
+                            }
+                        }
+                        None => break "an undecodable answer".to_string(),
+                    },
+                    Ok(None) => break "the leader ended the forward stream".to_string(),
+                    Err(status) => break format!("forward stream: {status}"),
+                }
+            };
+            tracing::debug!(%leader, reason = %why, "forward stream closed");
+            let waiting = {
+                let mut pending = lock(&pending);
+                pending.closed = true;
+                std::mem::take(&mut pending.waiting)
+            };
+            for (_, waiter) in waiting {
+                let _ = waiter.send(ForwardAnswer::Lost(format!(
+                    "{why} before answering; outcome unknown"
+                )));
+            }
+        });
+        Ok(mux)
+    }
+
+    /// Drop `mux` as the forward stream to `addr` (a later request opens another).
+    fn forget_forward(&self, addr: &str, mux: &Arc<ForwardMux>) {
+        let mut forwards = lock(&self.forwards);
+        if forwards.get(addr).is_some_and(|m| Arc::ptr_eq(m, mux)) {
+            forwards.remove(addr);
+        }
     }
 
     /// One unary call to `addr`.
@@ -168,6 +343,68 @@ impl NetShared {
 }
 
 const PARTITIONED: &str = "member is partitioned (test switch)";
+
+/// An open `ForwardStream` to one leader: requests go out on `tx` under an ID of their
+/// own; a reader task hands each answer to whoever waits under its ID.
+struct ForwardMux {
+    tx: tokio::sync::mpsc::UnboundedSender<Payload>,
+    next_id: AtomicU64,
+    pending: Arc<Mutex<Pending>>,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Set by the reader when the stream ended: nothing more will be answered.
+    closed: bool,
+    waiting: HashMap<u64, tokio::sync::oneshot::Sender<ForwardAnswer>>,
+}
+
+enum OpenError {
+    /// The peer does not serve `ForwardStream` (an older member).
+    Unsupported,
+    Failed(String),
+}
+
+/// What came back for one forwarded request.
+#[derive(Debug, PartialEq)]
+enum ForwardAnswer {
+    /// The encoded `ClientResult`.
+    Done(Vec<u8>),
+    /// Refused before the leader looked at it (partitioned, stopped): safe to retry.
+    Refused(String),
+    /// The stream broke after the request went out: it may or may not have been applied.
+    Lost(String),
+}
+
+const ANSWER_DONE: u8 = 0;
+const ANSWER_REFUSED: u8 = 1;
+
+/// A `ForwardStream` message: the ID (8 bytes, little-endian), the answer's tag byte
+/// (answers only), the body.
+fn frame(id: u64, tag: Option<u8>, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + body.len());
+    out.extend_from_slice(&id.to_le_bytes());
+    out.extend(tag);
+    out.extend_from_slice(body);
+    out
+}
+
+/// A request message's ID and body; `None` if it is shorter than an ID.
+fn split_request(data: &[u8]) -> Option<(u64, &[u8])> {
+    let (id, body) = data.split_first_chunk::<8>()?;
+    Some((u64::from_le_bytes(*id), body))
+}
+
+fn split_answer(data: &[u8]) -> Option<(u64, ForwardAnswer)> {
+    let (id, rest) = split_request(data)?;
+    let (tag, body) = rest.split_first()?;
+    let answer = match *tag {
+        ANSWER_DONE => ForwardAnswer::Done(body.to_vec()),
+        ANSWER_REFUSED => ForwardAnswer::Refused(String::from_utf8_lossy(body).into_owned()),
+        _ => return None,
+    };
+    Some((id, answer))
+}
 
 fn source_chain(e: &dyn Error) -> String {
     let mut s = e.to_string();
@@ -378,6 +615,8 @@ pub(crate) struct RaftService {
     pub(crate) raft: Raft<TypeConfig>,
     pub(crate) net: Arc<NetShared>,
     pub(crate) inner: Weak<Inner>,
+    /// Turns true when the member stops (ends the forward streams it serves).
+    pub(crate) stopped: tokio::sync::watch::Receiver<bool>,
 }
 
 fn bad_request(e: impl std::fmt::Display) -> tonic::Status {
@@ -495,5 +734,107 @@ impl RaftTransport for RaftService {
             None => Err(WireError::Stopped),
         };
         encode(&resp)
+    }
+
+    type ForwardStreamStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<Payload, tonic::Status>> + Send + 'static>,
+    >;
+
+    /// Reads the member's forwarded requests and handles each in a task of its own,
+    /// answering as each finishes. Partitioned or stopped, it refuses the request it read
+    /// (the sender may retry it) and ends the stream; it also ends when the member stops.
+    async fn forward_stream(
+        &self,
+        request: tonic::Request<tonic::Streaming<Payload>>,
+    ) -> Result<tonic::Response<Self::ForwardStreamStream>, tonic::Status> {
+        if self.net.refuse_forward_streams.load(Ordering::SeqCst) {
+            return Err(tonic::Status::unimplemented(
+                "ForwardStream refused (test switch)",
+            ));
+        }
+        self.check()?;
+        let mut inbound = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<Payload, tonic::Status>>();
+        let net = self.net.clone();
+        let weak = self.inner.clone();
+        let mut stopped = self.stopped.clone();
+        tokio::spawn(async move {
+            loop {
+                let data = tokio::select! {
+                    message = inbound.message() => match message {
+                        Ok(Some(p)) => p.data,
+                        Ok(None) | Err(_) => break,
+                    },
+                    _ = stopped.wait_for(|s| *s) => break,
+                };
+                let Some((id, body)) = split_request(&data) else {
+                    let _ = tx.send(Err(bad_request("a forward message shorter than its ID")));
+                    break;
+                };
+                let refuse = |why: &str| {
+                    Ok(Payload {
+                        data: frame(id, Some(ANSWER_REFUSED), why.as_bytes()),
+                    })
+                };
+                if net.is_partitioned() {
+                    let _ = tx.send(refuse(PARTITIONED));
+                    break;
+                }
+                let Some(inner) = weak.upgrade().filter(|i| !i.stopped.load(Ordering::SeqCst))
+                else {
+                    let _ = tx.send(refuse("member stopped"));
+                    break;
+                };
+                let tx = tx.clone();
+                let req = postcard::from_bytes::<ClientRequest>(body);
+                tokio::spawn(async move {
+                    let resp = match req {
+                        Ok(req) => super::RaftStore::handle_forward(inner, req).await,
+                        Err(e) => Err(WireError::InvalidArgument(format!(
+                            "undecodable forwarded request: {e}"
+                        ))),
+                    };
+                    let answer = postcard::to_allocvec(&resp)
+                        .map(|b| Payload {
+                            data: frame(id, Some(ANSWER_DONE), &b),
+                        })
+                        .map_err(|e| tonic::Status::internal(e.to_string()));
+                    let _ = tx.send(answer);
+                });
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forward_frames_round_trip() {
+        let req = frame(7, None, b"request");
+        assert_eq!(split_request(&req), Some((7, &b"request"[..])));
+        let done = frame(u64::MAX, Some(ANSWER_DONE), b"result");
+        assert_eq!(
+            split_answer(&done),
+            Some((u64::MAX, ForwardAnswer::Done(b"result".to_vec())))
+        );
+        let refused = frame(3, Some(ANSWER_REFUSED), b"member stopped");
+        assert_eq!(
+            split_answer(&refused),
+            Some((3, ForwardAnswer::Refused("member stopped".into())))
+        );
+        // An empty body is a valid request (the server's decoder then rejects it).
+        assert_eq!(split_request(&frame(1, None, b"")), Some((1, &b""[..])));
+    }
+
+    #[test]
+    fn malformed_forward_frames_are_rejected() {
+        assert_eq!(split_request(b"short"), None);
+        assert_eq!(split_answer(&7u64.to_le_bytes()), None, "no tag");
+        assert_eq!(split_answer(&frame(7, Some(9), b"x")), None, "unknown tag");
     }
 }

@@ -183,6 +183,10 @@ pub(crate) struct SmShared {
     pub(crate) published: AtomicI64,
     pub(crate) hub: Mutex<WatchHub>,
     pub(crate) catch_up: Notify,
+    /// The index of the last entry applied and published to readers (raised right after
+    /// each apply, without waiting for openraft's metrics): what a member waits on to
+    /// read its own forwarded writes and read-index reads.
+    pub(crate) applied_index: tokio::sync::watch::Sender<u64>,
     /// Signalled when an apply batch is held back with nothing before it: the deferred
     /// commit task (`RaftStore`) then commits it within [`COMMIT_DELAY`] should no later
     /// apply do so.
@@ -231,6 +235,7 @@ impl SmShared {
             "raft state machine opened"
         );
         let metrics = StoreMetrics::default();
+        let applied_index = tokio::sync::watch::Sender::new(last_applied.map_or(0, |l| l.index));
         metrics.applied_revision.set(mvcc.revision());
         metrics.db_size_bytes.set(persist.size_bytes());
         Ok(Arc::new(SmShared {
@@ -244,6 +249,7 @@ impl SmShared {
             }),
             hub: Mutex::new(WatchHub::default()),
             catch_up: Notify::new(),
+            applied_index,
             deferred: Arc::new(Notify::new()),
             deadlines: Mutex::new(deadlines),
             limits,
@@ -406,6 +412,17 @@ impl SmShared {
         }
     }
 
+    /// Raise `applied_index` to `index` (never lowers it), waking whoever waits for it.
+    fn raise_applied_index(&self, index: u64) {
+        self.applied_index.send_if_modified(|applied| {
+            let raise = index > *applied;
+            if raise {
+                *applied = index;
+            }
+            raise
+        });
+    }
+
     fn publish(&self, applied: &[Applied], revision: i64) {
         crate::embedded::track_lease_deadlines(&mut lock(&self.deadlines), applied);
         self.metrics.applied_revision.set(revision);
@@ -528,6 +545,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: openraft::OptionalSend,
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let last_index = entries.last().map_or(0, |e| e.log_id.index);
         if let (Some(rx), Some(last)) = (self.durable.as_mut(), entries.last()) {
             // Nothing is answered, read, watched or snapshotted before it is durable on
             // this member: a leader counted its own entry before its fdatasync.
@@ -553,6 +571,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             sm_write_err(e)
         })?;
         self.shared.publish(&applied, revision);
+        self.shared.raise_applied_index(last_index);
         Ok(responses)
     }
 
@@ -613,6 +632,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             hub.close_all();
             self.shared.published.store(revision, Ordering::Release);
         }
+        self.shared
+            .raise_applied_index(meta.last_log_id.map_or(0, |l| l.index));
         *lock(&self.shared.current_snapshot) = Some((meta.clone(), data));
         Ok(())
     }
