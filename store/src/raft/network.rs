@@ -221,7 +221,8 @@ impl NetShared {
     /// The open forward stream to `addr`, or a new one.
     async fn forward_mux(&self, addr: &str, ttl: Duration) -> Result<Arc<ForwardMux>, OpenError> {
         if let Some(mux) = lock(&self.forwards).get(addr) {
-            if !mux.tx.is_closed() {
+            // (A stream the leader ended is closed for its reader before its sender.)
+            if !mux.tx.is_closed() && !lock(&mux.pending).closed {
                 return Ok(mux.clone());
             }
         }
