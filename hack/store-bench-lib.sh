@@ -12,35 +12,26 @@ wait_healthy() {
   return 1
 }
 
-# The endpoint (of the comma-separated ones) whose member is the cluster's leader, as
-# `etcdctl endpoint status` reports it (etcd and Lattice alike); waits for one.
-leader_of() {
+# member_of <leader|follower> <endpoints, comma-separated>: the first endpoint whose
+# member leads (or does not), as `etcdctl endpoint status` reports it (etcd and Lattice
+# alike), once some member leads; waits for one.
+member_of() {
   local ep
   for _ in $(seq 100); do
-    ep=$(ETCDCTL_API=3 etcdctl --endpoints="$1" endpoint status -w fields 2>/dev/null | awk '
+    ep=$(ETCDCTL_API=3 etcdctl --endpoints="$2" endpoint status -w fields 2>/dev/null | awk -v want="$1" '
       /^"MemberID"/ { id = $3 } /^"Leader"/ { lead = $3 }
-      /^"Endpoint"/ { gsub(/"/, "", $3); if (id != "" && (id "") == (lead "") && lead != "0") { print $3; exit } }' || true)
+      /^"Endpoint"/ {
+        gsub(/"/, "", $3)
+        if (id != "" && lead != "0" && (((id "") == (lead "")) == (want == "leader"))) { print $3; exit }
+      }' || true)
     [ -n "$ep" ] && { echo "$ep"; return; }
     sleep 0.2
   done
-  echo "no leader among $1" >&2
+  echo "no $1 among $2" >&2
   return 1
 }
-
-# follower_of <endpoints, comma-separated>: the first endpoint whose member does not lead
-# (once some member leads).
-follower_of() {
-  local ep
-  for _ in $(seq 100); do
-    ep=$(ETCDCTL_API=3 etcdctl --endpoints="$1" endpoint status -w fields 2>/dev/null | awk '
-      /^"MemberID"/ { id = $3 } /^"Leader"/ { lead = $3 }
-      /^"Endpoint"/ { gsub(/"/, "", $3); if (id != "" && lead != "0" && (id "") != (lead "")) { print $3; exit } }' || true)
-    [ -n "$ep" ] && { echo "$ep"; return; }
-    sleep 0.2
-  done
-  echo "no follower among $1" >&2
-  return 1
-}
+leader_of() { member_of leader "$1"; }
+follower_of() { member_of follower "$1"; }
 
 # start_lattice_cluster <binary> <data dir prefix> <members> <api port base>
 #   <etcd port base> <raft port base> [env words] [flag words]

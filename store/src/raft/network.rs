@@ -639,6 +639,10 @@ impl RaftService {
     }
 }
 
+/// The answers of a streaming RPC.
+type PayloadStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<Payload, tonic::Status>> + Send + 'static>>;
+
 #[tonic::async_trait]
 impl RaftTransport for RaftService {
     async fn append_entries(
@@ -651,9 +655,7 @@ impl RaftTransport for RaftService {
         encode(&self.raft.append_entries(req).await)
     }
 
-    type AppendStreamStream = std::pin::Pin<
-        Box<dyn futures::Stream<Item = Result<Payload, tonic::Status>> + Send + 'static>,
-    >;
+    type AppendStreamStream = PayloadStream;
 
     /// Answers each request of the stream in turn, in the task that sends the answers
     /// (no hand-over to another task). A refusal (partitioned, undecodable) ends the stream
@@ -737,9 +739,7 @@ impl RaftTransport for RaftService {
         encode(&resp)
     }
 
-    type ForwardStreamStream = std::pin::Pin<
-        Box<dyn futures::Stream<Item = Result<Payload, tonic::Status>> + Send + 'static>,
-    >;
+    type ForwardStreamStream = PayloadStream;
 
     /// Reads the member's forwarded requests and handles each in a task of its own,
     /// answering as each finishes. Partitioned or stopped, it refuses the request it read
