@@ -832,6 +832,28 @@ mod tests {
         assert_eq!(split_request(&frame(1, None, b"")), Some((1, &b""[..])));
     }
 
+    proptest::proptest! {
+        /// Any bytes on the stream parse to a frame or to `None`, never a panic; every
+        /// frame built comes back as it was.
+        #[test]
+        fn forward_frames_parse_any_bytes_and_round_trip(
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..48),
+            id in proptest::prelude::any::<u64>(),
+            refused in proptest::prelude::any::<bool>(),
+        ) {
+            let _ = split_request(&data);
+            let _ = split_answer(&data);
+            let request = frame(id, None, &data);
+            proptest::prop_assert_eq!(split_request(&request), Some((id, &data[..])));
+            let (tag, expected) = if refused {
+                (ANSWER_REFUSED, ForwardAnswer::Refused(String::from_utf8_lossy(&data).into_owned()))
+            } else {
+                (ANSWER_DONE, ForwardAnswer::Done(data.clone()))
+            };
+            proptest::prop_assert_eq!(split_answer(&frame(id, Some(tag), &data)), Some((id, expected)));
+        }
+    }
+
     #[test]
     fn malformed_forward_frames_are_rejected() {
         assert_eq!(split_request(b"short"), None);
