@@ -69,17 +69,7 @@ pub async fn run(ctx: Arc<Ctx>, facts: NodeFacts, address: String, started: Time
     }
 }
 
-/// Whether the agent may move a node in `state` to Ready.
-pub fn agent_may_ready(node: &Node) -> bool {
-    !node.spec.disabled
-        && match &node.status {
-            None => true,
-            Some(s) => matches!(
-                s.state,
-                NodeState::Unknown | NodeState::Booting | NodeState::Down
-            ),
-        }
-}
+pub use lattice_apis::kinds::node::agent_may_ready;
 
 /// The status merge patch for `node` (as last read).
 pub fn status_patch(node: &Node, facts: &NodeFacts, address: &str, started: Time) -> Value {

@@ -25,7 +25,9 @@ use lattice_store::{DeleteRangeRequest, KeyRange, PutRequest};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
 
-use crate::auth::{authorize, Access, Role, UserInfo};
+use crate::admission::{admit_connect, Connect};
+use crate::auth::UserInfo;
+use crate::authz::{self, resource, Attributes, Verb};
 use crate::errors::{ApiError, ApiResult};
 use crate::resources::WriteOptions;
 use crate::routes::{authenticate, json_response, kind_by_plural, read_body};
@@ -103,7 +105,12 @@ pub async fn attach(
     let r = async {
         let user = authenticate(&inner, &headers).await?;
         let k = allocations()?;
-        authorize(&user, Access::Read, k, Some(&ns))?;
+        authz::authorize(
+            &user,
+            &Attributes::kind(Verb::Connect, k, Some(&ns))
+                .named(Some(&name))
+                .sub(Some("attach")),
+        )?;
         let obj = inner.resources.get(k, Some(&ns), &name).await?;
         Ok::<_, ApiError>((user, obj))
     }
@@ -174,33 +181,13 @@ async fn open(
     let k = allocations()?;
     let str_at = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or_default();
     let (ns, name) = (str_at("/metadata/namespace"), str_at("/metadata/name"));
-    authorize(user, Access::Write, k, Some(ns))?;
-    let owner = obj
-        .pointer(&format!(
-            "/metadata/annotations/{}",
-            lattice_apis::steps::USER_ANNOTATION.replace('/', "~1")
-        ))
-        .and_then(Value::as_str);
-    let sensitive = obj
-        .pointer("/spec/sensitive")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    match owner {
-        Some(o) if o == user.name => {}
-        Some(o) if sensitive => {
-            return Err(ApiError::forbidden(format!(
-                "allocation {ns}/{name} is sensitive: only the user who claimed its nodes ({o}) \
-                 may attach to it"
-            )))
-        }
-        Some(o) if user.role != Role::Admin => {
-            return Err(ApiError::forbidden(format!(
-                "allocation {ns}/{name} belongs to user {o}; only its owner or an admin may \
-                 attach to it"
-            )))
-        }
-        _ => {}
-    }
+    authz::authorize(
+        user,
+        &Attributes::kind(Verb::Connect, k, Some(ns))
+            .named(Some(name))
+            .sub(Some("attach")),
+    )?;
+    admit_connect(&inner.resources, user, obj, Connect::Attach).await?;
     let phase = str_at("/status/phase");
     if phase != "Running" {
         return Err(ApiError::new(
@@ -463,16 +450,15 @@ async fn relay(client: WebSocket, agent: AgentSocket) {
 /// How long a closing side waits for its peer's Close.
 const LINGER: Duration = Duration::from_secs(2);
 
-/// `POST /v1/attach/redeem` (admins, i.e. node agents): the ticket's grant, once.
+/// `POST /v1/attach/redeem` (node agents, for their own node): the ticket's grant, once.
 pub async fn redeem(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Body) -> Response {
     let start = Instant::now();
     let r = async {
         let user = authenticate(&inner, &headers).await?;
-        if user.role != Role::Admin {
-            return Err(ApiError::forbidden(
-                "only node agents (admin credentials) redeem attach tickets",
-            ));
-        }
+        authz::authorize(
+            &user,
+            &Attributes::other(Verb::Create, resource::ATTACH_TICKETS),
+        )?;
         let b = read_body(&inner, &headers, body).await?;
         let req: RedeemRequest = serde_json::from_slice(&b).map_err(|e| {
             ApiError::bad_request(format!(
@@ -505,6 +491,14 @@ pub async fn redeem(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: B
         let t: AttachTicket = serde_json::from_slice(&kv.value).map_err(|e| {
             ApiError::internal(format!("stored attach ticket does not decode: {e}"))
         })?;
+        // A ticket is for the agent of one node: another node's agent that got hold of it
+        // only spends it.
+        if user.node_name().is_some_and(|me| me != t.node) {
+            return Err(ApiError::forbidden(format!(
+                "the attach ticket is for node {:?}'s agent",
+                t.node
+            )));
+        }
         Ok(json_response(
             StatusCode::OK,
             &serde_json::to_value(&t).unwrap_or_default(),

@@ -1,6 +1,8 @@
-//! Authentication (pluggable: HS256 JWT bearer tokens today; OIDC or mTLS can implement
-//! [`Authenticator`] later), authorization by role and tenant, and the submitting-user
-//! rule of [`USER_ANNOTATION`] (see [`admit_user_on_create`]).
+//! Authentication: client certificates from the cluster CA (nodes, controllers,
+//! administrators; see [`crate::node_identity`]) and bearer tokens (HS256 JWTs through the
+//! pluggable [`Authenticator`]), in one middleware around every route ([`authn`]); and
+//! the submitting-user rule of [`USER_ANNOTATION`] (see [`admit_user_on_create`]).
+//! Authorization is [`crate::authz`]'s.
 
 use std::cell::RefCell;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -21,12 +23,23 @@ use crate::objects::name_of;
 /// The name [`UserInfo::anonymous_admin`] goes by.
 pub const ANONYMOUS: &str = "system:anonymous";
 
+/// What a caller is. `Node` and `System` are system identities: only they write status
+/// (see [`crate::authz`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// A person administering the cluster: every object's spec and metadata, never status.
     Admin,
+    /// A person working in their tenants.
     User,
+    /// A person who may only read, in their tenants.
     Readonly,
+    /// The controllers (in-process ones are trusted without credentials; out-of-process
+    /// ones authenticate as `system:controllers`): everything, status included.
+    System,
+    /// A node's agent (`node:<name>` client certificate only, never a token): its own
+    /// Node, its heartbeat Lease and the allocations bound to it (NodeRestriction).
+    Node,
 }
 
 /// `tenants` claim: a list or `"*"` for all.
@@ -54,7 +67,46 @@ pub struct UserInfo {
     pub role: Role,
 }
 
+/// The user name of a node's agent: `system:node:<name>`.
+pub const NODE_USER_PREFIX: &str = "system:node:";
+/// The user name of the controllers.
+pub const CONTROLLERS_USER: &str = "system:controllers";
+
 impl UserInfo {
+    /// The agent of node `name`.
+    pub fn node(name: &str) -> Self {
+        Self {
+            name: format!("{NODE_USER_PREFIX}{name}"),
+            // No tenant: what a node may touch is decided object by object.
+            tenants: Some(Vec::new()),
+            role: Role::Node,
+        }
+    }
+
+    /// The controllers.
+    pub fn controllers() -> Self {
+        Self {
+            name: CONTROLLERS_USER.into(),
+            tenants: None,
+            role: Role::System,
+        }
+    }
+
+    /// The node this caller is the agent of.
+    pub fn node_name(&self) -> Option<&str> {
+        match self.role {
+            Role::Node => self.name.strip_prefix(NODE_USER_PREFIX),
+            _ => None,
+        }
+    }
+
+    /// A system identity (controllers, anonymous admin of a server without
+    /// authentication): trusted with status and system-owned fields. Nodes are system
+    /// identities too, but only for what is theirs ([`crate::authz`]).
+    pub fn is_system(&self) -> bool {
+        self.role == Role::System || self.is_anonymous()
+    }
+
     pub fn anonymous_admin() -> Self {
         Self {
             name: ANONYMOUS.into(),
@@ -144,6 +196,19 @@ impl JwtAuthenticator {
         let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
             .map_err(|e| ApiError::unauthorized(format!("invalid bearer token: {e}")))?;
         let c = data.claims;
+        if c.sub.starts_with("system:") {
+            return Err(ApiError::unauthorized(format!(
+                "invalid bearer token: the subject {:?} is reserved for system identities \
+                 (they authenticate with client certificates)",
+                c.sub
+            )));
+        }
+        if c.role == Role::Node {
+            return Err(ApiError::unauthorized(
+                "a bearer token cannot carry the node role: node agents authenticate with \
+                 their node:<name> client certificate",
+            ));
+        }
         let tenants = match c.tenants {
             Tenants::All(s) if s == "*" => None,
             Tenants::All(s) => Some(vec![s]),
@@ -212,55 +277,6 @@ pub fn mint_token(
     .unwrap_or_default()
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    Read,
-    Write,
-}
-
-/// admin: everything; user: read/write namespaced kinds in its tenants, read
-/// cluster-scoped kinds; readonly: reads only (namespaced kinds in its tenants).
-pub fn authorize(
-    user: &UserInfo,
-    access: Access,
-    kind: &KindInfo,
-    ns: Option<&str>,
-) -> ApiResult<()> {
-    let deny = |why: String| {
-        Err(ApiError::forbidden(format!(
-            "{} {:?} cannot {} {}.lattice.dev{}: {why}",
-            "user",
-            user.name,
-            if access == Access::Read {
-                "read"
-            } else {
-                "write"
-            },
-            kind.plural,
-            ns.map(|n| format!(" in tenant {n:?}")).unwrap_or_default()
-        )))
-    };
-    if user.role == Role::Admin {
-        return Ok(());
-    }
-    if access == Access::Write && user.role == Role::Readonly {
-        return deny("the readonly role may only read".into());
-    }
-    if !kind.namespaced {
-        return if access == Access::Read {
-            Ok(())
-        } else {
-            deny("cluster-scoped kinds are admin-only".into())
-        };
-    }
-    match ns {
-        Some(t) if user.in_tenant(t) => Ok(()),
-        Some(_) => deny("not a member of this tenant".into()),
-        None if user.all_tenants() => Ok(()),
-        None => deny("listing across tenants needs access to every tenant".into()),
-    }
-}
-
 /// Annotation naming the user who submitted an `Allocation` or `Dag`. The node agent
 /// runs the workload as that local Unix user, the controllers scope `scope=user`
 /// dependency symbols and mutexes by it, and the CLI's `--all-mine` filters on it, so the
@@ -306,14 +322,13 @@ fn forbidden_user_change(kind: &KindInfo, obj: &Value, why: String) -> ApiError 
 }
 
 /// Create of an `Allocation` or `Dag` by `user` (`None`: an in-process caller such as
-/// the built-in controllers, trusted as is). The [`USER_ANNOTATION`] must name the
-/// caller:
+/// the built-in controllers, trusted as is). The [`USER_ANNOTATION`] names the user the
+/// work runs as, so it is set from the authenticated identity, never from the request:
 ///
-/// * a non-admin who omits it gets it set to their name; one who sends another value
-///   gets 403 Forbidden naming the annotation, the value and the fix;
-/// * an admin may set any value (submitting on behalf of a user, like `kubectl --as`);
-///   when absent it is set to the admin's name, except for the anonymous admin of a
-///   server without authentication, which leaves it absent.
+/// * a person (admins included) who omits it gets it set to their name; one who sends
+///   another value gets 403 Forbidden naming the annotation, the value and the fix;
+/// * system identities (the controllers creating a Dag's tasks or a job's steps, the
+///   anonymous caller of a server without authentication) keep what they send.
 pub fn admit_user_on_create(
     user: Option<&UserInfo>,
     kind: &KindInfo,
@@ -322,29 +337,25 @@ pub fn admit_user_on_create(
     let Some(user) = user else {
         return Ok(());
     };
-    if !names_submitter(kind) {
+    if !names_submitter(kind) || user.is_system() {
         return Ok(());
     }
     let sent = user_annotation(obj);
-    if user.role == Role::Admin {
-        if sent.is_some() || user.is_anonymous() || user.name.is_empty() {
-            return Ok(());
-        }
-    } else if user.name.is_empty() {
+    if user.name.is_empty() {
         let why = format!(
             "the credentials name no user (an empty subject), and metadata.annotations[{USER_ANNOTATION:?}] \
              must name the submitting user; use credentials whose subject is your user name"
         );
         return Err(forbidden_user_change(kind, obj, why));
-    } else if let Some(v) = sent {
+    }
+    if let Some(v) = sent {
         if v.as_str() == Some(user.name.as_str()) {
             return Ok(());
         }
         let why = format!(
             "user {:?} cannot create it with metadata.annotations[{USER_ANNOTATION:?}] = {}: \
-             the annotation names the submitting user, whom the work runs as, and must be \
-             the authenticated user {:?} (only admins may submit as another user); \
-             omit the annotation or set it to {:?}",
+             the annotation names the user the work runs as, and the server sets it from \
+             the authenticated identity ({:?}); omit the annotation or set it to {:?}",
             user.name,
             shown(v),
             user.name,
@@ -369,9 +380,9 @@ pub fn admit_user_on_create(
 }
 
 /// Update (replace, patch, apply) of an existing `Allocation` or `Dag` from `old` to
-/// `new` by `user` (`None`: in-process, trusted): a non-admin may not add, change or
-/// remove the [`USER_ANNOTATION`] (403 Forbidden naming the annotation, both values
-/// and the fix); admins may.
+/// `new` by `user` (`None`: in-process, trusted): no person, admins included, adds,
+/// changes or removes the [`USER_ANNOTATION`] (403 Forbidden naming the annotation, both
+/// values and the fix).
 /// A non-admin may change or delete an Allocation or Dag only when it names no user or
 /// names the caller: the work runs as the named user, so changing someone else's would
 /// run the caller's command as them. Admins and in-process controllers (`None`) may.
@@ -379,7 +390,7 @@ pub fn admit_owner(user: Option<&UserInfo>, kind: &KindInfo, old: &Value) -> Api
     let Some(user) = user else {
         return Ok(());
     };
-    if !names_submitter(kind) || user.role == Role::Admin {
+    if !names_submitter(kind) || user.role == Role::Admin || user.is_system() {
         return Ok(());
     }
     match user_annotation(old) {
@@ -407,7 +418,7 @@ pub fn admit_user_on_update(
     let Some(user) = user else {
         return Ok(());
     };
-    if !names_submitter(kind) || user.role == Role::Admin {
+    if !names_submitter(kind) || user.is_system() {
         return Ok(());
     }
     let (before, after) = (user_annotation(old), user_annotation(new));
@@ -429,8 +440,8 @@ pub fn admit_user_on_update(
         None => "leave it unset".to_string(),
     };
     let why = format!(
-        "user {:?} cannot {what}: the annotation names the submitting user, whom the work \
-         runs as, and only admins may change it; {fix}",
+        "user {:?} cannot {what}: the annotation names the user the work runs as, set from \
+         the identity that created it, and nobody changes it; {fix}",
         user.name
     );
     Err(forbidden_user_change(kind, old, why))
@@ -438,19 +449,74 @@ pub fn admit_user_on_update(
 
 tokio::task_local! {
     /// The authenticated caller of the HTTP request being served, recorded by
-    /// [`crate::routes::authenticate`] inside the scope [`request_scope`] opens.
+    /// [`authn`] inside the scope it opens.
     static REQUEST_USER: RefCell<Option<UserInfo>>;
 }
 
-/// Middleware around every route: opens the scope in which [`crate::routes::authenticate`]
-/// records the request's caller, so that the verbs of [`crate::resources::Resources`]
-/// apply the caller's rules (see [`request_user`]) even on paths that do not pass the
-/// caller along, such as the Intent API.
-pub async fn request_scope(req: Request, next: Next) -> Response {
-    REQUEST_USER.scope(RefCell::new(None), next.run(req)).await
+/// Paths anyone may reach without credentials: health, metrics, version, and where a node
+/// exchanges its single-use bootstrap token for a certificate (the token is checked there).
+fn public(path: &str) -> bool {
+    matches!(
+        path,
+        "/healthz" | "/livez" | "/readyz" | "/metrics" | "/version"
+    ) || path == crate::node_identity::BOOTSTRAP_PATH
 }
 
-/// Record the caller of the request being served (no-op outside [`request_scope`]).
+/// Middleware around every route: authenticates the caller (401 without valid
+/// credentials, except on [`public`] paths) and opens the scope in which the caller is
+/// recorded, so that every handler and the verbs of [`crate::resources::Resources`] apply
+/// the caller's rules (see [`request_user`]) even on paths that do not pass the caller
+/// along, such as the Intent API.
+pub async fn authn(
+    axum::extract::State(inner): axum::extract::State<std::sync::Arc<crate::Inner>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    use axum::response::IntoResponse;
+    REQUEST_USER
+        .scope(RefCell::new(None), async move {
+            if !public(req.uri().path()) {
+                let peer = req
+                    .extensions()
+                    .get::<axum::extract::ConnectInfo<crate::tls::TlsConnInfo>>()
+                    .and_then(|c| c.0.cert.clone());
+                match authenticate_request(&inner, req.headers(), peer.as_ref()).await {
+                    Ok(user) => {
+                        record_request_user(&user);
+                        req.extensions_mut().insert(user);
+                    }
+                    Err(e) => return e.into_response(),
+                }
+            }
+            next.run(req).await
+        })
+        .await
+}
+
+/// The caller of a request: its verified client certificate first (nodes, controllers,
+/// administrators' certificates), else its bearer token; the anonymous admin when the
+/// server runs without authentication.
+pub(crate) async fn authenticate_request(
+    inner: &crate::Inner,
+    headers: &HeaderMap,
+    peer: Option<&lattice_pki::CertInfo>,
+) -> ApiResult<UserInfo> {
+    if !inner.config.auth {
+        return Ok(UserInfo::anonymous_admin());
+    }
+    if let Some(cert) = peer {
+        return crate::node_identity::cert_user(inner, cert).await;
+    }
+    match inner.authenticator.authenticate(headers).await? {
+        Some(u) => Ok(u),
+        None => Err(ApiError::unauthorized(
+            "authentication required: send 'Authorization: Bearer <token>' (node agents: \
+             their node certificate over HTTPS)",
+        )),
+    }
+}
+
+/// Record the caller of the request being served (no-op outside [`authn`]'s scope).
 pub(crate) fn record_request_user(user: &UserInfo) {
     let _ = REQUEST_USER.try_with(|u| *u.borrow_mut() = Some(user.clone()));
 }

@@ -15,7 +15,8 @@ use lattice_apis::cluster_config::{self as cc, SetSetting, Setting, SettingValue
 use lattice_store::{DeleteRangeRequest, KeyRange, KvBackend, PutRequest};
 use serde_json::{json, Value};
 
-use crate::auth::{Role, UserInfo};
+use crate::auth::UserInfo;
+use crate::authz::{self, resource, Attributes, Verb};
 use crate::errors::{ApiError, ApiResult};
 use crate::{routes, Inner};
 
@@ -98,11 +99,21 @@ async fn value_of(inner: &Inner, s: &Setting) -> ApiResult<SettingValue> {
 
 async fn admin(inner: &Inner, headers: &HeaderMap, what: &str) -> ApiResult<UserInfo> {
     let user = routes::authenticate(inner, headers).await?;
-    if user.role != Role::Admin {
-        return Err(ApiError::forbidden(format!(
-            "only administrators {what} cluster settings"
-        )));
-    }
+    authz::authorize(
+        &user,
+        &Attributes::other(Verb::Update, resource::CLUSTER_CONFIG),
+    )
+    .map_err(|_| ApiError::forbidden(format!("only administrators {what} cluster settings")))?;
+    Ok(user)
+}
+
+/// Any caller that may read the settings (people, not nodes).
+async fn reader(inner: &Inner, headers: &HeaderMap) -> ApiResult<UserInfo> {
+    let user = routes::authenticate(inner, headers).await?;
+    authz::authorize(
+        &user,
+        &Attributes::other(Verb::Get, resource::CLUSTER_CONFIG),
+    )?;
     Ok(user)
 }
 
@@ -117,7 +128,7 @@ fn answer(r: ApiResult<Value>) -> Response {
 pub async fn list(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
     answer(
         async {
-            routes::authenticate(&inner, &headers).await?;
+            reader(&inner, &headers).await?;
             let mut items = Vec::new();
             for s in cc::SETTINGS {
                 items.push(value_of(&inner, s).await?);
@@ -136,7 +147,7 @@ pub async fn get(
 ) -> Response {
     answer(
         async {
-            routes::authenticate(&inner, &headers).await?;
+            reader(&inner, &headers).await?;
             let s = setting(&key)?;
             Ok(json!(value_of(&inner, s).await?))
         }

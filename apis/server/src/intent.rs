@@ -28,7 +28,8 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
-use crate::auth::{authorize, Access, UserInfo};
+use crate::auth::UserInfo;
+use crate::authz::{allow, Verb};
 use crate::errors::{ApiError, ApiResult};
 use crate::objects::{name_of, parse_body};
 use crate::patch::PatchType;
@@ -62,7 +63,7 @@ pub async fn collection(
         let tenant = params.get("tenant").map(String::from);
         match method {
             Method::GET => {
-                authorize(&user, Access::Read, k, tenant.as_deref())?;
+                allow(&user, Verb::List, k, tenant.as_deref(), None)?;
                 let list = inner
                     .resources
                     .list(k, tenant.as_deref(), &ListOptions::default())
@@ -70,6 +71,18 @@ pub async fn collection(
                 Ok(json_response(StatusCode::OK, &list))
             }
             Method::POST if matches!(plural.as_str(), "allocations" | "dags") => {
+                // Authorized before the body is read: in the tenant of `?tenant=`, else in
+                // the caller's own (the body may name another, checked again below).
+                let first = tenant
+                    .clone()
+                    .or_else(|| user.tenants.as_ref().and_then(|t| t.first().cloned()));
+                allow(
+                    &user,
+                    Verb::Create,
+                    k,
+                    Some(first.as_deref().unwrap_or("default")),
+                    None,
+                )?;
                 let b = read_body(&inner, &headers, body).await?;
                 let v = parse_body(
                     &b,
@@ -79,7 +92,7 @@ pub async fn collection(
                         .unwrap_or(""),
                 )?;
                 let (obj, t) = to_resource(k, v, tenant)?;
-                authorize(&user, Access::Write, k, Some(&t))?;
+                allow(&user, Verb::Create, k, Some(&t), None)?;
                 if k.kind == "Allocation" {
                     check_dependencies(&inner, k, &t, &obj).await?;
                 }
@@ -252,11 +265,11 @@ pub(crate) async fn find(
     // A tenant the caller names: refused (403) before looking, so the answer says nothing
     // about what exists there.
     if let Some((t, n)) = id.split_once('/') {
-        authorize(user, Access::Read, k, Some(t))?;
+        allow(user, Verb::Get, k, Some(t), Some(n))?;
         return inner.resources.get(k, Some(t), n).await;
     }
     if let Some(t) = tenant {
-        authorize(user, Access::Read, k, Some(t))?;
+        allow(user, Verb::Get, k, Some(t), Some(id))?;
         return inner.resources.get(k, Some(t), id).await;
     }
     let mut opts = ListOptions::default();
@@ -271,7 +284,9 @@ pub(crate) async fn find(
         .flatten()
         .filter(|o| {
             let ns = o.pointer("/metadata/namespace").and_then(Value::as_str);
-            ns.is_some() && authorize(user, Access::Read, k, ns).is_ok()
+            ns.is_some()
+                && allow(user, Verb::Get, k, ns, Some(id)).is_ok()
+                && crate::authz::node_read(user, k, o).is_ok()
         })
         .cloned()
         .collect();
@@ -316,11 +331,11 @@ pub async fn item(
             .map(String::from);
         match method {
             Method::GET => {
-                authorize(&user, Access::Read, k, ns.as_deref())?;
+                allow(&user, Verb::Get, k, ns.as_deref(), Some(name_of(&obj)))?;
                 Ok(json_response(StatusCode::OK, &obj))
             }
             Method::DELETE if matches!(plural.as_str(), "allocations" | "dags") => {
-                authorize(&user, Access::Write, k, ns.as_deref())?;
+                allow(&user, Verb::Patch, k, ns.as_deref(), Some(name_of(&obj)))?;
                 let patch = json!({"metadata": {"annotations": {CANCEL_ANNOTATION: "true"}}});
                 let body = serde_json::to_vec(&patch).unwrap_or_default();
                 let (v, _) = inner
@@ -375,7 +390,7 @@ pub async fn dag_graph(
         let params = Params::from_uri(&uri)?;
         let obj = match params.get("tenant") {
             Some(t) => {
-                authorize(&user, Access::Read, k, Some(t))?;
+                allow(&user, Verb::Get, k, Some(t), Some(&id))?;
                 inner
                     .resources
                     .get(k, Some(t), &id)
@@ -401,11 +416,12 @@ pub async fn dag_graph(
                             ),
                         _ => e,
                     })?;
-                authorize(
+                allow(
                     &user,
-                    Access::Read,
+                    Verb::Get,
                     k,
                     obj.pointer("/metadata/namespace").and_then(Value::as_str),
+                    Some(&id),
                 )?;
                 obj
             }
@@ -488,7 +504,7 @@ pub async fn launch_tasks(
             .and_then(Value::as_str)
             .unwrap_or("default")
             .to_string();
-        authorize(&user, Access::Write, k, Some(&ns))?;
+        allow(&user, Verb::Create, k, Some(&ns), None)?;
         let b = read_body(&inner, &headers, body).await?;
         let launch: steps::TaskLaunch = serde_json::from_slice(&b).map_err(|e| {
             ApiError::bad_request(format!(
@@ -498,7 +514,9 @@ pub async fn launch_tasks(
         let parent: lattice_apis::Allocation = serde_json::from_value(obj)
             .map_err(|e| ApiError::internal(format!("stored allocation does not decode: {e}")))?;
         let parent_name = parent.metadata.name_str().to_string();
-        let step_user = if user.role == crate::auth::Role::Admin {
+        // A step runs as its starter, who must be the allocation's user (admission
+        // refuses anyone else: the step runs on the allocation's nodes).
+        let step_user = if user.is_system() {
             parent.metadata.annotations.get(steps::USER_ANNOTATION).cloned()
         } else {
             Some(user.name.clone())

@@ -2,7 +2,8 @@
 //! that commands in a job (`srun` and `lattice launch` starting steps, `sbatch` submitting
 //! more work) reach the API as the job's user, as Slurm's job credentials let them.
 //!
-//! Only node agents (admin credentials) ask for it, when they start the allocation's run.
+//! Only the agents of the nodes the allocation is bound to ask for it, when they start
+//! the allocation's run.
 //! The token is an ordinary user token: subject the allocation's `lattice.dev/user`,
 //! tenant its own only, role `user`, valid for the walltime plus [`MARGIN`] (services and
 //! other allocations without a walltime: [`UNBOUNDED_TTL`]). With authentication off
@@ -18,6 +19,7 @@ use serde_json::{json, Value};
 
 use crate::attach::observed;
 use crate::auth::{mint_token, Role};
+use crate::authz::{self, Attributes, Verb};
 use crate::errors::ApiError;
 use crate::routes::{authenticate, json_response, kind_by_plural, Params};
 use crate::Inner;
@@ -37,14 +39,23 @@ pub async fn job_token(
     let start = Instant::now();
     let r = async {
         let user = authenticate(&inner, &headers).await?;
-        if user.role != Role::Admin {
-            return Err(ApiError::forbidden(
-                "only node agents (admin credentials) ask for job tokens",
-            ));
-        }
         let params = Params::from_uri(&uri)?;
         let k = kind_by_plural("allocations")
             .ok_or_else(|| ApiError::internal("allocations not registered"))?;
+        // The agent of a node the allocation is bound to (the object check is in `find`'s
+        // read), or the controllers: a token acts as the allocation's user, so nobody else
+        // may have one made, admins included.
+        authz::authorize(
+            &user,
+            &Attributes::kind(Verb::Get, k, params.get("tenant"))
+                .named(Some(&id))
+                .sub(Some("token")),
+        )?;
+        if !(user.role == Role::Node || user.is_system()) {
+            return Err(ApiError::forbidden(
+                "job tokens are made for the node agents running the job",
+            ));
+        }
         let obj = crate::intent::find(&inner, k, &id, params.get("tenant"), &user).await?;
         // The run asking is of this very allocation, not of one that had its name.
         if let Some(uid) = params.get("uid").filter(|u| !u.is_empty()) {

@@ -24,9 +24,11 @@ use axum::routing::{any, get, post};
 use axum::Router;
 use lattice_store::KvBackend;
 
+pub mod admission;
 pub mod apply;
 pub mod attach;
 pub mod auth;
+pub mod authz;
 pub mod cluster_config;
 pub mod compactor;
 pub mod discovery;
@@ -36,6 +38,7 @@ pub mod intent;
 pub mod job_token;
 pub mod logs;
 pub mod metrics;
+pub mod node_identity;
 pub mod objects;
 pub mod openapi;
 pub mod patch;
@@ -72,6 +75,12 @@ pub struct ApiConfig {
     /// admission with 422 (`lattice-server --max-dag-size`, the seed's
     /// `scheduling.max_dag_size`; default 1000).
     pub max_dag_size: usize,
+    /// The cluster CA (certificate and key): signs node certificates (bootstrap, renewal)
+    /// and this server's own client certificate for talking to agents. Without it nodes
+    /// cannot enroll here.
+    pub ca: Option<Arc<lattice_pki::Ca>>,
+    /// Lifetime of the node certificates this server signs (agents renew at two thirds).
+    pub node_cert_validity: Duration,
 }
 
 impl Default for ApiConfig {
@@ -85,6 +94,8 @@ impl Default for ApiConfig {
             default_watch_timeout: Duration::from_secs(30 * 60),
             heartbeat_ttl: Duration::from_secs(30),
             max_dag_size: lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE,
+            ca: None,
+            node_cert_validity: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -101,6 +112,8 @@ pub struct Inner {
     pub authenticator: Arc<dyn Authenticator>,
     /// Heartbeat sequence numbers seen per node.
     pub heartbeats: heartbeat::Sequences,
+    /// Revoked client certificates.
+    pub revocations: node_identity::Revocations,
     /// The heartbeat reader thread, started with the first heartbeat stream (`None`
     /// when it could not start: streams are then read by a task each).
     heartbeat_reader: std::sync::OnceLock<Option<heartbeat::reader::Reader>>,
@@ -218,6 +231,7 @@ impl ApiServer {
             metrics,
             authenticator,
             heartbeats: heartbeat::Sequences::default(),
+            revocations: node_identity::Revocations::default(),
             heartbeat_reader: std::sync::OnceLock::new(),
             proxy_key: tokio::sync::OnceCell::new(),
             shutting_down: tokio::sync::watch::channel(false).0,
@@ -288,9 +302,29 @@ impl ApiServer {
             .route("/v1/allocations/{id}/attach", get(attach::attach_by_id))
             .route("/v1/allocations/{id}/token", post(job_token::job_token))
             .route(lattice_apis::attach::REDEEM_PATH, post(attach::redeem))
+            .route(
+                lattice_apis::node_identity::BOOTSTRAP_PATH,
+                post(node_identity::bootstrap),
+            )
+            .route(
+                lattice_apis::node_identity::RENEW_PATH,
+                post(node_identity::renew),
+            )
+            .route(
+                lattice_apis::node_identity::BOOTSTRAP_TOKENS_PATH,
+                get(node_identity::tokens).post(node_identity::tokens),
+            )
+            .route(
+                "/v1/admin/bootstrap-tokens/{id}",
+                axum::routing::delete(node_identity::delete_token),
+            )
+            .route("/v1/admin/nodes/{name}/revoke", post(node_identity::revoke))
             .route(lattice_apis::proxy_auth::KEY_PATH, get(agent_proxy_key))
             .fallback(not_found)
-            .layer(axum::middleware::from_fn(auth::request_scope))
+            .layer(axum::middleware::from_fn_with_state(
+                self.inner.clone(),
+                auth::authn,
+            ))
             .layer(tower_http::trace::TraceLayer::new_for_http())
             .with_state(self.inner.clone())
     }
@@ -335,7 +369,12 @@ impl ApiServer {
             shutdown.await;
             inner.shutting_down.send_replace(true);
         };
-        axum::serve(tls::TlsListener::new(listener, config)?, self.router())
+        // Each connection's verified client certificate (nodes, controllers) is kept for
+        // authentication.
+        let app = self
+            .router()
+            .into_make_service_with_connect_info::<tls::TlsConnInfo>();
+        axum::serve(tls::TlsListener::new(listener, config)?, app)
             .with_graceful_shutdown(signal)
             .await?;
         Ok(())

@@ -23,7 +23,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::auth::{authorize, Access};
+use crate::admission::{admit_connect, Connect};
+use crate::authz::{self, Attributes, Verb};
 use crate::errors::{ApiError, ApiResult};
 use crate::routes::{authenticate, kind_by_plural};
 use crate::Inner;
@@ -139,7 +140,12 @@ async fn serve(
         .ok_or_else(|| ApiError::internal("the Allocation kind is not registered"))?;
     let nodes_kind = kind_by_plural("nodes")
         .ok_or_else(|| ApiError::internal("the Node kind is not registered"))?;
-    authorize(&user, Access::Read, allocations, Some(ns))?;
+    authz::authorize(
+        &user,
+        &Attributes::kind(Verb::Connect, allocations, Some(ns))
+            .named(Some(name))
+            .sub(Some("log")),
+    )?;
     let params = match Query::<Vec<(String, String)>>::try_from_uri(uri) {
         Ok(Query(v)) => v,
         Err(e) => return Err(ApiError::bad_request(format!("invalid query string: {e}"))),
@@ -161,6 +167,7 @@ async fn serve(
         .collect();
 
     let alloc = inner.resources.get(allocations, Some(ns), name).await?;
+    admit_connect(&inner.resources, &user, &alloc, Connect::Logs).await?;
     let all = nodes_of(&alloc);
     let selected: Vec<String> = match get("node") {
         Some(n) if all.iter().any(|x| x == n) => vec![n.to_string()],

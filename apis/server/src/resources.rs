@@ -194,6 +194,21 @@ impl Resources {
         }
     }
 
+    /// The caller's object-level rules ([`crate::admission`]) for storing `new` over
+    /// `old`; trusted in-process callers pass.
+    async fn admit_caller(
+        &self,
+        kind: &'static KindInfo,
+        old: Option<&Value>,
+        new: Value,
+        subresource: Option<&str>,
+    ) -> ApiResult<Value> {
+        match self.caller() {
+            Some(c) => crate::admission::admit_write(self, &c, kind, old, new, subresource).await,
+            None => Ok(new),
+        }
+    }
+
     fn lists(&self, kind: &KindInfo) -> &apply::ListMaps {
         static EMPTY: std::sync::OnceLock<apply::ListMaps> = std::sync::OnceLock::new();
         self.lists
@@ -216,7 +231,12 @@ impl Resources {
     ) -> ApiResult<Value> {
         let key = object_key(kind, ns, name);
         match self.read(&key).await? {
-            Some((v, _)) => Ok(v),
+            Some((v, _)) => {
+                if let Some(c) = self.caller() {
+                    crate::authz::node_read(&c, kind, &v)?;
+                }
+                Ok(v)
+            }
             None => Err(ApiError::not_found(kind.kind, kind.plural, name)),
         }
     }
@@ -431,6 +451,7 @@ impl Resources {
         let dag_limit = self.dag_limit(kind, None).await?;
         self.admit_configured(kind, &obj, None, dag_limit)?;
         let obj = admit(kind, obj)?;
+        let obj = self.admit_caller(kind, None, obj, None).await?;
         if name_of(&obj) != name {
             return Err(ApiError::internal("admission changed the object's name"));
         }
@@ -690,6 +711,9 @@ impl Resources {
         }
         let dag_limit = self.dag_limit(kind, subresource).await?;
         let result = self.prepare_update(kind, &old, new, subresource, opts, false, dag_limit)?;
+        let result = self
+            .admit_caller(kind, Some(&old), result, subresource)
+            .await?;
         match self
             .commit(kind, key, &old, old_rev, result, opts.dry_run)
             .await?
@@ -807,6 +831,9 @@ impl Resources {
                 applied.is_some(),
                 dag_limit,
             )?;
+            let result = self
+                .admit_caller(kind, Some(&old), result, subresource)
+                .await?;
             match self
                 .commit(kind, key.clone(), &old, old_rev, result, opts.dry_run)
                 .await?
@@ -862,6 +889,9 @@ impl Resources {
                 return Err(ApiError::not_found(kind.kind, kind.plural, name));
             };
             auth::admit_owner(self.caller().as_ref(), kind, &old)?;
+            if let Some(c) = self.caller() {
+                crate::admission::admit_delete(self, &c, kind, &old).await?;
+            }
             if let Some(uid) = &preconditions.uid {
                 let actual = meta_str(&old, "uid").unwrap_or("");
                 if actual != uid {

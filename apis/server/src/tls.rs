@@ -166,6 +166,34 @@ impl TlsListener {
     }
 }
 
+/// What the API server knows of a TLS connection: the peer's address and, when it
+/// presented a client certificate the cluster CA signed (rustls verified the chain in the
+/// handshake), what that certificate says.
+#[derive(Debug, Clone)]
+pub struct TlsConnInfo {
+    /// The peer's address.
+    pub peer: SocketAddr,
+    /// The verified client certificate, if any.
+    pub cert: Option<lattice_pki::CertInfo>,
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
+    for TlsConnInfo
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        let cert = stream
+            .io()
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(lattice_pki::peer_info);
+        TlsConnInfo {
+            peer: *stream.remote_addr(),
+            cert,
+        }
+    }
+}
+
 impl axum::serve::Listener for TlsListener {
     type Io = TlsStream<tokio::net::TcpStream>;
     type Addr = SocketAddr;

@@ -69,6 +69,7 @@ pub mod kinds;
 pub mod lifecycle;
 pub mod meta;
 pub mod metric;
+pub mod node_identity;
 pub mod proxy_auth;
 pub mod registry;
 pub mod resource;

@@ -51,7 +51,7 @@ use lattice_store::{Compare, CompareResult, KvBackend, PutRequest, StoreError, T
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::auth::{authorize, Access};
+use crate::authz::{self, Attributes, Verb};
 use crate::errors::{ApiError, ApiResult};
 use crate::metrics::Metrics;
 use crate::objects::{admit, decode_kv, encode, meta_mut, now_rfc3339, object_key};
@@ -518,8 +518,15 @@ fn lease_kind() -> ApiResult<&'static KindInfo> {
 /// store lease. Returns the store lease ID and the opening sequence.
 async fn open(inner: &Inner, node: &str, uri: &Uri, headers: &HeaderMap) -> ApiResult<(i64, u64)> {
     let user = authenticate(inner, headers).await?;
+    let nodes = kind_by_plural("nodes")
+        .ok_or_else(|| ApiError::internal("the Node kind is not registered"))?;
+    authz::authorize(
+        &user,
+        &Attributes::kind(Verb::Update, nodes, None)
+            .named(Some(node))
+            .sub(Some("heartbeat")),
+    )?;
     let kind = lease_kind()?;
-    authorize(&user, Access::Write, kind, Some(NODE_LEASE_NAMESPACE))?;
     let params = Params::from_uri(uri)?;
     let first: u64 = match params.get("sequence") {
         Some(s) => s.parse().map_err(|_| {

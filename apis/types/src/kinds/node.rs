@@ -297,6 +297,20 @@ pub struct NodeStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// Whether a node's agent may bring its Node to Ready: a Node not yet known, booting or
+/// Down, and not disabled (the other states are the controllers': Draining, Drained,
+/// Degraded, Failed, or already Ready). The API server holds agents to this rule.
+pub fn agent_may_ready(node: &Node) -> bool {
+    !node.spec.disabled
+        && match &node.status {
+            None => true,
+            Some(s) => matches!(
+                s.state,
+                NodeState::Unknown | NodeState::Booting | NodeState::Down
+            ),
+        }
+}
+
 impl Node {
     /// The current state (Unknown when there is no status yet).
     pub fn state(&self) -> NodeState {

@@ -1,0 +1,692 @@
+//! The object-level half of the authorizer ([`crate::authz`] decides on what a request
+//! asks; this decides on what it would write, with the stored objects at hand). Called by
+//! every write verb of [`crate::resources::Resources`] once the object to store is known
+//! and before it is committed, for every caller but the trusted in-process controllers:
+//!
+//! * a node's `/status` write keeps only the node's own part: for an allocation bound to
+//!   it, its report `status.nodeStates[<node>]`, from which the server derives the rest
+//!   (`lifecycle::record_node_state`: phase, conditions); for its Node, the fields an
+//!   agent reports (capacity, fingerprint, agent, and Ready from Unknown/Booting/Down);
+//! * a node creates only its own Node, with only the spec an agent knows (topology
+//!   group, features);
+//! * people never write what the system owns: the scheduler's annotations and
+//!   finalizer, controller owner references, references to other users' objects;
+//! * a job step (`spec.stepOf`) belongs to an allocation of the same user;
+//! * vClusters are their tenant's admins' (or admins'); which nodes are a vCluster's home
+//!   (`spec.homeNodes`) takes nodes from others, so only admins change it (a tenant admin
+//!   may list nodes that an admin made the vCluster's home on the Node);
+//! * limits: an allocation's walltime within its vCluster's `maxWalltime`, its nodes
+//!   within its tenant's `maxNodes`.
+
+use lattice_apis::lifecycle::{record_node_state, NODES_FINALIZER, PREEMPT_ANNOTATION};
+use lattice_apis::{Allocation, KindInfo, Node, NodeTaskState, Tenant, VCluster};
+use serde_json::{json, Map, Value};
+
+use crate::auth::{Role, UserInfo, USER_ANNOTATION};
+use crate::errors::{ApiError, ApiResult};
+use crate::objects::name_of;
+use crate::resources::Resources;
+
+/// Annotations only the system writes.
+const SYSTEM_ANNOTATIONS: [&str; 1] = [PREEMPT_ANNOTATION];
+/// Finalizers only the system removes.
+const SYSTEM_FINALIZERS: [&str; 1] = [NODES_FINALIZER];
+/// Node status fields an agent reports.
+const AGENT_NODE_STATUS: [&str; 3] = ["capacity", "conformanceFingerprint", "agent"];
+/// ... and the state fields it may change when it brings its node up.
+const AGENT_NODE_STATE: [&str; 4] = ["state", "reason", "message", "lastTransitionTime"];
+
+fn forbidden(kind: &KindInfo, obj: &Value, field: &str, why: String) -> ApiError {
+    let name = name_of(obj);
+    ApiError::forbidden(format!(
+        "{}.lattice.dev {name:?} is forbidden: {why}",
+        kind.plural
+    ))
+    .with_details(json!({
+        "name": name,
+        "group": "lattice.dev",
+        "kind": kind.plural,
+        "causes": [{"reason": "FieldValueForbidden", "field": field, "message": why}],
+    }))
+}
+
+fn invalid(kind: &KindInfo, obj: &Value, field: &str, why: String) -> ApiError {
+    ApiError::invalid(kind.kind, name_of(obj), vec![(field.to_string(), why)])
+}
+
+fn decode<T: serde::de::DeserializeOwned>(kind: &KindInfo, v: &Value) -> ApiResult<T> {
+    serde_json::from_value(v.clone())
+        .map_err(|e| ApiError::internal(format!("a stored {} does not decode: {e}", kind.kind)))
+}
+
+fn annotations(obj: &Value) -> Option<&Map<String, Value>> {
+    obj.pointer("/metadata/annotations")?.as_object()
+}
+
+fn finalizers(obj: &Value) -> Vec<&str> {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+fn owner_refs(obj: &Value) -> Vec<&Value> {
+    obj.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().collect())
+        .unwrap_or_default()
+}
+
+/// Check (and for nodes' status writes, rewrite) the object `new` that `caller` would
+/// store over `old` (`None`: a create), through `subresource`.
+pub async fn admit_write(
+    res: &Resources,
+    caller: &UserInfo,
+    kind: &'static KindInfo,
+    old: Option<&Value>,
+    new: Value,
+    subresource: Option<&str>,
+) -> ApiResult<Value> {
+    if caller.is_system() {
+        return Ok(new);
+    }
+    if caller.role == Role::Node {
+        return node_write(caller, kind, old, new, subresource);
+    }
+    if subresource == Some("status") {
+        // The route authorizer refuses people's status writes before this; a second
+        // guard costs nothing.
+        return Err(forbidden(
+            kind,
+            &new,
+            "status",
+            "status is written only by the controllers and the node agents".into(),
+        ));
+    }
+    system_owned_metadata(caller, kind, old, &new)?;
+    owner_references(res, caller, kind, old, &new).await?;
+    match kind.kind {
+        "Allocation" => allocation(res, caller, kind, old, &new).await?,
+        "VCluster" => vcluster(res, caller, kind, old, &new).await?,
+        _ => {}
+    }
+    Ok(new)
+}
+
+/// What a [`admit_connect`] opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Connect {
+    /// The allocation's output.
+    Logs,
+    /// A terminal or command in it.
+    Attach,
+}
+
+/// Whether `caller` may read the output of, or attach to, the allocation `obj` (the route
+/// authorized the tenant): its user always; of a sensitive allocation, its user only (the
+/// seed's "claiming user only"); otherwise admins, and for logs its tenant's admins.
+pub async fn admit_connect(
+    res: &Resources,
+    caller: &UserInfo,
+    obj: &Value,
+    what: Connect,
+) -> ApiResult<()> {
+    if caller.is_system() {
+        return Ok(());
+    }
+    let kind = crate::routes::kind_by_plural("allocations")
+        .ok_or_else(|| ApiError::internal("allocations not registered"))?;
+    let owner = obj
+        .pointer("/metadata/annotations")
+        .and_then(|m| m.get(USER_ANNOTATION))
+        .and_then(Value::as_str);
+    if caller.role != Role::Node && owner == Some(caller.name.as_str()) {
+        return Ok(());
+    }
+    let (ns, name) = (
+        obj.pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default(),
+        name_of(obj),
+    );
+    let owner = owner.unwrap_or("(nobody)");
+    let verb = match what {
+        Connect::Logs => "read the output of",
+        Connect::Attach => "attach to",
+    };
+    if obj.pointer("/spec/sensitive").and_then(Value::as_bool) == Some(true) {
+        return Err(forbidden(
+            kind,
+            obj,
+            "spec.sensitive",
+            format!(
+                "allocation {ns}/{name} is sensitive: only the user who claimed its nodes                  ({owner}) may {verb} it"
+            ),
+        ));
+    }
+    if caller.role == Role::Admin {
+        return Ok(());
+    }
+    if what == Connect::Logs
+        && tenant_admin(res, caller, kind, obj, "read it")
+            .await
+            .is_ok()
+    {
+        return Ok(());
+    }
+    Err(forbidden(
+        kind,
+        obj,
+        "metadata.annotations[lattice.dev/user]",
+        format!(
+            "allocation {ns}/{name} belongs to user {owner}; only its user{} or an admin may \
+             {verb} it",
+            if what == Connect::Logs {
+                ", its tenant's admins"
+            } else {
+                ""
+            }
+        ),
+    ))
+}
+
+/// A delete by `caller` of `old`.
+pub async fn admit_delete(
+    res: &Resources,
+    caller: &UserInfo,
+    kind: &'static KindInfo,
+    old: &Value,
+) -> ApiResult<()> {
+    if caller.is_system() || caller.role == Role::Admin {
+        return Ok(());
+    }
+    if caller.role == Role::Node {
+        return Err(forbidden(
+            kind,
+            old,
+            "metadata",
+            "a node's agent deletes nothing".into(),
+        ));
+    }
+    if kind.kind == "VCluster" {
+        tenant_admin(res, caller, kind, old, "delete it").await?;
+    }
+    Ok(())
+}
+
+fn node_write(
+    caller: &UserInfo,
+    kind: &'static KindInfo,
+    old: Option<&Value>,
+    new: Value,
+    subresource: Option<&str>,
+) -> ApiResult<Value> {
+    let me = caller.node_name().unwrap_or_default();
+    match (kind.kind, old, subresource) {
+        ("Allocation", Some(old), Some("status")) => allocation_report(me, kind, old, &new),
+        ("Node", Some(old), Some("status")) if name_of(old) == me => {
+            node_status(me, kind, old, new)
+        }
+        ("Node", None, None) if name_of(&new) == me => node_create(kind, new),
+        _ => Err(forbidden(
+            kind,
+            &new,
+            subresource.unwrap_or("spec"),
+            format!(
+                "node {me:?} may write only its own Node's status and its reports on the \
+                 allocations bound to it (NodeRestriction)"
+            ),
+        )),
+    }
+}
+
+/// A node's report on an allocation bound to it: only `status.nodeStates[<node>]` is
+/// taken; the rest of the status is the server's derivation from all reports.
+fn allocation_report(
+    me: &str,
+    kind: &'static KindInfo,
+    old: &Value,
+    new: &Value,
+) -> ApiResult<Value> {
+    if !crate::authz::node_may_see(me, old) {
+        return Err(ApiError::not_found(kind.kind, kind.plural, name_of(old)));
+    }
+    let field = format!("status.nodeStates[{me}]");
+    let report = new
+        .pointer("/status/nodeStates")
+        .and_then(|m| m.get(me))
+        .ok_or_else(|| {
+            forbidden(
+                kind,
+                new,
+                &field,
+                format!("node {me:?} writes an allocation's status only through its own report ({field})"),
+            )
+        })?;
+    let report: NodeTaskState = serde_json::from_value(report.clone())
+        .map_err(|e| invalid(kind, new, &field, format!("not a node report: {e}")))?;
+    let mut alloc: Allocation = decode(kind, old)?;
+    record_node_state(&mut alloc, me, report, lattice_apis::meta::now());
+    let mut result = old.clone();
+    let status =
+        serde_json::to_value(&alloc.status).map_err(|e| ApiError::internal(e.to_string()))?;
+    if let Some(o) = result.as_object_mut() {
+        o.insert("status".into(), status);
+    }
+    Ok(result)
+}
+
+/// A node's own Node status: what an agent reports, and Ready when an agent may bring
+/// it up; everything else (owner, running allocations, heartbeat times) stays.
+fn node_status(me: &str, kind: &'static KindInfo, old: &Value, new: Value) -> ApiResult<Value> {
+    let empty = Map::new();
+    let old_st = old
+        .get("status")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    let new_st = new
+        .get("status")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    let state_changes = AGENT_NODE_STATE
+        .iter()
+        .any(|f| old_st.get(*f) != new_st.get(*f));
+    if state_changes && new_st.get("state") != old_st.get("state") {
+        let node: Node = decode(kind, old)?;
+        let to_ready = new_st.get("state").and_then(Value::as_str) == Some("Ready");
+        if !(to_ready && lattice_apis::kinds::node::agent_may_ready(&node)) {
+            return Err(forbidden(
+                kind,
+                old,
+                "status.state",
+                format!(
+                    "node {me:?} may move its Node only to Ready, and only from Unknown, \
+                     Booting or Down when not disabled; other states are the controllers'"
+                ),
+            ));
+        }
+    }
+    let mut allowed: Vec<&str> = AGENT_NODE_STATUS.to_vec();
+    if new_st.get("state") != old_st.get("state") {
+        allowed.extend(AGENT_NODE_STATE);
+    }
+    for (k, v) in new_st.iter().chain(old_st.iter()) {
+        if allowed.contains(&k.as_str()) {
+            continue;
+        }
+        if old_st.get(k) != new_st.get(k) {
+            return Err(forbidden(
+                kind,
+                old,
+                &format!("status.{k}"),
+                format!(
+                    "status.{k} of a Node is written by the controllers, not by its agent \
+                     (node {me:?} tried to change it to {v})"
+                ),
+            ));
+        }
+    }
+    let mut st = old_st.clone();
+    for f in allowed {
+        match new_st.get(f) {
+            Some(v) => st.insert(f.to_string(), v.clone()),
+            None => st.remove(f),
+        };
+    }
+    let mut result = new;
+    if let Some(o) = result.as_object_mut() {
+        o.insert("status".into(), Value::Object(st));
+    }
+    Ok(result)
+}
+
+/// A node registering itself: its name, and of the spec only what an agent knows.
+fn node_create(kind: &'static KindInfo, new: Value) -> ApiResult<Value> {
+    if let Some(spec) = new.get("spec").and_then(Value::as_object) {
+        for (k, v) in spec {
+            let agent_knows = matches!(k.as_str(), "topologyGroup" | "features");
+            let default =
+                v.is_null() || v == &Value::Bool(false) || v.as_array().is_some_and(Vec::is_empty);
+            if !agent_knows && !default {
+                return Err(forbidden(
+                    kind,
+                    &new,
+                    &format!("spec.{k}"),
+                    format!(
+                        "a node's agent registers its Node with spec.topologyGroup and \
+                         spec.features only; spec.{k} is the administrators'"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(new)
+}
+
+/// Annotations and finalizers the system owns: a person adds, changes or removes none
+/// (an admin may, to repair).
+fn system_owned_metadata(
+    caller: &UserInfo,
+    kind: &'static KindInfo,
+    old: Option<&Value>,
+    new: &Value,
+) -> ApiResult<()> {
+    if caller.role == Role::Admin {
+        return Ok(());
+    }
+    for a in SYSTEM_ANNOTATIONS {
+        let before = old.and_then(annotations).and_then(|m| m.get(a));
+        let after = annotations(new).and_then(|m| m.get(a));
+        if before != after {
+            return Err(forbidden(
+                kind,
+                new,
+                &format!("metadata.annotations[{a}]"),
+                format!("the annotation {a} is set by the scheduler only; leave it as it is"),
+            ));
+        }
+    }
+    let before = old.map(finalizers).unwrap_or_default();
+    let after = finalizers(new);
+    for f in SYSTEM_FINALIZERS {
+        if before.contains(&f) && !after.contains(&f) {
+            return Err(forbidden(
+                kind,
+                new,
+                "metadata.finalizers",
+                format!(
+                    "the finalizer {f} keeps the allocation until every node has confirmed \
+                     its processes are gone, and only the controllers remove it; cancel or \
+                     delete the allocation and it goes by itself"
+                ),
+            ));
+        }
+        if !before.contains(&f) && after.contains(&f) {
+            return Err(forbidden(
+                kind,
+                new,
+                "metadata.finalizers",
+                format!("the finalizer {f} is added by the scheduler only"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A person's owner references: none that makes the object a controller's child, none to
+/// another user's object (a Dag would adopt it; garbage collection would follow it).
+async fn owner_references(
+    res: &Resources,
+    caller: &UserInfo,
+    kind: &'static KindInfo,
+    old: Option<&Value>,
+    new: &Value,
+) -> ApiResult<()> {
+    if caller.role == Role::Admin {
+        return Ok(());
+    }
+    let before = old.map(owner_refs).unwrap_or_default();
+    for r in owner_refs(new) {
+        if before.contains(&r) {
+            continue;
+        }
+        if r.get("controller").and_then(Value::as_bool) == Some(true) {
+            return Err(forbidden(
+                kind,
+                new,
+                "metadata.ownerReferences",
+                "controller references are set by the controllers only (they make an object \
+                 the child a controller manages); drop `controller: true`"
+                    .into(),
+            ));
+        }
+        let owner_kind = r.get("kind").and_then(Value::as_str).unwrap_or_default();
+        let owner_name = r.get("name").and_then(Value::as_str).unwrap_or_default();
+        let Some(ok) = lattice_apis::kinds().iter().find(|k| k.kind == owner_kind) else {
+            continue;
+        };
+        let ns = new.pointer("/metadata/namespace").and_then(Value::as_str);
+        let Ok(owner) = res.get(ok, ns.filter(|_| ok.namespaced), owner_name).await else {
+            continue;
+        };
+        let theirs = owner
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(USER_ANNOTATION))
+            .and_then(Value::as_str);
+        if theirs.is_some_and(|u| u != caller.name) {
+            return Err(forbidden(
+                kind,
+                new,
+                "metadata.ownerReferences",
+                format!(
+                    "{owner_kind} {owner_name:?} belongs to user {:?}; an object may name only \
+                     its own user's objects as owners",
+                    theirs.unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A person's allocation: a step of their own allocation only; within the vCluster's
+/// walltime and the tenant's node quota.
+async fn allocation(
+    res: &Resources,
+    caller: &UserInfo,
+    kind: &'static KindInfo,
+    old: Option<&Value>,
+    new: &Value,
+) -> ApiResult<()> {
+    let a: Allocation = serde_json::from_value(new.clone())
+        .map_err(|e| ApiError::bad_request(format!("not an allocation: {e}")))?;
+    let ns = a.metadata.namespace_str().to_string();
+    let before: Option<Allocation> = old.and_then(|o| serde_json::from_value(o.clone()).ok());
+    let changed = |f: &dyn Fn(&Allocation) -> String| before.as_ref().is_none_or(|b| f(b) != f(&a));
+    if let Some(parent) = &a.spec.step_of {
+        if changed(&|x| x.spec.step_of.clone().unwrap_or_default()) {
+            let p = res.get(kind, Some(&ns), parent).await.map_err(|_| {
+                invalid(
+                    kind,
+                    new,
+                    "spec.stepOf",
+                    format!("there is no allocation {parent:?} in tenant {ns:?} to run a step of"),
+                )
+            })?;
+            let owner = p
+                .pointer("/metadata/annotations")
+                .and_then(|m| m.get(USER_ANNOTATION))
+                .and_then(Value::as_str);
+            if owner != Some(caller.name.as_str()) {
+                return Err(forbidden(
+                    kind,
+                    new,
+                    "spec.stepOf",
+                    format!(
+                        "allocation {parent:?} belongs to user {:?}; a job step runs on its \
+                         nodes, so only its user may start one",
+                        owner.unwrap_or("(none)")
+                    ),
+                ));
+            }
+        }
+    }
+    let vc_name = a.spec.vcluster.clone();
+    if let Some(vc_name) = vc_name.filter(|v| !v.is_empty()) {
+        let vk = crate::routes::kind_by_plural("vclusters")
+            .ok_or_else(|| ApiError::internal("vclusters not registered"))?;
+        if let Ok(v) = res.get(vk, Some(&ns), &vc_name).await {
+            let vc: VCluster = decode(vk, &v)?;
+            if let Some(max) = vc.spec.max_walltime.as_deref() {
+                let limit = lattice_apis::duration::parse_duration(max).ok();
+                let asked = a.spec.lifecycle.walltime_seconds();
+                let relevant = changed(&|x| {
+                    format!(
+                        "{:?}{:?}",
+                        x.spec.lifecycle.walltime_seconds(),
+                        x.spec.vcluster
+                    )
+                });
+                if let (Some(limit), true) = (limit, relevant) {
+                    match asked {
+                        Some(w) if w > limit => {
+                            return Err(invalid(
+                                kind,
+                                new,
+                                "spec.lifecycle.walltime",
+                                format!(
+                                    "{} is longer than vCluster {vc_name:?} allows \
+                                     (maxWalltime {max}); ask for at most {max}",
+                                    lattice_apis::duration::format_hms(w)
+                                ),
+                            ))
+                        }
+                        None if matches!(
+                            a.spec.lifecycle.type_,
+                            lattice_apis::LifecycleType::Unbounded
+                                | lattice_apis::LifecycleType::Reactive
+                        ) =>
+                        {
+                            return Err(invalid(
+                                kind,
+                                new,
+                                "spec.lifecycle.type",
+                                format!(
+                                    "vCluster {vc_name:?} runs work for at most {max} \
+                                     (maxWalltime), and this allocation has no walltime; \
+                                     give it one, or use a vCluster without maxWalltime"
+                                ),
+                            ))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    let tk = crate::routes::kind_by_plural("tenants")
+        .ok_or_else(|| ApiError::internal("tenants not registered"))?;
+    if let Ok(t) = res.get(tk, None, &ns).await {
+        let t: Tenant = decode(tk, &t)?;
+        let n = a.spec.resources.nodes.min();
+        if let Some(max) = t.spec.quota.max_nodes {
+            if n > max && changed(&|x| x.spec.resources.nodes.min().to_string()) {
+                return Err(invalid(
+                    kind,
+                    new,
+                    "spec.resources.nodes",
+                    format!(
+                        "{n} nodes is more than tenant {ns:?} may ever hold (quota maxNodes \
+                         {max}); ask for at most {max}, or ask an admin to raise the quota"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `caller` is an admin of the object's tenant (or an admin).
+async fn tenant_admin(
+    res: &Resources,
+    caller: &UserInfo,
+    kind: &'static KindInfo,
+    obj: &Value,
+    what: &str,
+) -> ApiResult<()> {
+    if caller.role == Role::Admin {
+        return Ok(());
+    }
+    let ns = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let tk = crate::routes::kind_by_plural("tenants")
+        .ok_or_else(|| ApiError::internal("tenants not registered"))?;
+    let admins: Vec<String> = match res.get(tk, None, ns).await {
+        Ok(t) => decode::<Tenant>(tk, &t)?.spec.admins,
+        Err(_) => Vec::new(),
+    };
+    if caller.role == Role::User && admins.iter().any(|a| a == &caller.name) {
+        return Ok(());
+    }
+    Err(forbidden(
+        kind,
+        obj,
+        "metadata",
+        format!(
+            "user {:?} cannot {what}: vClusters of tenant {ns:?} are managed by its admins \
+             (Tenant spec.admins) and cluster administrators",
+            caller.name
+        ),
+    ))
+}
+
+/// vClusters: their tenant's admins'; `homeNodes` only as an admin assigned them.
+async fn vcluster(
+    res: &Resources,
+    caller: &UserInfo,
+    kind: &'static KindInfo,
+    old: Option<&Value>,
+    new: &Value,
+) -> ApiResult<()> {
+    tenant_admin(
+        res,
+        caller,
+        kind,
+        new,
+        if old.is_some() {
+            "change it"
+        } else {
+            "create it"
+        },
+    )
+    .await?;
+    if caller.role == Role::Admin {
+        return Ok(());
+    }
+    let homes = |v: &Value| -> Vec<String> {
+        v.pointer("/spec/homeNodes")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = old.map(homes).unwrap_or_default();
+    let ns = new
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let me = format!("{ns}/{}", name_of(new));
+    let nk = crate::routes::kind_by_plural("nodes")
+        .ok_or_else(|| ApiError::internal("nodes not registered"))?;
+    for n in homes(new).iter().filter(|n| !before.contains(n)) {
+        // A tenant admin may list a node an administrator already gave this vCluster on
+        // the Node itself (`spec.homeVcluster`); choosing whose nodes they are is not
+        // theirs.
+        let assigned = match res.get(nk, None, n).await {
+            Ok(node) => decode::<Node>(nk, &node)?
+                .spec
+                .home_vcluster
+                .is_some_and(|h| h == me || (ns == "default" && h == name_of(new))),
+            Err(_) => false,
+        };
+        if !assigned {
+            return Err(forbidden(
+                kind,
+                new,
+                "spec.homeNodes",
+                format!(
+                    "node {n:?} is not this vCluster's to take: home nodes keep other work off \
+                     them and reclaim them from borrowers, so an administrator assigns them \
+                     (Node spec.homeVcluster: {me})"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
