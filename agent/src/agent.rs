@@ -32,6 +32,48 @@ use crate::state::{StateFile, TaskKey};
 use crate::supervisor::{self, AllocView};
 use crate::{discovery, heartbeat, registration, server};
 
+/// Raw HTTP to the API server, for the routes the typed client does not cover (job
+/// tokens, attach tickets, the heartbeat stream), with this node's identity.
+#[derive(Debug, Clone)]
+pub struct ApiHttp {
+    base: String,
+    tls: Option<rustls::ClientConfig>,
+    /// The client (TLS with the node's certificate, when it has one).
+    pub http: reqwest::Client,
+}
+
+impl ApiHttp {
+    /// For the API at `base`, over `tls` when given.
+    pub fn new(base: &str, tls: Option<rustls::ClientConfig>) -> anyhow::Result<Self> {
+        let http = Self::builder_with(tls.clone())
+            .connect_timeout(Duration::from_secs(5))
+            .build()?;
+        Ok(Self {
+            base: base.trim_end_matches('/').to_string(),
+            tls,
+            http,
+        })
+    }
+
+    fn builder_with(tls: Option<rustls::ClientConfig>) -> reqwest::ClientBuilder {
+        let b = reqwest::Client::builder();
+        match tls {
+            Some(t) => b.use_preconfigured_tls(t),
+            None => b,
+        }
+    }
+
+    /// A builder for a client of its own (the heartbeat stream's), with the same TLS.
+    pub fn builder(&self) -> reqwest::ClientBuilder {
+        Self::builder_with(self.tls.clone())
+    }
+
+    /// The URL of `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
 /// What every part of the agent shares.
 #[derive(Debug)]
 pub struct Ctx {
@@ -39,6 +81,10 @@ pub struct Ctx {
     pub cfg: Config,
     /// API client.
     pub client: Client,
+    /// Raw HTTP to the API server.
+    pub api: ApiHttp,
+    /// This node's certificate (`None`: no identity, see [`crate::identity`]).
+    pub identity: Option<Arc<crate::identity::NodeIdentity>>,
     /// The state file.
     pub state: Arc<StateFile>,
     /// The report queue.
@@ -91,7 +137,19 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("creating {}: {e}", d.display()))?;
     }
     let state = Arc::new(StateFile::load(&cfg.state_file(), &cfg.node)?);
-    let client = Client::http(&cfg.api_url, cfg.token.clone())?;
+    let identity = crate::identity::NodeIdentity::obtain(&cfg).await?;
+    let tls = match &identity {
+        Some(id) => Some(id.client_config()?),
+        None => {
+            tracing::warn!(api = %cfg.api_url, "no node identity (plain http:// API URL): this works only against an API server without authentication, and the agent's endpoint is open to anyone on this machine");
+            None
+        }
+    };
+    let client = match &tls {
+        Some(t) => Client::https(&cfg.api_url, t.clone())?,
+        None => Client::http(&cfg.api_url, None)?,
+    };
+    let api = ApiHttp::new(&cfg.api_url, tls)?;
     let metrics = Arc::new(Metrics::new());
     let logs = Arc::new(Logs::new(cfg.log_root(), cfg.log_buffer_bytes, &cfg.node));
     let listener = tokio::net::TcpListener::bind(cfg.listen)
@@ -115,6 +173,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let ctx = Arc::new(Ctx {
         cgroups,
         client,
+        api,
+        identity: identity.clone(),
         state,
         reporter: reporter.clone(),
         runtime: Arc::new(BareProcess::new(shim_exe)),
@@ -132,13 +192,13 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             logs,
             metrics,
             attach: Some(ctx.clone()),
-            proxy: Arc::new(server::ProxyKey::new(
-                &ctx.cfg.api_url,
-                ctx.cfg.token.clone(),
-            )),
         },
         shutdown.clone(),
+        identity.as_ref().map(|i| i.server_config()).transpose()?,
     ));
+    if let Some(id) = &identity {
+        tokio::spawn(id.clone().renew(ctx.cfg.api_url.clone(), shutdown.clone()));
+    }
     let reports = tokio::spawn(reporter.run(shutdown.clone()));
     let facts = discovery::discover(
         &ctx.cfg,

@@ -160,20 +160,14 @@ pub async fn attach(
 
 /// Exchange the ticket for its grant.
 async fn redeem(ctx: &Ctx, secret: &str) -> Result<AttachTicket, (StatusCode, String)> {
-    let url = format!(
-        "{}{}",
-        ctx.cfg.api_url.trim_end_matches('/'),
-        proto::REDEEM_PATH
-    );
-    let mut req = reqwest::Client::new()
-        .post(url)
+    let req = ctx
+        .api
+        .http
+        .post(ctx.api.url(proto::REDEEM_PATH))
         .timeout(Duration::from_secs(10))
         .json(&proto::RedeemRequest {
             ticket: secret.to_string(),
         });
-    if let Some(t) = &ctx.cfg.token {
-        req = req.bearer_auth(t);
-    }
     let resp = req.send().await.map_err(|e| {
         (
             StatusCode::BAD_GATEWAY,

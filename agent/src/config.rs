@@ -46,9 +46,15 @@ pub struct AgentArgs {
     /// API server base URL.
     #[arg(long, env = "LATTICE_API_URL", default_value = "http://127.0.0.1:8080")]
     pub api_url: String,
-    /// File holding the bearer token (the environment variable LATTICE_AGENT_TOKEN wins).
+    /// The cluster CA (PEM) the API server's certificate is checked against; required
+    /// with an https:// --api-url.
+    #[arg(long, env = "LATTICE_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// File holding a bootstrap token from `lattice admin node bootstrap-token`, spent on
+    /// this node's certificate at the first start (the environment variable
+    /// LATTICE_BOOTSTRAP_TOKEN wins). Not needed once the node has its certificate.
     #[arg(long)]
-    pub token_file: Option<PathBuf>,
+    pub bootstrap_token_file: Option<PathBuf>,
     /// Where the agent keeps its state file, scratch directories and logs.
     #[arg(long, required = true)]
     pub state_dir: Option<PathBuf>,
@@ -161,8 +167,10 @@ pub struct Config {
     pub node: String,
     /// `--api-url`.
     pub api_url: String,
-    /// Bearer token (`LATTICE_AGENT_TOKEN` or `--token-file`).
-    pub token: Option<String>,
+    /// `--ca-file`.
+    pub ca_file: Option<PathBuf>,
+    /// The bootstrap token (`LATTICE_BOOTSTRAP_TOKEN` or `--bootstrap-token-file`).
+    pub bootstrap_token: Option<String>,
     /// `--state-dir`.
     pub state_dir: PathBuf,
     /// `--listen`.
@@ -202,25 +210,34 @@ pub struct Config {
 }
 
 impl Config {
-    /// Validate the flags and read the token.
+    /// Validate the flags and read the bootstrap token.
     pub fn from_args(a: AgentArgs) -> anyhow::Result<Self> {
         let node = a.node_id.context("--node-id is required")?;
         if let Some(e) = lattice_apis::validate_dns1123_name("--node-id", &node) {
             anyhow::bail!("{}: {}", e.path, e.message);
         }
         let state_dir = a.state_dir.context("--state-dir is required")?;
-        let token = match std::env::var("LATTICE_AGENT_TOKEN") {
+        let bootstrap_token = match std::env::var("LATTICE_BOOTSTRAP_TOKEN") {
             Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
-            _ => match &a.token_file {
+            _ => match &a.bootstrap_token_file {
                 Some(f) => Some(
                     std::fs::read_to_string(f)
-                        .with_context(|| format!("reading --token-file {}", f.display()))?
+                        .with_context(|| format!("reading --bootstrap-token-file {}", f.display()))?
                         .trim()
                         .to_string(),
                 ),
                 None => None,
             },
         };
+        if !a.api_url.starts_with("https://") && !a.listen.ip().is_loopback() {
+            anyhow::bail!(
+                "--listen {}: an agent without a node identity (a plain http:// --api-url) \
+                 serves its endpoint, which runs commands in jobs, to anyone who can reach \
+                 it, so it listens on loopback only; use an https:// --api-url with --ca-file \
+                 and a bootstrap token",
+                a.listen
+            );
+        }
         if a.heartbeat_interval.is_zero() {
             anyhow::bail!("--heartbeat-interval must be more than 0");
         }
@@ -234,7 +251,8 @@ impl Config {
         Ok(Self {
             node,
             api_url: a.api_url,
-            token,
+            ca_file: a.ca_file,
+            bootstrap_token,
             state_dir,
             listen: a.listen,
             advertise_address: a.advertise_address,

@@ -95,19 +95,13 @@ fn mkdir_shared(path: &Path) -> std::io::Result<()> {
 
 /// Ask the API server for the allocation's job token; `Ok(None)` with authentication off.
 async fn request_token(ctx: &Ctx, alloc: &Allocation) -> Result<Option<String>, String> {
-    let url = format!(
-        "{}/v1/allocations/{}/token?tenant={}&uid={}",
-        ctx.cfg.api_url.trim_end_matches('/'),
+    let url = ctx.api.url(&format!(
+        "/v1/allocations/{}/token?tenant={}&uid={}",
         alloc.metadata.name_str(),
         alloc.metadata.namespace_str(),
         alloc.metadata.uid.as_deref().unwrap_or_default()
-    );
-    let mut req = reqwest::Client::new()
-        .post(url)
-        .timeout(Duration::from_secs(10));
-    if let Some(t) = &ctx.cfg.token {
-        req = req.bearer_auth(t);
-    }
+    ));
+    let req = ctx.api.http.post(url).timeout(Duration::from_secs(10));
     let resp = req.send().await.map_err(|e| e.to_string())?;
     let code = resp.status();
     let body: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;

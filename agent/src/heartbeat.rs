@@ -68,7 +68,9 @@ impl Sequence {
 
 /// Keep a heartbeat stream open until shutdown.
 pub async fn run(ctx: Arc<Ctx>) {
-    let http = match reqwest::Client::builder()
+    let http = match ctx
+        .api
+        .builder()
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         // A server host that died without closing the connection: the next heartbeat
@@ -143,18 +145,14 @@ pub async fn run(ctx: Arc<Ctx>) {
 /// when it failed.
 async fn stream(ctx: &Ctx, http: &reqwest::Client, seq: &mut Sequence) -> Result<String, String> {
     let first = seq.take(ctx).map_err(|e| e.to_string())?;
-    let url = format!(
-        "{}/apis/lattice.dev/v1alpha1/nodes/{}/heartbeat?sequence={first}",
-        ctx.cfg.api_url.trim_end_matches('/'),
+    let url = ctx.api.url(&format!(
+        "/apis/lattice.dev/v1alpha1/nodes/{}/heartbeat?sequence={first}",
         ctx.cfg.node
-    );
-    let mut req = http
+    ));
+    let req = http
         .post(url)
         .header("connection", "upgrade")
         .header("upgrade", PROTOCOL);
-    if let Some(t) = &ctx.cfg.token {
-        req = req.bearer_auth(t);
-    }
     let started = Instant::now();
     // The 101 arrives once the server has written the Lease.
     let resp = tokio::select! {

@@ -34,6 +34,7 @@ pub mod credentials;
 pub mod discovery;
 pub mod env;
 pub mod heartbeat;
+pub mod identity;
 pub mod logs;
 pub mod metrics;
 pub mod registration;

@@ -1,7 +1,17 @@
-//! The agent's own HTTP endpoint (`--listen`): `/logs/{namespace}/{name}`,
-//! `/attach/{namespace}/{name}` (see [`crate::attach`]), `/metrics`, `/healthz`. The API server proxies `.../allocations/{name}/log` here.
+//! The agent's own endpoint (`--listen`): `/logs/{namespace}/{name}`,
+//! `/attach/{namespace}/{name}` (see [`crate::attach`]), `/metrics`, `/healthz`. The API
+//! server proxies `.../allocations/{name}/log` and attach sessions here.
+//!
+//! With a node identity the endpoint is HTTPS with this node's certificate, and only
+//! clients with a certificate from the cluster CA get a connection; logs and attach are
+//! the API server's alone (`system:apiserver`), `/metrics` and `/healthz` also an
+//! administrator's (`admin:<name>`). A job's user, another node's agent, anyone else on
+//! the network: refused at the handshake or with 403. Without an identity (a server
+//! without authentication, in tests) the endpoint is plain HTTP on loopback only (see
+//! `Config::from_args`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{FromRef, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -9,6 +19,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use lattice_pki::Identity;
 use tokio_util::sync::CancellationToken;
 
 use crate::logs::{http::get_logs, Logs};
@@ -23,122 +34,34 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// What attach sessions need (`None`: attach is refused).
     pub attach: Option<Arc<crate::agent::Ctx>>,
-    /// Checks that log requests come from the API server.
-    pub proxy: Arc<ProxyKey>,
 }
 
-/// This agent's copy of the key the API server signs proxied requests with
-/// ([`lattice_apis::proxy_auth`]), fetched on first need with the agent's credentials.
-#[derive(Debug)]
-pub struct ProxyKey {
-    api_url: String,
-    token: Option<String>,
-    /// The key and when it was fetched.
-    key: tokio::sync::Mutex<Option<(Arc<Vec<u8>>, std::time::Instant)>>,
-}
+/// Who is on the other end of a TLS connection (its verified certificate's identity);
+/// absent on a plain endpoint.
+#[derive(Debug, Clone)]
+pub struct Peer(pub Option<Identity>);
 
-/// A key that signatures do not match is fetched again (a restored or replaced store), at
-/// most this often.
-const REFETCH_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
-
-impl ProxyKey {
-    /// Fetched from the API at `api_url` with `token`.
-    pub fn new(api_url: &str, token: Option<String>) -> Self {
-        Self {
-            api_url: api_url.trim_end_matches('/').to_string(),
-            token,
-            key: tokio::sync::Mutex::new(None),
-        }
-    }
-
-    /// The key: the one held, or (none held, or `stale` and not fetched lately) a fresh one.
-    async fn get(&self, stale: bool) -> Result<Arc<Vec<u8>>, String> {
-        let mut held = self.key.lock().await;
-        if let Some((k, at)) = held.as_ref() {
-            if !stale || at.elapsed() < REFETCH_EVERY {
-                return Ok(k.clone());
-            }
-        }
-        let fresh = Arc::new(self.fetch().await?);
-        *held = Some((fresh.clone(), std::time::Instant::now()));
-        Ok(fresh)
-    }
-
-    async fn fetch(&self) -> Result<Vec<u8>, String> {
-        let mut req = reqwest::Client::new()
-            .get(format!(
-                "{}{}",
-                self.api_url,
-                lattice_apis::proxy_auth::KEY_PATH
-            ))
-            .timeout(std::time::Duration::from_secs(10));
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await.map_err(|e| e.to_string())?;
-        let code = resp.status();
-        let body: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
-        let hex = body.get("key").and_then(|k| k.as_str()).ok_or_else(|| {
-            format!(
-                "{code}: {}",
-                body.get("message")
-                    .and_then(|m| m.as_str())
-                    .unwrap_or_default()
+/// Logs and attach: the API server only (on a TLS endpoint).
+async fn from_api_server(req: Request, next: Next) -> Response {
+    match req.extensions().get::<Peer>() {
+        None | Some(Peer(Some(Identity::ApiServer))) => next.run(req).await,
+        Some(Peer(who)) => {
+            let who = who
+                .as_ref()
+                .map(|i| i.to_string())
+                .unwrap_or_else(|| "a client without a certificate".into());
+            tracing::info!(path = %req.uri().path(), %who, "request refused: only the API server may ask");
+            (
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{who} may not use {}: job output and sessions are served through the API \
+                     server (`lattice logs`, `lattice attach`)",
+                    req.uri().path()
+                ),
             )
-        })?;
-        (0..hex.len())
-            .step_by(2)
-            .map(|i| {
-                hex.get(i..i + 2)
-                    .and_then(|b| u8::from_str_radix(b, 16).ok())
-            })
-            .collect::<Option<Vec<u8>>>()
-            .ok_or_else(|| "the API server's proxy key is not hex".to_string())
-    }
-}
-
-/// Only the API server (a valid signature) reads logs here.
-async fn from_api_server(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    use lattice_apis::proxy_auth::{verify, HEADER};
-    let path = req.uri().path().to_string();
-    let deny = |code: StatusCode, msg: String| {
-        tracing::info!(%path, %msg, "log request refused");
-        (code, msg).into_response()
-    };
-    let Some(sig) = req.headers().get(HEADER).and_then(|v| v.to_str().ok()) else {
-        return deny(
-            StatusCode::UNAUTHORIZED,
-            format!("logs are served through the API server (`lattice logs`); this request has no {HEADER} signature"),
-        );
-    };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default();
-    let method = req.method().as_str().to_string();
-    let mut checked = Err(String::new());
-    // A mismatch may be a replaced key: fetched again once (rate-limited) before refusing.
-    for stale in [false, true] {
-        checked = match s.proxy.get(stale).await {
-            Ok(key) => verify(&key, sig, &method, &path, now),
-            Err(e) => {
-                return deny(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("cannot check the request: no proxy key from the API server ({e})"),
-                )
-            }
-        };
-        if !checked
-            .as_ref()
-            .is_err_and(|e| e.contains("does not match"))
-        {
-            break;
+                .into_response()
         }
     }
-    if let Err(e) = checked {
-        return deny(StatusCode::FORBIDDEN, e);
-    }
-    next.run(req).await
 }
 
 impl FromRef<AppState> for Option<Arc<crate::agent::Ctx>> {
@@ -160,12 +83,12 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route(
             "/logs/{namespace}/{name}",
-            get(get_logs).route_layer(middleware::from_fn_with_state(
-                state.clone(),
-                from_api_server,
-            )),
+            get(get_logs).route_layer(middleware::from_fn(from_api_server)),
         )
-        .route("/attach/{namespace}/{name}", get(crate::attach::attach))
+        .route(
+            "/attach/{namespace}/{name}",
+            get(crate::attach::attach).route_layer(middleware::from_fn(from_api_server)),
+        )
         .with_state(state)
 }
 
@@ -178,14 +101,68 @@ async fn metrics(State(s): State<AppState>) -> Response {
     r
 }
 
-/// Serve until `shutdown`.
+/// Serve until `shutdown`: HTTPS with `tls` (see the module docs), else plain HTTP.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: CancellationToken,
+    tls: Option<rustls::ServerConfig>,
 ) -> anyhow::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await?;
-    Ok(())
+    let app = router(state);
+    let Some(tls) = tls else {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await?;
+        return Ok(());
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let (acceptor, app, shutdown) = (acceptor.clone(), app.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake refused");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let who = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(lattice_pki::peer_info)
+                .and_then(|i| i.identity);
+            if !matches!(who, Some(Identity::ApiServer | Identity::Admin(_))) {
+                tracing::info!(%peer, who = ?who, "connection refused: not the API server nor an administrator");
+                return;
+            }
+            let app = app.layer(axum::Extension(Peer(who)));
+            let svc = hyper_util::service::TowerToHyperService::new(app);
+            let conn =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let io = hyper_util::rt::TokioIo::new(tls);
+            tokio::select! {
+                r = conn.serve_connection_with_upgrades(io, svc) => {
+                    if let Err(e) = r {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                }
+                _ = shutdown.cancelled() => {}
+            }
+        });
+    }
 }

@@ -493,12 +493,42 @@ pub enum AdminCommand {
     /// Raft / store status of the server
     #[command(subcommand)]
     Raft(RaftCommand),
+    /// Node identities: bootstrap tokens for new nodes, revoking a node's certificates
+    #[command(subcommand)]
+    Node(AdminNodeCommand),
     /// Same as `lattice node drain`
     #[command(hide = true)]
     Drain(NodeDrainArgs),
     /// Same as `lattice node undrain`
     #[command(hide = true)]
     Undrain(NodeIdArg),
+}
+
+/// `lattice admin node ...`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum AdminNodeCommand {
+    /// Create a single-use bootstrap token a new node's agent spends on its certificate
+    /// (`lattice-agent --bootstrap-token-file FILE`); the token is on the last line
+    BootstrapToken {
+        /// The only node the token may enroll (recommended); without it, any node name
+        /// that has no live certificate yet
+        #[arg(long)]
+        node: Option<String>,
+        /// How long the token is valid, e.g. 30m, 1h, 2d (at most 7d)
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+        /// What the token is for (shown by `tokens`)
+        #[arg(long)]
+        description: Option<String>,
+    },
+    /// List the bootstrap tokens not yet used or expired (never their secrets)
+    Tokens,
+    /// Revoke every certificate of a node: its agent is refused at once by every API
+    /// server and needs a new bootstrap token
+    Revoke {
+        /// The node
+        name: String,
+    },
 }
 
 #[derive(Debug, Clone, Default, Args)]
@@ -760,6 +790,10 @@ pub struct UpArgs {
     /// API listen address of the server
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     pub api_addr: String,
+    /// HTTPS listen address of the server, where the agents connect with their node
+    /// certificates [default: a free port on 127.0.0.1]
+    #[arg(long, value_name = "ADDR")]
+    pub tls_addr: Option<String>,
     /// Directory with tenant.yaml, vclusters.yaml and training-pipeline.yaml
     /// [default: ./manifests/examples when it exists]
     #[arg(long, value_name = "DIR")]

@@ -586,27 +586,7 @@ pub enum ClientAuth<'a> {
 
 /// A rustls server configuration serving `chain_pem`/`key_pem`.
 pub fn server_config(chain_pem: &str, key_pem: &str, clients: ClientAuth) -> Result<ServerConfig> {
-    let builder = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| PkiError::invalid("TLS versions", e))?;
-    let builder = match clients {
-        ClientAuth::None => builder.with_no_client_auth(),
-        ClientAuth::Optional(ca) | ClientAuth::Required(ca) => {
-            let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider());
-            let v = if matches!(clients, ClientAuth::Optional(_)) {
-                v.allow_unauthenticated()
-            } else {
-                v
-            };
-            let v = v
-                .build()
-                .map_err(|e| PkiError::invalid("the client certificate verifier", e))?;
-            builder.with_client_cert_verifier(v)
-        }
-    };
-    builder
-        .with_single_cert(certs(chain_pem)?, private_key(key_pem)?)
-        .map_err(|e| PkiError::invalid("the serving certificate and key", e))
+    server_config_rotating(RotatingCert::new(chain_pem, key_pem)?, clients)
 }
 
 /// A rustls client configuration trusting `ca_pem`, presenting `identity` (certificate
@@ -622,6 +602,106 @@ pub fn client_config(ca_pem: &str, identity: Option<(&str, &str)>) -> Result<Cli
             .with_client_auth_cert(certs(chain)?, private_key(key)?)
             .map_err(|e| PkiError::invalid("the client certificate and key", e)),
     }
+}
+
+/// A certificate and key that can be replaced while configurations use it: a renewed
+/// node certificate takes effect for every new connection without rebuilding the
+/// clients and servers that hold it.
+#[derive(Debug)]
+pub struct RotatingCert {
+    current: std::sync::RwLock<Arc<rustls::sign::CertifiedKey>>,
+}
+
+fn certified_key(chain_pem: &str, key_pem: &str) -> Result<Arc<rustls::sign::CertifiedKey>> {
+    let key = provider()
+        .key_provider
+        .load_private_key(private_key(key_pem)?)
+        .map_err(|e| PkiError::invalid("a private key", e))?;
+    let ck = rustls::sign::CertifiedKey::new(certs(chain_pem)?, key);
+    ck.keys_match()
+        .map_err(|e| PkiError::invalid("the certificate and key do not go together", e))?;
+    Ok(Arc::new(ck))
+}
+
+impl RotatingCert {
+    /// Holding `chain_pem` and `key_pem`.
+    pub fn new(chain_pem: &str, key_pem: &str) -> Result<Arc<Self>> {
+        Ok(Arc::new(Self {
+            current: std::sync::RwLock::new(certified_key(chain_pem, key_pem)?),
+        }))
+    }
+
+    /// Use `chain_pem` and `key_pem` from now on.
+    pub fn replace(&self, chain_pem: &str, key_pem: &str) -> Result<()> {
+        let ck = certified_key(chain_pem, key_pem)?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = ck;
+        Ok(())
+    }
+
+    fn get(&self) -> Arc<rustls::sign::CertifiedKey> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl rustls::client::ResolvesClientCert for RotatingCert {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.get())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+impl rustls::server::ResolvesServerCert for RotatingCert {
+    fn resolve(
+        &self,
+        _client_hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.get())
+    }
+}
+
+/// A client configuration trusting `ca_pem` and presenting whatever `cert` holds.
+pub fn client_config_rotating(ca_pem: &str, cert: Arc<RotatingCert>) -> Result<ClientConfig> {
+    Ok(ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| PkiError::invalid("TLS versions", e))?
+        .with_root_certificates(roots(ca_pem)?)
+        .with_client_cert_resolver(cert))
+}
+
+/// A server configuration serving whatever `cert` holds.
+pub fn server_config_rotating(
+    cert: Arc<RotatingCert>,
+    clients: ClientAuth,
+) -> Result<ServerConfig> {
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| PkiError::invalid("TLS versions", e))?;
+    let builder = match clients {
+        ClientAuth::None => builder.with_no_client_auth(),
+        ClientAuth::Optional(ca) | ClientAuth::Required(ca) => {
+            let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider());
+            let v = if matches!(clients, ClientAuth::Optional(_)) {
+                v.allow_unauthenticated()
+            } else {
+                v
+            };
+            builder.with_client_cert_verifier(
+                v.build()
+                    .map_err(|e| PkiError::invalid("the client certificate verifier", e))?,
+            )
+        }
+    };
+    Ok(builder.with_cert_resolver(cert))
 }
 
 /// The identity of a verified TLS peer: its end-entity certificate (the first of the

@@ -10,7 +10,7 @@
 //! * a node creates only its own Node, with only the spec an agent knows (topology
 //!   group, features);
 //! * people never write what the system owns: the scheduler's annotations and
-//!   finalizer, controller owner references, references to other users' objects;
+//!   finalizer; nor name other users' objects as owners;
 //! * a job step (`spec.stepOf`) belongs to an allocation of the same user;
 //! * vClusters are their tenant's admins' (or admins'); which nodes are a vCluster's home
 //!   (`spec.homeNodes`) takes nodes from others, so only admins change it (a tenant admin
@@ -228,6 +228,15 @@ fn node_write(
             node_status(me, kind, old, new)
         }
         ("Node", None, None) if name_of(&new) == me => node_create(kind, new),
+        ("Node", None, None) => Err(forbidden(
+            kind,
+            &new,
+            "metadata.name",
+            format!(
+                "node {me:?} may register only itself, not {:?}",
+                name_of(&new)
+            ),
+        )),
         _ => Err(forbidden(
             kind,
             &new,
@@ -413,8 +422,8 @@ fn system_owned_metadata(
     Ok(())
 }
 
-/// A person's owner references: none that makes the object a controller's child, none to
-/// another user's object (a Dag would adopt it; garbage collection would follow it).
+/// A person's owner references: none to another user's object (a Dag would adopt it as
+/// its task, a job step would run on its nodes, garbage collection would follow it).
 async fn owner_references(
     res: &Resources,
     caller: &UserInfo,
@@ -429,16 +438,6 @@ async fn owner_references(
     for r in owner_refs(new) {
         if before.contains(&r) {
             continue;
-        }
-        if r.get("controller").and_then(Value::as_bool) == Some(true) {
-            return Err(forbidden(
-                kind,
-                new,
-                "metadata.ownerReferences",
-                "controller references are set by the controllers only (they make an object \
-                 the child a controller manages); drop `controller: true`"
-                    .into(),
-            ));
         }
         let owner_kind = r.get("kind").and_then(Value::as_str).unwrap_or_default();
         let owner_name = r.get("name").and_then(Value::as_str).unwrap_or_default();

@@ -33,7 +33,7 @@ use crate::resources::WriteOptions;
 use crate::routes::{authenticate, json_response, kind_by_plural, read_body};
 use crate::Inner;
 
-type AgentSocket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+type AgentSocket = tokio_tungstenite::WebSocketStream<crate::agents::AgentStream>;
 
 /// What the client asked for.
 #[derive(Debug, Default)]
@@ -263,7 +263,7 @@ async fn open(
         .put(put)
         .await
         .map_err(|e| ApiError::unavailable(format!("cannot record the attach ticket: {e}")))?;
-    match connect(&addr, ns, name, &node, &secret, &req).await {
+    match connect(inner, &addr, ns, name, &node, &secret, &req).await {
         Ok(sock) => {
             record_event(inner, &ticket, obj).await;
             Ok((ticket, sock))
@@ -278,6 +278,7 @@ async fn open(
 
 /// Open the agent's side, presenting the ticket `secret`.
 async fn connect(
+    inner: &Inner,
     addr: &str,
     ns: &str,
     name: &str,
@@ -285,7 +286,8 @@ async fn connect(
     secret: &str,
     req: &Request,
 ) -> ApiResult<AgentSocket> {
-    let mut url = reqwest::Url::parse(&format!("ws://{addr}/attach/{ns}/{name}"))
+    let (stream, scheme) = inner.agents.connect(node, addr).await?;
+    let mut url = reqwest::Url::parse(&format!("{scheme}://{addr}/attach/{ns}/{name}"))
         .map_err(|e| ApiError::internal(format!("node {node}'s agent address {addr:?}: {e}")))?;
     {
         let mut q = url.query_pairs_mut();
@@ -316,12 +318,7 @@ async fn connect(
     let unreachable = |e: String| {
         ApiError::unavailable(format!("cannot reach node {node}'s agent at {addr}: {e}"))
     };
-    let tcp = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
-        .await
-        .map_err(|_| unreachable("timed out".into()))?
-        .map_err(|e| unreachable(e.to_string()))?;
-    let _ = tcp.set_nodelay(true);
-    match tokio_tungstenite::client_async(request, tcp).await {
+    match tokio_tungstenite::client_async(request, stream).await {
         Ok((sock, _)) => Ok(sock),
         Err(tungstenite::Error::Http(resp)) => {
             // The agent's own refusal (not running there, say): its status and message.

@@ -264,10 +264,12 @@ fn node(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
         })
     };
     let ok = match (a.resource, a.verb, a.subresource) {
-        ("nodes", Verb::Get | Verb::Create, None) => named_me,
+        ("nodes", Verb::Get, None) => named_me,
+        // The name is in the body: admission holds it to the node's own.
+        ("nodes", Verb::Create, None) => true,
         ("nodes", Verb::Update | Verb::Patch, Some("status" | "heartbeat")) => named_me,
         ("nodes", Verb::List | Verb::Watch, None) => named_me || selects("metadata.name"),
-        ("leases", Verb::Get | Verb::Create | Verb::Update | Verb::Patch, None) => {
+        ("leases", Verb::Get | Verb::Update | Verb::Patch, None) => {
             named_me && a.namespace == Some(NODE_LEASE_NAMESPACE)
         }
         // Which allocations: the object decides (`node_may_see`), after it is read.

@@ -25,6 +25,7 @@ use axum::Router;
 use lattice_store::KvBackend;
 
 pub mod admission;
+pub mod agents;
 pub mod apply;
 pub mod attach;
 pub mod auth;
@@ -81,6 +82,11 @@ pub struct ApiConfig {
     pub ca: Option<Arc<lattice_pki::Ca>>,
     /// Lifetime of the node certificates this server signs (agents renew at two thirds).
     pub node_cert_validity: Duration,
+    /// How this server reaches node agents (logs, attach): trusting the cluster CA and
+    /// showing its `system:apiserver` certificate. `None`: agents are reached over plain
+    /// HTTP (only agents without a node identity serve that: servers without
+    /// authentication, in tests).
+    pub agent_tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ApiConfig {
@@ -96,6 +102,7 @@ impl Default for ApiConfig {
             max_dag_size: lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE,
             ca: None,
             node_cert_validity: Duration::from_secs(30 * 24 * 3600),
+            agent_tls: None,
         }
     }
 }
@@ -124,54 +131,11 @@ pub struct Inner {
     readiness: std::sync::RwLock<Vec<(String, ReadinessCheck)>>,
     openapi_doc: Vec<u8>,
     openapi_hash: String,
-    /// The key proxied requests to node agents are signed with (see
-    /// [`lattice_apis::proxy_auth`]), read from (or made in) the store on first use.
-    proxy_key: tokio::sync::OnceCell<Vec<u8>>,
+    /// How node agents are reached (logs, attach).
+    pub agents: agents::Agents,
 }
 
 impl Inner {
-    /// The agents' proxy key: the store's, or a fresh one put there if there is none yet
-    /// (a transaction, so concurrent API servers agree on one).
-    pub(crate) async fn proxy_key(&self) -> Result<Vec<u8>, errors::ApiError> {
-        use lattice_apis::proxy_auth::STORE_KEY;
-        use lattice_store::{Compare, CompareResult, PutRequest, TxnOp, TxnRequest};
-        let r = self
-            .proxy_key
-            .get_or_try_init(|| async {
-                let backend = &self.resources.backend;
-                let key = bytes::Bytes::from_static(STORE_KEY.as_bytes());
-                if let Some(kv) = backend.get(key.clone()).await.map_err(|e| e.to_string())? {
-                    return Ok(kv.value.to_vec());
-                }
-                let fresh: Vec<u8> = uuid::Uuid::new_v4()
-                    .as_bytes()
-                    .iter()
-                    .chain(uuid::Uuid::new_v4().as_bytes())
-                    .copied()
-                    .collect();
-                backend
-                    .txn(TxnRequest {
-                        compare: vec![Compare::create_revision(
-                            key.clone(),
-                            CompareResult::Equal,
-                            0,
-                        )],
-                        success: vec![TxnOp::Put(PutRequest::new(key.clone(), fresh))],
-                        failure: vec![],
-                    })
-                    .await
-                    .map_err(|e| e.to_string())?;
-                match backend.get(key).await.map_err(|e| e.to_string())? {
-                    Some(kv) => Ok(kv.value.to_vec()),
-                    None => Err("it vanished after it was written".to_string()),
-                }
-            })
-            .await;
-        r.cloned().map_err(|e: String| {
-            errors::ApiError::unavailable(format!("cannot read the agents' proxy key: {e}"))
-        })
-    }
-
     /// The heartbeat reader (started on first use; needs a tokio runtime).
     pub(crate) fn heartbeat_reader(&self) -> Option<&heartbeat::reader::Reader> {
         self.heartbeat_reader
@@ -220,6 +184,7 @@ impl ApiServer {
             openapi_doc.hash(&mut h);
             format!("{:016X}", h.finish())
         };
+        let agents = agents::Agents::new(config.agent_tls.clone());
         let inner = Inner {
             caches: watch_cache::WatchCaches::new(
                 backend.clone(),
@@ -233,7 +198,7 @@ impl ApiServer {
             heartbeats: heartbeat::Sequences::default(),
             revocations: node_identity::Revocations::default(),
             heartbeat_reader: std::sync::OnceLock::new(),
-            proxy_key: tokio::sync::OnceCell::new(),
+            agents,
             shutting_down: tokio::sync::watch::channel(false).0,
             readiness: std::sync::RwLock::new(Vec::new()),
             openapi_doc,
@@ -319,7 +284,6 @@ impl ApiServer {
                 axum::routing::delete(node_identity::delete_token),
             )
             .route("/v1/admin/nodes/{name}/revoke", post(node_identity::revoke))
-            .route(lattice_apis::proxy_auth::KEY_PATH, get(agent_proxy_key))
             .fallback(not_found)
             .layer(axum::middleware::from_fn_with_state(
                 self.inner.clone(),
@@ -429,27 +393,6 @@ async fn openapi_doc(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Res
         HeaderValue::from_static("application/json"),
     );
     resp
-}
-
-/// `GET /v1/agent/proxy-key` (admins, i.e. node agents): the key proxied requests are
-/// signed with, hex.
-async fn agent_proxy_key(
-    State(inner): State<Arc<Inner>>,
-    headers: axum::http::HeaderMap,
-) -> Response {
-    let r = async {
-        let user = routes::authenticate(&inner, &headers).await?;
-        if user.role != auth::Role::Admin {
-            return Err(errors::ApiError::forbidden(
-                "only node agents (admin credentials) read the proxy key",
-            ));
-        }
-        let key = inner.proxy_key().await?;
-        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-        Ok(json(serde_json::json!({ "key": hex })))
-    }
-    .await;
-    r.unwrap_or_else(|e: errors::ApiError| e.into_response())
 }
 
 async fn readyz(State(inner): State<Arc<Inner>>) -> Response {

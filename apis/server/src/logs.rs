@@ -10,8 +10,8 @@
 //! `<node>| ` (unless `prefix=false`; `prefix=true` prefixes a single node's lines too); without `follow` the nodes come one after
 //! another, with `follow` their lines interleave as they arrive (whole lines only).
 
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -39,16 +39,6 @@ const FORWARDED: [&str; 7] = [
     "timestamps",
     "attempt",
 ];
-
-fn http_client() -> &'static reqwest::Client {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .unwrap_or_default()
-    })
-}
 
 /// The handler.
 pub async fn allocation_log(
@@ -185,7 +175,6 @@ async fn serve(
     }
 
     let mut upstreams = Vec::new();
-    let key = inner.proxy_key().await?;
     let mut missing = Vec::new();
     for node in &selected {
         let obj = match inner.resources.get(nodes_kind, None, node).await {
@@ -206,17 +195,14 @@ async fn serve(
                 "node {node} has no agent address (its agent never registered)"
             )));
         };
-        let path = format!("/logs/{ns}/{name}");
-        let url = format!("http://{addr}{path}");
-        let expires = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default()
-            + lattice_apis::proxy_auth::TTL_SECS;
-        let signature = lattice_apis::proxy_auth::sign(&key, "GET", &path, expires);
-        let resp = http_client()
+        let url = inner
+            .agents
+            .url(node, addr, &format!("/logs/{ns}/{name}"))
+            .await?;
+        let resp = inner
+            .agents
+            .http()
             .get(&url)
-            .header(lattice_apis::proxy_auth::HEADER, signature)
             .query(&forwarded)
             .send()
             .await

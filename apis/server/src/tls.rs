@@ -1,117 +1,193 @@
-//! HTTPS for the API server.
+//! HTTPS for the API server, and the cluster CA it works with.
 //!
-//! kubectl (client-go) never sends a bearer token over plain HTTP, so any real client
-//! with a token needs TLS. Sites pass their own certificate; a dev or single-machine
-//! server generates a private CA and a serving certificate once ([`DevPki::load_or_create`])
-//! and writes `ca.crt` for clients to trust.
+//! kubectl (client-go) never sends a bearer token over plain HTTP, and node agents
+//! authenticate with their client certificates, so the HTTPS listener is where real
+//! clients go. Its client-certificate check is optional (people come with bearer tokens)
+//! and verifies against the cluster CA; what a verified certificate says becomes the
+//! caller ([`TlsConnInfo`], [`crate::node_identity::cert_user`]).
 //!
-//! TLS handshakes run in their own tasks, so a slow or silent client never holds up the
-//! accept loop.
+//! [`ServerPki::load_or_create`] keeps the cluster CA in a PKI directory (`ca.crt`,
+//! `ca.key`, made on first start unless given) and a serving certificate for this API
+//! server (`apiserver.crt`, `apiserver.key`: `system:apiserver`, for `localhost`,
+//! `127.0.0.1`, `::1` and the names given), which is also the client certificate it shows
+//! node agents when it proxies logs and attach sessions to them.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use lattice_pki::{Ca, ClientAuth, Identity, IssueRequest, Usage};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-/// Certificate files of a server: the CA clients trust, and the serving pair.
+/// The cluster CA and this API server's certificate.
 #[derive(Debug, Clone)]
-pub struct DevPki {
+pub struct ServerPki {
+    /// The CA (its key signs node certificates).
+    pub ca: Arc<Ca>,
+    /// `ca.crt`, for clients to trust.
     pub ca_cert: PathBuf,
+    /// The serving (and agent-facing client) certificate.
     pub cert: PathBuf,
+    /// Its key.
     pub key: PathBuf,
 }
 
-impl DevPki {
-    /// Reuse `dir/{ca.crt,server.crt,server.key}` if present, else generate a CA and a
-    /// serving certificate for `localhost`, `127.0.0.1`, `::1` and `extra_names`.
-    pub fn load_or_create(dir: &Path, extra_names: &[String]) -> anyhow::Result<DevPki> {
-        let pki = DevPki {
-            ca_cert: dir.join("ca.crt"),
-            cert: dir.join("server.crt"),
-            key: dir.join("server.key"),
-        };
-        if pki.ca_cert.exists() && pki.cert.exists() && pki.key.exists() {
-            return Ok(pki);
-        }
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let ca_key = rcgen::KeyPair::generate()?;
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "Lattice dev CA");
-        ca_params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::CrlSign,
-            rcgen::KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca = ca_params.self_signed(&ca_key)?;
+/// How long an API server's own certificate lives (re-issued at start once two thirds
+/// are gone).
+const APISERVER_CERT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
 
+impl ServerPki {
+    /// The CA of `dir` (made if `dir` has none) and a `system:apiserver` certificate for
+    /// `localhost`, `127.0.0.1`, `::1` and `extra_names`, made if missing, due for
+    /// renewal, or not for every name.
+    pub fn load_or_create(dir: &Path, extra_names: &[String]) -> anyhow::Result<ServerPki> {
+        let ca = Ca::load_or_generate(dir, "Lattice cluster CA")
+            .with_context(|| format!("the cluster CA in {}", dir.display()))?;
+        let pki = ServerPki {
+            ca: Arc::new(ca),
+            ca_cert: dir.join(lattice_pki::CA_CERT),
+            cert: dir.join("apiserver.crt"),
+            key: dir.join("apiserver.key"),
+        };
         let mut names = vec![
             "localhost".to_string(),
             "127.0.0.1".to_string(),
             "::1".to_string(),
         ];
         names.extend(extra_names.iter().cloned());
-        let key = rcgen::KeyPair::generate()?;
-        let mut params = rcgen::CertificateParams::new(names)?;
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "lattice-server");
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-        let cert = params.signed_by(&key, &ca, &ca_key)?;
-
-        write_file(&pki.ca_cert, ca.pem().as_bytes(), 0o644)?;
-        write_file(
-            &dir.join("ca.key"),
-            ca_key.serialize_pem().as_bytes(),
-            0o600,
-        )?;
-        write_file(&pki.cert, cert.pem().as_bytes(), 0o644)?;
-        write_file(&pki.key, key.serialize_pem().as_bytes(), 0o600)?;
-        tracing::info!(ca = %pki.ca_cert.display(), "generated a dev CA and serving certificate");
+        if !pki.current(&names) {
+            let mut req = IssueRequest::new(Identity::ApiServer, Usage::ClientAndServer)
+                .validity(APISERVER_CERT_VALIDITY);
+            for n in &names {
+                req = req.name(n);
+            }
+            let issued = pki.ca.issue(&req)?;
+            issued.save(dir, "apiserver")?;
+            tracing::info!(cert = %pki.cert.display(), "issued this API server's certificate");
+        }
         Ok(pki)
     }
-}
 
-fn write_file(path: &Path, data: &[u8], mode: u32) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    f.write_all(data)?;
-    f.sync_all()?;
-    Ok(())
-}
-
-/// A rustls server configuration from PEM files.
-pub fn server_config(cert: &Path, key: &Path) -> anyhow::Result<rustls::ServerConfig> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .with_context(|| format!("reading certificates from {}", cert.display()))?
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("parsing certificates in {}", cert.display()))?;
-    if certs.is_empty() {
-        anyhow::bail!("{}: no PEM certificate found", cert.display());
+    /// Whether the stored certificate is from this CA, not due for renewal, and for
+    /// every name.
+    fn current(&self, names: &[String]) -> bool {
+        let Ok(pem) = std::fs::read_to_string(&self.cert) else {
+            return false;
+        };
+        if !self.key.exists() {
+            return false;
+        }
+        let Ok(info) = lattice_pki::inspect_pem(&pem) else {
+            return false;
+        };
+        webpki_verifies(self.ca.cert_pem(), &pem)
+            && info.identity == Some(Identity::ApiServer)
+            && info.renew_at() > SystemTime::now()
+            && names.iter().all(|n| cert_names(&pem).contains(n))
     }
-    let key = PrivateKeyDer::from_pem_file(key)
+
+    /// A server configuration for the HTTPS listener: this certificate, client
+    /// certificates from the CA optional (see the module docs).
+    pub fn server_config(&self) -> anyhow::Result<rustls::ServerConfig> {
+        let cert = std::fs::read_to_string(&self.cert)
+            .with_context(|| format!("reading {}", self.cert.display()))?;
+        let key = std::fs::read_to_string(&self.key)
+            .with_context(|| format!("reading {}", self.key.display()))?;
+        let mut config =
+            lattice_pki::server_config(&cert, &key, ClientAuth::Optional(self.ca.cert_pem()))?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(config)
+    }
+
+    /// The client configuration for reaching node agents: trusting the CA, showing this
+    /// API server's certificate.
+    pub fn agent_client_config(&self) -> anyhow::Result<rustls::ClientConfig> {
+        let cert = std::fs::read_to_string(&self.cert)
+            .with_context(|| format!("reading {}", self.cert.display()))?;
+        let key = std::fs::read_to_string(&self.key)
+            .with_context(|| format!("reading {}", self.key.display()))?;
+        Ok(lattice_pki::client_config(
+            self.ca.cert_pem(),
+            Some((&cert, &key)),
+        )?)
+    }
+}
+
+/// Whether `cert_pem` chains to `ca_pem` (a serving certificate made by an earlier CA
+/// of this directory is replaced).
+fn webpki_verifies(ca_pem: &str, cert_pem: &str) -> bool {
+    let (Ok(roots), Ok(certs)) = (lattice_pki::roots(ca_pem), lattice_pki::certs(cert_pem)) else {
+        return false;
+    };
+    let verifier = match rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    {
+        Ok(v) => v,
+        Err(_) => return false,
+    };
+    let Ok(name) = rustls_pki_types::ServerName::try_from("localhost") else {
+        return false;
+    };
+    use rustls::client::danger::ServerCertVerifier;
+    verifier
+        .verify_server_cert(
+            &certs[0],
+            &certs[1..],
+            &name,
+            &[],
+            rustls_pki_types::UnixTime::now(),
+        )
+        .is_ok()
+}
+
+/// The DNS names and IP addresses a PEM certificate is for.
+fn cert_names(pem: &str) -> Vec<String> {
+    let Ok(certs) = lattice_pki::certs(pem) else {
+        return Vec::new();
+    };
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(&certs[0]) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for n in &san.value.general_names {
+            match n {
+                x509_parser::extensions::GeneralName::DNSName(d) => out.push(d.to_string()),
+                x509_parser::extensions::GeneralName::IPAddress(b) => {
+                    let ip = match b.len() {
+                        4 => <[u8; 4]>::try_from(*b).ok().map(std::net::IpAddr::from),
+                        16 => <[u8; 16]>::try_from(*b).ok().map(std::net::IpAddr::from),
+                        _ => None,
+                    };
+                    out.extend(ip.map(|i| i.to_string()));
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// A rustls server configuration from the PEM files of a site's own certificate, with
+/// client certificates from the cluster CA optional.
+pub fn server_config(
+    cert: &Path,
+    key: &Path,
+    ca_pem: &str,
+) -> anyhow::Result<rustls::ServerConfig> {
+    let chain = std::fs::read_to_string(cert)
+        .with_context(|| format!("reading certificates from {}", cert.display()))?;
+    let key = std::fs::read_to_string(key)
         .with_context(|| format!("reading the private key {}", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
+    let mut config = lattice_pki::server_config(&chain, &key, ClientAuth::Optional(ca_pem))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }

@@ -70,7 +70,6 @@ pub mod lifecycle;
 pub mod meta;
 pub mod metric;
 pub mod node_identity;
-pub mod proxy_auth;
 pub mod registry;
 pub mod resource;
 pub mod schemas;

@@ -806,6 +806,89 @@ fn samples(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `lattice admin node bootstrap-token | tokens | revoke`.
+async fn node_identity(
+    ctx: &Ctx,
+    c: &crate::cli::AdminNodeCommand,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
+    use crate::cli::AdminNodeCommand as C;
+    use lattice_apis::node_identity as ni;
+    match c {
+        C::BootstrapToken {
+            node,
+            ttl,
+            description,
+        } => {
+            let secs = lattice_apis::duration::parse_duration(ttl).map_err(|e| {
+                CliError::new("create a bootstrap token", format!("--ttl {ttl:?}: {e}"))
+                    .hint("give a duration such as 30m, 1h or 2d (at most 7d)")
+            })?;
+            let body = serde_json::to_value(ni::BootstrapTokenRequest {
+                node: node.clone(),
+                ttl_seconds: Some(secs),
+                description: description.clone(),
+            })
+            .map_err(|e| CliError::new("create a bootstrap token", e.to_string()))?;
+            let t = ctx
+                .client
+                .create(ni::BOOTSTRAP_TOKENS_PATH, &body, &WriteOptions::default())
+                .await
+                .map_err(|e| CliError::from_client("create a bootstrap token", e))?;
+            let for_node = match s(&t, "/node") {
+                Some(n) => format!("node {n}"),
+                None => "any node not yet enrolled".to_string(),
+            };
+            writeln!(
+                out,
+                "Bootstrap token {} for {for_node}, single use, expires {}.\nOn the node: lattice-agent --node-id NAME --bootstrap-token-file FILE --ca-file CA ... with FILE holding:",
+                s(&t, "/id").unwrap_or(DASH),
+                s(&t, "/expires").unwrap_or(DASH)
+            )
+            ?;
+            writeln!(out, "{}", s(&t, "/token").unwrap_or_default())?;
+            Ok(0)
+        }
+        C::Tokens => {
+            let v = ctx
+                .client
+                .get(ni::BOOTSTRAP_TOKENS_PATH)
+                .await
+                .map_err(|e| CliError::from_client("list bootstrap tokens", e))?;
+            let mut t = Table::new(
+                ["ID", "NODE", "EXPIRES", "CREATED-BY", "DESCRIPTION"]
+                    .map(String::from)
+                    .to_vec(),
+            );
+            for i in v["items"].as_array().into_iter().flatten() {
+                t.rows.push(vec![
+                    s(i, "/id").unwrap_or(DASH).to_string(),
+                    s(i, "/node").unwrap_or("(any)").to_string(),
+                    s(i, "/expires").unwrap_or(DASH).to_string(),
+                    s(i, "/createdBy").unwrap_or(DASH).to_string(),
+                    s(i, "/description").unwrap_or(DASH).to_string(),
+                ]);
+            }
+            write!(out, "{}", t.render(false))?;
+            Ok(0)
+        }
+        C::Revoke { name } => {
+            let v = ctx
+                .client
+                .create(&ni::revoke_path(name), &json!({}), &WriteOptions::default())
+                .await
+                .map_err(|e| CliError::from_client(&format!("revoke node {name}"), e))?;
+            let n = v["revoked"].as_array().map_or(0, Vec::len);
+            writeln!(
+                out,
+                "Revoked {n} certificate(s) of node {name}; its agent needs a new bootstrap token \
+                 (lattice admin node bootstrap-token --node {name})."
+            )?;
+            Ok(0)
+        }
+    }
+}
+
 async fn raft_status(ctx: &Ctx, out: &mut dyn Write) -> Result<i32, CliError> {
     let url = ctx.client.base_url().to_string();
     let ready = match ctx.client.get_text("/readyz").await {
@@ -892,6 +975,7 @@ pub async fn run(
         AdminCommand::Tenant(t) => tenant(ctx, t, out, err).await,
         AdminCommand::Vcluster(v) => vcluster(ctx, v, out, err).await,
         AdminCommand::Raft(RaftCommand::Status) => raft_status(ctx, out).await,
+        AdminCommand::Node(n) => node_identity(ctx, n, out).await,
         AdminCommand::Drain(a) => crate::cmd::nodes::drain(ctx, a, out).await,
         AdminCommand::Undrain(a) => crate::cmd::nodes::undrain(ctx, &a.id, out).await,
         AdminCommand::Config(c) => cluster_config(ctx, c, out).await,

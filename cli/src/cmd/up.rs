@@ -598,6 +598,13 @@ async fn start(
     let dir = cluster.dir.clone();
     let api_url = cluster.state.api_url.clone();
     let deadline = Instant::now() + Duration::from_secs(args.timeout.max(1));
+    // Agents reach the server over HTTPS with their own node certificates (the same
+    // bootstrap-token enrolment as on a real cluster); people use the plain API address
+    // on loopback with the admin token.
+    let tls_addr = match &args.tls_addr {
+        Some(a) => a.clone(),
+        None => free_loopback_addr()?,
+    };
     let server_args: Vec<String> = vec![
         "--dev".into(),
         "--data-dir".into(),
@@ -607,7 +614,7 @@ async fn start(
         "--etcd-addr".into(),
         "off".into(),
         "--tls-addr".into(),
-        "off".into(),
+        tls_addr.clone(),
     ];
     let pid = cluster.spawn("server", server_bin, &server_args, &[], args.detach)?;
     if !ctx.quiet {
@@ -628,16 +635,29 @@ async fn start(
     let mut names = Vec::new();
     if let Some(agent_bin) = agent_bin {
         let n = args.agents;
+        let ca_file = dir.join("server").join("pki").join("ca.crt");
         for i in 1..=n {
             let node = format!("node-{i:02}");
             let group = ((i - 1) * 2 / n.max(1)).min(1);
+            let state_dir = dir.join("agents").join(&node);
+            std::fs::create_dir_all(&state_dir).map_err(|e| {
+                CliError::new(
+                    format!("create the state directory of {node}"),
+                    e.to_string(),
+                )
+            })?;
+            let token_file = bootstrap_token(&client, &node, &state_dir).await?;
             let a = vec![
                 "--node-id".to_string(),
                 node.clone(),
                 "--api-url".into(),
-                api_url.clone(),
+                format!("https://{tls_addr}"),
+                "--ca-file".into(),
+                ca_file.display().to_string(),
+                "--bootstrap-token-file".into(),
+                token_file.display().to_string(),
                 "--state-dir".into(),
-                dir.join("agents").join(&node).display().to_string(),
+                state_dir.display().to_string(),
                 "--topology-group".into(),
                 group.to_string(),
                 "--listen".into(),
@@ -646,19 +666,7 @@ async fn start(
                 "--unknown-user".into(),
                 "agent".into(),
             ];
-            std::fs::create_dir_all(dir.join("agents").join(&node)).map_err(|e| {
-                CliError::new(
-                    format!("create the state directory of {node}"),
-                    e.to_string(),
-                )
-            })?;
-            cluster.spawn(
-                &node,
-                agent_bin,
-                &a,
-                &[("LATTICE_AGENT_TOKEN", token.clone())],
-                args.detach,
-            )?;
+            cluster.spawn(&node, agent_bin, &a, &[], args.detach)?;
             names.push(node);
         }
         if !ctx.quiet {
@@ -744,6 +752,54 @@ async fn start(
         .await;
     }
     Ok(Some(0))
+}
+
+/// A free TCP address on 127.0.0.1 (for the server's HTTPS port).
+fn free_loopback_addr() -> Result<String, CliError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| CliError::new("pick a port for the HTTPS API", e.to_string()))?;
+    Ok(l.to_string())
+}
+
+/// A bootstrap token for `node`, in `<state dir>/bootstrap-token` (0600): the agent spends
+/// it on its certificate at its first start (later starts reuse the certificate, and the
+/// token expires unused).
+async fn bootstrap_token(
+    client: &Client,
+    node: &str,
+    state_dir: &Path,
+) -> Result<PathBuf, CliError> {
+    use lattice_apis::node_identity as ni;
+    let what = format!("create a bootstrap token for {node}");
+    let body = serde_json::to_value(ni::BootstrapTokenRequest {
+        node: Some(node.to_string()),
+        ttl_seconds: Some(600),
+        description: Some("lattice up".into()),
+    })
+    .map_err(|e| CliError::new(what.clone(), e.to_string()))?;
+    let t = client
+        .create(
+            ni::BOOTSTRAP_TOKENS_PATH,
+            &body,
+            &crate::client::WriteOptions::default(),
+        )
+        .await
+        .map_err(|e| CliError::from_client(what.clone(), e))?;
+    let token = s(&t, "/token").unwrap_or_default();
+    let path = state_dir.join("bootstrap-token");
+    let _ = std::fs::remove_file(&path);
+    let written = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|mut f| f.write_all(token.as_bytes()))
+    };
+    written.map_err(|e| CliError::new(what, format!("{}: {e}", path.display())))?;
+    Ok(path)
 }
 
 /// Submits the example DAG and prints a line per step change until it ends; then the

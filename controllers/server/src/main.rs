@@ -92,6 +92,20 @@ struct ServeArgs {
     /// PEM private key for the HTTPS listener.
     #[arg(long, requires = "tls_cert_file")]
     tls_key_file: Option<PathBuf>,
+    /// Where the cluster CA (ca.crt, ca.key) and this server's certificate
+    /// (apiserver.crt, apiserver.key) live [default: <data-dir>/pki]. A CA is made there
+    /// on first start if there is none; every API server of a cluster needs the same CA
+    /// (copy the directory's ca.crt and ca.key, or make it first with `lattice admin pki
+    /// init`). The CA signs node certificates (bootstrap tokens, renewals).
+    #[arg(long, env = "LATTICE_PKI_DIR")]
+    pki_dir: Option<PathBuf>,
+    /// Extra names (DNS names or IP addresses) this server's certificate is for, beside
+    /// localhost, 127.0.0.1 and ::1; repeat for several.
+    #[arg(long = "tls-san", value_name = "NAME")]
+    tls_sans: Vec<String>,
+    /// Lifetime of the node certificates this server signs; agents renew at two thirds.
+    #[arg(long, default_value = "30d", value_parser = parse_duration_arg)]
+    node_cert_validity: Duration,
     /// etcd v3 gRPC listen address (etcdctl and etcd clients work against it); "off" disables.
     #[arg(long, default_value = "127.0.0.1:2379", env = "LATTICE_ETCD_ADDR")]
     etcd_addr: String,
@@ -441,6 +455,15 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
         .clone()
         .unwrap_or_else(|| data_dir.join("jwt.secret"));
     let jwt_secret = secret(&secret_path)?;
+    let pki_dir = args.pki_dir.clone().unwrap_or_else(|| data_dir.join("pki"));
+    let mut sans = args.tls_sans.clone();
+    if let Ok(a) = args.tls_addr.parse::<SocketAddr>() {
+        if !a.ip().is_unspecified() {
+            sans.push(a.ip().to_string());
+        }
+    }
+    let pki = lattice_apiserver::tls::ServerPki::load_or_create(&pki_dir, &sans)
+        .with_context(|| format!("the cluster PKI in {}", pki_dir.display()))?;
     let api = lattice_apiserver::ApiServer::new(
         backend.clone(),
         lattice_apiserver::ApiConfig {
@@ -448,6 +471,9 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
             auth: true,
             heartbeat_ttl: args.heartbeat_timeout,
             max_dag_size: args.max_dag_size,
+            ca: Some(pki.ca.clone()),
+            node_cert_validity: args.node_cert_validity,
+            agent_tls: Some(Arc::new(pki.agent_client_config()?)),
             ..Default::default()
         },
     );
@@ -535,16 +561,13 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
                 args.tls_addr
             )
         })?;
-        let (cert, key) = match (&args.tls_cert_file, &args.tls_key_file) {
-            (Some(c), Some(k)) => (c.clone(), k.clone()),
+        let config = match (&args.tls_cert_file, &args.tls_key_file) {
+            (Some(c), Some(k)) => lattice_apiserver::tls::server_config(c, k, pki.ca.cert_pem())?,
             _ => {
-                let pki =
-                    lattice_apiserver::tls::DevPki::load_or_create(&data_dir.join("pki"), &[])?;
                 ca_file = Some(pki.ca_cert.clone());
-                (pki.cert, pki.key)
+                pki.server_config()?
             }
         };
-        let config = lattice_apiserver::tls::server_config(&cert, &key)?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding the HTTPS address {addr}"))?;
@@ -557,9 +580,20 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
         )));
     }
 
+    // In dev mode (`lattice up`: one person's cluster) the admin is the person running
+    // the server, so that their work runs as them on the agents.
+    let admin_name = match args.dev {
+        true => nix::unistd::User::from_uid(nix::unistd::getuid())
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+            .filter(|n| !n.is_empty() && !n.starts_with("system:"))
+            .unwrap_or_else(|| "admin".to_string()),
+        false => "admin".to_string(),
+    };
     let admin_token = lattice_apiserver::mint_token(
         &jwt_secret,
-        "admin",
+        &admin_name,
         &["*".to_string()],
         lattice_apiserver::Role::Admin,
         Duration::from_secs(365 * 24 * 3600),

@@ -67,7 +67,9 @@ pub struct NodeSpec {
     /// Part of the sensitive pool (longer grace periods, wipe on release).
     #[serde(default, skip_serializing_if = "skip_false")]
     pub sensitive: bool,
-    /// vCluster that owns the node permanently (its home vCluster).
+    /// vCluster that owns the node permanently (its home vCluster): `tenant/vcluster`, or
+    /// a bare name for a vCluster of tenant `default`. Set by administrators; a tenant's
+    /// admins may then list the node in the vCluster's `homeNodes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home_vcluster: Option<String>,
 }
@@ -362,7 +364,14 @@ impl Resource for Node {
             }
         }
         if let Some(v) = &s.home_vcluster {
-            errs.extend(validate_dns1123_label("spec.homeVcluster", v));
+            // `vcluster` (of tenant `default`) or `tenant/vcluster`.
+            match v.split_once('/') {
+                Some((t, name)) => {
+                    errs.extend(validate_dns1123_label("spec.homeVcluster (tenant)", t));
+                    errs.extend(validate_dns1123_label("spec.homeVcluster", name));
+                }
+                None => errs.extend(validate_dns1123_label("spec.homeVcluster", v)),
+            }
         }
         if let Some(d) = &s.drain {
             if let Some(r) = &d.reason {

@@ -23,11 +23,30 @@ pub struct HttpTransport {
 impl HttpTransport {
     /// A transport for `base_url` (scheme, host and port; no path).
     pub fn new(base_url: &str, token: Option<String>) -> Result<Self> {
-        let http = reqwest::Client::builder()
+        Self::build(base_url, token, None)
+    }
+
+    /// A transport for `base_url` over TLS configured by `tls` (CA, client certificate).
+    pub fn with_tls(
+        base_url: &str,
+        token: Option<String>,
+        tls: rustls::ClientConfig,
+    ) -> Result<Self> {
+        Self::build(base_url, token, Some(tls))
+    }
+
+    fn build(
+        base_url: &str,
+        token: Option<String>,
+        tls: Option<rustls::ClientConfig>,
+    ) -> Result<Self> {
+        let mut b = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
-            .pool_max_idle_per_host(32)
-            .build()
-            .map_err(|e| Error::Transport(e.to_string()))?;
+            .pool_max_idle_per_host(32);
+        if let Some(tls) = tls {
+            b = b.use_preconfigured_tls(tls);
+        }
+        let http = b.build().map_err(|e| Error::Transport(e.to_string()))?;
         Ok(Self {
             base: base_url.trim_end_matches('/').to_string(),
             token,

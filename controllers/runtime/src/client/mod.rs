@@ -409,6 +409,14 @@ impl Client {
         Ok(Self::new(Arc::new(HttpTransport::new(base_url, token)?)))
     }
 
+    /// HTTPS client for `base_url` with a TLS configuration of its own: the cluster CA to
+    /// trust and a client certificate to show (a node's agent, the controllers).
+    pub fn https(base_url: &str, tls: rustls::ClientConfig) -> Result<Self> {
+        Ok(Self::new(Arc::new(HttpTransport::with_tls(
+            base_url, None, tls,
+        )?)))
+    }
+
     /// In-process client over a store backend.
     pub fn in_process(backend: Arc<dyn lattice_store::KvBackend>) -> Self {
         Self::new(Arc::new(InProcessTransport::new(backend)))
