@@ -144,14 +144,16 @@ async fn logs_filters_follow_and_several_nodes() {
     assert!(out.contains("unreachable"), "{out}");
 }
 
-/// The agent serves logs only to the API server: a request straight to its endpoint
-/// without the API server's signature is refused (401), a forged one too (403), while the
-/// same logs come through the API.
+/// The agent serves logs only to the API server: its endpoint is HTTPS and takes only the
+/// API server's client certificate. A request straight to it over plain HTTP, over TLS
+/// without a certificate, or with a node's certificate (a compromised node trying another
+/// node's agent, or a job's user who found the agent's key) gets nothing, while the same
+/// logs come through the API.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_serves_logs_only_to_the_api_server() {
     let server = Server::start();
     let root = tempfile::tempdir().unwrap();
-    let _a = Agent::start(&server, "node-a", root.path(), &[]);
+    let a = Agent::start(&server, "node-a", root.path(), &[]);
     submit(
         &server,
         "secret",
@@ -163,20 +165,50 @@ async fn the_agent_serves_logs_only_to_the_api_server() {
     let (c, out) = server.logs("secret", "").await;
     assert_eq!((c, out.as_str()), (200, "s3cr3t\n"));
     let node = server.nodes().get("node-a").await.expect("node");
-    let addr = node
+    let addr: std::net::SocketAddr = node
         .status
         .and_then(|s| s.agent)
         .and_then(|a| a.address)
-        .expect("agent address");
-    let url = format!("http://{addr}/logs/default/secret");
-    let direct = reqwest::get(&url).await.expect("request");
-    assert_eq!(direct.status().as_u16(), 401);
-    assert!(!direct.text().await.unwrap_or_default().contains("s3cr3t"));
-    let forged = reqwest::Client::new()
-        .get(&url)
-        .header("x-lattice-proxy", "99999999999.00ff")
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(forged.status().as_u16(), 403);
+        .expect("agent address")
+        .parse()
+        .expect("socket address");
+    let name = "node-a.nodes.lattice.internal";
+    let url = format!("https://{name}:{}/logs/default/secret", addr.port());
+    let ca = std::fs::read_to_string(server.ca_file()).unwrap();
+    let client = |identity: Option<(String, String)>| {
+        let tls = lattice_pki::client_config(
+            &ca,
+            identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
+        )
+        .unwrap();
+        reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .resolve(name, addr)
+            .build()
+            .unwrap()
+    };
+    let got = |r: Result<reqwest::Response, reqwest::Error>| async move {
+        match r {
+            Err(_) => None,
+            Ok(resp) => Some((resp.status().as_u16(), resp.text().await.unwrap_or_default())),
+        }
+    };
+    let plain = got(reqwest::get(format!("http://{addr}/logs/default/secret")).await).await;
+    assert!(plain.as_ref().is_none_or(|(_, b)| !b.contains("s3cr3t")), "{plain:?}");
+    let anonymous = got(client(None).get(&url).send().await).await;
+    assert!(anonymous.is_none(), "no certificate, no connection: {anonymous:?}");
+    let pki = a.state_dir.join("pki");
+    let node_cert = (
+        std::fs::read_to_string(pki.join("node.crt")).unwrap(),
+        std::fs::read_to_string(pki.join("node.key")).unwrap(),
+    );
+    let as_node = got(client(Some(node_cert)).get(&url).send().await).await;
+    assert!(as_node.is_none(), "a node's certificate is not the API server's: {as_node:?}");
+    let api = server.dir.path().join("data/pki");
+    let as_api = (
+        std::fs::read_to_string(api.join("apiserver.crt")).unwrap(),
+        std::fs::read_to_string(api.join("apiserver.key")).unwrap(),
+    );
+    let ok = got(client(Some(as_api)).get(&url).send().await).await;
+    assert_eq!(ok.map(|(c, _)| c), Some(200), "the API server's certificate gets in");
 }

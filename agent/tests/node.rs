@@ -6,8 +6,8 @@
 mod common;
 
 use common::*;
-use lattice_apis::{AllocationPhase, NodeState};
-use lattice_runtime::{Patch, PatchParams};
+use lattice_apis::{AllocationPhase, Node, NodeState};
+use lattice_runtime::{Api, Patch, PatchParams};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,7 +146,7 @@ async fn node_is_registered_ready_and_heartbeats() {
     )
     .await;
     wait_phase(&server, "big-job", AllocationPhase::Running).await;
-    nodes
+    Api::<Node>::all(server.system_client())
         .patch_status(
             "gpu-node",
             &PatchParams::default(),
@@ -243,21 +243,42 @@ async fn heartbeat_lease_follows_the_agent() {
         .unwrap();
     let url = format!(
         "{}/apis/lattice.dev/v1alpha1/nodes/hb-node/heartbeat?sequence={seq}",
-        server.url
+        server.tls_url
     );
-    let http = reqwest::Client::new();
-    // Not an upgrade request: 400 saying what to send.
-    let plain = http
-        .post(&url)
+    // Only the node itself sends its heartbeats: its certificate.
+    let pki = agent.state_dir.join("pki");
+    let tls = lattice_pki::client_config(
+        &std::fs::read_to_string(server.ca_file()).unwrap(),
+        Some((
+            &std::fs::read_to_string(pki.join("node.crt")).unwrap(),
+            &std::fs::read_to_string(pki.join("node.key")).unwrap(),
+        )),
+    )
+    .unwrap();
+    let http = reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .build()
+        .unwrap();
+    // Not even an admin may.
+    let admin = reqwest::Client::new()
+        .post(format!(
+            "{}/apis/lattice.dev/v1alpha1/nodes/hb-node/heartbeat?sequence={}",
+            server.url,
+            seq + 1000
+        ))
         .bearer_auth(&server.token)
+        .header("connection", "upgrade")
+        .header("upgrade", "lattice-heartbeat/1")
         .send()
         .await
         .unwrap();
+    assert_eq!(admin.status().as_u16(), 403);
+    // Not an upgrade request: 400 saying what to send.
+    let plain = http.post(&url).send().await.unwrap();
     assert_eq!(plain.status().as_u16(), 400);
     assert!(plain.text().await.unwrap().contains("lattice-heartbeat/1"));
     let replay = http
         .post(&url)
-        .bearer_auth(&server.token)
         .header("connection", "upgrade")
         .header("upgrade", "lattice-heartbeat/1")
         .send()

@@ -236,7 +236,7 @@ async fn many_at_once_cancel_and_terminal_phases_stay() {
     let d = wait_phase(&server, "doomed", AllocationPhase::Running).await;
     let pid = node_state(&d, "node-a").pid.unwrap() as i32;
     server
-        .allocations()
+        .system_allocations()
         .patch_status(
             "doomed",
             &PatchParams::default(),

@@ -52,6 +52,40 @@ pub struct Server {
     pub data_dir: PathBuf,
     pub api_port: u16,
     pub etcd_port: u16,
+    /// The HTTPS port (node agents connect there with their certificates).
+    pub tls_port: u16,
+}
+
+/// A single-use bootstrap token for `node`, made through the API at `api_url` (plain
+/// HTTP) with `admin_token`: what an administrator gives a new node's agent. Blocking (a
+/// runtime of its own), for the synchronous harnesses.
+pub fn bootstrap_token(api_url: &str, admin_token: &str, node: &str) -> String {
+    let (url, admin, node) = (
+        format!("{api_url}{}", lattice_apis::node_identity::BOOTSTRAP_TOKENS_PATH),
+        admin_token.trim().to_string(),
+        node.to_string(),
+    );
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let resp = reqwest::Client::new()
+                .post(&url)
+                .bearer_auth(&admin)
+                .json(&serde_json::json!({"node": node, "ttlSeconds": 600}))
+                .send()
+                .await
+                .expect("bootstrap token request");
+            let code = resp.status();
+            let v: serde_json::Value = resp.json().await.expect("bootstrap token answer");
+            assert!(code.is_success(), "bootstrap token for {node}: {code} {v}");
+            v["token"].as_str().expect("token").to_string()
+        })
+    })
+    .join()
+    .expect("bootstrap token thread")
 }
 
 impl Server {
@@ -64,6 +98,11 @@ impl Server {
         std::fs::create_dir_all(data_dir).expect("data dir");
         let log_path = data_dir.join("server.log");
         let (mut api_port, mut etcd_port) = (api_port, etcd_port);
+        // Kept across restarts (agents hold the URL); another port only when taken.
+        let mut tls_port = std::fs::read_to_string(data_dir.join("tls.port"))
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(free_port);
         for attempt in 1.. {
             let log_from = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
             let log_file = std::fs::OpenOptions::new()
@@ -79,7 +118,7 @@ impl Server {
                 .arg("--etcd-addr")
                 .arg(format!("127.0.0.1:{etcd_port}"))
                 .arg("--tls-addr")
-                .arg(format!("127.0.0.1:{}", free_port()))
+                .arg(format!("127.0.0.1:{tls_port}"))
                 .args(extra)
                 .stdout(Stdio::null())
                 .stderr(log_file)
@@ -90,9 +129,13 @@ impl Server {
                 data_dir: data_dir.to_path_buf(),
                 api_port,
                 etcd_port,
+                tls_port,
             };
             match server.wait_ready(Duration::from_secs(60)) {
-                Ok(()) => return server,
+                Ok(()) => {
+                    let _ = std::fs::write(data_dir.join("tls.port"), tls_port.to_string());
+                    return server;
+                }
                 Err(exited) => {
                     let log = std::fs::read(&log_path).unwrap_or_default();
                     let log = String::from_utf8_lossy(log.get(log_from as usize..).unwrap_or(&[]))
@@ -100,6 +143,7 @@ impl Server {
                     if exited && attempt < 3 && log.contains("Address already in use") {
                         api_port = free_port();
                         etcd_port = free_port();
+                        tls_port = free_port();
                         continue;
                     }
                     panic!("lattice-server did not become ready (attempt {attempt}); log:\n{log}");
@@ -115,6 +159,16 @@ impl Server {
 
     pub fn etcd_endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.etcd_port)
+    }
+
+    /// The HTTPS URL agents use.
+    pub fn tls_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.tls_port)
+    }
+
+    /// The cluster CA agents trust.
+    pub fn ca_file(&self) -> PathBuf {
+        self.data_dir.join("pki").join("ca.crt")
     }
 
     pub fn admin_token(&self) -> String {
@@ -212,31 +266,28 @@ impl RaftMember {
     }
 }
 
-/// A `lattice-agent` process (one node).
+/// A `lattice-agent` process (one node), with its own node identity: it enrolls with a
+/// bootstrap token at its first start and talks to the server over mutual TLS.
 pub struct Agent {
     pub child: Option<Child>,
     pub node: String,
     pub state_dir: PathBuf,
     api_url: String,
-    token: String,
+    ca_file: PathBuf,
+    bootstrap_token: String,
     extra: Vec<String>,
 }
 
 impl Agent {
-    /// Start an agent for `node` against `api_url`, state under `state_dir`.
-    pub fn start(
-        node: &str,
-        api_url: &str,
-        token: &str,
-        state_dir: &Path,
-        extra: &[&str],
-    ) -> Agent {
+    /// Start an agent for `node` against `server`, state under `state_dir`.
+    pub fn start(node: &str, server: &Server, state_dir: &Path, extra: &[&str]) -> Agent {
         let mut a = Agent {
             child: None,
             node: node.to_string(),
             state_dir: state_dir.to_path_buf(),
-            api_url: api_url.to_string(),
-            token: token.to_string(),
+            api_url: server.tls_url(),
+            ca_file: server.ca_file(),
+            bootstrap_token: bootstrap_token(&server.api_url(), &server.admin_token(), node),
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         a.restart();
@@ -256,11 +307,13 @@ impl Agent {
             .arg(&self.node)
             .arg("--api-url")
             .arg(&self.api_url)
+            .arg("--ca-file")
+            .arg(&self.ca_file)
             .arg("--state-dir")
             .arg(&self.state_dir)
             .args(["--unknown-user", "agent"])
             .args(&self.extra)
-            .env("LATTICE_AGENT_TOKEN", &self.token)
+            .env("LATTICE_BOOTSTRAP_TOKEN", &self.bootstrap_token)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -305,8 +358,6 @@ impl Cluster {
         args.extend_from_slice(server_extra);
         let server = Server::start(&dir.join("server"), free_port(), free_port(), &args);
         let server_args = args.iter().map(|a| a.to_string()).collect();
-        let token = server.admin_token();
-        let url = server.api_url();
         let agents = (0..n)
             .map(|i| {
                 let node = format!("node-{:02}", i + 1);
@@ -320,7 +371,7 @@ impl Cluster {
                     "2s",
                 ];
                 extra.extend_from_slice(agent_extra);
-                Agent::start(&node, &url, &token, &dir.join("agents").join(&node), &extra)
+                Agent::start(&node, &server, &dir.join("agents").join(&node), &extra)
             })
             .collect();
         Cluster {

@@ -35,11 +35,14 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     p
 }
 
-/// A `lattice-server --dev` on a random port, in its own temp dir.
+/// A `lattice-server --dev` on random ports, in its own temp dir: plain HTTP for the
+/// tests' admin token, HTTPS for the agents' node certificates.
 pub struct Server {
     child: Option<Child>,
     pub dir: tempfile::TempDir,
     pub url: String,
+    /// Where agents connect.
+    pub tls_url: String,
     pub token: String,
     extra: Vec<String>,
 }
@@ -53,7 +56,8 @@ impl Server {
     pub fn start_with(extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let (child, url) = Self::spawn(dir.path(), "127.0.0.1:0", &extra);
+        let (child, url, tls_url) =
+            Self::spawn(dir.path(), "127.0.0.1:0", "127.0.0.1:0", &extra);
         let token = std::fs::read_to_string(dir.path().join("data/admin.token"))
             .expect("admin token")
             .trim()
@@ -62,6 +66,7 @@ impl Server {
             child: Some(child),
             dir,
             url,
+            tls_url,
             token,
             extra,
         }
@@ -79,19 +84,20 @@ impl Server {
     pub fn restart(&mut self) {
         self.kill9();
         let addr = self.url.trim_start_matches("http://").to_string();
-        let (child, url) = Self::spawn(self.dir.path(), &addr, &self.extra);
-        assert_eq!(url, self.url);
+        let tls = self.tls_url.trim_start_matches("https://").to_string();
+        let (child, url, tls_url) = Self::spawn(self.dir.path(), &addr, &tls, &self.extra);
+        assert_eq!((url, tls_url), (self.url.clone(), self.tls_url.clone()));
         self.child = Some(child);
     }
 
-    fn spawn(dir: &Path, addr: &str, extra: &[String]) -> (Child, String) {
+    fn spawn(dir: &Path, addr: &str, tls: &str, extra: &[String]) -> (Child, String, String) {
         let log = dir.join("server.log");
         let child = Command::new(workspace_bin("lattice-server"))
             .arg("--dev")
             .arg("--data-dir")
             .arg(dir.join("data"))
             .args(["--api-addr", addr])
-            .args(["--etcd-addr", "off", "--tls-addr", "off"])
+            .args(["--etcd-addr", "off", "--tls-addr", tls])
             .args(extra)
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "warn")
@@ -101,15 +107,19 @@ impl Server {
             .spawn()
             .expect("spawn lattice-server");
         let start = Instant::now();
-        let url = loop {
+        let (url, tls_url) = loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             if text.contains("dev server ready") {
-                if let Some(u) = text
-                    .lines()
-                    .find_map(|l| l.trim().strip_prefix("API:"))
-                    .map(|u| u.trim().to_string())
-                {
-                    break u;
+                // "API:   http://A  (HTTPS: https://B)"
+                if let Some(line) = text.lines().find_map(|l| l.trim().strip_prefix("API:")) {
+                    let mut words = line.split_whitespace();
+                    let url = words.next().unwrap_or_default().to_string();
+                    let tls = words
+                        .find(|w| w.starts_with("https://"))
+                        .unwrap_or_default()
+                        .trim_end_matches(')')
+                        .to_string();
+                    break (url, tls);
                 }
             }
             assert!(
@@ -118,11 +128,73 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(50));
         };
-        (child, url)
+        (child, url, tls_url)
+    }
+
+    /// The cluster CA agents trust.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("data/pki/ca.crt")
+    }
+
+    /// A bootstrap token for `node` (what an administrator gives a new node's agent).
+    pub fn bootstrap_token(&self, node: &str) -> String {
+        let (url, admin, node) = (
+            format!(
+                "{}{}",
+                self.url,
+                lattice_apis::node_identity::BOOTSTRAP_TOKENS_PATH
+            ),
+            self.token.clone(),
+            node.to_string(),
+        );
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let resp = reqwest::Client::new()
+                    .post(&url)
+                    .bearer_auth(&admin)
+                    .json(&json!({"node": node, "ttlSeconds": 600}))
+                    .send()
+                    .await
+                    .expect("bootstrap token request");
+                let code = resp.status();
+                let v: Value = resp.json().await.expect("bootstrap token answer");
+                assert!(code.is_success(), "bootstrap token for {node}: {code} {v}");
+                v["token"].as_str().expect("token").to_string()
+            })
+        })
+        .join()
+        .expect("bootstrap token thread")
     }
 
     pub fn client(&self) -> Client {
         Client::http(&self.url, Some(self.token.clone())).expect("client")
+    }
+
+    /// A client with the controllers' rights (what the scheduler writes: bindings, node
+    /// ownership), from a system token signed with the server's secret.
+    pub fn system_client(&self) -> Client {
+        let secret = std::fs::read(self.dir.path().join("data/jwt.secret")).expect("jwt.secret");
+        let exp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 3600;
+        let token = jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &json!({"sub": "test-scheduler", "tenants": "*", "role": "system", "exp": exp}),
+            &jsonwebtoken::EncodingKey::from_secret(&secret),
+        )
+        .expect("system token");
+        Client::http(&self.url, Some(token)).expect("client")
+    }
+
+    /// Allocations, as the controllers see them.
+    pub fn system_allocations(&self) -> Api<Allocation> {
+        Api::namespaced(self.system_client(), "default")
     }
 
     pub fn allocations(&self) -> Api<Allocation> {
@@ -196,7 +268,8 @@ pub struct Agent {
     pub node: String,
     pub state_dir: PathBuf,
     url: String,
-    token: String,
+    ca_file: PathBuf,
+    bootstrap_token: String,
     extra: Vec<String>,
     starts: u32,
 }
@@ -208,8 +281,9 @@ impl Agent {
             child: None,
             node: node.to_string(),
             state_dir: root.join(node),
-            url: server.url.clone(),
-            token: server.token.clone(),
+            url: server.tls_url.clone(),
+            ca_file: server.ca_file(),
+            bootstrap_token: server.bootstrap_token(node),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             starts: 0,
         };
@@ -223,6 +297,8 @@ impl Agent {
         let log = self.state_dir.join(format!("agent-{}.log", self.starts));
         let child = Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
             .args(["--node-id", &self.node, "--api-url", &self.url])
+            .arg("--ca-file")
+            .arg(&self.ca_file)
             .arg("--state-dir")
             .arg(&self.state_dir)
             .args(["--heartbeat-interval", "500ms", "--grace-period", "1s"])
@@ -233,7 +309,7 @@ impl Agent {
                 &["--unknown-user", "agent"][..]
             })
             .args(&self.extra)
-            .env("LATTICE_AGENT_TOKEN", &self.token)
+            .env("LATTICE_BOOTSTRAP_TOKEN", &self.bootstrap_token)
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -382,7 +458,7 @@ pub async fn bind(server: &Server, name: &str, nodes: &[&str], walltime: Option<
         status["walltimeSeconds"] = json!(w);
     }
     server
-        .allocations()
+        .system_allocations()
         .patch_status(
             name,
             &PatchParams::default(),

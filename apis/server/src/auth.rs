@@ -625,11 +625,19 @@ mod tests {
         assert!(o["metadata"].get("annotations").is_none(), "{o}");
         admit_user_on_create(Some(&user("ops", Role::Admin)), alloc, &mut o).unwrap();
         assert_eq!(o["metadata"]["annotations"][USER_ANNOTATION], "ops");
+        // Admins are people too: they cannot submit as someone else.
+        let mut o = annotated("bob".into());
+        let e = admit_user_on_create(Some(&user("ops", Role::Admin)), alloc, &mut o).unwrap_err();
+        assert_eq!(e.code, 403);
+        // System identities (the controllers creating a Dag's tasks) keep what they send.
+        let mut o = annotated("bob".into());
+        admit_user_on_create(Some(&UserInfo::controllers()), alloc, &mut o).unwrap();
+        assert_eq!(o, annotated("bob".into()));
         // Annotations that are not a map are left to admission (422).
         let mut o = serde_json::json!({"metadata": {"name": "a", "annotations": "x"}});
         admit_user_on_create(Some(&alice), alloc, &mut o).unwrap();
         assert_eq!(o["metadata"]["annotations"], "x");
-        // Update: null and absent are the same; admins may change it.
+        // Update: null and absent are the same; nobody but the system changes it.
         let old = annotated("alice".into());
         admit_user_on_update(Some(&alice), alloc, &old, &annotated("alice".into())).unwrap();
         admit_user_on_update(
@@ -639,8 +647,16 @@ mod tests {
             &serde_json::json!({}),
         )
         .unwrap();
-        admit_user_on_update(
+        let e = admit_user_on_update(
             Some(&user("ops", Role::Admin)),
+            alloc,
+            &old,
+            &annotated("bob".into()),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, 403);
+        admit_user_on_update(
+            Some(&UserInfo::controllers()),
             alloc,
             &old,
             &annotated("bob".into()),

@@ -190,6 +190,10 @@ pub fn authorize(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
             if a.is_status_write() {
                 return Err(deny(user, a, STATUS_IS_SYSTEMS));
             }
+            if a.resource == resource::ATTACH_TICKETS {
+                // A ticket grants a session as the allocation's user on its node.
+                return Err(deny(user, a, "attach tickets are redeemed by node agents"));
+            }
             Ok(())
         }
         Role::User | Role::Readonly => person(user, a),
@@ -359,11 +363,9 @@ mod tests {
         let put_status = Attributes::kind(Verb::Update, alloc, Some("t1"))
             .named(Some("a"))
             .sub(Some("status"));
-        for who in [
-            person(Role::User, &["t1"]),
-            person(Role::Admin, &["*"]),
-            person(Role::Readonly, &["t1"]),
-        ] {
+        let e = authorize(&person(Role::Readonly, &["t1"]), &put_status).unwrap_err();
+        assert_eq!(e.code, 403);
+        for who in [person(Role::User, &["t1"]), person(Role::Admin, &["*"])] {
             let e = authorize(&who, &put_status).unwrap_err();
             assert_eq!(e.code, 403, "{who:?}");
             assert!(

@@ -120,6 +120,8 @@ async fn fake_agent() -> (String, mpsc::UnboundedReceiver<Seen>) {
 struct Fixture {
     s: TestServer,
     admin: String,
+    /// What the scheduler and node agents would write with (a system identity).
+    system: String,
     alice: String,
     seen: mpsc::UnboundedReceiver<Seen>,
 }
@@ -134,6 +136,7 @@ async fn fixture() -> Fixture {
     })
     .await;
     let admin = token("root", Role::Admin);
+    let system = token("scheduler", Role::System);
     let alice = token("alice", Role::User);
     let (addr, seen) = fake_agent().await;
     let node = json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Node", "metadata": {"name": "n1"}, "spec": {}});
@@ -152,7 +155,7 @@ async fn fixture() -> Fixture {
         &s,
         Method::PUT,
         &format!("{API}/nodes/n1/status"),
-        &admin,
+        &system,
         Some(n),
     )
     .await;
@@ -175,7 +178,7 @@ async fn fixture() -> Fixture {
                 &s,
                 Method::PUT,
                 &format!("{}/{name}/status", allocs("t1")),
-                &admin,
+                &system,
                 Some(a),
             )
             .await;
@@ -185,6 +188,7 @@ async fn fixture() -> Fixture {
     Fixture {
         s,
         admin,
+        system,
         alice,
         seen,
     }
@@ -278,11 +282,21 @@ async fn the_owner_attaches_through_the_relay_and_the_agent_gets_a_single_use_ti
     )
     .await;
     assert_eq!(c, 403, "{e}");
-    let (c, t) = call(
+    // Not an admin either: tickets are for the node agents (system identities).
+    let (c, e) = call(
         &f.s,
         Method::POST,
         proto::REDEEM_PATH,
         &f.admin,
+        Some(body.clone()),
+    )
+    .await;
+    assert_eq!(c, 403, "{e}");
+    let (c, t) = call(
+        &f.s,
+        Method::POST,
+        proto::REDEEM_PATH,
+        &f.system,
         Some(body.clone()),
     )
     .await;
@@ -296,7 +310,7 @@ async fn the_owner_attaches_through_the_relay_and_the_agent_gets_a_single_use_ti
         (t["tty"].as_bool(), t["stdin"].as_bool()),
         (Some(false), Some(true))
     );
-    let (c, e) = call(&f.s, Method::POST, proto::REDEEM_PATH, &f.admin, Some(body)).await;
+    let (c, e) = call(&f.s, Method::POST, proto::REDEEM_PATH, &f.system, Some(body)).await;
     assert_eq!(c, 403, "a ticket is good once: {e}");
     assert!(
         e["message"].as_str().unwrap_or_default().contains("used"),
@@ -437,11 +451,20 @@ async fn job_tokens_act_as_the_allocations_user_in_its_tenant() {
     )
     .await;
     assert_eq!(c, 403, "only agents ask: {e}");
-    let (c, t) = call(
+    let (c, e) = call(
         &f.s,
         Method::POST,
         "/v1/allocations/a1/token?tenant=t1",
         &f.admin,
+        None,
+    )
+    .await;
+    assert_eq!(c, 403, "an admin cannot have a token that acts as alice made: {e}");
+    let (c, t) = call(
+        &f.s,
+        Method::POST,
+        "/v1/allocations/a1/token?tenant=t1",
+        &f.system,
         None,
     )
     .await;
@@ -457,7 +480,7 @@ async fn job_tokens_act_as_the_allocations_user_in_its_tenant() {
         &f.s,
         Method::POST,
         "/v1/allocations/a1/token?tenant=t1&uid=not-it",
-        &f.admin,
+        &f.system,
         None,
     )
     .await;

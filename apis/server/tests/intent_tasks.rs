@@ -34,6 +34,13 @@ async fn tasks_create_numbered_steps_of_a_running_allocation() {
         Role::User,
         Duration::from_secs(300),
     );
+    let scheduler = mint_token(
+        SECRET,
+        "scheduler",
+        &["*".to_string()],
+        Role::System,
+        Duration::from_secs(300),
+    );
     let bob = mint_token(
         SECRET,
         "bob",
@@ -59,7 +66,7 @@ async fn tasks_create_numbered_steps_of_a_running_allocation() {
     let r = s
         .client
         .patch(s.url("/apis/lattice.dev/v1alpha1/namespaces/t1/allocations/job/status"))
-        .bearer_auth(&admin)
+        .bearer_auth(&scheduler)
         .header("content-type", "application/merge-patch+json")
         .body(status.to_string())
         .send()
@@ -89,20 +96,28 @@ async fn tasks_create_numbered_steps_of_a_running_allocation() {
     assert_eq!(step["metadata"]["annotations"]["lattice.dev/user"], "alice");
     assert_eq!(step["metadata"]["labels"]["lattice.dev/step-of"], "job");
     assert_eq!(step["metadata"]["ownerReferences"][0]["name"], "job");
-    let (c, step) = call(
+    // A step runs as its starter on the allocation's nodes: not even an admin starts one
+    // in alice's allocation.
+    let (c, e) = call(
         &s,
         Method::POST,
         "/v1/allocations/job/tasks?tenant=t1",
         &admin,
+        Some(launch.clone()),
+    )
+    .await;
+    assert_eq!(c, 403, "{e}");
+    let (c, step) = call(
+        &s,
+        Method::POST,
+        "/v1/allocations/job/tasks?tenant=t1",
+        &alice,
         Some(launch),
     )
     .await;
     assert_eq!(c, 201, "{step}");
     assert_eq!(step["metadata"]["name"], "job.1", "numbers go up");
-    assert_eq!(
-        step["metadata"]["annotations"]["lattice.dev/user"], "alice",
-        "an admin launches as the allocation's user"
-    );
+    assert_eq!(step["metadata"]["annotations"]["lattice.dev/user"], "alice");
 
     // Bad requests say why.
     let (c, e) = call(
@@ -145,7 +160,7 @@ async fn tasks_create_numbered_steps_of_a_running_allocation() {
     let r = s
         .client
         .patch(s.url("/apis/lattice.dev/v1alpha1/namespaces/t1/allocations/job/status"))
-        .bearer_auth(&admin)
+        .bearer_auth(&scheduler)
         .header("content-type", "application/merge-patch+json")
         .body(json!({"status": {"phase": "Completed"}}).to_string())
         .send()
