@@ -76,9 +76,9 @@ async fn node_is_registered_ready_and_heartbeats() {
 
     // The agent's own endpoint answers at the published address.
     let address = agent_info.address.unwrap();
-    let http = reqwest::Client::new();
+    let (http, base) = server.agent_http("gpu-node", &address);
     let health = http
-        .get(format!("http://{address}/healthz"))
+        .get(format!("{base}/healthz"))
         .send()
         .await
         .unwrap();
@@ -119,7 +119,7 @@ async fn node_is_registered_ready_and_heartbeats() {
         "a heartbeat is not a write"
     );
     let metrics = http
-        .get(format!("http://{address}/metrics"))
+        .get(format!("{base}/metrics"))
         .send()
         .await
         .unwrap()

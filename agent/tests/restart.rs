@@ -184,10 +184,10 @@ async fn reports_wait_for_an_unreachable_api_and_replay_in_order() {
     .await;
     assert!(!group_alive(pid));
     // Heartbeats fail meanwhile, and are counted.
-    let http = reqwest::Client::new();
+    let (http, base) = server.agent_http(&agent.node, &address);
     wait_for("failed heartbeats", LIMIT, || async {
         let m = http
-            .get(format!("http://{address}/metrics"))
+            .get(format!("{base}/metrics"))
             .send()
             .await
             .ok()?

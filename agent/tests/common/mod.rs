@@ -136,6 +136,26 @@ impl Server {
         self.dir.path().join("data/pki/ca.crt")
     }
 
+    /// A client to the endpoint of `node`'s agent, published at `address`, as the API
+    /// server reaches it (its certificate; the node's name checked), and the base URL.
+    pub fn agent_http(&self, node: &str, address: &str) -> (reqwest::Client, String) {
+        let pki = self.dir.path().join("data/pki");
+        let read = |f: &str| std::fs::read_to_string(pki.join(f)).expect("pki file");
+        let tls = lattice_pki::client_config(
+            &read("ca.crt"),
+            Some((&read("apiserver.crt"), &read("apiserver.key"))),
+        )
+        .expect("tls");
+        let addr: std::net::SocketAddr = address.parse().expect("agent address");
+        let name = format!("{node}.nodes.lattice.internal");
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .resolve(&name, addr)
+            .build()
+            .expect("client");
+        (http, format!("https://{name}:{}", addr.port()))
+    }
+
     /// A bootstrap token for `node` (what an administrator gives a new node's agent).
     pub fn bootstrap_token(&self, node: &str) -> String {
         let (url, admin, node) = (
@@ -419,7 +439,9 @@ pub async fn create(server: &Server, name: &str, spec: Value) -> Allocation {
 
 /// Create with extra metadata (labels, annotations). Every test allocation is held
 /// (`lattice.dev/hold`) so that the server's scheduler leaves it alone: the tests bind
-/// allocations themselves, exactly as the scheduler would.
+/// allocations themselves, exactly as the scheduler would. An allocation that names
+/// another user (`lattice.dev/user`) is created with the controllers' rights (a person
+/// cannot submit as someone else); otherwise as the admin, whom it then runs as.
 pub async fn create_with(server: &Server, name: &str, spec: Value, meta: Value) -> Allocation {
     let mut metadata = json!({
         "name": name,
@@ -444,9 +466,12 @@ pub async fn create_with(server: &Server, name: &str, spec: Value, meta: Value) 
         "spec": spec,
     }))
     .expect("allocation");
-    server
-        .allocations()
-        .create(&PostParams::default(), &a)
+    let api = if a.metadata.annotations.contains_key("lattice.dev/user") {
+        server.system_allocations()
+    } else {
+        server.allocations()
+    };
+    api.create(&PostParams::default(), &a)
         .await
         .expect("create allocation")
 }

@@ -104,6 +104,7 @@ pub async fn admit_write(
         ));
     }
     system_owned_metadata(caller, kind, old, &new)?;
+    user_label(caller, kind, &new)?;
     owner_references(res, caller, kind, old, &new).await?;
     match kind.kind {
         "Allocation" => allocation(res, caller, kind, old, &new).await?,
@@ -420,6 +421,34 @@ fn system_owned_metadata(
         }
     }
     Ok(())
+}
+
+/// The label `lattice.dev/user` (what `--all-mine` and label selectors find work by), when
+/// present, names the same user as the annotation the work runs as.
+fn user_label(caller: &UserInfo, kind: &'static KindInfo, new: &Value) -> ApiResult<()> {
+    if !matches!(kind.kind, "Allocation" | "Dag") || caller.role == Role::Admin {
+        return Ok(());
+    }
+    let label = new
+        .pointer("/metadata/labels")
+        .and_then(|l| l.get(USER_ANNOTATION))
+        .and_then(Value::as_str);
+    let owner = annotations(new)
+        .and_then(|a| a.get(USER_ANNOTATION))
+        .and_then(Value::as_str);
+    match label {
+        Some(l) if Some(l) != owner => Err(forbidden(
+            kind,
+            new,
+            &format!("metadata.labels[{USER_ANNOTATION}]"),
+            format!(
+                "the label {USER_ANNOTATION} is {l:?}, but the work runs as {:?} (the \
+                 annotation of the same name); set the label to that or leave it out",
+                owner.unwrap_or_default()
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A person's owner references: none to another user's object (a Dag would adopt it as

@@ -420,13 +420,6 @@ pub async fn bootstrap(
         let token = bearer(&headers).ok_or_else(|| unauthorized("no bootstrap token"))?;
         let (id, secret) =
             parse_bootstrap_token(token).ok_or_else(|| unauthorized("not a bootstrap token"))?;
-        let b = read_body(&inner, &headers, body).await?;
-        let req = parse_request(&b)?;
-        let node = req
-            .node
-            .as_deref()
-            .ok_or_else(|| ApiError::bad_request("node: the node's name is required"))?;
-        check_node_name(node)?;
         let key = format!("{TOKENS}{id}");
         let (rec, rev) = read_json::<TokenRecord>(&*inner.resources.backend, &key)
             .await?
@@ -442,6 +435,14 @@ pub async fn bootstrap(
                 rfc3339(rec.expires)
             )));
         }
+        // The token is good: only now is the body read.
+        let b = read_body(&inner, &headers, body).await?;
+        let req = parse_request(&b)?;
+        let node = req
+            .node
+            .as_deref()
+            .ok_or_else(|| ApiError::bad_request("node: the node's name is required"))?;
+        check_node_name(node)?;
         if let Some(bound) = &rec.node {
             if bound != node {
                 return Err(ApiError::forbidden(format!(
@@ -499,6 +500,46 @@ fn admin_only(user: &UserInfo, verb: Verb) -> ApiResult<()> {
     Ok(())
 }
 
+/// Delete expired bootstrap tokens and revocations of certificates that have expired
+/// anyway (best effort; run when a token is made, so the prefixes stay as small as the
+/// tokens in use).
+async fn sweep(backend: &Arc<dyn KvBackend>) {
+    let t = now();
+    for prefix in [TOKENS, REVOKED] {
+        let p = Bytes::from_static(prefix.as_bytes());
+        let Ok(listed) = backend
+            .range(RangeRequest {
+                range: KeyRange::between(p.clone(), prefix_end(&p)),
+                ..Default::default()
+            })
+            .await
+        else {
+            continue;
+        };
+        for kv in listed.kvs {
+            let expires = serde_json::from_slice::<serde_json::Value>(&kv.value)
+                .ok()
+                .and_then(|v| v.get(if prefix == TOKENS { "expires" } else { "notAfter" })?.as_u64());
+            if expires.is_some_and(|e| e <= t) {
+                let _ = backend
+                    .txn(TxnRequest {
+                        compare: vec![Compare::mod_revision(
+                            kv.key.clone(),
+                            CompareResult::Equal,
+                            kv.mod_revision,
+                        )],
+                        success: vec![TxnOp::DeleteRange(DeleteRangeRequest {
+                            range: KeyRange::single(kv.key.clone()),
+                            prev_kv: false,
+                        })],
+                        failure: vec![],
+                    })
+                    .await;
+            }
+        }
+    }
+}
+
 /// `POST` / `GET /v1/admin/bootstrap-tokens`.
 pub async fn tokens(
     State(inner): State<Arc<Inner>>,
@@ -531,6 +572,7 @@ pub async fn tokens(
                         "ttlSeconds: {ttl} is out of range; a bootstrap token lives 1 s to {MAX_TOKEN_TTL_SECS} s (7 days)"
                     )));
                 }
+                sweep(backend).await;
                 let (id, secret) = (random_word(6)?, random_word(16)?);
                 let rec = TokenRecord {
                     secret_sha256: sha256_hex(&secret),

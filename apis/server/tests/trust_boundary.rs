@@ -790,3 +790,75 @@ async fn a_revoked_or_expired_node_certificate_is_refused() {
     }
     let _ = &c.store;
 }
+
+#[tokio::test]
+async fn a_node_renews_its_own_certificate_only() {
+    let c = cluster().await;
+    let n1 = c.node("n1").await;
+    let (csr, _) = lattice_pki::csr(&Identity::Node("n1".into())).unwrap();
+    let (code, v) = n1
+        .send("POST", "/v1/nodes/certificate/renew", Some(json!({"csr": csr})))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let info = lattice_pki::inspect_pem(v["certificate"].as_str().unwrap()).unwrap();
+    assert_eq!(info.identity, Some(Identity::Node("n1".into())));
+    // Asking for another node's: refused, and a CSR that names another node still gets
+    // a certificate for the caller only.
+    let (code, v) = n1
+        .send("POST", "/v1/nodes/certificate/renew", Some(json!({"node": "n2", "csr": csr})))
+        .await;
+    assert_eq!(code, 403, "{v}");
+    let (csr2, _) = lattice_pki::csr(&Identity::Node("n2".into())).unwrap();
+    let (code, v) = n1
+        .send("POST", "/v1/nodes/certificate/renew", Some(json!({"csr": csr2})))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let info = lattice_pki::inspect_pem(v["certificate"].as_str().unwrap()).unwrap();
+    assert_eq!(info.identity, Some(Identity::Node("n1".into())));
+    // People renew nothing.
+    let admin = token("ops", &["*"], Role::Admin);
+    let (code, _) = c
+        .send(&admin, "POST", "/v1/nodes/certificate/renew", Some(json!({"csr": csr})))
+        .await;
+    assert_eq!(code, 403);
+    // Both renewed certificates are revoked with the node.
+    let (code, v) = c.send(&admin, "POST", "/v1/admin/nodes/n1/revoke", None).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["revoked"].as_array().map(Vec::len), Some(3), "{v}");
+}
+
+/// (e) A tenant-mate's output is not a user's to read, and a sensitive allocation's is
+/// its owner's only, an admin's neither. The refusals come before any agent is asked.
+#[tokio::test]
+async fn logs_and_attach_of_others_and_of_sensitive_work_are_refused() {
+    let c = cluster().await;
+    let alice = token("alice", &["t1"], Role::User);
+    let bob = token("bob", &["t1"], Role::User);
+    let tadmin = token("tadmin", &["t1"], Role::User);
+    let admin = token("ops", &["*"], Role::Admin);
+    let path = format!("{API}/namespaces/t1/allocations");
+    let mut sensitive = alloc("s1");
+    sensitive["spec"]["sensitive"] = json!(true);
+    for a in [alloc("b1"), sensitive] {
+        let (code, v) = c.send(&bob, "POST", &path, Some(a)).await;
+        assert_eq!(code, 201, "{v}");
+    }
+    for (who, name, want) in [
+        (&alice, "b1", 403),
+        (&alice, "s1", 403),
+        (&admin, "s1", 403),
+        (&tadmin, "s1", 403),
+    ] {
+        for sub in ["log", "attach"] {
+            let (code, v) = c.send(who, "GET", &format!("{path}/{name}/{sub}"), None).await;
+            assert_eq!(code, want, "{sub} of {name}: {v}");
+        }
+    }
+    // Its owner, an admin (not sensitive) and the tenant's admin (logs, not sensitive) get
+    // past the authorizer: the allocation has not run anywhere, which is the answer.
+    for (who, name) in [(&bob, "s1"), (&bob, "b1"), (&admin, "b1"), (&tadmin, "b1")] {
+        let (code, v) = c.send(who, "GET", &format!("{path}/{name}/log"), None).await;
+        assert_eq!(code, 400, "{name}: {v}");
+        assert!(v["message"].as_str().unwrap().contains("has not been placed"), "{v}");
+    }
+}
