@@ -362,6 +362,10 @@ pub async fn run_new(ctx: Arc<Ctx>, alloc: Arc<Allocation>, rx: watch::Receiver<
         }
         Admission::Refuse(refusal) => {
             ctx.metrics.workloads_start_failed.inc();
+            ctx.metrics
+                .workloads_refused
+                .get_or_create(&vec![("reason".into(), refusal.reason.into())])
+                .inc();
             tracing::warn!(allocation = %format!("{namespace}/{name}"), attempt = st.attempt, reason = refusal.reason, message = %refusal.message, "refused");
             let report = final_report(
                 &Exit::Refused(refusal),
@@ -810,6 +814,9 @@ impl Supervisor {
         let oom = (Cgroups::oom_kills(&self.rec.cgroup_dirs()) > 0)
             .then(|| self.ctx.cgroups.memory_limit())
             .flatten();
+        if oom.is_some() {
+            self.ctx.metrics.workloads_oom_killed.inc();
+        }
         let report = final_report(
             &exit,
             self.rec.stop_reason.as_deref(),
