@@ -617,6 +617,16 @@ async fn session(ctx: Arc<Ctx>, rec: TaskRecord, spec: SessionSpec, sock: WebSoc
                 // Whatever the command left running in its session goes with it (as
                 // when a terminal closes); its output drains first.
                 hang_up(pgid);
+                // Killed because the run ended (its cgroups are emptied with it): say
+                // so, rather than pass the kill on as the command's own doing.
+                if std::os::unix::process::ExitStatusExt::signal(&st).is_some()
+                    && running(&ctx, &rec.uid).is_none()
+                {
+                    break Some(AttachStatus {
+                        error: Some(format!("allocation {}/{} stopped running on this node", rec.namespace, rec.name)),
+                        ..Default::default()
+                    });
+                }
                 if !output_open {
                     break Some(exit_status(st));
                 }

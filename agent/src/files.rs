@@ -88,8 +88,9 @@ impl Dir {
     }
 
     /// Open the agent's own directory `path`, creating it (and its parents) with `mode`
-    /// if missing. An existing one must be the agent's and writable by nobody else: a
-    /// directory others may write into could have its entries swapped by them.
+    /// if missing. An existing one must be the agent's and writable by no one else (for
+    /// a root agent, not by its group either): others who may write into it could swap
+    /// its entries.
     pub fn own(path: &Path, mode: u32) -> io::Result<Dir> {
         if !path.exists() {
             std::fs::create_dir_all(path)?;
@@ -100,7 +101,9 @@ impl Dir {
         let d = Dir::open(path)?;
         let st = d.stat()?;
         let me = nix::unistd::geteuid().as_raw();
-        if st.st_uid != me || st.st_mode & 0o022 != 0 {
+        // An unprivileged agent's group is its user's own (a umask of 002 makes 0775).
+        let writable = if me == 0 { 0o022 } else { 0o002 };
+        if st.st_uid != me || st.st_mode & writable != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!(
@@ -415,6 +418,13 @@ mod tests {
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
         let e = Dir::own(&open, 0o711).unwrap_err().to_string();
         assert!(e.contains("writable by no one else"), "{e}");
+        // Group-writable: refused for root, whose group may hold users; an unprivileged
+        // agent's group is its own.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o775)).unwrap();
+        assert_eq!(
+            Dir::own(&open, 0o711).is_ok(),
+            !nix::unistd::geteuid().is_root()
+        );
         let link = tmp.path().join("link");
         std::os::unix::fs::symlink(tmp.path().join("a"), &link).unwrap();
         assert!(
