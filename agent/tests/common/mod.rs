@@ -357,7 +357,8 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        // Leave nothing behind: the agent, then whatever workloads it still records.
+        // Leave nothing behind: the agent, then whatever workloads it still records, then
+        // its cgroups (a killed agent cannot remove them).
         let pgids = self.recorded_pgids();
         self.kill9();
         for p in pgids {
@@ -368,6 +369,30 @@ impl Drop for Agent {
                 );
             }
         }
+        remove_agent_cgroups(&self.node, &self.state_dir);
+    }
+}
+
+/// Remove the cgroups of the agent of `node` with state directory `state_dir` (its
+/// instance's groups in every hierarchy, killing anything left in them).
+pub fn remove_agent_cgroups(node: &str, state_dir: &Path) {
+    let root = Path::new(lattice_agent::cgroup::DEFAULT_ROOT);
+    let instance = lattice_agent::cgroup::instance_id(state_dir);
+    let mut mounts = vec![root.to_path_buf()];
+    if let Ok(rd) = std::fs::read_dir(root) {
+        mounts.extend(rd.flatten().map(|e| e.path()));
+    }
+    for m in mounts {
+        let node_dir = m.join("lattice").join(node);
+        let base = node_dir.join(&instance);
+        let Ok(runs) = std::fs::read_dir(&base) else {
+            continue;
+        };
+        for r in runs.flatten().filter(|e| e.path().is_dir()) {
+            lattice_agent::cgroup::Cgroups::remove(&[r.path()]);
+        }
+        let _ = std::fs::remove_dir(&base);
+        let _ = std::fs::remove_dir(&node_dir);
     }
 }
 
