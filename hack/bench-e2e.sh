@@ -39,10 +39,17 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 token=$(cat "$work/server/admin.token")
+# The agents run the jobs as this user (--unknown-user agent): as root, that needs tenant
+# default's leave (spec.runAs.allowUsers), as `lattice up` gives it; without root there
+# are no cgroups to limit them with.
+curl -fsS -X PATCH -H "Authorization: Bearer $token" -H "Content-Type: application/merge-patch+json" \
+  -d "{\"spec\":{\"runAs\":{\"allowUsers\":[\"$(id -un)\"]}}}" \
+  "http://$api/apis/lattice.dev/v1alpha1/tenants/default" >/dev/null
+cgroups=(); [ "$(id -u)" -eq 0 ] || cgroups=(--no-cgroups)
 agent_pids=()
 for i in 1 2 3 4; do
   LATTICE_AGENT_TOKEN=$token target/release/lattice-agent --node-id "node-0$i" \
-    --api-url "http://$api" --state-dir "$work/agents/node-0$i" \
+    --api-url "http://$api" --state-dir "$work/agents/node-0$i" "${cgroups[@]}" \
     --topology-group $(( (i - 1) / 2 )) --unknown-user agent >"$work/agent-$i.log" 2>&1 &
   agent_pids+=($!); pids+=($!)
 done

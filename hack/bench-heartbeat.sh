@@ -46,8 +46,9 @@ done
 { curl -fsS "http://$api/readyz" >/dev/null && [ -s "$work/data/admin.token" ]; } || { cat "$work/server.log"; exit 1; }
 
 echo "==> one real lattice-agent (10s heartbeat interval)"
+cgroups=(); [ "$(id -u)" -eq 0 ] || cgroups=(--no-cgroups)  # only root can make them
 LATTICE_AGENT_TOKEN=$(cat "$work/data/admin.token") RUST_LOG=warn \
-  target/release/lattice-agent --node-id real-agent-0 --api-url "http://$api" \
+  target/release/lattice-agent --node-id real-agent-0 --api-url "http://$api" "${cgroups[@]}" \
   --state-dir "$work/agent" --heartbeat-interval 10s >"$work/agent.log" 2>&1 &
 agent=$!
 

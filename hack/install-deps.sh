@@ -11,12 +11,16 @@
 #   prometheus         promtool, checks the /metrics exposition
 #   curl               readiness polling in hack/ scripts
 #   zsh, fish          the CLI's completion scripts are loaded by the real shells in tests
+#   passwd             useradd: the agent's hostile-tenant tests make an ordinary user
+#   qemu-system-x86, linux-image-amd64, busybox-static
+#                      the agent's cgroup v2 test boots Debian's kernel in a small VM
+#                      (this machine binds memory and pids to cgroup v1)
 #
 # Add a package: append a "command package" line to PACKAGES below.
 set -euo pipefail
 
 # "<file or command to check> <debian package>" per line; an absolute path is checked with
-# `test -e`, anything else with `command -v`.
+# `test -e` (a pattern: that something matches it), anything else with `command -v`.
 PACKAGES=(
   "cc gcc"
   "protoc protobuf-compiler"
@@ -27,6 +31,10 @@ PACKAGES=(
   "curl curl"
   "zsh zsh"
   "fish fish"
+  "useradd passwd"
+  "qemu-system-x86_64 qemu-system-x86"
+  "/boot/vmlinuz-* linux-image-amd64"
+  "/bin/busybox busybox-static"
 )
 
 missing=()
@@ -34,7 +42,7 @@ for entry in "${PACKAGES[@]}"; do
   cmd=${entry%% *}
   pkg=${entry##* }
   if [[ "$cmd" == /* ]]; then
-    if [ -e "$cmd" ]; then
+    if compgen -G "$cmd" >/dev/null; then
       echo "install-deps: $cmd present, skipping $pkg"
       continue
     fi

@@ -16,7 +16,7 @@ use futures::StreamExt;
 use lattice_apis::lifecycle::{
     cancel_requested, node_reason, preempt_requested, should_run, RunDecision,
 };
-use lattice_apis::{Allocation, AllocationPhase, NodeTaskPhase, NodeTaskState};
+use lattice_apis::{Allocation, AllocationPhase, Node, NodeTaskPhase, NodeTaskState};
 use lattice_runtime::{watcher, Api, Client};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -95,6 +95,10 @@ pub struct Ctx {
     pub logs: Arc<Logs>,
     /// Workload cgroups.
     pub cgroups: Cgroups,
+    /// This node's `Node` as last seen by the agent's watch of it (`None` before the
+    /// first event or when it does not exist): its `status.owner` says which allocation
+    /// the scheduler bound here ([`crate::binding`]).
+    pub node: watch::Receiver<Option<Arc<Node>>>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Cancelled when the agent stops (workloads keep running).
@@ -124,18 +128,105 @@ impl Drop for SettleGuard {
     }
 }
 
+/// The agent's directories: its state directory and the scratch and run roots are
+/// searchable by everyone (a job's user reaches their own scratch and run directories,
+/// lists nothing) and writable by the agent alone; logs are the agent's only.
+fn make_dirs(cfg: &Config) -> anyhow::Result<()> {
+    for (d, mode) in [
+        (cfg.state_dir.clone(), 0o711),
+        (cfg.scratch_root(), 0o711),
+        (cfg.run_root(), 0o711),
+        (cfg.log_root(), 0o700),
+    ] {
+        let dir = crate::files::Dir::own(&d, mode)
+            .map_err(|e| anyhow::anyhow!("--state-dir: {}: {e}", d.display()))?;
+        if d != cfg.state_dir {
+            dir.set_mode(mode)
+                .map_err(|e| anyhow::anyhow!("setting the mode of {}: {e}", d.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The node's cgroups, limited to its allocatable share; an error when they cannot be
+/// used (unless `--no-cgroups`).
+fn open_cgroups(cfg: &Config, facts: &discovery::NodeFacts) -> anyhow::Result<Cgroups> {
+    use crate::cgroup::{devices, limits, Limits};
+    if cfg.no_cgroups {
+        tracing::warn!("--no-cgroups: workloads run WITHOUT memory, CPU, pids or device limits; a job can take the whole machine. Use this on a laptop only");
+        return Ok(Cgroups::disabled());
+    }
+    let memory = match cfg.memory_gb {
+        Some(gb) => gb << 30,
+        None => std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| limits::mem_total(&m))
+            .unwrap_or(facts.capacity.memory_gb << 30),
+    };
+    let capacity = limits::Resources {
+        memory,
+        cpu_millis: u64::from(facts.capacity.cpu_cores) * 1000,
+        pids: cfg
+            .max_pids
+            .unwrap_or_else(|| limits::pid_capacity(Path::new("/proc"))),
+    };
+    let resources = cfg
+        .system_reserved
+        .allocatable(capacity)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let found = devices::discover(&cfg.device_dir);
+    let deny = devices::denied(&found, &cfg.gpu_devices);
+    let instance = crate::cgroup::instance_id(&cfg.state_dir);
+    Cgroups::open(
+        &cfg.cgroup_root,
+        &cfg.node,
+        &instance,
+        Limits { resources, deny },
+    )
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "cannot limit workloads with cgroups: {e}. The agent runs no workload without memory, CPU and pids limits; fix the cgroup mounts (or point --cgroup-root at them), run it as root, or pass --no-cgroups on a laptop"
+        )
+    })
+}
+
+/// Keep `tx` up to date with this node's `Node` (a watch of that one object).
+async fn watch_node(
+    ctx_client: lattice_runtime::Client,
+    node: String,
+    tx: watch::Sender<Option<Arc<Node>>>,
+    shutdown: CancellationToken,
+) {
+    let api: Api<Node> = Api::all(ctx_client);
+    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let mut events = watcher::watcher(api, config);
+    loop {
+        tokio::select! {
+            ev = events.next() => match ev {
+                Some(watcher::Event::InitApply(n) | watcher::Event::Apply(n)) => {
+                    tx.send_replace(Some(Arc::new(n)));
+                }
+                Some(watcher::Event::Delete(_)) => {
+                    tx.send_replace(None);
+                }
+                Some(_) => {}
+                None => return,
+            },
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
 /// Run the agent until SIGTERM/SIGINT.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let started = lattice_apis::meta::now();
-    for d in [
-        cfg.state_dir.clone(),
-        cfg.scratch_root(),
-        cfg.run_root(),
-        cfg.log_root(),
-    ] {
-        std::fs::create_dir_all(&d)
-            .map_err(|e| anyhow::anyhow!("creating {}: {e}", d.display()))?;
-    }
+    make_dirs(&cfg)?;
+    let facts = discovery::discover(
+        &cfg,
+        discovery::gpu_discovery(&cfg).as_ref(),
+        Path::new("/proc"),
+    );
+    let cgroups = open_cgroups(&cfg, &facts)?;
     let state = Arc::new(StateFile::load(&cfg.state_file(), &cfg.node)?);
     let identity = crate::identity::NodeIdentity::obtain(&cfg).await?;
     let tls = match &identity {
@@ -169,9 +260,16 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         state.clone(),
         metrics.clone(),
     ));
-    let cgroups = Cgroups::new(cfg.cgroup_root.as_deref(), &cfg.node);
+    let (node_tx, node_rx) = watch::channel(None);
+    tokio::spawn(watch_node(
+        client.clone(),
+        cfg.node.clone(),
+        node_tx,
+        shutdown.clone(),
+    ));
     let ctx = Arc::new(Ctx {
         cgroups,
+        node: node_rx,
         client,
         api,
         identity: identity.clone(),
@@ -184,7 +282,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         unsettled: Arc::new(tokio::sync::watch::channel(0).0),
         cfg,
     });
-    tracing::info!(node = %ctx.cfg.node, api = %ctx.cfg.api_url, %address, state_dir = %ctx.cfg.state_dir.display(), cgroups = ctx.cgroups.enabled(), "lattice agent starting");
+    tracing::info!(node = %ctx.cfg.node, api = %ctx.cfg.api_url, %address, state_dir = %ctx.cfg.state_dir.display(), cgroups = %ctx.cgroups.describe(), min_uid = ctx.cfg.min_uid, "lattice agent starting");
 
     let http = tokio::spawn(server::serve(
         listener,
@@ -200,11 +298,6 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         tokio::spawn(id.clone().renew(ctx.cfg.api_url.clone(), shutdown.clone()));
     }
     let reports = tokio::spawn(reporter.run(shutdown.clone()));
-    let facts = discovery::discover(
-        &ctx.cfg,
-        discovery::gpu_discovery(&ctx.cfg).as_ref(),
-        Path::new("/proc"),
-    );
     // Re-attach first: registration waits until every re-attached run is settled.
     let mut dispatcher = Dispatcher::new(ctx.clone());
     dispatcher.recover();
@@ -226,6 +319,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     shutdown.cancel();
     dispatcher.detach_all().await;
+    ctx.cgroups.release();
     let _ = tokio::time::timeout(Duration::from_secs(2), reports).await;
     // Open follow requests would hold the graceful shutdown: give them a moment only.
     let _ = tokio::time::timeout(Duration::from_secs(2), http).await;
@@ -249,8 +343,15 @@ async fn shutdown_signal() {
 }
 
 struct TaskHandle {
+    /// `namespace/name` of the allocation: a supervisor hears only of its own (an object
+    /// elsewhere claiming the same uid is not it).
+    name: String,
     tx: watch::Sender<AllocView>,
     join: JoinHandle<()>,
+}
+
+fn full_name(a: &Allocation) -> String {
+    format!("{}/{}", a.metadata.namespace_str(), a.metadata.name_str())
 }
 
 /// Starts supervisors for the allocations bound to this node and feeds them updates.
@@ -291,14 +392,11 @@ impl Dispatcher {
         for root in [self.ctx.cfg.scratch_root(), self.ctx.cfg.run_root()] {
             remove_orphans(&root, &known);
         }
-        let cgroups: HashSet<PathBuf> = snap
-            .tasks
-            .values()
-            .filter_map(|t| t.cgroup.clone())
-            .collect();
+        let cgroups: HashSet<PathBuf> = snap.tasks.values().flat_map(|t| t.cgroup_dirs()).collect();
         self.ctx.cgroups.remove_orphans(&cgroups);
         for rec in snap.tasks.into_values() {
             let key = TaskKey::new(&rec.uid, rec.attempt);
+            let name = format!("{}/{}", rec.namespace, rec.name);
             let (tx, rx) = watch::channel(AllocView::Unknown);
             let ctx = self.ctx.clone();
             let done = self.done_tx.clone();
@@ -308,7 +406,7 @@ impl Dispatcher {
                 supervisor::run_reattached(ctx, rec, rx, settle).await;
                 let _ = done.send(k);
             });
-            self.tasks.insert(key, TaskHandle { tx, join });
+            self.tasks.insert(key, TaskHandle { name, tx, join });
         }
     }
 
@@ -369,8 +467,9 @@ impl Dispatcher {
                 let Some(uid) = a.metadata.uid.as_deref() else {
                     return;
                 };
+                let name = full_name(&a);
                 for (k, t) in &self.tasks {
-                    if k.uid == uid {
+                    if k.uid == uid && t.name == name {
                         t.tx.send_replace(AllocView::Gone);
                     }
                 }
@@ -384,8 +483,9 @@ impl Dispatcher {
             return;
         };
         let a = Arc::new(a);
+        let name = full_name(&a);
         for (k, t) in &self.tasks {
-            if k.uid == uid {
+            if k.uid == uid && t.name == name {
                 t.tx.send_replace(AllocView::Present(a.clone()));
             }
         }
@@ -459,11 +559,12 @@ impl Dispatcher {
         let ctx = self.ctx.clone();
         let done = self.done_tx.clone();
         let k = key.clone();
+        let name = full_name(&a);
         let join = tokio::spawn(async move {
             supervisor::run_new(ctx, a, rx).await;
             let _ = done.send(k);
         });
-        self.tasks.insert(key, TaskHandle { tx, join });
+        self.tasks.insert(key, TaskHandle { name, tx, join });
     }
 }
 
@@ -489,7 +590,7 @@ fn remove_orphans(root: &Path, known: &HashSet<String>) {
         let name = e.file_name().to_string_lossy().to_string();
         if !known.contains(&name) {
             tracing::info!(path = %e.path().display(), "removing orphaned directory");
-            crate::logs::store::remove_dir(&e.path());
+            crate::files::remove_tree(&e.path());
         }
     }
 }

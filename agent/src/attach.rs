@@ -3,9 +3,12 @@
 //!
 //! The bearer token is a single-use ticket the API server wrote; the agent redeems it
 //! (`POST /v1/attach/redeem` with its own credentials) and runs exactly what it grants:
-//! the command (or the owner's login shell) as the allocation's user, with the run's
-//! environment (`LATTICE_*`, `SLURM_*`) and working directory, in its cgroup, in a
-//! session of its own, on a pseudo-terminal when asked. The session ends when the client
+//! the command (or the owner's login shell) as the allocation's user — the account the
+//! run's own checks allow ([`crate::policy`]) — with the run's environment (`LATTICE_*`,
+//! `SLURM_*`, the allocation's `spec.env`) and working directory, in its cgroups, in a
+//! session of its own, on a pseudo-terminal when asked. As for the run itself, the
+//! environment is applied by the exec after the drop to the user, never to a root
+//! process. The session ends when the client
 //! leaves (SIGHUP to its process group, SIGKILL shortly after), when the command exits,
 //! or when the allocation's run on this node ends. The framing is described in
 //! [`lattice_apis::attach`].
@@ -36,7 +39,7 @@ use tokio::sync::mpsc;
 use crate::agent::Ctx;
 use crate::runtime::RunAs;
 use crate::state::TaskRecord;
-use crate::supervisor::{run_as, workload_cwd, workload_env};
+use crate::supervisor::{workload_cwd, workload_env};
 
 /// How often a session checks that the allocation still runs here.
 const RUN_CHECK: Duration = Duration::from_secs(1);
@@ -130,9 +133,9 @@ pub async fn attach(
         cols: opt("cols").and_then(|v| v.parse().ok()).unwrap_or(80),
         rows: opt("rows").and_then(|v| v.parse().ok()).unwrap_or(24),
     };
-    let user = match run_as(&alloc, ctx.cfg.unknown_user) {
+    let user = match crate::policy::resolve(&ctx, &alloc).await {
         Ok(u) => u,
-        Err(why) => return refuse(StatusCode::CONFLICT, why),
+        Err(why) => return refuse(StatusCode::FORBIDDEN, why.message),
     };
     let mut env = workload_env(&ctx, &alloc, &rec, user.as_ref());
     env.insert("LATTICE_ATTACHED".into(), "1".into());
@@ -149,7 +152,7 @@ pub async fn attach(
         env,
         cwd: workload_cwd(&alloc, &rec),
         user,
-        cgroup: rec.cgroup.clone(),
+        cgroups: rec.cgroup_dirs(),
         tty: ticket.tty.then_some(size),
         stdin: ticket.stdin,
     };
@@ -238,7 +241,7 @@ struct SessionSpec {
     env: BTreeMap<String, String>,
     cwd: PathBuf,
     user: Option<RunAs>,
-    cgroup: Option<PathBuf>,
+    cgroups: Vec<PathBuf>,
     tty: Option<TerminalSize>,
     stdin: bool,
 }
@@ -293,10 +296,7 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
         .env_clear()
         .envs(&spec.env)
         .kill_on_drop(false);
-    let procs = match &spec.cgroup {
-        Some(c) => Some(c_path(&c.join("cgroup.procs"))?),
-        None => None,
-    };
+    let procs = crate::cgroup::procs_files(&spec.cgroups)?;
     let cwd = c_path(&spec.cwd)?;
     let ids = spec.user.as_ref().map(|u| (u.uid, u.gid));
     let groups: Vec<libc::gid_t> = spec
@@ -348,20 +348,9 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
             if tty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // The run's cgroup (its limits, and it ends with the run): a session outside
-            // it is refused rather than left unbounded.
-            if let Some(p) = &procs {
-                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let wrote = libc::write(fd, b"0".as_ptr().cast(), 1);
-                let e = std::io::Error::last_os_error();
-                libc::close(fd);
-                if wrote != 1 {
-                    return Err(e);
-                }
-            }
+            // The run's cgroups (its limits, and they end with the run): a session
+            // outside them is refused rather than left unbounded.
+            crate::cgroup::join(&procs)?;
             if let Some((uid, gid)) = ids {
                 if libc::setgroups(groups.len(), groups.as_ptr()) < 0
                     || libc::setgid(gid) < 0
@@ -622,6 +611,16 @@ async fn session(ctx: Arc<Ctx>, rec: TaskRecord, spec: SessionSpec, sock: WebSoc
                 // Whatever the command left running in its session goes with it (as
                 // when a terminal closes); its output drains first.
                 hang_up(pgid);
+                // Killed because the run ended (its cgroups are emptied with it): say
+                // so, rather than pass the kill on as the command's own doing.
+                if std::os::unix::process::ExitStatusExt::signal(&st).is_some()
+                    && running(&ctx, &rec.uid).is_none()
+                {
+                    break Some(AttachStatus {
+                        error: Some(format!("allocation {}/{} stopped running on this node", rec.namespace, rec.name)),
+                        ..Default::default()
+                    });
+                }
                 if !output_open {
                     break Some(exit_status(st));
                 }

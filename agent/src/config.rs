@@ -98,9 +98,16 @@ pub struct AgentArgs {
     pub slurm_env: bool,
     /// An allocation whose user (`lattice.dev/user`) has no account on this node, when the
     /// agent runs as root: `refuse` it (it fails, saying so) or run it as the `agent`'s own
-    /// user (single-user dev clusters such as `lattice up`).
+    /// user (single-user dev clusters such as `lattice up`) — for a root agent that is
+    /// root, which the --min-uid rule allows only where the tenant's
+    /// spec.runAs.allowUsers lists "root".
     #[arg(long, value_enum, default_value_t = UnknownUser::Refuse)]
     pub unknown_user: UnknownUser,
+    /// Lowest uid a job may run as. Jobs as uid 0, or below this (system and service
+    /// accounts), run only when the allocation's Tenant lists the account in
+    /// spec.runAs.allowUsers.
+    #[arg(long, default_value_t = 1000, value_name = "UID")]
+    pub min_uid: u32,
     /// The API URL commands inside jobs use (`LATTICE_API_URL` in workloads) [default:
     /// --api-url].
     #[arg(long, value_name = "URL")]
@@ -112,10 +119,34 @@ pub struct AgentArgs {
     /// Bytes of live log tail kept in memory per allocation.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     pub log_buffer_bytes: usize,
-    /// cgroup v2 mount under which `lattice/<node>/<uid>-<attempt>` groups are made
-    /// (skipped silently when it is not a writable cgroup v2); `off` disables cgroups.
-    #[arg(long, default_value = "/sys/fs/cgroup")]
-    pub cgroup_root: String,
+    /// Where the cgroup hierarchies are mounted (cgroup v2, v1 or both); each run gets
+    /// `lattice/<node>/<instance>/<uid>-<attempt>` groups in them, limited to the node's
+    /// allocatable share.
+    #[arg(long, default_value = crate::cgroup::DEFAULT_ROOT, value_name = "DIR")]
+    pub cgroup_root: PathBuf,
+    /// Run workloads without cgroups: no memory, CPU, pids or device limits (for a
+    /// laptop; warned at start). Without it the agent refuses to start where it cannot
+    /// use cgroups.
+    #[arg(long)]
+    pub no_cgroups: bool,
+    /// What allocations may not use of the node, kept for the system:
+    /// `memory=<bytes>[Ki|Mi|Gi|Ti|K|M|G|T],cpu=<cores or millicores>,pids=<n>`, e.g.
+    /// `memory=2Gi,cpu=1,pids=1024`. Each allocation is limited to the node's capacity
+    /// less this.
+    #[arg(long, default_value = "", value_name = "LIST")]
+    pub system_reserved: String,
+    /// The node's capacity in processes and threads, before --system-reserved [default:
+    /// the kernel's pid_max or threads-max, whichever is lower].
+    #[arg(long, value_name = "N")]
+    pub max_pids: Option<u64>,
+    /// This node's GPUs among the GPU device nodes found in --device-dir (`nvidiaN`,
+    /// `dri/renderD<128+N>`): `all`, `none`, or indexes such as `0,1` (several nodes on
+    /// one machine). Jobs cannot open the others.
+    #[arg(long, default_value = "all", value_name = "all|none|LIST")]
+    pub gpu_devices: String,
+    /// Where GPU device nodes are looked for.
+    #[arg(long, default_value = "/dev", value_name = "DIR")]
+    pub device_dir: PathBuf,
 }
 
 /// Flags of `lattice-agent shim`.
@@ -127,9 +158,14 @@ pub struct ShimArgs {
     /// Working directory of the workload.
     #[arg(long)]
     pub cwd: PathBuf,
-    /// cgroup directory to join before starting the workload.
+    /// cgroup directories the workload joins before it starts (one per hierarchy).
     #[arg(long)]
-    pub cgroup: Option<PathBuf>,
+    pub cgroup: Vec<PathBuf>,
+    /// Descriptor holding the workload's environment (`KEY=VALUE\0...`), which the shim
+    /// applies to the workload only, after the drop to the user. The shim's own
+    /// environment is the agent's fixed one.
+    #[arg(long)]
+    pub env_fd: Option<i32>,
     /// Run the workload as this uid (needs root).
     #[arg(long, requires = "gid")]
     pub uid: Option<u32>,
@@ -205,8 +241,20 @@ pub struct Config {
     pub lattice_cli: Option<PathBuf>,
     /// `--log-buffer-bytes`.
     pub log_buffer_bytes: usize,
-    /// `--cgroup-root` (`None`: off).
-    pub cgroup_root: Option<PathBuf>,
+    /// `--min-uid`.
+    pub min_uid: u32,
+    /// `--cgroup-root`.
+    pub cgroup_root: PathBuf,
+    /// `--no-cgroups`.
+    pub no_cgroups: bool,
+    /// `--system-reserved`.
+    pub system_reserved: crate::cgroup::limits::SystemReserved,
+    /// `--max-pids`.
+    pub max_pids: Option<u64>,
+    /// `--gpu-devices`.
+    pub gpu_devices: crate::cgroup::devices::GpuSelection,
+    /// `--device-dir`.
+    pub device_dir: PathBuf,
 }
 
 impl Config {
@@ -244,10 +292,22 @@ impl Config {
         if a.log_buffer_bytes < 1024 {
             anyhow::bail!("--log-buffer-bytes must be at least 1024");
         }
-        let cgroup_root = match a.cgroup_root.as_str() {
-            "off" | "" => None,
-            p => Some(PathBuf::from(p)),
-        };
+        if matches!(a.cgroup_root.to_str(), Some("off" | "")) {
+            anyhow::bail!(
+                "--cgroup-root off no longer turns cgroups off: it names where the hierarchies are mounted; pass --no-cgroups to run workloads without limits"
+            );
+        }
+        let system_reserved = a
+            .system_reserved
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--system-reserved: {e}"))?;
+        let gpu_devices = a
+            .gpu_devices
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--gpu-devices: {e}"))?;
+        if a.max_pids == Some(0) {
+            anyhow::bail!("--max-pids must be more than 0");
+        }
         Ok(Self {
             node,
             api_url: a.api_url,
@@ -284,7 +344,13 @@ impl Config {
                     .filter(|p| p.is_file()),
             },
             log_buffer_bytes: a.log_buffer_bytes,
-            cgroup_root,
+            min_uid: a.min_uid,
+            cgroup_root: a.cgroup_root,
+            no_cgroups: a.no_cgroups,
+            system_reserved,
+            max_pids: a.max_pids,
+            gpu_devices,
+            device_dir: a.device_dir,
         })
     }
 
@@ -337,6 +403,37 @@ mod tests {
         assert_eq!(c.heartbeat_interval, Duration::from_millis(500));
         assert_eq!(c.features, vec!["a", "b"]);
         assert!(Cli::try_parse_from(["lattice-agent", "--state-dir", "/x"]).is_err());
+        assert_eq!(c.min_uid, 1000);
+        assert!(!c.no_cgroups);
+        assert_eq!(c.cgroup_root, PathBuf::from("/sys/fs/cgroup"));
+        assert_eq!(c.system_reserved, Default::default());
+
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["lattice-agent", "--node-id", "n1", "--state-dir", "/x"];
+            args.extend_from_slice(extra);
+            Config::from_args(Cli::try_parse_from(args).unwrap().agent)
+        };
+        let c = parse(&[
+            "--system-reserved",
+            "memory=2Gi,cpu=1,pids=1024",
+            "--gpu-devices",
+            "0,1",
+            "--min-uid",
+            "500",
+            "--no-cgroups",
+        ])
+        .unwrap();
+        assert_eq!(c.system_reserved.memory, 2 << 30);
+        assert!(c.gpu_devices.contains(1) && !c.gpu_devices.contains(2));
+        assert_eq!(c.min_uid, 500);
+        assert!(c.no_cgroups);
+        let e = parse(&["--cgroup-root", "off"]).unwrap_err().to_string();
+        assert!(e.contains("--no-cgroups"), "{e}");
+        let e = parse(&["--system-reserved", "memory=lots"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--system-reserved: memory="), "{e}");
+        assert!(parse(&["--gpu-devices", "first"]).is_err());
 
         let cli = Cli::try_parse_from([
             "lattice-agent",

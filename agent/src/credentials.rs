@@ -2,7 +2,8 @@
 //! run `srun`, `sbatch` or `squeue` without logging in: before a run starts the agent
 //! asks the API server for a job token (`POST /v1/allocations/{id}/token?uid=`, see
 //! `apis/server/src/job_token.rs`) and writes, in `<run dir>/creds/` (the agent's own
-//! directory, so the user can replace nothing in it while root writes):
+//! directory, so the user can replace nothing in it while root writes; every file is
+//! created through the directory's descriptor, see [`crate::files`]):
 //!
 //! * `token` (mode 0600, the user's): the token. None with authentication off, and none
 //!   when the work would run as the agent's user for someone else (a root agent without
@@ -20,7 +21,6 @@
 //! commands get the API's 401, which says why).
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -28,6 +28,7 @@ use lattice_apis::Allocation;
 
 use crate::agent::Ctx;
 use crate::config::{Config, UnknownUser};
+use crate::files::Dir;
 use crate::runtime::RunAs;
 
 /// Under the run's directory.
@@ -66,33 +67,6 @@ pub fn wrapper(cli: &Path, command: &str) -> String {
     }
 }
 
-/// A fresh file (never through a link), given to `owner` by its descriptor.
-fn write_new(path: &Path, text: &str, mode: u32, owner: Option<&RunAs>) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    // A leftover of an earlier try: ours, in our directory.
-    let _ = std::fs::remove_file(path);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(path)?;
-    f.write_all(text.as_bytes())?;
-    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-    if let Some(u) = owner {
-        std::os::unix::fs::fchown(&f, Some(u.uid), Some(u.gid))?;
-    }
-    Ok(())
-}
-
-/// The agent's directory, readable and searchable by everyone (the token file itself is
-/// the user's alone).
-fn mkdir_shared(path: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
-}
-
 /// Ask the API server for the allocation's job token; `Ok(None)` with authentication off.
 async fn request_token(ctx: &Ctx, alloc: &Allocation) -> Result<Option<String>, String> {
     let url = ctx.api.url(&format!(
@@ -121,14 +95,17 @@ fn may_hold_token(cfg: &Config, user: Option<&RunAs>) -> bool {
     user.is_some() || cfg.unknown_user == UnknownUser::Agent || !nix::unistd::geteuid().is_root()
 }
 
-/// Write the run's token and command wrappers (see the module docs).
-pub async fn prepare(ctx: &Ctx, alloc: &Allocation, run_dir: &Path, user: Option<&RunAs>) {
+/// Write the run's token and command wrappers (see the module docs) in `run_dir`.
+pub async fn prepare(ctx: &Ctx, alloc: &Allocation, run_dir: &Dir, user: Option<&RunAs>) {
     let name = alloc.metadata.name_str();
-    let dir = dir(run_dir);
-    if let Err(e) = mkdir_shared(&dir) {
-        tracing::warn!(allocation = %name, dir = %dir.display(), error = %e, "cannot make the job's credentials directory");
-        return;
-    }
+    // Readable and searchable by everyone: the token file itself is the user's alone.
+    let creds = match run_dir.ensure_dir(DIR, 0o755) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(allocation = %name, dir = %run_dir.join(DIR).display(), error = %e, "cannot make the job's credentials directory");
+            return;
+        }
+    };
     let named = alloc
         .metadata
         .annotations
@@ -136,7 +113,8 @@ pub async fn prepare(ctx: &Ctx, alloc: &Allocation, run_dir: &Path, user: Option
     if named && may_hold_token(&ctx.cfg, user) {
         match request_token(ctx, alloc).await {
             Ok(Some(t)) => {
-                if let Err(e) = write_new(&token_path(run_dir), &t, 0o600, user) {
+                let owner = user.map(|u| (u.uid, u.gid));
+                if let Err(e) = creds.write_new("token", t.as_bytes(), 0o600, owner) {
                     tracing::warn!(allocation = %name, error = %e, "cannot write the job token");
                 }
             }
@@ -149,11 +127,10 @@ pub async fn prepare(ctx: &Ctx, alloc: &Allocation, run_dir: &Path, user: Option
     let Some(cli) = &ctx.cfg.lattice_cli else {
         return;
     };
-    let bin = bin_dir(run_dir);
-    let made = mkdir_shared(&bin).and_then(|()| {
+    let made = creds.ensure_dir("bin", 0o755).and_then(|bin| {
         COMMANDS
             .iter()
-            .try_for_each(|c| write_new(&bin.join(c), &wrapper(cli, c), 0o755, None))
+            .try_for_each(|c| bin.write_new(c, wrapper(cli, c).as_bytes(), 0o755, None))
     });
     if let Err(e) = made {
         tracing::warn!(allocation = %name, error = %e, "cannot write the job's command wrappers");

@@ -5,9 +5,13 @@
 //!
 //! * registers the node ([`registration`]) with its hardware ([`discovery`]) and keeps
 //!   a heartbeat stream open to the API server ([`heartbeat`]);
-//! * runs the allocations bound to the node as process groups under a small shim
-//!   ([`runtime`], [`shim`], [`supervisor`]), with the seed's environment ([`env`]),
-//!   enforcing walltime and stopping them when `lifecycle::should_run` says so;
+//! * runs the allocations bound to the node — only those its `Node`'s ownership names
+//!   ([`binding`]), only as an allowed account ([`policy`]) — as process groups under a
+//!   small shim ([`runtime`], [`shim`], [`supervisor`]), with the seed's environment
+//!   ([`env`]) applied only after the drop to the user, in cgroups limited to the node's
+//!   allocatable share ([`cgroup`]), with job files made through directory descriptors
+//!   ([`files`]), enforcing walltime and stopping them when `lifecycle::should_run` says
+//!   so;
 //! * reports each run through `lifecycle::record_node_state` ([`reporter`]) — the
 //!   contract of `docs/adr/002-allocation-execution.md`;
 //! * captures, keeps and serves their logs ([`logs`], [`server`]);
@@ -28,15 +32,18 @@
 
 pub mod agent;
 pub mod attach;
+pub mod binding;
 pub mod cgroup;
 pub mod config;
 pub mod credentials;
 pub mod discovery;
 pub mod env;
+pub mod files;
 pub mod heartbeat;
 pub mod identity;
 pub mod logs;
 pub mod metrics;
+pub mod policy;
 pub mod registration;
 pub mod reporter;
 pub mod runtime;

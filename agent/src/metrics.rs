@@ -2,6 +2,7 @@
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
@@ -28,6 +29,11 @@ pub struct Metrics {
     pub workloads_start_failed: Counter,
     /// Workloads supervised now.
     pub workloads_running: Gauge,
+    /// Runs refused before anything started, by node reason (`NotBound`,
+    /// `NotPermitted`, `StartFailed`).
+    pub workloads_refused: Family<Vec<(String, String)>, Counter>,
+    /// Runs that ended with a process killed at the memory limit.
+    pub workloads_oom_killed: Counter,
     /// `lattice attach` sessions started.
     pub attach_sessions: Counter,
     /// `lattice attach` sessions open now.
@@ -55,6 +61,8 @@ impl Metrics {
             workloads_started: Counter::default(),
             workloads_start_failed: Counter::default(),
             workloads_running: Gauge::default(),
+            workloads_refused: Family::default(),
+            workloads_oom_killed: Counter::default(),
             attach_sessions: Counter::default(),
             attach_sessions_open: Gauge::default(),
         };
@@ -104,6 +112,16 @@ impl Metrics {
             m.workloads_running.clone(),
         );
         registry.register(
+            "workloads_refused",
+            "Runs refused before anything started, by node reason",
+            m.workloads_refused.clone(),
+        );
+        registry.register(
+            "workloads_oom_killed",
+            "Runs that ended with a process killed at the memory limit",
+            m.workloads_oom_killed.clone(),
+        );
+        registry.register(
             "attach_sessions",
             "lattice attach sessions started",
             m.attach_sessions.clone(),
@@ -142,5 +160,13 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("lattice_agent_workloads_running 0"), "{text}");
+        m.workloads_refused
+            .get_or_create(&vec![("reason".into(), "NotBound".into())])
+            .inc();
+        let text = m.encode();
+        assert!(
+            text.contains("lattice_agent_workloads_refused_total{reason=\"NotBound\"} 1"),
+            "{text}"
+        );
     }
 }

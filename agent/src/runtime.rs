@@ -18,6 +18,13 @@ use crate::shim::{self, ExitRecord, PidRecord};
 
 /// How long a shim may take to start the workload.
 const START_LIMIT: Duration = Duration::from_secs(30);
+/// The shim's whole environment. It runs as root until it starts the workload, so it
+/// gets nothing of the user's (no `LD_PRELOAD`, `LD_LIBRARY_PATH`, `GCONV_PATH`, ...)
+/// and nothing of the agent's: the workload's environment reaches it on a descriptor
+/// ([`ENV_FD`]) and is applied to the workload's exec only, after the drop to the user.
+pub const SHIM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The descriptor number the shim finds the workload's environment on.
+pub const ENV_FD: i32 = 3;
 
 /// A local user to run as.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,7 +48,7 @@ pub struct LaunchSpec {
     pub program: String,
     /// Its arguments, passed exactly.
     pub args: Vec<String>,
-    /// The complete environment.
+    /// The workload's complete environment (never the shim's).
     pub env: BTreeMap<String, String>,
     /// Working directory.
     pub cwd: PathBuf,
@@ -49,8 +56,62 @@ pub struct LaunchSpec {
     pub run_as: Option<RunAs>,
     /// The run directory (pid and exit files, log spools).
     pub run_dir: PathBuf,
-    /// cgroup to put the workload in.
-    pub cgroup: Option<PathBuf>,
+    /// cgroups to put the workload in (one per hierarchy; none with `--no-cgroups`).
+    pub cgroups: Vec<PathBuf>,
+}
+
+/// The workload environment as the shim reads it: `KEY=VALUE` entries, each ended by a
+/// NUL byte (as `/proc/<pid>/environ`). A name must be non-empty without `=` or NUL; a
+/// value without NUL.
+pub fn encode_env(env: &BTreeMap<String, String>) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    for (k, v) in env {
+        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+            return Err(format!(
+                "environment variable {:?} cannot be passed to a program (an empty name, or '=' or a NUL byte where none may be)",
+                k.replace('\0', "\\0")
+            ));
+        }
+        out.extend_from_slice(k.as_bytes());
+        out.push(b'=');
+        out.extend_from_slice(v.as_bytes());
+        out.push(0);
+    }
+    Ok(out)
+}
+
+/// The inverse of [`encode_env`] (malformed entries are skipped).
+pub fn decode_env(bytes: &[u8]) -> Vec<(String, String)> {
+    bytes
+        .split(|b| *b == 0)
+        .filter_map(|e| {
+            let e = std::str::from_utf8(e).ok()?;
+            let (k, v) = e.split_once('=')?;
+            (!k.is_empty()).then(|| (k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// `bytes` on an anonymous memory file (close-on-exec, at a descriptor above 2), for a
+/// child to inherit at a fixed number. Nothing else can reach it.
+fn memfd_with(bytes: &[u8]) -> std::io::Result<std::os::fd::OwnedFd> {
+    use nix::libc;
+    use std::io::Write;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: memfd_create with a valid name; the descriptor is owned below.
+    let fd = unsafe { libc::memfd_create(c"lattice-env".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    f.write_all(bytes)?;
+    // Never 0-2 (a child's stdio would replace it before it is moved to ENV_FD).
+    // SAFETY: F_DUPFD_CLOEXEC on our descriptor; the new one is owned below.
+    let high = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if high < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(unsafe { OwnedFd::from_raw_fd(high) })
 }
 
 /// A started workload.
@@ -97,24 +158,24 @@ impl BareProcess {
 #[async_trait]
 impl ProcessRuntime for BareProcess {
     async fn launch(&self, spec: &LaunchSpec) -> Result<Launched, String> {
-        std::fs::create_dir_all(&spec.run_dir)
-            .map_err(|e| format!("cannot create {}: {e}", spec.run_dir.display()))?;
         let log_path = spec.run_dir.join(shim::SHIM_LOG);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
+        let log = crate::files::Dir::open(&spec.run_dir)
+            .and_then(|d| d.append(shim::SHIM_LOG, 0o600))
             .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
         let log2 = log
             .try_clone()
             .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        let env = memfd_with(&encode_env(&spec.env)?)
+            .map_err(|e| format!("cannot pass the environment to the shim: {e}"))?;
         let mut cmd = tokio::process::Command::new(&self.shim_exe);
         cmd.arg("shim")
             .arg("--run-dir")
             .arg(&spec.run_dir)
             .arg("--cwd")
-            .arg(&spec.cwd);
-        if let Some(cg) = &spec.cgroup {
+            .arg(&spec.cwd)
+            .arg("--env-fd")
+            .arg(ENV_FD.to_string());
+        for cg in &spec.cgroups {
             cmd.arg("--cgroup").arg(cg);
         }
         if let Some(u) = &spec.run_as {
@@ -131,14 +192,26 @@ impl ProcessRuntime for BareProcess {
             .arg(&spec.program)
             .args(&spec.args)
             .env_clear()
-            .envs(&spec.env)
+            .env("PATH", SHIM_PATH)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log2))
             .kill_on_drop(false);
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", self.shim_exe.display()))?;
+        let env_raw = std::os::fd::AsRawFd::as_raw_fd(&env);
+        // SAFETY: dup2(2) only, between fork and exec. dup2 gives the copy at ENV_FD no
+        // close-on-exec flag, so the shim inherits exactly that descriptor.
+        unsafe {
+            cmd.pre_exec(move || {
+                if nix::libc::dup2(env_raw, ENV_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let spawned = cmd.spawn();
+        drop(env);
+        let mut child =
+            spawned.map_err(|e| format!("cannot run {}: {e}", self.shim_exe.display()))?;
         let shim_pid = child.id().unwrap_or_default();
         let start = Instant::now();
         loop {
@@ -289,6 +362,23 @@ mod tests {
         assert_eq!(parse_signal("usr2"), Some(Signal::SIGUSR2));
         assert_eq!(parse_signal("15"), Some(Signal::SIGTERM));
         assert_eq!(parse_signal("SIGNOPE"), None);
+    }
+
+    #[test]
+    fn environments_round_trip_and_refuse_what_exec_cannot_carry() {
+        let env = BTreeMap::from([
+            ("A".to_string(), "1=2".to_string()),
+            ("EMPTY".to_string(), String::new()),
+            ("LD_PRELOAD".to_string(), "/x.so".to_string()),
+        ]);
+        let bytes = encode_env(&env).unwrap();
+        assert_eq!(bytes, b"A=1=2\0EMPTY=\0LD_PRELOAD=/x.so\0");
+        let back: BTreeMap<String, String> = decode_env(&bytes).into_iter().collect();
+        assert_eq!(back, env);
+        for (k, v) in [("", "x"), ("A=B", "x"), ("A\0", "x"), ("A", "x\0y")] {
+            let bad = BTreeMap::from([(k.to_string(), v.to_string())]);
+            assert!(encode_env(&bad).is_err(), "{k:?}={v:?}");
+        }
     }
 
     #[test]

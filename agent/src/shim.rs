@@ -3,11 +3,15 @@
 //! The agent execs itself as `lattice-agent shim --run-dir D --cwd C -- CMD ARGS`. The
 //! shim
 //!
-//! 1. leaves the agent's session (`setsid`), joins the run's cgroup if any, and becomes
-//!    a child subreaper, so every orphaned descendant of the workload is reparented to
-//!    it and reaped by it;
+//! 1. leaves the agent's session (`setsid`) and becomes a child subreaper, so every
+//!    orphaned descendant of the workload is reparented to it and reaped by it;
 //! 2. starts the workload in a new process group (pgid = its pid) with its stdout and
-//!    stderr on pipes, and records `{shimPid, pid, startTime}` in `D/pid.json`;
+//!    stderr on pipes — between fork and exec the child joins the run's cgroups, drops
+//!    to the user (groups, gid, uid) and enters the working directory as the user; the
+//!    workload's environment, read from the descriptor the agent passed
+//!    (`--env-fd`), is applied to that exec only: the shim's own environment is the
+//!    agent's fixed one, so nothing of the user's (`LD_PRELOAD`, ...) reaches a root
+//!    process — and records `{shimPid, pid, startTime}` in `D/pid.json`;
 //! 3. copies the pipes into the spools `D/stdout.spool` and `D/stderr.spool` as
 //!    timestamped line frames ([`crate::logs::spool`]);
 //! 4. waits for the workload; once it exits, SIGKILLs what is left of its process
@@ -36,8 +40,8 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ShimArgs;
+use crate::files::Dir;
 use crate::logs::spool::{LineAssembler, SpoolWriter, PARTIAL_FLUSH};
-use crate::state::write_atomic;
 
 /// `pid.json` in the run directory.
 pub const PID_FILE: &str = "pid.json";
@@ -95,15 +99,40 @@ pub fn read_exit(run_dir: &Path) -> Option<ExitRecord> {
     serde_json::from_slice(&std::fs::read(run_dir.join(EXIT_FILE)).ok()?).ok()
 }
 
-fn write_json<T: Serialize>(path: &Path, v: &T) {
+/// Write `v` as `name` in the run directory, atomically (through its descriptor).
+fn write_json<T: Serialize>(dir: Option<&Dir>, name: &str, v: &T) {
+    let Some(dir) = dir else {
+        eprintln!("lattice shim: no run directory for {name}");
+        return;
+    };
     match serde_json::to_vec(v) {
         Ok(b) => {
-            if let Err(e) = write_atomic(path, &b) {
-                eprintln!("lattice shim: cannot write {}: {e}", path.display());
+            if let Err(e) = dir.write_atomic(name, &b, 0o600) {
+                eprintln!(
+                    "lattice shim: cannot write {}: {e}",
+                    dir.join(name).display()
+                );
             }
         }
-        Err(e) => eprintln!("lattice shim: cannot encode {}: {e}", path.display()),
+        Err(e) => eprintln!("lattice shim: cannot encode {name}: {e}"),
     }
+}
+
+/// The workload's environment from the descriptor the agent passed (then closed).
+fn read_env(fd: i32) -> std::io::Result<Vec<(String, String)>> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::fd::FromRawFd;
+    if fd <= 2 {
+        return Err(std::io::Error::other(format!(
+            "--env-fd {fd} is a standard stream"
+        )));
+    }
+    // SAFETY: the agent passed this descriptor for us alone; the File closes it.
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    f.seek(SeekFrom::Start(0))?;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)?;
+    Ok(crate::runtime::decode_env(&bytes))
 }
 
 /// Run the shim; returns the process exit code.
@@ -112,19 +141,47 @@ pub fn run(args: ShimArgs) -> i32 {
     if let Err(e) = nix::unistd::setsid() {
         eprintln!("lattice shim: setsid: {e}");
     }
-    if let Some(cg) = &args.cgroup {
-        // Best effort: the workload inherits the cgroup from us.
-        if let Err(e) = std::fs::write(cg.join("cgroup.procs"), "0") {
-            eprintln!("lattice shim: cannot join cgroup {}: {e}", cg.display());
-        }
-    }
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
         eprintln!("lattice shim: cannot become a child subreaper: {e}");
     }
-    let exit_path = args.run_dir.join(EXIT_FILE);
+    let dir = match Dir::open(&args.run_dir) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("lattice shim: cannot open {}: {e}", args.run_dir.display());
+            None
+        }
+    };
+    let dir = dir.as_ref();
+    let fail = |why: String| {
+        write_json(
+            dir,
+            EXIT_FILE,
+            &ExitRecord {
+                exit_code: None,
+                signal: None,
+                start_error: Some(why),
+                end_time: Utc::now(),
+            },
+        );
+    };
+    let env = match args.env_fd.map(read_env).transpose() {
+        Ok(env) => env,
+        Err(e) => {
+            fail(format!("cannot read the workload's environment: {e}"));
+            return 2;
+        }
+    };
+    let cgroups = match crate::cgroup::procs_files(&args.cgroup) {
+        Ok(c) => c,
+        Err(e) => {
+            fail(format!("cannot use the run's cgroups: {e}"));
+            return 2;
+        }
+    };
     let Some((program, rest)) = args.command.split_first() else {
         write_json(
-            &exit_path,
+            dir,
+            EXIT_FILE,
             &ExitRecord {
                 exit_code: None,
                 signal: None,
@@ -140,6 +197,11 @@ pub fn run(args: ShimArgs) -> i32 {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    if let Some(env) = env {
+        // Applied by exec, after the drop below: the program is looked up on the
+        // workload's PATH as the user.
+        cmd.env_clear().envs(env);
+    }
     let cwd = match std::ffi::CString::new(args.cwd.as_os_str().as_encoded_bytes()) {
         Ok(c) => c,
         Err(_) => {
@@ -153,12 +215,14 @@ pub fn run(args: ShimArgs) -> i32 {
     } else {
         args.groups.clone()
     };
-    // SAFETY: only async-signal-safe system calls between fork and exec. The user's
-    // groups and ids are set here (std's `uid`/`gid` would drop the supplementary
+    // SAFETY: only async-signal-safe system calls between fork and exec. The run's
+    // cgroups are joined first, as root (a workload outside its limits is refused); the
+    // user's groups and ids are set next (std's `uid`/`gid` would drop the supplementary
     // groups), and the working directory is entered as the user, after them.
     unsafe {
         cmd.pre_exec(move || {
             crate::runtime::cloexec_inherited();
+            crate::cgroup::join(&cgroups)?;
             if let Some((uid, gid)) = ids {
                 if nix::libc::setgroups(groups.len(), groups.as_ptr()) < 0
                     || nix::libc::setgid(gid) < 0
@@ -182,7 +246,8 @@ pub fn run(args: ShimArgs) -> i32 {
                 format!("cannot start {program:?}: {e}")
             };
             write_json(
-                &exit_path,
+                dir,
+                EXIT_FILE,
                 &ExitRecord {
                     exit_code: None,
                     signal: None,
@@ -195,7 +260,8 @@ pub fn run(args: ShimArgs) -> i32 {
     };
     let pid = child.id();
     write_json(
-        &args.run_dir.join(PID_FILE),
+        dir,
+        PID_FILE,
         &PidRecord {
             shim_pid: std::process::id(),
             pid,
@@ -205,18 +271,30 @@ pub fn run(args: ShimArgs) -> i32 {
 
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut pumps = 0;
+    let spool = |name: &str| {
+        let opened = dir
+            .ok_or_else(|| std::io::Error::other("no run directory"))
+            .and_then(|d| d.append(name, 0o600));
+        match opened {
+            Ok(f) => Some(SpoolWriter::from_file(f)),
+            Err(e) => {
+                eprintln!("lattice shim: cannot open {name}: {e}");
+                None
+            }
+        }
+    };
     if let Some(out) = child.stdout.take() {
         pumps += 1;
-        spawn_pump(out, args.run_dir.join(STDOUT_SPOOL), done_tx.clone());
+        spawn_pump(out, spool(STDOUT_SPOOL), done_tx.clone());
     }
     if let Some(err) = child.stderr.take() {
         pumps += 1;
-        spawn_pump(err, args.run_dir.join(STDERR_SPOOL), done_tx.clone());
+        spawn_pump(err, spool(STDERR_SPOOL), done_tx.clone());
     }
     drop(done_tx);
 
     let (exit_code, signal) = wait_for(pid);
-    kill_the_rest(pid, args.cgroup.as_deref());
+    kill_the_rest(pid, &args.cgroup);
 
     // The group is gone: the pipes close unless a process that left the group holds them.
     let deadline = Instant::now() + DRAIN;
@@ -228,7 +306,8 @@ pub fn run(args: ShimArgs) -> i32 {
         }
     }
     write_json(
-        &exit_path,
+        dir,
+        EXIT_FILE,
         &ExitRecord {
             exit_code,
             signal,
@@ -257,12 +336,13 @@ fn wait_for(pid: u32) -> (Option<i32>, Option<i32>) {
 
 /// SIGKILL whatever is left of the process group (and cgroup) and reap it, until
 /// nothing of it remains.
-fn kill_the_rest(pgid: u32, cgroup: Option<&Path>) {
+fn kill_the_rest(pgid: u32, cgroups: &[PathBuf]) {
     let group = Pid::from_raw(-(pgid as i32));
     let start = Instant::now();
     loop {
         let _ = kill(group, Signal::SIGKILL);
-        if let Some(cg) = cgroup {
+        if let Some(cg) = cgroups.first() {
+            // Every group of the run has the same members.
             kill_cgroup_members(cg);
         }
         // Reap every child that has exited (orphans come to us: we are a subreaper).
@@ -295,22 +375,19 @@ fn kill_cgroup_members(cg: &Path) {
     }
 }
 
-fn spawn_pump<R: Read + AsFd + Send + 'static>(src: R, spool: PathBuf, done: mpsc::Sender<()>) {
+fn spawn_pump<R: Read + AsFd + Send + 'static>(
+    src: R,
+    spool: Option<SpoolWriter>,
+    done: mpsc::Sender<()>,
+) {
     std::thread::spawn(move || {
-        pump(src, &spool);
+        pump(src, spool);
         let _ = done.send(());
     });
 }
 
-/// Copy one pipe into its spool as line frames until EOF.
-fn pump<R: Read + AsFd>(mut src: R, spool: &Path) {
-    let mut out = match SpoolWriter::open(spool) {
-        Ok(w) => Some(w),
-        Err(e) => {
-            eprintln!("lattice shim: cannot open {}: {e}", spool.display());
-            None
-        }
-    };
+/// Copy one pipe into its spool as line frames until EOF (without a spool, drain it).
+fn pump<R: Read + AsFd>(mut src: R, mut out: Option<SpoolWriter>) {
     let mut asm = LineAssembler::default();
     let mut buf = vec![0u8; 64 * 1024];
     let mut frames = Vec::new();
@@ -344,7 +421,7 @@ fn pump<R: Read + AsFd>(mut src: R, spool: &Path) {
         }
         if let Some(w) = out.as_mut() {
             if let Err(e) = w.write(&frames) {
-                eprintln!("lattice shim: writing {}: {e}", spool.display());
+                eprintln!("lattice shim: writing a spool: {e}");
             }
         }
         frames.clear();

@@ -73,7 +73,10 @@ pub struct TaskRecord {
     pub scratch_dir: PathBuf,
     /// `<state-dir>/run/<uid>-<attempt>`: pid file, exit file, log spools.
     pub run_dir: PathBuf,
-    /// The cgroup, when one could be made.
+    /// The run's cgroups, one per hierarchy (none with `--no-cgroups`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cgroups: Vec<PathBuf>,
+    /// The one cgroup v2 group of a run recorded by an older agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<PathBuf>,
     /// `<state-dir>/logs/<namespace>/<name>/<attempt>`.
@@ -81,6 +84,15 @@ pub struct TaskRecord {
     /// Why the agent is stopping it (a node reason), once it decided to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
+}
+
+impl TaskRecord {
+    /// Every cgroup of the run (older records name one).
+    pub fn cgroup_dirs(&self) -> Vec<PathBuf> {
+        let mut v = self.cgroups.clone();
+        v.extend(self.cgroup.clone());
+        v
+    }
 }
 
 /// A report the API has not acknowledged yet.
@@ -219,7 +231,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .unwrap_or_else(|| "state".into());
     let tmp = dir.join(format!(".{file_name}.tmp.{}", std::process::id()));
     {
-        let mut f = std::fs::File::create(&tmp)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        // A fresh file, the agent's alone, never through a link.
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
     }

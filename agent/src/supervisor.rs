@@ -21,18 +21,18 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
 use crate::agent::{Ctx, SettleGuard};
+use crate::binding::{self, Check};
 use crate::cgroup::Cgroups;
-use crate::config::UnknownUser;
 use crate::env::{self, EnvInputs};
+use crate::files::Dir;
 use crate::logs::spool::{Frame, SpoolReader};
 use crate::logs::{LogHub, LogKey, Stream};
+use crate::policy::Refusal;
 use crate::runtime::{LaunchSpec, RunAs};
 use crate::shim::{ExitRecord, STDERR_SPOOL, STDOUT_SPOOL};
 use crate::state::{TaskKey, TaskRecord};
 
-/// Annotation naming the local user to run as (honoured when the agent runs as root).
-pub const USER_ANNOTATION: &str = "lattice.dev/user";
-/// File name of an inline script in the scratch directory.
+/// File name of an inline script in the run directory (the agent's, not the user's).
 pub const SCRIPT_FILE: &str = "lattice-script";
 /// How often a run is looked at (exit, output, walltime, escalation).
 const TICK: Duration = Duration::from_millis(100);
@@ -57,6 +57,8 @@ pub enum Exit {
     ShimDied(String),
     /// Gone while the agent was down, without a record.
     Lost,
+    /// Never started: the agent refused it (reason and message).
+    Refused(Refusal),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,10 +71,12 @@ enum StopPhase {
     Killed,
 }
 
-/// The final report for a run.
+/// The final report for a run. `oom`: the kernel's OOM killer ended a process of it,
+/// at this memory limit.
 pub fn final_report(
     exit: &Exit,
     stop_reason: Option<&str>,
+    oom: Option<&str>,
     attempt: u32,
     pid: Option<u32>,
     start_time: Option<Time>,
@@ -115,6 +119,14 @@ pub fn final_report(
                 r.message = Some(format!("stopped by the agent ({s}); {how}"));
                 return r;
             }
+            if let (Some(limit), false) = (oom, x.exit_code == Some(0)) {
+                r.reason = Some(node_reason::OUT_OF_MEMORY.into());
+                r.message = Some(format!(
+                    "the kernel's OOM killer ended a process at the allocation's memory limit of \
+                     {limit} (this node's capacity less --system-reserved); {how}"
+                ));
+                return r;
+            }
             match (x.exit_code, x.signal) {
                 (Some(0), _) => {
                     r.phase = NodeTaskPhase::Succeeded;
@@ -139,6 +151,12 @@ pub fn final_report(
             r.reason = Some(stop_reason.unwrap_or(node_reason::LOST).to_string());
             r.message = Some("process exited while the agent was down; exit status unknown".into());
         }
+        Exit::Refused(refusal) => {
+            r.reason = Some(refusal.reason.to_string());
+            r.message = Some(refusal.message.clone());
+            r.start_time = None;
+            r.pid = None;
+        }
     }
     r
 }
@@ -160,11 +178,12 @@ fn signal_name(n: i32) -> String {
 const BATCH_HOLDER: &str = "trap 'exit 0' TERM INT HUP; while :; do sleep 3600 & wait $!; done";
 
 /// The program and arguments for `alloc` on `this_node`: the script (written to the
-/// scratch dir), the entrypoint with its args (exactly, no shell), or a lone entrypoint as
-/// a `/bin/sh -c` command line; on a batch job's other nodes, a holder.
+/// run directory, the agent's own, through its descriptor), the entrypoint with its args
+/// (exactly, no shell), or a lone entrypoint as a `/bin/sh -c` command line; on a batch
+/// job's other nodes, a holder.
 pub fn command_line(
     alloc: &Allocation,
-    scratch: &Path,
+    run_dir: &Dir,
     run_as: Option<&RunAs>,
     this_node: Option<&str>,
 ) -> Result<(String, Vec<String>), String> {
@@ -177,8 +196,15 @@ pub fn command_line(
         }
     }
     if let Some(script) = &spec.script {
-        let path = scratch.join(SCRIPT_FILE);
-        write_script(&path, script, run_as)
+        let path = run_dir.join(SCRIPT_FILE);
+        // The user's to read and run (their own script), no one else's.
+        run_dir
+            .write_new(
+                SCRIPT_FILE,
+                script.as_bytes(),
+                0o700,
+                run_as.map(|u| (u.uid, u.gid)),
+            )
             .map_err(|e| format!("cannot write the script to {}: {e}", path.display()))?;
         let p = path.display().to_string();
         return Ok(if script.starts_with("#!") {
@@ -192,23 +218,6 @@ pub fn command_line(
         Some(e) => Ok(("/bin/sh".into(), vec!["-c".into(), e.clone()])),
         None => Err("the allocation has neither spec.entrypoint nor spec.script".into()),
     }
-}
-
-fn write_script(path: &Path, text: &str, run_as: Option<&RunAs>) -> std::io::Result<()> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o755)
-        .open(path)?;
-    std::io::Write::write_all(&mut f, text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
-    if let Some(u) = run_as {
-        std::os::unix::fs::chown(path, Some(u.uid), Some(u.gid))?;
-    }
-    Ok(())
 }
 
 /// The environment of `alloc`'s run `rec` (also that of `lattice attach` sessions in it).
@@ -245,48 +254,6 @@ pub fn workload_cwd(alloc: &Allocation, rec: &TaskRecord) -> std::path::PathBuf 
         .as_ref()
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| rec.scratch_dir.clone())
-}
-
-/// The local user named by [`USER_ANNOTATION`], when the agent may switch to it: `None`
-/// without the annotation or when the agent is not root; an error for a user with no
-/// account here, unless `--unknown-user=agent` runs such work as the agent's user.
-pub fn run_as(alloc: &Allocation, unknown: UnknownUser) -> Result<Option<RunAs>, String> {
-    let Some(name) = alloc.metadata.annotations.get(USER_ANNOTATION) else {
-        return Ok(None);
-    };
-    if !nix::unistd::geteuid().is_root() {
-        return Ok(None);
-    }
-    match nix::unistd::User::from_name(name) {
-        Ok(Some(u)) => {
-            let groups = std::ffi::CString::new(u.name.as_str())
-                .ok()
-                .and_then(|n| nix::unistd::getgrouplist(&n, u.gid).ok())
-                .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
-                .unwrap_or_else(|| vec![u.gid.as_raw()]);
-            Ok(Some(RunAs {
-                name: u.name,
-                uid: u.uid.as_raw(),
-                gid: u.gid.as_raw(),
-                home: u.dir,
-                groups,
-            }))
-        }
-        found => {
-            let why = match found {
-                Err(e) => format!("cannot look up user {name:?} on this node: {e}"),
-                _ => format!("user {name:?} has no account on this node"),
-            };
-            if unknown == UnknownUser::Agent {
-                tracing::warn!(user = %name, "{why}; running as the agent's user (--unknown-user=agent)");
-                return Ok(None);
-            }
-            Err(format!(
-                "{why} (metadata.annotations[\"{USER_ANNOTATION}\"]); create the account, or start \
-                 the agent with --unknown-user=agent to run such work as the agent's user"
-            ))
-        }
-    }
 }
 
 /// Runs a job step's tasks on one node: `LATTICE_LOCAL_TASKS` copies of `"$@"`, each
@@ -344,6 +311,41 @@ pub fn fan_out(
     ("/bin/sh".to_string(), wrapped)
 }
 
+/// Whether this node may start `alloc`, and as whom.
+enum Admission {
+    /// Start it, as this user (`None`: the agent's own).
+    Run(Option<RunAs>),
+    /// The allocation no longer wants this node for this attempt.
+    Stale,
+    /// Report this instead of running anything.
+    Refuse(Refusal),
+}
+
+/// The checks before anything of a run exists: the scheduler bound it here
+/// ([`binding`]), and the account it runs as is allowed ([`crate::policy`]).
+async fn admit(ctx: &Ctx, alloc: &Allocation) -> Admission {
+    match binding::verify(ctx, alloc).await {
+        Check::Bound => {}
+        Check::Stale => return Admission::Stale,
+        Check::NotBound(message) => {
+            return Admission::Refuse(Refusal {
+                reason: node_reason::NOT_BOUND,
+                message,
+            })
+        }
+        Check::Unknown(message) => {
+            return Admission::Refuse(Refusal {
+                reason: node_reason::START_FAILED,
+                message,
+            })
+        }
+    }
+    match crate::policy::resolve(ctx, alloc).await {
+        Ok(user) => Admission::Run(user),
+        Err(r) => Admission::Refuse(r),
+    }
+}
+
 /// Start a new run of `alloc` and supervise it to the end.
 pub async fn run_new(ctx: Arc<Ctx>, alloc: Arc<Allocation>, rx: watch::Receiver<AllocView>) {
     let Some(st) = alloc.status.as_ref() else {
@@ -351,9 +353,42 @@ pub async fn run_new(ctx: Arc<Ctx>, alloc: Arc<Allocation>, rx: watch::Receiver<
     };
     let uid = alloc.metadata.uid.clone().unwrap_or_default();
     let key = TaskKey::new(&uid, st.attempt);
+    let (namespace, name) = (alloc.metadata.namespace_str(), alloc.metadata.name_str());
+    let user = match admit(&ctx, &alloc).await {
+        Admission::Run(user) => user,
+        Admission::Stale => {
+            tracing::info!(allocation = %format!("{namespace}/{name}"), attempt = st.attempt, "not starting: the allocation no longer wants this node");
+            return;
+        }
+        Admission::Refuse(refusal) => {
+            ctx.metrics.workloads_start_failed.inc();
+            ctx.metrics
+                .workloads_refused
+                .get_or_create(&vec![("reason".into(), refusal.reason.into())])
+                .inc();
+            tracing::warn!(allocation = %format!("{namespace}/{name}"), attempt = st.attempt, reason = refusal.reason, message = %refusal.message, "refused");
+            let report = final_report(
+                &Exit::Refused(refusal),
+                None,
+                None,
+                st.attempt,
+                None,
+                None,
+                lattice_apis::meta::now(),
+            );
+            if let Err(e) = ctx
+                .state
+                .update(|s| s.push_report(namespace, name, &uid, report))
+            {
+                tracing::error!(error = %e, "cannot persist a refusal");
+            }
+            ctx.reporter.wake();
+            return;
+        }
+    };
     let log_key = LogKey {
-        namespace: alloc.metadata.namespace_str().to_string(),
-        name: alloc.metadata.name_str().to_string(),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
         attempt: st.attempt,
     };
     let rec = TaskRecord {
@@ -376,7 +411,7 @@ pub async fn run_new(ctx: Arc<Ctx>, alloc: Arc<Allocation>, rx: watch::Receiver<
     }
     let mut sup = Supervisor::new(ctx.clone(), key, rec, log_key, rx);
     sup.latest = Some(alloc.clone());
-    match sup.launch(&alloc).await {
+    match sup.launch(&alloc, user).await {
         Ok(()) => {
             ctx.metrics.workloads_started.inc();
             sup.supervise().await;
@@ -514,30 +549,32 @@ impl Supervisor {
         }
     }
 
-    /// Prepare the scratch dir, logs and command, and start the workload.
-    async fn launch(&mut self, alloc: &Allocation) -> Result<(), String> {
+    /// Prepare the scratch and run directories, cgroups, logs and command, and start
+    /// the workload as `user`.
+    async fn launch(&mut self, alloc: &Allocation, user: Option<RunAs>) -> Result<(), String> {
         let ctx = self.ctx.clone();
-        let user = run_as(alloc, ctx.cfg.unknown_user)?;
-        std::fs::create_dir_all(&self.rec.scratch_dir).map_err(|e| {
-            format!(
-                "cannot create the scratch directory {}: {e}",
-                self.rec.scratch_dir.display()
-            )
-        })?;
+        let name = self.key.to_string();
+        let in_dir = |root: &Path, mode: u32| {
+            Dir::open(root)
+                .and_then(|d| d.fresh_dir(&name, mode))
+                .map_err(|e| format!("cannot create {}: {e}", root.join(&name).display()))
+        };
+        // The user's scratch directory: made by the agent in its own parent, handed
+        // over through the descriptor.
+        let scratch = in_dir(&ctx.cfg.scratch_root(), 0o700)?;
         if let Some(u) = &user {
-            std::os::unix::fs::chown(&self.rec.scratch_dir, Some(u.uid), Some(u.gid))
+            scratch
+                .give(u.uid, u.gid, 0o700)
                 .map_err(|e| format!("cannot give the scratch directory to {}: {e}", u.name))?;
         }
-        self.rec.cgroup = ctx.cgroups.create(&self.key);
+        // The agent's own run directory: the user may enter it (the script, the job's
+        // credentials) but write nothing there.
+        let run_dir = in_dir(&ctx.cfg.run_root(), 0o711)?;
+        self.rec.cgroups = ctx.cgroups.create(&self.key)?;
         self.open_logs();
         self.persist();
-        let (program, args) = command_line(
-            alloc,
-            &self.rec.scratch_dir,
-            user.as_ref(),
-            Some(&ctx.cfg.node),
-        )?;
-        crate::credentials::prepare(&ctx, alloc, &self.rec.run_dir, user.as_ref()).await;
+        let (program, args) = command_line(alloc, &run_dir, user.as_ref(), Some(&ctx.cfg.node))?;
+        crate::credentials::prepare(&ctx, alloc, &run_dir, user.as_ref()).await;
         let vars = workload_env(&ctx, alloc, &self.rec, user.as_ref());
         let (program, args) = fan_out(alloc, &vars, program, args);
         let cwd = workload_cwd(alloc, &self.rec);
@@ -548,7 +585,7 @@ impl Supervisor {
             cwd,
             run_as: user,
             run_dir: self.rec.run_dir.clone(),
-            cgroup: self.rec.cgroup.clone(),
+            cgroups: self.rec.cgroups.clone(),
         };
         let launched = ctx.runtime.launch(&spec).await?;
         self.child = launched.child;
@@ -773,9 +810,17 @@ impl Supervisor {
             h.finish();
         }
         self.ctx.logs.close_hub(&self.log_key);
+        // Before the groups go: did the kernel kill anything at the memory limit?
+        let oom = (Cgroups::oom_kills(&self.rec.cgroup_dirs()) > 0)
+            .then(|| self.ctx.cgroups.memory_limit())
+            .flatten();
+        if oom.is_some() {
+            self.ctx.metrics.workloads_oom_killed.inc();
+        }
         let report = final_report(
             &exit,
             self.rec.stop_reason.as_deref(),
+            oom.as_deref(),
             self.rec.attempt,
             self.rec.pid,
             self.rec.start_time,
@@ -808,21 +853,20 @@ impl Supervisor {
         self.ctx.reporter.wake();
         let run_dir = self.rec.run_dir.clone();
         let removed =
-            tokio::task::spawn_blocking(move || crate::logs::store::remove_dir(&run_dir)).await;
+            tokio::task::spawn_blocking(move || crate::files::remove_tree(&run_dir)).await;
         if let Err(e) = removed {
             tracing::warn!(error = %e, "cleanup task failed");
         }
     }
 }
 
-/// Remove a finished run's cgroup and scratch directory.
+/// Remove a finished run's cgroups and scratch directory (the user's: never through a
+/// link in it), and its credentials.
 pub fn cleanup_workspace(rec: &TaskRecord) {
-    if let Some(cg) = &rec.cgroup {
-        Cgroups::remove(cg);
-    }
-    crate::logs::store::remove_dir(&rec.scratch_dir);
+    Cgroups::remove(&rec.cgroup_dirs());
+    crate::files::remove_tree(&rec.scratch_dir);
     // The job token goes with the run.
-    crate::logs::store::remove_dir(&crate::credentials::dir(&rec.run_dir));
+    crate::files::remove_tree(&crate::credentials::dir(&rec.run_dir));
 }
 
 /// `start + status.walltimeSeconds`, if the allocation has a walltime.
@@ -878,31 +922,40 @@ mod tests {
     #[test]
     fn reports_for_each_ending() {
         let now = DateTime::from_timestamp(200, 0).unwrap();
-        let r = final_report(&rec(Some(0), None), None, 1, Some(9), None, now);
+        let r = final_report(&rec(Some(0), None), None, None, 1, Some(9), None, now);
         assert_eq!(r.phase, NodeTaskPhase::Succeeded);
         assert_eq!(r.reason.as_deref(), Some("Exited"));
         assert_eq!(r.exit_code, Some(0));
         assert_eq!(r.end_time, DateTime::from_timestamp(100, 0));
         let precise = DateTime::from_timestamp_millis(100_700).unwrap();
-        let r = final_report(&rec(Some(0), None), None, 1, None, Some(precise), now);
+        let r = final_report(&rec(Some(0), None), None, None, 1, None, Some(precise), now);
         assert_eq!(
             r.start_time,
             DateTime::from_timestamp(100, 0),
             "whole seconds"
         );
-        let r = final_report(&rec(Some(3), None), None, 1, None, None, now);
+        let r = final_report(&rec(Some(3), None), None, None, 1, None, None, now);
         assert_eq!(r.phase, NodeTaskPhase::Failed);
         assert_eq!(r.reason.as_deref(), Some("NonZeroExit"));
         assert_eq!(r.exit_code, Some(3));
-        let r = final_report(&rec(None, Some(11)), None, 1, None, None, now);
+        let r = final_report(&rec(None, Some(11)), None, None, 1, None, None, now);
         assert_eq!(r.reason.as_deref(), Some("Signaled"));
         assert_eq!(r.signal, Some(11));
-        let r = final_report(&rec(None, Some(11)), Some("Cancelled"), 1, None, None, now);
+        let r = final_report(
+            &rec(None, Some(11)),
+            Some("Cancelled"),
+            None,
+            1,
+            None,
+            None,
+            now,
+        );
         assert!(r.message.unwrap().contains("SIGSEGV"));
         // The agent's own stop wins, whatever the process did.
         let r = final_report(
             &rec(None, Some(9)),
             Some(node_reason::WALLTIME_EXCEEDED),
+            Some("1 GiB"),
             1,
             None,
             None,
@@ -911,10 +964,18 @@ mod tests {
         assert_eq!(r.phase, NodeTaskPhase::Failed);
         assert_eq!(r.reason.as_deref(), Some("WalltimeExceeded"));
         assert_eq!(r.signal, Some(9));
-        let r = final_report(&rec(Some(0), None), Some("Cancelled"), 1, None, None, now);
+        let r = final_report(
+            &rec(Some(0), None),
+            Some("Cancelled"),
+            None,
+            1,
+            None,
+            None,
+            now,
+        );
         assert_eq!(r.phase, NodeTaskPhase::Failed);
         assert_eq!(r.reason.as_deref(), Some("Cancelled"));
-        let r = final_report(&Exit::Lost, None, 2, None, None, now);
+        let r = final_report(&Exit::Lost, None, None, 2, None, None, now);
         assert_eq!(r.reason.as_deref(), Some("Lost"));
         assert_eq!(r.attempt, 2);
         assert_eq!(r.end_time, Some(now));
@@ -924,19 +985,57 @@ mod tests {
             start_error: Some("no such file".into()),
             end_time: now,
         });
-        let r = final_report(&start_failed, None, 1, None, None, now);
+        let r = final_report(&start_failed, None, None, 1, None, None, now);
         assert_eq!(r.reason.as_deref(), Some("StartFailed"));
         assert_eq!(r.message.as_deref(), Some("no such file"));
+        // Killed at the memory limit: OutOfMemory with the limit; a clean exit stays one.
+        let r = final_report(
+            &rec(None, Some(9)),
+            None,
+            Some("256 MiB"),
+            1,
+            None,
+            None,
+            now,
+        );
+        assert_eq!(r.reason.as_deref(), Some("OutOfMemory"));
+        assert!(r.message.unwrap().contains("memory limit of 256 MiB"));
+        assert_eq!(r.signal, Some(9));
+        let r = final_report(
+            &rec(Some(0), None),
+            None,
+            Some("256 MiB"),
+            1,
+            None,
+            None,
+            now,
+        );
+        assert_eq!(r.phase, NodeTaskPhase::Succeeded);
+        let refused = Exit::Refused(Refusal {
+            reason: node_reason::NOT_BOUND,
+            message: "not ours".into(),
+        });
+        let r = final_report(&refused, None, None, 1, None, None, now);
+        assert_eq!(
+            (r.phase, r.reason.as_deref(), r.message.as_deref(), r.pid),
+            (
+                NodeTaskPhase::Failed,
+                Some("NotBound"),
+                Some("not ours"),
+                None
+            )
+        );
     }
 
     #[test]
     fn command_lines() {
         let dir = tempfile::tempdir().unwrap();
+        let run = Dir::open(dir.path()).unwrap();
         let mut a = Allocation::default();
         a.spec.entrypoint = Some("/bin/echo".into());
         a.spec.args = vec!["a b".into(), "\"q\"".into()];
         assert_eq!(
-            command_line(&a, dir.path(), None, None).unwrap(),
+            command_line(&a, &run, None, None).unwrap(),
             (
                 "/bin/echo".to_string(),
                 vec!["a b".to_string(), "\"q\"".to_string()]
@@ -945,19 +1044,20 @@ mod tests {
         a.spec.args.clear();
         a.spec.entrypoint = Some("echo hi | tr a-z A-Z".into());
         assert_eq!(
-            command_line(&a, dir.path(), None, None).unwrap().1,
+            command_line(&a, &run, None, None).unwrap().1,
             vec!["-c", "echo hi | tr a-z A-Z"]
         );
         a.spec.entrypoint = None;
         a.spec.script = Some("#!/bin/bash\necho hi\n".into());
-        let (p, args) = command_line(&a, dir.path(), None, None).unwrap();
+        let (p, args) = command_line(&a, &run, None, None).unwrap();
         assert!(p.ends_with(SCRIPT_FILE));
         assert!(args.is_empty());
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&p).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o755);
+        assert_eq!(mode & 0o777, 0o700);
+        assert!(p.starts_with(&dir.path().display().to_string()));
         a.spec.script = Some("echo no shebang\n".into());
-        let (p, args) = command_line(&a, dir.path(), None, None).unwrap();
+        let (p, args) = command_line(&a, &run, None, None).unwrap();
         assert_eq!(p, "/bin/sh");
         assert!(args[0].ends_with(SCRIPT_FILE));
     }
@@ -1045,6 +1145,7 @@ mod tests {
     #[test]
     fn a_batch_jobs_other_nodes_run_a_holder_that_succeeds_when_stopped() {
         let dir = tempfile::tempdir().unwrap();
+        let run = Dir::open(dir.path()).unwrap();
         let mut a = Allocation::default();
         a.spec.script = Some("#!/bin/sh\nmpirun ./app\n".into());
         a.metadata.annotations.insert(
@@ -1055,14 +1156,15 @@ mod tests {
             assigned_nodes: vec!["n1".into(), "n2".into()],
             ..Default::default()
         });
-        let (p, _) = command_line(&a, dir.path(), None, Some("n1")).unwrap();
+        let (p, _) = command_line(&a, &run, None, Some("n1")).unwrap();
         assert!(p.ends_with(SCRIPT_FILE), "the first node runs the script");
-        let (p, args) = command_line(&a, dir.path(), None, Some("n2")).unwrap();
+        let (p, args) = command_line(&a, &run, None, Some("n2")).unwrap();
         assert_eq!((p.as_str(), args[1].as_str()), ("/bin/sh", BATCH_HOLDER));
         let now = chrono::DateTime::from_timestamp(200, 0).unwrap();
         let r = final_report(
             &rec(None, Some(15)),
             Some(node_reason::BATCH_DONE),
+            None,
             1,
             None,
             None,

@@ -1,6 +1,6 @@
-//! Running as the submitting user (when the agent is root) and cgroup v2 groups (when
-//! the host offers a writable hierarchy). Each test skips itself where the machine
-//! cannot do what it checks.
+//! Running as the submitting user (when the agent is root) and the run's cgroups (when
+//! the host offers them). Each test skips itself where the machine cannot do what it
+//! checks.
 
 mod common;
 
@@ -97,32 +97,31 @@ async fn a_user_without_an_account_is_refused_unless_the_agent_runs_it_as_itself
     assert_eq!(out.trim(), me, "ran as the agent's user");
 }
 
-/// A writable cgroup v2 mount, if the machine has one.
-fn cgroup2_root() -> Option<PathBuf> {
-    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+/// The run's groups in every hierarchy under /sys/fs/cgroup that has `rel` (a path
+/// relative to a hierarchy's root).
+fn groups_named(rel: &str) -> Vec<PathBuf> {
+    let root = Path::new(lattice_agent::cgroup::DEFAULT_ROOT);
+    let mut mounts = vec![root.to_path_buf()];
+    if let Ok(rd) = std::fs::read_dir(root) {
+        mounts.extend(rd.flatten().map(|e| e.path()));
+    }
+    mounts
         .into_iter()
-        .map(PathBuf::from)
-        .find(|p| {
-            p.join("cgroup.controllers").exists() && {
-                let probe = p.join(format!("lattice-test-probe-{}", std::process::id()));
-                let ok = std::fs::create_dir(&probe).is_ok();
-                let _ = std::fs::remove_dir(&probe);
-                ok
-            }
-        })
+        .map(|m| m.join(rel))
+        .filter(|p| p.is_dir())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cgroup_holds_the_workload_and_kills_escapees() {
-    let Some(cg_root) = cgroup2_root() else {
-        eprintln!("skipped: no writable cgroup v2 hierarchy");
+    if !cgroups_usable() {
+        eprintln!("skipped: no usable cgroups");
         return;
-    };
+    }
     let server = Server::start();
     let root = tempfile::tempdir().unwrap();
     let node = format!("cg-{}", std::process::id());
-    let cg_flag = cg_root.display().to_string();
-    let _agent = Agent::start(&server, &node, root.path(), &["--cgroup-root", &cg_flag]);
+    let agent = Agent::start(&server, &node, root.path(), &[]);
     // A daemon that leaves the process group (setsid) is still in the cgroup.
     let job = submit(
         &server,
@@ -134,19 +133,20 @@ async fn cgroup_holds_the_workload_and_kills_escapees() {
     let uid = job.metadata.uid.clone().unwrap();
     wait_phase(&server, "escapee", AllocationPhase::Completed).await;
     let (_, out) = server.logs("escapee", "").await;
-    let group = format!("/lattice/{node}/{uid}-1");
-    assert!(out.contains(&group), "{out}");
+    let instance = lattice_agent::cgroup::instance_id(&agent.state_dir);
+    let group = format!("lattice/{node}/{instance}/{uid}-1");
+    assert!(out.contains(&format!("/{group}\n")), "{out}");
     let escaped: i32 = out
         .lines()
         .find_map(|l| l.strip_prefix("escaped "))
         .and_then(|p| p.trim().parse().ok())
         .unwrap_or_else(|| panic!("{out}"));
     assert!(!pid_alive(escaped), "the escaped daemon survived");
-    let dir: PathBuf = Path::new(&cg_root).join(group.trim_start_matches('/'));
-    wait_for("the cgroup to go", LIMIT, || async {
-        (!dir.exists()).then_some(())
+    wait_for("the cgroups to go", LIMIT, || async {
+        groups_named(&group).is_empty().then_some(())
     })
     .await;
+    assert!(!groups_named(&format!("lattice/{node}/{instance}")).is_empty());
 }
 
 /// `lattice attach` into a root agent's run of user nobody: the session runs as nobody, in
@@ -170,16 +170,17 @@ async fn attach_runs_as_the_user_in_the_runs_directory_and_cgroup() {
     let root = tempfile::tempdir().unwrap();
     std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let node = format!("att-{}", std::process::id());
-    let cg = cgroup2_root().map(|p| p.display().to_string());
-    let mut flags = vec![];
-    if let Some(c) = &cg {
-        flags.extend(["--cgroup-root", c.as_str()]);
-    }
-    let _agent = Agent::start(&server, &node, root.path(), &flags);
+    let _agent = Agent::start(&server, &node, root.path(), &[]);
+    // The allocation's environment reaches attach sessions too, but only through the
+    // exec after the drop to the user: a preload library in it never loads as root.
+    let tools = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tools.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let marker = tools.path().join("loaded");
+    let lib = build_preload(tools.path(), &marker);
     let job = create_with(
         &server,
         "held",
-        json!({"entrypoint": "sleep 300"}),
+        json!({"script": "#!/bin/sh\nexec sleep 300\n", "env": {"LD_PRELOAD": lib.display().to_string()}}),
         json!({"annotations": {"lattice.dev/user": "nobody"}}),
     )
     .await;
@@ -239,8 +240,9 @@ async fn attach_runs_as_the_user_in_the_runs_directory_and_cgroup() {
             .is_some_and(|d| d.ends_with(&format!("scratch/{uid}-1"))),
         "{out}"
     );
-    if cg.is_some() {
-        assert!(out.contains(&format!("/lattice/{node}/{uid}-1")), "{out}");
+    if cgroups_usable() {
+        assert!(out.contains(&format!("/lattice/{node}/")), "{out}");
+        assert!(out.contains(&format!("/{uid}-1\n")), "{out}");
     }
     // 0-2, and 3: the directory ls reads.
     assert!(out.contains("fds 0 1 2 3\n"), "{out}");
@@ -253,4 +255,14 @@ async fn attach_runs_as_the_user_in_the_runs_directory_and_cgroup() {
     ]);
     assert!(out.starts_with("nobody\n"), "{out}");
     assert!(out.contains("fds 0 1 2 3\n"), "{out}");
+    let loaded = std::fs::read_to_string(&marker).unwrap_or_default();
+    let nobody_ids = format!("{0} {0}", nobody.uid);
+    assert!(
+        loaded.lines().count() >= 2,
+        "the sessions never loaded it: {loaded:?}"
+    );
+    assert!(
+        loaded.lines().all(|l| l == nobody_ids),
+        "loaded by another user (uid euid): {loaded}"
+    );
 }

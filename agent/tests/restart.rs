@@ -22,16 +22,18 @@ async fn restarted_agent_reattaches_and_reports_real_exit_codes() {
     let server = Server::start();
     let root = tempfile::tempdir().unwrap();
     let marks = tempfile::tempdir().unwrap();
+    // Two nodes (a node runs one allocation), both agents killed and restarted.
     let mut agent = Agent::start(&server, "node-a", root.path(), &[]);
+    let mut agent_b = Agent::start(&server, "node-b", root.path(), &[]);
 
     let mark_a = marks.path().join("a");
     let mark_b = marks.path().join("b");
     submit(&server, "ends-while-down", "node-a", waiter(&mark_a, 5)).await;
-    submit(&server, "ends-after", "node-a", waiter(&mark_b, 0)).await;
+    submit(&server, "ends-after", "node-b", waiter(&mark_b, 0)).await;
     let a = wait_phase(&server, "ends-while-down", AllocationPhase::Running).await;
     let b = wait_phase(&server, "ends-after", AllocationPhase::Running).await;
     let pid_a = node_state(&a, "node-a").pid.unwrap() as i32;
-    let pid_b = node_state(&b, "node-a").pid.unwrap() as i32;
+    let pid_b = node_state(&b, "node-b").pid.unwrap() as i32;
     wait_for("output", LIMIT, || async {
         server
             .logs("ends-while-down", "")
@@ -48,6 +50,7 @@ async fn restarted_agent_reattaches_and_reports_real_exit_codes() {
         .unwrap();
 
     agent.kill9();
+    agent_b.kill9();
     assert!(
         pid_alive(pid_a) && pid_alive(pid_b),
         "workloads must survive the agent"
@@ -71,6 +74,7 @@ async fn restarted_agent_reattaches_and_reports_real_exit_codes() {
     );
 
     agent.restart();
+    agent_b.restart();
     let a = wait_phase(&server, "ends-while-down", AllocationPhase::Failed).await;
     let n = node_state(&a, "node-a");
     assert_eq!(n.exit_code, Some(5), "the real exit code, not Lost: {n:?}");
@@ -103,7 +107,7 @@ async fn restarted_agent_reattaches_and_reports_real_exit_codes() {
     );
     std::fs::write(&mark_b, "").unwrap();
     let b = wait_phase(&server, "ends-after", AllocationPhase::Completed).await;
-    let n = node_state(&b, "node-a");
+    let n = node_state(&b, "node-b");
     assert_eq!(n.phase, NodeTaskPhase::Succeeded);
     assert_eq!(n.pid, Some(pid_b as u32), "the same process, re-attached");
     assert!(!group_alive(pid_b));

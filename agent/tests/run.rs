@@ -1,5 +1,7 @@
 //! Running allocations as real processes: exit codes, exact arguments, scripts, the
-//! environment, start failures, many allocations at once, cancellation, walltime.
+//! environment, start failures, job steps beside their allocation, cancellation,
+//! walltime. (A node runs one allocation at a time, with its steps: the tests bind one
+//! after another, as the scheduler would.)
 
 mod common;
 
@@ -22,6 +24,7 @@ async fn exit_codes_arguments_scripts_and_environment() {
         json!({"entrypoint": "/bin/sh", "args": ["-c", "exit 0"]}),
     )
     .await;
+    wait_terminal(&server, "ok").await;
     submit(
         &server,
         "three",
@@ -29,6 +32,7 @@ async fn exit_codes_arguments_scripts_and_environment() {
         json!({"entrypoint": "/bin/sh", "args": ["-c", "exit 3"]}),
     )
     .await;
+    wait_terminal(&server, "three").await;
     submit(
         &server,
         "args",
@@ -40,6 +44,7 @@ async fn exit_codes_arguments_scripts_and_environment() {
         }),
     )
     .await;
+    wait_terminal(&server, "args").await;
     submit(
         &server,
         "shebang",
@@ -47,6 +52,7 @@ async fn exit_codes_arguments_scripts_and_environment() {
         json!({"script": "#!/bin/cat\nprinted by cat, not run\n"}),
     )
     .await;
+    wait_terminal(&server, "shebang").await;
     submit(
         &server,
         "plain-script",
@@ -54,6 +60,7 @@ async fn exit_codes_arguments_scripts_and_environment() {
         json!({"script": "echo $((6 * 7))\n"}),
     )
     .await;
+    wait_terminal(&server, "plain-script").await;
     // Nothing the agent holds (or inherited, e.g. cargo's jobserver pipes here) reaches
     // the workload: 0-2, and 3, the directory ls reads.
     submit(
@@ -63,6 +70,7 @@ async fn exit_codes_arguments_scripts_and_environment() {
         json!({"script": "echo $(ls /proc/self/fd)\n"}),
     )
     .await;
+    wait_terminal(&server, "descriptors").await;
     submit(
         &server,
         "environment",
@@ -73,6 +81,7 @@ async fn exit_codes_arguments_scripts_and_environment() {
         }),
     )
     .await;
+    wait_terminal(&server, "environment").await;
     // A start failure is node-side: requeued by default, so ask for no requeue.
     submit(
         &server,
@@ -159,7 +168,7 @@ async fn many_at_once_cancel_and_terminal_phases_stay() {
     let root = tempfile::tempdir().unwrap();
     let mut agent = Agent::start(&server, "node-a", root.path(), &[]);
 
-    // A long one first; it must not delay the others.
+    // A long one first; its job steps run beside it, and it delays none of them.
     submit(
         &server,
         "long",
@@ -170,10 +179,10 @@ async fn many_at_once_cancel_and_terminal_phases_stay() {
     let long = wait_phase(&server, "long", AllocationPhase::Running).await;
     let long_pid = node_state(&long, "node-a").pid.unwrap() as i32;
     for i in 0..4 {
-        submit(
+        create_step(
             &server,
+            "long",
             &format!("quick-{i}"),
-            "node-a",
             json!({"entrypoint": format!("echo quick {i}")}),
         )
         .await;

@@ -266,6 +266,88 @@ impl RaftMember {
     }
 }
 
+/// Whether an agent started here can limit its workloads with cgroups (it runs as root
+/// and a group can be made under /sys/fs/cgroup); elsewhere agents get `--no-cgroups`.
+pub fn cgroups_usable() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(|| {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { nix::libc::geteuid() } != 0 {
+            return false;
+        }
+        // cgroup v2 with the controllers at the root, or the v1 memory hierarchy.
+        let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+        let root = if v2 {
+            Path::new("/sys/fs/cgroup")
+        } else {
+            Path::new("/sys/fs/cgroup/memory")
+        };
+        let probe = root.join(format!("lattice-e2e-probe-{}", std::process::id()));
+        let ok = std::fs::create_dir(&probe).is_ok();
+        let _ = std::fs::remove_dir(&probe);
+        ok
+    })
+}
+
+/// The name of the user running the tests (the agents' `--unknown-user agent` runs work
+/// as it).
+pub fn own_user_name() -> String {
+    use nix::libc;
+    // SAFETY: getpwuid_r fills `pw` from `buf`, both ours.
+    unsafe {
+        let uid = libc::geteuid();
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        let mut buf = vec![0 as libc::c_char; 4096];
+        if libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found) == 0
+            && !found.is_null()
+        {
+            return std::ffi::CStr::from_ptr(pw.pw_name)
+                .to_string_lossy()
+                .into_owned();
+        }
+        if uid == 0 {
+            "root".into()
+        } else {
+            format!("uid-{uid}")
+        }
+    }
+}
+
+/// Let `tenant` run work as the test user (root, as the tests run here): the agents run
+/// a job as root only for a tenant whose `spec.runAs.allowUsers` lists it, as `lattice
+/// up` does for its own user. [`Cluster::start`] does it for tenant `default`.
+pub fn allow_own_user(api_url: &str, token: &str, tenant: &str) {
+    let url = format!("{api_url}/apis/lattice.dev/v1alpha1/tenants/{tenant}");
+    let body = serde_json::json!({"spec": {"runAs": {"allowUsers": [own_user_name()]}}});
+    let token = token.trim().to_string();
+    // Callers may be inside a runtime: the request gets a thread and a runtime of its own.
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let resp = reqwest::Client::new()
+                .patch(&url)
+                .bearer_auth(&token)
+                .header("Content-Type", "application/merge-patch+json")
+                .body(body.to_string())
+                .send()
+                .await
+                .expect("patch tenant default");
+            assert!(
+                resp.status().is_success(),
+                "allowing the test user in a tenant: {}",
+                resp.text().await.unwrap_or_default()
+            );
+        })
+    })
+    .join()
+    .expect("tenant patch thread");
+}
+
 /// A `lattice-agent` process (one node), with its own node identity: it enrolls with a
 /// bootstrap token at its first start and talks to the server over mutual TLS.
 pub struct Agent {
@@ -312,6 +394,13 @@ impl Agent {
             .arg("--state-dir")
             .arg(&self.state_dir)
             .args(["--unknown-user", "agent"])
+            .args(
+                if cgroups_usable() || self.extra.iter().any(|a| a == "--no-cgroups") {
+                    &[][..]
+                } else {
+                    &["--no-cgroups"][..]
+                },
+            )
             .args(&self.extra)
             .env("LATTICE_BOOTSTRAP_TOKEN", &self.bootstrap_token)
             .stdout(Stdio::null())
@@ -358,6 +447,7 @@ impl Cluster {
         args.extend_from_slice(server_extra);
         let server = Server::start(&dir.join("server"), free_port(), free_port(), &args);
         let server_args = args.iter().map(|a| a.to_string()).collect();
+        allow_own_user(&server.api_url(), &server.admin_token(), "default");
         let agents = (0..n)
             .map(|i| {
                 let node = format!("node-{:02}", i + 1);

@@ -148,6 +148,11 @@ impl SpoolWriter {
         Ok(Self { file })
     }
 
+    /// Append to `file` (opened for appending).
+    pub fn from_file(file: std::fs::File) -> Self {
+        Self { file }
+    }
+
     /// Append `frames` in one write.
     pub fn write(&mut self, frames: &[Frame]) -> std::io::Result<()> {
         if frames.is_empty() {

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -479,15 +479,6 @@ pub fn read_stored(
         all.drain(..skip);
     }
     Ok(all)
-}
-
-/// Remove a store directory tree if present.
-pub fn remove_dir(path: &Path) {
-    if let Err(e) = std::fs::remove_dir_all(path) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(path = %path.display(), error = %e, "cannot remove directory");
-        }
-    }
 }
 
 #[cfg(test)]

@@ -7,11 +7,12 @@
 
 #![allow(dead_code)]
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lattice_apis::{Allocation, AllocationPhase, Lease, Node};
+use lattice_apis::{Allocation, AllocationPhase, Lease, Node, Tenant};
 use lattice_runtime::{Api, Client, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
@@ -62,14 +63,55 @@ impl Server {
             .expect("admin token")
             .trim()
             .to_string();
-        Server {
+        let server = Server {
             child: Some(child),
             dir,
             url,
             tls_url,
             token,
             extra,
-        }
+        };
+        server.allow_own_user_in_default_tenant();
+        server
+    }
+
+    /// The test user runs everything in tenant `default` as the agents' own user (test
+    /// allocations name users without accounts, `--unknown-user agent`): as root, that is
+    /// root, which the agents run only for a tenant whose `spec.runAs.allowUsers` lists it
+    /// — as `lattice up` does for its own user. Tests of that rule use other tenants.
+    fn allow_own_user_in_default_tenant(&self) {
+        let me = own_user_name();
+        let client = self.client();
+        // Server::start is called from async tests: a thread of its own for the request.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let tenants: Api<Tenant> = Api::all(client);
+                tenants
+                    .patch(
+                        "default",
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"runAs": {"allowUsers": [me]}}})),
+                    )
+                    .await
+                    .expect("allow the test user in tenant default");
+            })
+        })
+        .join()
+        .expect("tenant patch thread");
+    }
+
+    /// The cluster's tenants.
+    pub fn tenants(&self) -> Api<Tenant> {
+        Api::all(self.client())
+    }
+
+    /// Allocations of another tenant.
+    pub fn allocations_in(&self, tenant: &str) -> Api<Allocation> {
+        Api::namespaced(self.client(), tenant)
     }
 
     /// SIGKILL the server (the API becomes unreachable).
@@ -214,7 +256,17 @@ impl Server {
 
     /// Allocations, as the controllers see them.
     pub fn system_allocations(&self) -> Api<Allocation> {
-        Api::namespaced(self.system_client(), "default")
+        self.system_allocations_in("default")
+    }
+
+    /// Allocations of `tenant`, as the controllers see them.
+    pub fn system_allocations_in(&self, tenant: &str) -> Api<Allocation> {
+        Api::namespaced(self.system_client(), tenant)
+    }
+
+    /// Nodes, as the controllers see them (ownership is theirs to write).
+    pub fn system_nodes(&self) -> Api<Node> {
+        Api::all(self.system_client())
     }
 
     pub fn allocations(&self) -> Api<Allocation> {
@@ -322,6 +374,15 @@ impl Agent {
             .arg("--state-dir")
             .arg(&self.state_dir)
             .args(["--heartbeat-interval", "500ms", "--grace-period", "1s"])
+            // Production agents refuse to run without cgroups; where the test cannot give
+            // them any (not root, or no writable hierarchy), say so explicitly.
+            .args(
+                if cgroups_usable() || self.extra.iter().any(|a| a == "--no-cgroups") {
+                    &[][..]
+                } else {
+                    &["--no-cgroups"][..]
+                },
+            )
             // Test users have no accounts here; a test that checks refusal says so.
             .args(if self.extra.iter().any(|a| a == "--unknown-user") {
                 &[][..]
@@ -402,7 +463,8 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        // Leave nothing behind: the agent, then whatever workloads it still records.
+        // Leave nothing behind: the agent, then whatever workloads it still records, then
+        // its cgroups (a killed agent cannot remove them).
         let pgids = self.recorded_pgids();
         self.kill9();
         for p in pgids {
@@ -413,6 +475,30 @@ impl Drop for Agent {
                 );
             }
         }
+        remove_agent_cgroups(&self.node, &self.state_dir);
+    }
+}
+
+/// Remove the cgroups of the agent of `node` with state directory `state_dir` (its
+/// instance's groups in every hierarchy, killing anything left in them).
+pub fn remove_agent_cgroups(node: &str, state_dir: &Path) {
+    let root = Path::new(lattice_agent::cgroup::DEFAULT_ROOT);
+    let instance = lattice_agent::cgroup::instance_id(state_dir);
+    let mut mounts = vec![root.to_path_buf()];
+    if let Ok(rd) = std::fs::read_dir(root) {
+        mounts.extend(rd.flatten().map(|e| e.path()));
+    }
+    for m in mounts {
+        let node_dir = m.join("lattice").join(node);
+        let base = node_dir.join(&instance);
+        let Ok(runs) = std::fs::read_dir(&base) else {
+            continue;
+        };
+        for r in runs.flatten().filter(|e| e.path().is_dir()) {
+            lattice_agent::cgroup::Cgroups::remove(&[r.path()]);
+        }
+        let _ = std::fs::remove_dir(&base);
+        let _ = std::fs::remove_dir(&node_dir);
     }
 }
 
@@ -443,9 +529,20 @@ pub async fn create(server: &Server, name: &str, spec: Value) -> Allocation {
 /// another user (`lattice.dev/user`) is created with the controllers' rights (a person
 /// cannot submit as someone else); otherwise as the admin, whom it then runs as.
 pub async fn create_with(server: &Server, name: &str, spec: Value, meta: Value) -> Allocation {
+    create_in(server, "default", name, spec, meta).await
+}
+
+/// [`create_with`] in another tenant.
+pub async fn create_in(
+    server: &Server,
+    tenant: &str,
+    name: &str,
+    spec: Value,
+    meta: Value,
+) -> Allocation {
     let mut metadata = json!({
         "name": name,
-        "namespace": "default",
+        "namespace": tenant,
         "annotations": {"lattice.dev/hold": "true"},
     });
     if let (Some(m), Some(extra)) = (metadata.as_object_mut(), meta.as_object()) {
@@ -467,23 +564,73 @@ pub async fn create_with(server: &Server, name: &str, spec: Value, meta: Value) 
     }))
     .expect("allocation");
     let api = if a.metadata.annotations.contains_key("lattice.dev/user") {
-        server.system_allocations()
+        server.system_allocations_in(tenant)
     } else {
-        server.allocations()
+        server.allocations_in(tenant)
     };
     api.create(&PostParams::default(), &a)
         .await
         .expect("create allocation")
 }
 
-/// Bind as the scheduler does: Staging, nodes, attempt 1, walltime.
+/// Bind as the scheduler does: each node's `status.owner` names the allocation's attempt
+/// and the allocation is Staging on those nodes with attempt 1 and its walltime.
 pub async fn bind(server: &Server, name: &str, nodes: &[&str], walltime: Option<u64>) {
+    bind_in(server, "default", name, nodes, walltime).await
+}
+
+/// [`bind`] in another tenant. The scheduler writes the allocation and the ownership in
+/// one transaction; a test has three writes and orders them so that neither the release
+/// controller (which frees a node whose owner does not name it) nor the agent (which
+/// refuses what its node does not own) sees a half: the nodes and attempt first while
+/// still Pending (nothing runs), then the ownership, then Staging.
+pub async fn bind_in(
+    server: &Server,
+    tenant: &str,
+    name: &str,
+    nodes: &[&str],
+    walltime: Option<u64>,
+) {
+    let api = server.system_allocations_in(tenant);
+    let mut status = json!({"phase": "Pending", "assignedNodes": nodes, "attempt": 1});
+    if let Some(w) = walltime {
+        status["walltimeSeconds"] = json!(w);
+    }
+    let a = api
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .expect("bind: nodes");
+    for n in nodes {
+        own(server, n, &a, 1).await;
+    }
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Staging"}})),
+    )
+    .await
+    .expect("bind: Staging");
+}
+
+/// Write only the allocation's binding (`status.assignedNodes`), as a store written behind
+/// the API (or a user's `/status` write) would: no node ownership.
+pub async fn bind_status_only(
+    server: &Server,
+    tenant: &str,
+    name: &str,
+    nodes: &[&str],
+    walltime: Option<u64>,
+) {
     let mut status = json!({"phase": "Staging", "assignedNodes": nodes, "attempt": 1});
     if let Some(w) = walltime {
         status["walltimeSeconds"] = json!(w);
     }
     server
-        .system_allocations()
+        .system_allocations_in(tenant)
         .patch_status(
             name,
             &PatchParams::default(),
@@ -491,6 +638,49 @@ pub async fn bind(server: &Server, name: &str, nodes: &[&str], walltime: Option<
         )
         .await
         .expect("bind");
+}
+
+/// Make `a`'s `attempt` the owner of `node` (`status.owner`, as the scheduler's binding
+/// transaction writes it), once the node has registered.
+pub async fn own(server: &Server, node: &str, a: &Allocation, attempt: u32) {
+    let nodes = server.nodes();
+    wait_for(&format!("node {node} to register"), LIMIT, || async {
+        nodes.get(node).await.ok()
+    })
+    .await;
+    let owner = json!({
+        "tenant": a.metadata.namespace,
+        "allocation": a.metadata.name,
+        "allocationUid": a.metadata.uid,
+        "attempt": attempt,
+        "user": a.metadata.annotations.get("lattice.dev/user"),
+    });
+    server
+        .system_nodes()
+        .patch_status(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"owner": owner, "allocations": [a.metadata.name]}})),
+        )
+        .await
+        .expect("node ownership");
+}
+
+/// Create a job step of the running allocation `parent` (as `lattice launch` does: its
+/// controller reference and user); the step controller binds it to the allocation's
+/// nodes, where it runs beside it.
+pub async fn create_step(server: &Server, parent: &str, name: &str, mut spec: Value) -> Allocation {
+    let p = server.allocations().get(parent).await.expect("parent");
+    spec["stepOf"] = json!(parent);
+    spec["requeue"] = json!({"policy": "never"});
+    let meta = json!({
+        "ownerReferences": [{
+            "apiVersion": "lattice.dev/v1alpha1", "kind": "Allocation",
+            "name": parent, "uid": p.metadata.uid, "controller": true,
+        }],
+        "annotations": {"lattice.dev/user": p.metadata.annotations.get("lattice.dev/user")},
+    });
+    create_with(server, name, spec, meta).await
 }
 
 /// Create and bind to one node with a generous walltime.
@@ -552,4 +742,96 @@ pub fn pid_alive(pid: i32) -> bool {
             .is_some_and(|st| st != "Z" && st != "X"),
         Err(_) => false,
     }
+}
+
+/// The name of the user running the tests.
+pub fn own_user_name() -> String {
+    nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| "root".into())
+}
+
+/// Whether an agent started by this test can use cgroups (it runs as root and the
+/// machine has the hierarchies it needs).
+pub fn cgroups_usable() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(|| {
+        nix::unistd::geteuid().is_root()
+            && lattice_agent::cgroup::probe(Path::new(lattice_agent::cgroup::DEFAULT_ROOT)).is_ok()
+    })
+}
+
+/// An ordinary (non-root, uid >= 1000) local user for the hostile-tenant tests: created
+/// with `useradd` on first use (needs root), kept afterwards. Its name is fixed, so runs
+/// of the suite share it.
+pub const TEST_USER: &str = "lattice-tenant";
+
+/// [`TEST_USER`], created if missing; `None` where the tests cannot create users (not
+/// root).
+pub fn test_user() -> Option<nix::unistd::User> {
+    static USER: std::sync::OnceLock<Option<nix::unistd::User>> = std::sync::OnceLock::new();
+    USER.get_or_init(|| {
+        if let Ok(Some(u)) = nix::unistd::User::from_name(TEST_USER) {
+            return Some(u);
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return None;
+        }
+        // Several test binaries may race: useradd fails with "exists" or a lock error
+        // (exit 10) for the loser, which then finds the user.
+        for _ in 0..50 {
+            let out = Command::new("useradd")
+                .args(["--no-create-home", "--shell", "/bin/sh", "--comment"])
+                .arg("Lattice test tenant user")
+                .arg(TEST_USER)
+                .output()
+                .expect("useradd (package passwd; hack/install-deps.sh installs it)");
+            if let Ok(Some(u)) = nix::unistd::User::from_name(TEST_USER) {
+                return Some(u);
+            }
+            assert!(
+                out.status.code() == Some(10),
+                "useradd {TEST_USER}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("could not create the test user {TEST_USER}");
+    })
+    .clone()
+}
+
+/// A preload library that appends `<uid> <euid>` to `marker` whenever a process loads it.
+pub fn build_preload(dir: &Path, marker: &Path) -> PathBuf {
+    let src = dir.join("mark.c");
+    std::fs::write(
+        &src,
+        format!(
+            r#"#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void mark(void) {{
+    FILE *f = fopen("{}", "a");
+    if (f) {{ fprintf(f, "%d %d\n", (int)getuid(), (int)geteuid()); fclose(f); }}
+}}
+"#,
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let lib = dir.join("libmark.so");
+    let out = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("cc (package gcc)");
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755)).unwrap();
+    lib
 }

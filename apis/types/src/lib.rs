@@ -98,7 +98,9 @@ pub use kinds::network_domain::{
 pub use kinds::node::{
     Gpu, Node, NodeAgentInfo, NodeCapacity, NodeDrain, NodeOwner, NodeSpec, NodeState, NodeStatus,
 };
-pub use kinds::tenant::{Tenant, TenantQuota, TenantSpec, TenantStatus, TenantUsage, UsageBucket};
+pub use kinds::tenant::{
+    Tenant, TenantQuota, TenantRunAs, TenantSpec, TenantStatus, TenantUsage, UsageBucket,
+};
 pub use kinds::topology::{
     GpuLink, GpuLinkType, GpuTopology, MemoryDomain, MemoryDomainType, MemoryInterconnect,
     MemoryLinkType, MemoryTopology,

@@ -71,6 +71,14 @@ pub mod reason {
     pub const OWNERSHIP_CONFLICT: &str = "ownership_conflict";
     /// A claim of named nodes that can never be granted (unknown node, wrong pool, ...).
     pub const INVALID_CLAIM: &str = "invalid_claim";
+    /// The kernel killed a process at the allocation's memory limit.
+    pub const OUT_OF_MEMORY: &str = "out_of_memory";
+    /// A node refused it: the node's ownership does not name this allocation (the
+    /// scheduler did not bind it there).
+    pub const NOT_BOUND: &str = "not_bound";
+    /// A node refused to run it as the local account it names (no user, an unknown
+    /// one, or root / a system account the tenant's `spec.runAs` does not allow).
+    pub const NOT_PERMITTED: &str = "not_permitted";
 }
 
 /// Node-entry reason codes (`status.nodeStates[*].reason`).
@@ -100,6 +108,16 @@ pub mod node_reason {
     /// A Slurm-style batch job's script ended on its first node; this (other) node's
     /// holder was stopped. Counts as success.
     pub const BATCH_DONE: &str = "BatchScriptDone";
+    /// The kernel's OOM killer ended a process at the allocation's memory limit (the
+    /// message gives the limit).
+    pub const OUT_OF_MEMORY: &str = "OutOfMemory";
+    /// The agent refused to start it: this node's `status.owner` does not name the
+    /// allocation (or, for a job step, its allocation, tenant and user). Nothing ran.
+    pub const NOT_BOUND: &str = "NotBound";
+    /// The agent refused to start it as the local account it names (no user, an unknown
+    /// one, or uid 0 / below `--min-uid` without the tenant's `spec.runAs.allowUsers`).
+    /// Nothing ran.
+    pub const NOT_PERMITTED: &str = "NotPermitted";
 }
 
 /// Annotation `"first"`: the script runs on the first assigned node only, as a Slurm
@@ -305,7 +323,10 @@ pub fn aggregate(a: &mut Allocation, now: Time) {
             return;
         }
         let node_side = matches!(why, node_reason::LOST | node_reason::START_FAILED);
-        let may_requeue = st.requeue_count < max_requeue
+        // A refusal would only be refused again: never requeued.
+        let refused = matches!(why, node_reason::NOT_BOUND | node_reason::NOT_PERMITTED);
+        let may_requeue = !refused
+            && st.requeue_count < max_requeue
             && match policy {
                 RequeuePolicy::Always => true,
                 RequeuePolicy::OnNodeFailure => node_side,
@@ -355,6 +376,14 @@ fn failure_reason(node: &str, f: &NodeTaskState) -> (&'static str, String) {
             format!("could not start on {node}{suffix}"),
         ),
         Some(node_reason::LOST) => (reason::NODE_FAILURE, format!("lost on {node}{suffix}")),
+        Some(node_reason::OUT_OF_MEMORY) => (
+            reason::OUT_OF_MEMORY,
+            format!("out of memory on {node}{suffix}"),
+        ),
+        Some(node_reason::NOT_BOUND) => (reason::NOT_BOUND, format!("refused by {node}{suffix}")),
+        Some(node_reason::NOT_PERMITTED) => {
+            (reason::NOT_PERMITTED, format!("refused by {node}{suffix}"))
+        }
         Some(node_reason::SIGNALED) => (
             reason::SIGNALED,
             format!(
@@ -824,5 +853,41 @@ mod tests {
             now(),
         );
         assert_eq!(a.phase(), AllocationPhase::Completed);
+    }
+
+    #[test]
+    fn out_of_memory_and_refusals_show_in_the_allocation() {
+        let mut a = bound(&["n1"]);
+        let mut r = report(NodeTaskPhase::Failed, None, node_reason::OUT_OF_MEMORY);
+        r.signal = Some(9);
+        r.message = Some("killed at the memory limit of 256 MiB".into());
+        record_node_state(&mut a, "n1", r, now());
+        let st = a.status.as_ref().unwrap();
+        assert_eq!(a.phase(), AllocationPhase::Failed);
+        assert_eq!(st.reason.as_deref(), Some(reason::OUT_OF_MEMORY));
+        assert_eq!(
+            st.message.as_deref(),
+            Some("out of memory on n1: killed at the memory limit of 256 MiB")
+        );
+
+        // A refusal is never requeued, whatever the policy.
+        for (why, code) in [
+            (node_reason::NOT_BOUND, reason::NOT_BOUND),
+            (node_reason::NOT_PERMITTED, reason::NOT_PERMITTED),
+        ] {
+            let mut a = bound(&["n1"]);
+            a.spec.requeue = Some(crate::Requeue {
+                policy: Some(RequeuePolicy::Always),
+                max_requeue: Some(5),
+            });
+            let mut r = report(NodeTaskPhase::Failed, None, why);
+            r.message = Some("nothing ran".into());
+            record_node_state(&mut a, "n1", r, now());
+            let st = a.status.as_ref().unwrap();
+            assert_eq!(a.phase(), AllocationPhase::Failed, "{why}");
+            assert_eq!(st.reason.as_deref(), Some(code));
+            assert_eq!(st.message.as_deref(), Some("refused by n1: nothing ran"));
+            assert_eq!(st.requeue_count, 0);
+        }
     }
 }

@@ -632,6 +632,14 @@ async fn start(
     let token = wait_token(cluster, &token_path, deadline).await?;
     let client = Client::new(&api_url, Some(token.clone()))
         .map_err(|e| CliError::from_client("set up the HTTP client", e))?;
+    let (me, my_uid) = local_user();
+    allow_own_user(&client, &me, "default").await?;
+    if !ctx.quiet {
+        writeln!(
+            err,
+            "Tenant default runs work as {me} (uid {my_uid}), even as root: this one-user cluster lists its own user in spec.runAs.allowUsers"
+        )?;
+    }
     let mut names = Vec::new();
     if let Some(agent_bin) = agent_bin {
         let n = args.agents;
@@ -647,7 +655,7 @@ async fn start(
                 )
             })?;
             let token_file = bootstrap_token(&client, &node, &state_dir).await?;
-            let a = vec![
+            let mut a = vec![
                 "--node-id".to_string(),
                 node.clone(),
                 "--api-url".into(),
@@ -666,6 +674,11 @@ async fn start(
                 "--unknown-user".into(),
                 "agent".into(),
             ];
+            // Only root can give workloads cgroups; a user's laptop runs them unlimited
+            // (the agent says so at start).
+            if my_uid != 0 {
+                a.push("--no-cgroups".into());
+            }
             cluster.spawn(&node, agent_bin, &a, &[], args.detach)?;
             names.push(node);
         }
@@ -713,6 +726,31 @@ async fn start(
                     "applying the example manifests failed",
                 )
                 .hint("see the errors above"));
+            }
+            // The example tenants run their work as this cluster's one user too.
+            let tenants = client
+                .get(&collection("tenants", None))
+                .await
+                .map_err(|e| CliError::from_client("list the tenants", e))?;
+            let names: Vec<String> = tenants["items"]
+                .as_array()
+                .map(|items| {
+                    items
+                        .iter()
+                        .filter_map(|t| s(t, "/metadata/name").map(String::from))
+                        .filter(|n| n != "default")
+                        .collect()
+                })
+                .unwrap_or_default();
+            for t in &names {
+                allow_own_user(&client, &me, t).await?;
+            }
+            if !ctx.quiet && !names.is_empty() {
+                writeln!(
+                    err,
+                    "Tenant(s) {} run work as {me} too (spec.runAs.allowUsers)",
+                    names.join(", ")
+                )?;
             }
         }
     }
@@ -800,6 +838,69 @@ async fn bootstrap_token(
     };
     written.map_err(|e| CliError::new(what, format!("{}: {e}", path.display())))?;
     Ok(path)
+}
+
+/// The local account running `lattice up` (its agents run work as it): name and uid.
+fn local_user() -> (String, u32) {
+    // SAFETY: geteuid cannot fail; getpwuid_r fills `pw` from `buf`, both ours.
+    unsafe {
+        let uid = libc::geteuid();
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        let mut buf = vec![0 as libc::c_char; 4096];
+        let name = if libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found) == 0
+            && !found.is_null()
+        {
+            std::ffi::CStr::from_ptr(pw.pw_name)
+                .to_string_lossy()
+                .into_owned()
+        } else if uid == 0 {
+            "root".to_string()
+        } else {
+            // No account name: the agents' check names the uid alone, which no
+            // allowUsers entry matches; an ordinary uid needs none.
+            format!("uid-{uid}")
+        };
+        (name, uid)
+    }
+}
+
+/// Add `user` to `tenant`'s `spec.runAs.allowUsers` (keeping what is there): the agents
+/// run a job as root, or an account below their `--min-uid`, only for a tenant that
+/// lists it, and `lattice up`'s agents run every job as the user who started it.
+async fn allow_own_user(client: &Client, user: &str, tenant: &str) -> Result<(), CliError> {
+    let path = workload::object("tenants", None, tenant);
+    let what = || format!("allow {user} to run work in tenant {tenant}");
+    let tenant = client
+        .get_opt(&path)
+        .await
+        .map_err(|e| CliError::from_client(what(), e))?;
+    let mut users: Vec<Value> = tenant
+        .as_ref()
+        .and_then(|t| t.pointer("/spec/runAs/allowUsers"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if users.iter().any(|u| u.as_str() == Some(user)) {
+        return Ok(());
+    }
+    users.push(Value::String(user.to_string()));
+    let patch = serde_json::json!({"spec": {"runAs": {"allowUsers": users}}});
+    let done = if tenant.is_some() {
+        client
+            .merge_patch(&path, &patch, &WriteOptions::default())
+            .await
+    } else {
+        let mut obj = serde_json::json!({
+            "apiVersion": "lattice.dev/v1alpha1", "kind": "Tenant",
+            "metadata": {"name": tenant},
+        });
+        obj["spec"] = patch["spec"].clone();
+        client
+            .create(&collection("tenants", None), &obj, &WriteOptions::default())
+            .await
+    };
+    done.map(drop).map_err(|e| CliError::from_client(what(), e))
 }
 
 /// Submits the example DAG and prints a line per step change until it ends; then the

@@ -13,7 +13,9 @@ pub async fn bootstrap(api: SocketAddr, token: &str) -> anyhow::Result<()> {
     let objects = [
         (
             format!("{base}/tenants/default"),
-            json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": "default"}, "spec": {}}),
+            // No `spec`: applying `spec: {}` would take the whole spec over and wipe what
+            // an admin set since (quotas, `spec.runAs`) at every restart.
+            json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": "default"}}),
         ),
         (
             format!("{base}/namespaces/default/vclusters/default"),

@@ -53,6 +53,50 @@ pub struct TenantSpec {
     /// Users (OIDC subjects) with tenant-admin rights.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub admins: Vec<String>,
+    /// Local accounts the tenant's work may run as on the nodes beyond the agents'
+    /// default rule (root and system accounts). Only cluster admins may set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as: Option<TenantRunAs>,
+}
+
+/// The node agents' rule for the local account a job runs as. By default a root agent
+/// runs no job as uid 0 or below its `--min-uid` (default 1000: system and service
+/// accounts); `allowUsers` names local accounts that may run anyway, `root` included
+/// (`lattice up`, a one-user cluster, lists its own user here).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TenantRunAs {
+    /// Local user names (as in `/etc/passwd`, e.g. `root`, `slurm`) whose jobs run even
+    /// though their uid is 0 or below the agent's `--min-uid`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_users: Vec<String>,
+}
+
+/// Longest local user name accepted in `spec.runAs.allowUsers` (glibc's `LOGIN_NAME_MAX`
+/// less the terminating NUL is 255; useradd's own limit is 32).
+pub const MAX_USER_NAME: usize = 32;
+
+/// Whether `name` is a portable local user name: starts with a letter or `_`, then
+/// letters, digits, `_`, `-` or `.`, optionally ending in `$` (Samba machine accounts).
+pub fn is_local_user_name(name: &str) -> bool {
+    let body = name.strip_suffix('$').unwrap_or(name);
+    let mut bytes = body.bytes();
+    let Some(first) = bytes.next() else {
+        return false;
+    };
+    name.len() <= MAX_USER_NAME
+        && (first.is_ascii_alphabetic() || first == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+impl Tenant {
+    /// Whether `spec.runAs.allowUsers` lists the local user `name`.
+    pub fn allows_user(&self, name: &str) -> bool {
+        self.spec
+            .run_as
+            .as_ref()
+            .is_some_and(|r| r.allow_users.iter().any(|u| u == name))
+    }
 }
 
 impl TenantSpec {
@@ -274,6 +318,82 @@ impl Resource for Tenant {
             }
             check_len(errs, format_args!("spec.admins[{i}]"), a, 256);
         }
+        if let Some(r) = &self.spec.run_as {
+            let mut seen = std::collections::BTreeSet::new();
+            for (i, u) in r.allow_users.iter().enumerate() {
+                let field = format!("spec.runAs.allowUsers[{i}]");
+                if !is_local_user_name(u) {
+                    errs.push(
+                        field,
+                        format!(
+                            "{:?} is not a local user name: use up to {MAX_USER_NAME} letters, digits, \
+                             '_', '-' or '.', starting with a letter or '_' (e.g. \"root\", \"slurm\")",
+                            crate::validation::truncate(u, 40)
+                        ),
+                    );
+                } else if !seen.insert(u.as_str()) {
+                    errs.push(field, format!("{u:?} is listed twice"));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod run_as_tests {
+    use super::*;
+    use crate::resource::Resource;
+
+    fn tenant(users: &[&str]) -> Tenant {
+        let mut t = Tenant::default();
+        t.metadata.name = Some("ml".into());
+        t.spec.run_as = Some(TenantRunAs {
+            allow_users: users.iter().map(|u| u.to_string()).collect(),
+        });
+        t
+    }
+
+    fn errors(t: &Tenant) -> Vec<String> {
+        let mut e = Errors::default();
+        t.validate_fields(&mut e);
+        e.0.into_iter()
+            .map(|e| format!("{}: {}", e.path, e.message))
+            .collect()
+    }
+
+    #[test]
+    fn allow_users_names_local_accounts() {
+        let t = tenant(&["root", "slurm", "_svc", "web-1", "m.x", "host$"]);
+        assert!(errors(&t).is_empty(), "{:?}", errors(&t));
+        assert!(t.allows_user("root"));
+        assert!(!t.allows_user("alice"));
+        assert!(!Tenant::default().allows_user("root"));
+        for bad in ["", "1abc", "a b", "a/b", "root\n", &"x".repeat(33)] {
+            let e = errors(&tenant(&[bad]));
+            assert_eq!(e.len(), 1, "{bad:?}: {e:?}");
+            assert!(e[0].starts_with("spec.runAs.allowUsers[0]: "), "{e:?}");
+        }
+        let e = errors(&tenant(&["root", "root"]));
+        assert_eq!(
+            e,
+            vec!["spec.runAs.allowUsers[1]: \"root\" is listed twice"]
+        );
+    }
+
+    #[test]
+    fn run_as_round_trips_in_camel_case() {
+        let t: Tenant = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "ml"},
+            "spec": {"runAs": {"allowUsers": ["root"]}}
+        }))
+        .unwrap();
+        assert!(t.allows_user("root"));
+        let back = serde_json::to_value(&t).unwrap();
+        assert_eq!(back["spec"]["runAs"]["allowUsers"][0], "root");
+        assert!(serde_json::from_value::<Tenant>(serde_json::json!({
+            "spec": {"runAs": {"allowUser": ["root"]}}
+        }))
+        .is_err());
     }
 }
 
