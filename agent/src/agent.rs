@@ -255,7 +255,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot find the agent's own binary for the shim: {e}"))?;
     let shutdown = CancellationToken::new();
     let reporter = Arc::new(Reporter::new(
-        client.clone(),
+        api.clone(),
         &cfg.node,
         state.clone(),
         metrics.clone(),

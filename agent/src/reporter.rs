@@ -1,31 +1,29 @@
 //! Sends this node's reports (`status.nodeStates[node]`) to the API, in order, from
 //! the queue kept in the state file.
 //!
-//! Each report is a guarded read-modify-write of `/status`:
-//! `lifecycle::record_node_state` on the latest allocation, then a PUT carrying the
-//! resourceVersion read (a 409 re-reads and retries). `record_node_state` ignores
-//! duplicates and stale attempts, so replaying the queue after a restart is harmless.
-//! While the API is unreachable the queue waits (with backoff) and the workloads run on.
+//! Each report goes to the allocation's `report` subresource
+//! ([`lattice_apis::lifecycle::NodeReport`]): the API server applies
+//! `lifecycle::record_node_state` to the stored allocation in a guarded write of its own,
+//! so the agent writes its report and nothing else of the status. `record_node_state`
+//! ignores duplicates and stale attempts, so replaying the queue after a restart is
+//! harmless. While the API is unreachable the queue waits (with backoff) and the
+//! workloads run on.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use lattice_apis::lifecycle::record_node_state;
-use lattice_apis::Allocation;
-use lattice_runtime::{Api, Client, PostParams};
+use lattice_apis::lifecycle::{NodeReport, REPORT_SUBRESOURCE};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::agent::ApiHttp;
 use crate::metrics::Metrics;
 use crate::state::{PendingReport, StateFile};
-
-/// Conflicts tolerated per report before backing off.
-const CONFLICT_RETRIES: usize = 20;
 
 /// The report sender.
 #[derive(Debug)]
 pub struct Reporter {
-    client: Client,
+    api: ApiHttp,
     node: String,
     state: Arc<StateFile>,
     metrics: Arc<Metrics>,
@@ -41,9 +39,9 @@ enum Outcome {
 
 impl Reporter {
     /// A reporter for `node`.
-    pub fn new(client: Client, node: &str, state: Arc<StateFile>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(api: ApiHttp, node: &str, state: Arc<StateFile>, metrics: Arc<Metrics>) -> Self {
         Self {
-            client,
+            api,
             node: node.to_string(),
             state,
             metrics,
@@ -115,58 +113,54 @@ impl Reporter {
     }
 
     async fn send(&self, r: &PendingReport) -> Outcome {
-        let api: Api<Allocation> = Api::namespaced(self.client.clone(), &r.namespace);
-        for _ in 0..CONFLICT_RETRIES {
-            let mut a = match api.get(&r.name).await {
-                Ok(a) => a,
-                Err(e) if e.is_not_found() => return Outcome::Done,
-                Err(e) => return Outcome::Retry(e.to_string()),
-            };
-            if a.metadata.uid.as_deref() != Some(r.uid.as_str()) {
-                // Deleted and re-created under the same name: not ours any more.
-                return Outcome::Done;
+        let url = self.api.url(&format!(
+            "/apis/{}/namespaces/{}/allocations/{}/{REPORT_SUBRESOURCE}",
+            lattice_apis::API_VERSION,
+            r.namespace,
+            r.name
+        ));
+        let body = NodeReport {
+            node: self.node.clone(),
+            uid: r.uid.clone(),
+            report: r.report.clone(),
+        };
+        let resp = match self
+            .api
+            .http
+            .post(url)
+            .timeout(Duration::from_secs(30))
+            .json(&body)
+            .send()
+            .await
+        {
+            Ok(resp) => resp,
+            Err(e) => return Outcome::Retry(e.to_string()),
+        };
+        let code = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        let allocation = format!("{}/{}", r.namespace, r.name);
+        match code {
+            200..=299 => {
+                self.metrics.reports_sent.inc();
+                tracing::info!(
+                    %allocation,
+                    attempt = r.report.attempt,
+                    phase = ?r.report.phase,
+                    reason = r.report.reason.as_deref().unwrap_or(""),
+                    recorded = !text.contains("\"recorded\":false"),
+                    "reported"
+                );
+                Outcome::Done
             }
-            if !record_node_state(
-                &mut a,
-                &self.node,
-                r.report.clone(),
-                lattice_apis::meta::now(),
-            ) {
-                return Outcome::Done;
+            // Gone, or deleted and re-created under the same name: not ours any more.
+            404 | 409 if !text.contains("concurrent writers") => Outcome::Done,
+            400..=499 if code != 429 && code != 409 => {
+                // The API refuses this report for good (validation, permissions): retrying
+                // cannot help and would block every later report.
+                tracing::error!(%allocation, code, error = %text, "the API rejected a node report; dropping it");
+                Outcome::Done
             }
-            match api
-                .replace_status(&r.name, &PostParams::default(), &a)
-                .await
-            {
-                Ok(_) => {
-                    self.metrics.reports_sent.inc();
-                    tracing::info!(
-                        allocation = %format!("{}/{}", r.namespace, r.name),
-                        attempt = r.report.attempt,
-                        phase = ?r.report.phase,
-                        reason = r.report.reason.as_deref().unwrap_or(""),
-                        "reported"
-                    );
-                    return Outcome::Done;
-                }
-                Err(e) if e.is_conflict() => continue,
-                Err(e) if e.is_not_found() => return Outcome::Done,
-                Err(e)
-                    if e.code()
-                        .is_some_and(|c| (400..500).contains(&c) && c != 429) =>
-                {
-                    // The API refuses this report for good (validation, permissions): retrying
-                    // cannot help and would block every later report.
-                    tracing::error!(
-                        allocation = %format!("{}/{}", r.namespace, r.name),
-                        error = %e,
-                        "the API rejected a node report; dropping it"
-                    );
-                    return Outcome::Done;
-                }
-                Err(e) => return Outcome::Retry(e.to_string()),
-            }
+            _ => Outcome::Retry(format!("{code}: {text}")),
         }
-        Outcome::Retry("too many conflicting writers".into())
     }
 }

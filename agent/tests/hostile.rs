@@ -271,13 +271,16 @@ async fn root_and_system_accounts_run_only_where_the_tenant_allows_them() {
         user_meta(&user.name),
     )
     .await;
-    api.patch(
-        "nobody-named",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {"lattice.dev/user": null}}})),
-    )
-    .await
-    .unwrap();
+    // (Only a system identity could: people never change whom work runs as.)
+    server
+        .system_allocations_in("hostile")
+        .patch(
+            "nobody-named",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"lattice.dev/user": null}}})),
+        )
+        .await
+        .unwrap();
     bind_in(&server, "hostile", "nobody-named", &["node-a"], Some(600)).await;
     let a = wait_for("nobody-named to end", LIMIT, || async {
         api.get("nobody-named")

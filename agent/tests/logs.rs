@@ -190,25 +190,41 @@ async fn the_agent_serves_logs_only_to_the_api_server() {
     let got = |r: Result<reqwest::Response, reqwest::Error>| async move {
         match r {
             Err(_) => None,
-            Ok(resp) => Some((resp.status().as_u16(), resp.text().await.unwrap_or_default())),
+            Ok(resp) => Some((
+                resp.status().as_u16(),
+                resp.text().await.unwrap_or_default(),
+            )),
         }
     };
     let plain = got(reqwest::get(format!("http://{addr}/logs/default/secret")).await).await;
-    assert!(plain.as_ref().is_none_or(|(_, b)| !b.contains("s3cr3t")), "{plain:?}");
+    assert!(
+        plain.as_ref().is_none_or(|(_, b)| !b.contains("s3cr3t")),
+        "{plain:?}"
+    );
     let anonymous = got(client(None).get(&url).send().await).await;
-    assert!(anonymous.is_none(), "no certificate, no connection: {anonymous:?}");
+    assert!(
+        anonymous.is_none(),
+        "no certificate, no connection: {anonymous:?}"
+    );
     let pki = a.state_dir.join("pki");
     let node_cert = (
         std::fs::read_to_string(pki.join("node.crt")).unwrap(),
         std::fs::read_to_string(pki.join("node.key")).unwrap(),
     );
     let as_node = got(client(Some(node_cert)).get(&url).send().await).await;
-    assert!(as_node.is_none(), "a node's certificate is not the API server's: {as_node:?}");
+    assert!(
+        as_node.is_none(),
+        "a node's certificate is not the API server's: {as_node:?}"
+    );
     let api = server.dir.path().join("data/pki");
     let as_api = (
         std::fs::read_to_string(api.join("apiserver.crt")).unwrap(),
         std::fs::read_to_string(api.join("apiserver.key")).unwrap(),
     );
     let ok = got(client(Some(as_api)).get(&url).send().await).await;
-    assert_eq!(ok.map(|(c, _)| c), Some(200), "the API server's certificate gets in");
+    assert_eq!(
+        ok.map(|(c, _)| c),
+        Some(200),
+        "the API server's certificate gets in"
+    );
 }

@@ -77,11 +77,7 @@ async fn node_is_registered_ready_and_heartbeats() {
     // The agent's own endpoint answers at the published address.
     let address = agent_info.address.unwrap();
     let (http, base) = server.agent_http("gpu-node", &address);
-    let health = http
-        .get(format!("{base}/healthz"))
-        .send()
-        .await
-        .unwrap();
+    let health = http.get(format!("{base}/healthz")).send().await.unwrap();
     assert_eq!(health.status().as_u16(), 200);
 
     // Heartbeats: a stream. The Lease is written once, attached to a store lease, and

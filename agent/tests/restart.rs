@@ -143,10 +143,21 @@ async fn graceful_shutdown_leaves_workloads_running() {
         "SIGTERM to the agent must not stop workloads"
     );
 
+    let before = server.nodes().get("node-a").await.expect("node");
+    let old_address = before.status.and_then(|s| s.agent).and_then(|a| a.address);
     agent.restart();
     std::fs::write(&mark, "").unwrap();
     let a = wait_phase(&server, "survivor", AllocationPhase::Completed).await;
     assert_eq!(node_state(&a, "node-a").exit_code, Some(0));
+    // The logs are read from the agent at the address it publishes when it registers
+    // again, which may come after the report.
+    let nodes = server.nodes();
+    wait_for("the agent's new address", LIMIT, || async {
+        let n = nodes.get("node-a").await.ok()?;
+        let a = n.status.and_then(|s| s.agent).and_then(|a| a.address);
+        (a.is_some() && a != old_address).then_some(())
+    })
+    .await;
     let (_, out) = server.logs("survivor", "").await;
     assert!(
         out.contains("started") && out.contains("finishing 0"),

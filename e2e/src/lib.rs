@@ -61,7 +61,10 @@ pub struct Server {
 /// runtime of its own), for the synchronous harnesses.
 pub fn bootstrap_token(api_url: &str, admin_token: &str, node: &str) -> String {
     let (url, admin, node) = (
-        format!("{api_url}{}", lattice_apis::node_identity::BOOTSTRAP_TOKENS_PATH),
+        format!(
+            "{api_url}{}",
+            lattice_apis::node_identity::BOOTSTRAP_TOKENS_PATH
+        ),
         admin_token.trim().to_string(),
         node.to_string(),
     );

@@ -57,8 +57,7 @@ impl Server {
     pub fn start_with(extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let (child, url, tls_url) =
-            Self::spawn(dir.path(), "127.0.0.1:0", "127.0.0.1:0", &extra);
+        let (child, url, tls_url) = Self::spawn(dir.path(), "127.0.0.1:0", "127.0.0.1:0", &extra);
         let token = std::fs::read_to_string(dir.path().join("data/admin.token"))
             .expect("admin token")
             .trim()

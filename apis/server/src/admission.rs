@@ -3,10 +3,9 @@
 //! every write verb of [`crate::resources::Resources`] once the object to store is known
 //! and before it is committed, for every caller but the trusted in-process controllers:
 //!
-//! * a node's `/status` write keeps only the node's own part: for an allocation bound to
-//!   it, its report `status.nodeStates[<node>]`, from which the server derives the rest
-//!   (`lifecycle::record_node_state`: phase, conditions); for its Node, the fields an
-//!   agent reports (capacity, fingerprint, agent, and Ready from Unknown/Booting/Down);
+//! * a node writes the status of its own Node only, and of it only the fields an agent
+//!   reports (capacity, fingerprint, agent, and Ready from Unknown/Booting/Down); its
+//!   reports on allocations go through their `report` subresource ([`crate::reports`]);
 //! * a node creates only its own Node, with only the spec an agent knows (topology
 //!   group, features);
 //! * people never write what the system owns: the scheduler's annotations and
@@ -18,8 +17,8 @@
 //! * limits: an allocation's walltime within its vCluster's `maxWalltime`, its nodes
 //!   within its tenant's `maxNodes`.
 
-use lattice_apis::lifecycle::{record_node_state, NODES_FINALIZER, PREEMPT_ANNOTATION};
-use lattice_apis::{Allocation, KindInfo, Node, NodeTaskState, Tenant, VCluster};
+use lattice_apis::lifecycle::{NODES_FINALIZER, PREEMPT_ANNOTATION};
+use lattice_apis::{Allocation, KindInfo, Node, Tenant, VCluster};
 use serde_json::{json, Map, Value};
 
 use crate::auth::{Role, UserInfo, USER_ANNOTATION};
@@ -224,7 +223,6 @@ fn node_write(
 ) -> ApiResult<Value> {
     let me = caller.node_name().unwrap_or_default();
     match (kind.kind, old, subresource) {
-        ("Allocation", Some(old), Some("status")) => allocation_report(me, kind, old, &new),
         ("Node", Some(old), Some("status")) if name_of(old) == me => {
             node_status(me, kind, old, new)
         }
@@ -243,47 +241,11 @@ fn node_write(
             &new,
             subresource.unwrap_or("spec"),
             format!(
-                "node {me:?} may write only its own Node's status and its reports on the \
-                 allocations bound to it (NodeRestriction)"
+                "node {me:?} may write only its own Node's status, and report on the \
+                 allocations bound to it through their report subresource (NodeRestriction)"
             ),
         )),
     }
-}
-
-/// A node's report on an allocation bound to it: only `status.nodeStates[<node>]` is
-/// taken; the rest of the status is the server's derivation from all reports.
-fn allocation_report(
-    me: &str,
-    kind: &'static KindInfo,
-    old: &Value,
-    new: &Value,
-) -> ApiResult<Value> {
-    if !crate::authz::node_may_see(me, old) {
-        return Err(ApiError::not_found(kind.kind, kind.plural, name_of(old)));
-    }
-    let field = format!("status.nodeStates[{me}]");
-    let report = new
-        .pointer("/status/nodeStates")
-        .and_then(|m| m.get(me))
-        .ok_or_else(|| {
-            forbidden(
-                kind,
-                new,
-                &field,
-                format!("node {me:?} writes an allocation's status only through its own report ({field})"),
-            )
-        })?;
-    let report: NodeTaskState = serde_json::from_value(report.clone())
-        .map_err(|e| invalid(kind, new, &field, format!("not a node report: {e}")))?;
-    let mut alloc: Allocation = decode(kind, old)?;
-    record_node_state(&mut alloc, me, report, lattice_apis::meta::now());
-    let mut result = old.clone();
-    let status =
-        serde_json::to_value(&alloc.status).map_err(|e| ApiError::internal(e.to_string()))?;
-    if let Some(o) = result.as_object_mut() {
-        o.insert("status".into(), status);
-    }
-    Ok(result)
 }
 
 /// A node's own Node status: what an agent reports, and Ready when an agent may bring

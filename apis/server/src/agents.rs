@@ -135,3 +135,19 @@ async fn resolve(node: &str, addr: &str) -> ApiResult<SocketAddr> {
             ))
         })
 }
+
+/// An error with its causes ("error sending request: connection refused"): reqwest's
+/// own message names only the outermost.
+pub fn describe(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cause = c.source();
+    }
+    out
+}

@@ -153,6 +153,16 @@ async fn finish(
     let start = Instant::now();
     let r = async {
         let (user, obj) = found?;
+        // Who may attach, before anything else is looked at.
+        let k = allocations()?;
+        let at = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or_default();
+        authz::authorize(
+            &user,
+            &Attributes::kind(Verb::Connect, k, Some(at("/metadata/namespace")))
+                .named(Some(at("/metadata/name")))
+                .sub(Some("attach")),
+        )?;
+        admit_connect(&inner.resources, &user, &obj, Connect::Attach).await?;
         let req = Request::parse(uri)?;
         let ws = ws.map_err(|e| {
             ApiError::bad_request(format!(
@@ -178,16 +188,8 @@ async fn open(
     obj: &Value,
     req: Request,
 ) -> ApiResult<(AttachTicket, AgentSocket)> {
-    let k = allocations()?;
     let str_at = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or_default();
     let (ns, name) = (str_at("/metadata/namespace"), str_at("/metadata/name"));
-    authz::authorize(
-        user,
-        &Attributes::kind(Verb::Connect, k, Some(ns))
-            .named(Some(name))
-            .sub(Some("attach")),
-    )?;
-    admit_connect(&inner.resources, user, obj, Connect::Attach).await?;
     let phase = str_at("/status/phase");
     if phase != "Running" {
         return Err(ApiError::new(

@@ -2,7 +2,7 @@
 //! request asks, described as [`Attributes`] (verb, resource, subresource, tenant, name,
 //! field selector) before it reads a body; the verbs over the store then ask the
 //! object-level questions that need the stored object ([`node_may_see`],
-//! [`admit_status_write`], [`admit_spec_write`]).
+//! [`crate::admission`]).
 //!
 //! Who may do what (a person's role comes from their credentials; see `docs/security.md`):
 //!
@@ -10,7 +10,7 @@
 //! |---|---|
 //! | anonymous (a server without authentication: tests, `--dev` without tokens) | everything |
 //! | `system:controllers` ([`Role::System`]) | everything, status included |
-//! | `system:node:<n>` ([`Role::Node`], from a `node:<n>` client certificate only) | its own Node (create; status, not `owner`), its heartbeat Lease, and the allocations bound to it: list/watch only through `status.assignedNodes=<n>`, get, and write their status — only its own report (`status.nodeStates[<n>]`), from which the server derives the rest ([`admit_status_write`]) |
+//! | `system:node:<n>` ([`Role::Node`], from a `node:<n>` client certificate only) | its own Node (create; status, not `owner`), its heartbeat Lease, and the allocations bound to it: list/watch only through `status.assignedNodes=<n>`, get, and its own report on them (the `report` subresource, [`crate::reports`]: the server derives the rest of the status) |
 //! | admin | every object's spec and metadata, never status |
 //! | user | objects of its tenants (reads and writes), its own Tenant, Nodes and the cluster settings (reads); never status, never anything that takes nodes from others (`homeNodes`), never system-owned annotations |
 //! | readonly | reads in its tenants |
@@ -133,9 +133,9 @@ impl<'a> Attributes<'a> {
         self
     }
 
-    /// A write of what the system owns: status, and a node's heartbeats.
+    /// A write of what the system owns: status, a node's reports and its heartbeats.
     fn is_status_write(&self) -> bool {
-        matches!(self.subresource, Some("status" | "heartbeat")) && !self.verb.is_read()
+        matches!(self.subresource, Some("status" | "heartbeat" | "report")) && !self.verb.is_read()
     }
 }
 
@@ -278,7 +278,7 @@ fn node(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
         }
         // Which allocations: the object decides (`node_may_see`), after it is read.
         ("allocations", Verb::Get, None | Some("token")) => a.name.is_some(),
-        ("allocations", Verb::Update | Verb::Patch, Some("status")) => a.name.is_some(),
+        ("allocations", Verb::Update, Some("report")) => a.name.is_some(),
         ("allocations", Verb::List | Verb::Watch, None) => selects("status.assignedNodes"),
         // The run-as policy of a bound allocation's tenant.
         ("tenants", Verb::Get, None) => a.name.is_some(),

@@ -43,6 +43,7 @@ pub mod node_identity;
 pub mod objects;
 pub mod openapi;
 pub mod patch;
+pub mod reports;
 pub mod resources;
 pub mod routes;
 pub mod selectors;
@@ -239,6 +240,10 @@ impl ApiServer {
             .route(
                 &format!("{api_prefix}/namespaces/{{ns}}/allocations/{{name}}/attach"),
                 get(attach::attach),
+            )
+            .route(
+                &format!("{api_prefix}/namespaces/{{ns}}/allocations/{{name}}/report"),
+                post(reports::report),
             )
             .route(
                 &format!("{api_prefix}/nodes/{{name}}/heartbeat"),

@@ -208,7 +208,8 @@ async fn serve(
             .await
             .map_err(|e| {
                 ApiError::unavailable(format!(
-                    "the agent of node {node} at {addr} is unreachable: {e}"
+                    "the agent of node {node} at {addr} is unreachable: {}",
+                    crate::agents::describe(&e)
                 ))
             })?;
         let status = resp.status();

@@ -519,7 +519,14 @@ async fn sweep(backend: &Arc<dyn KvBackend>) {
         for kv in listed.kvs {
             let expires = serde_json::from_slice::<serde_json::Value>(&kv.value)
                 .ok()
-                .and_then(|v| v.get(if prefix == TOKENS { "expires" } else { "notAfter" })?.as_u64());
+                .and_then(|v| {
+                    v.get(if prefix == TOKENS {
+                        "expires"
+                    } else {
+                        "notAfter"
+                    })?
+                    .as_u64()
+                });
             if expires.is_some_and(|e| e <= t) {
                 let _ = backend
                     .txn(TxnRequest {

@@ -310,7 +310,14 @@ async fn the_owner_attaches_through_the_relay_and_the_agent_gets_a_single_use_ti
         (t["tty"].as_bool(), t["stdin"].as_bool()),
         (Some(false), Some(true))
     );
-    let (c, e) = call(&f.s, Method::POST, proto::REDEEM_PATH, &f.system, Some(body)).await;
+    let (c, e) = call(
+        &f.s,
+        Method::POST,
+        proto::REDEEM_PATH,
+        &f.system,
+        Some(body),
+    )
+    .await;
     assert_eq!(c, 403, "a ticket is good once: {e}");
     assert!(
         e["message"].as_str().unwrap_or_default().contains("used"),
@@ -459,7 +466,10 @@ async fn job_tokens_act_as_the_allocations_user_in_its_tenant() {
         None,
     )
     .await;
-    assert_eq!(c, 403, "an admin cannot have a token that acts as alice made: {e}");
+    assert_eq!(
+        c, 403,
+        "an admin cannot have a token that acts as alice made: {e}"
+    );
     let (c, t) = call(
         &f.s,
         Method::POST,

@@ -680,7 +680,8 @@ async fn a_node_touches_only_its_own_node_lease_and_bound_allocations() {
         )
         .await;
     assert_eq!(code, 200);
-    // A node certificate used for another node's allocation: refused.
+    // A node certificate used for another node's allocation: refused, and nothing there
+    // is revealed.
     let (_, theirs) = c
         .send(
             &alice,
@@ -689,18 +690,35 @@ async fn a_node_touches_only_its_own_node_lease_and_bound_allocations() {
             None,
         )
         .await;
-    let mut r = theirs.clone();
-    r["status"]["nodeStates"] = json!({"n1": {"phase": "Succeeded", "attempt": 1, "exitCode": 0}});
+    let report =
+        |uid: &Value, node: &str, body: Value| json!({"node": node, "uid": uid, "report": body});
     let (code, v) = n1
         .send(
-            "PUT",
-            &format!("{API}/namespaces/t1/allocations/theirs/status"),
-            Some(r),
+            "POST",
+            &format!("{API}/namespaces/t1/allocations/theirs/report"),
+            Some(report(
+                &theirs["metadata"]["uid"],
+                "n1",
+                json!({"phase": "Succeeded", "attempt": 1, "exitCode": 0}),
+            )),
         )
         .await;
     assert_eq!(code, 404, "{v}");
-    // Its own report on its own allocation is taken, and only that: the phase, the nodes
-    // and the walltime it wrote are the server's to derive, not the node's to set.
+    // Reporting as another node: refused.
+    let (code, v) = n1
+        .send(
+            "POST",
+            &format!("{API}/namespaces/t1/allocations/theirs/report"),
+            Some(report(
+                &theirs["metadata"]["uid"],
+                "n2",
+                json!({"phase": "Succeeded", "attempt": 1, "exitCode": 0}),
+            )),
+        )
+        .await;
+    assert_eq!(code, 403, "{v}");
+    // Writing an allocation's status directly: refused, its own or not; the phase, the
+    // nodes and the walltime are the server's to derive, not the node's to set.
     let (_, mine) = c
         .send(
             &alice,
@@ -709,23 +727,57 @@ async fn a_node_touches_only_its_own_node_lease_and_bound_allocations() {
             None,
         )
         .await;
-    let mut r = mine.clone();
-    r["status"]["nodeStates"] = json!({"n1": {"phase": "Running", "attempt": 1, "pid": 7}});
-    r["status"]["assignedNodes"] = json!(["n1", "n2", "n3"]);
-    r["status"]["walltimeSeconds"] = json!(99999999);
-    r["status"]["phase"] = json!("Completed");
+    let mut forged = mine.clone();
+    forged["status"]["assignedNodes"] = json!(["n1", "n2", "n3"]);
+    forged["status"]["walltimeSeconds"] = json!(99999999);
+    forged["status"]["phase"] = json!("Completed");
     let (code, v) = n1
         .send(
             "PUT",
             &format!("{API}/namespaces/t1/allocations/mine/status"),
-            Some(r),
+            Some(forged),
+        )
+        .await;
+    assert_eq!(code, 403, "{v}");
+    // Its own report on its own allocation is what it may write, and the server derives
+    // the rest from it.
+    let (code, v) = n1
+        .send(
+            "POST",
+            &format!("{API}/namespaces/t1/allocations/mine/report"),
+            Some(report(
+                &mine["metadata"]["uid"],
+                "n1",
+                json!({"phase": "Running", "attempt": 1, "pid": 7}),
+            )),
         )
         .await;
     assert_eq!(code, 200, "{v}");
+    let (_, v) = c
+        .send(
+            &alice,
+            "GET",
+            &format!("{API}/namespaces/t1/allocations/mine"),
+            None,
+        )
+        .await;
     assert_eq!(v["status"]["assignedNodes"], json!(["n1"]), "{v}");
     assert_eq!(v["status"]["phase"], "Running", "{v}");
-    assert!(v["status"].get("walltimeSeconds").is_none(), "{v}");
     assert_eq!(v["status"]["nodeStates"]["n1"]["pid"], 7);
+    // People do not report.
+    let (code, _) = c
+        .send(
+            &alice,
+            "POST",
+            &format!("{API}/namespaces/t1/allocations/mine/report"),
+            Some(report(
+                &mine["metadata"]["uid"],
+                "n1",
+                json!({"phase": "Succeeded", "attempt": 1}),
+            )),
+        )
+        .await;
+    assert_eq!(code, 403);
     // Job tokens: for its bound allocation only.
     let (code, _) = n1
         .send("POST", "/v1/allocations/theirs/token?tenant=t1", None)
@@ -797,7 +849,11 @@ async fn a_node_renews_its_own_certificate_only() {
     let n1 = c.node("n1").await;
     let (csr, _) = lattice_pki::csr(&Identity::Node("n1".into())).unwrap();
     let (code, v) = n1
-        .send("POST", "/v1/nodes/certificate/renew", Some(json!({"csr": csr})))
+        .send(
+            "POST",
+            "/v1/nodes/certificate/renew",
+            Some(json!({"csr": csr})),
+        )
         .await;
     assert_eq!(code, 200, "{v}");
     let info = lattice_pki::inspect_pem(v["certificate"].as_str().unwrap()).unwrap();
@@ -805,12 +861,20 @@ async fn a_node_renews_its_own_certificate_only() {
     // Asking for another node's: refused, and a CSR that names another node still gets
     // a certificate for the caller only.
     let (code, v) = n1
-        .send("POST", "/v1/nodes/certificate/renew", Some(json!({"node": "n2", "csr": csr})))
+        .send(
+            "POST",
+            "/v1/nodes/certificate/renew",
+            Some(json!({"node": "n2", "csr": csr})),
+        )
         .await;
     assert_eq!(code, 403, "{v}");
     let (csr2, _) = lattice_pki::csr(&Identity::Node("n2".into())).unwrap();
     let (code, v) = n1
-        .send("POST", "/v1/nodes/certificate/renew", Some(json!({"csr": csr2})))
+        .send(
+            "POST",
+            "/v1/nodes/certificate/renew",
+            Some(json!({"csr": csr2})),
+        )
         .await;
     assert_eq!(code, 200, "{v}");
     let info = lattice_pki::inspect_pem(v["certificate"].as_str().unwrap()).unwrap();
@@ -818,11 +882,18 @@ async fn a_node_renews_its_own_certificate_only() {
     // People renew nothing.
     let admin = token("ops", &["*"], Role::Admin);
     let (code, _) = c
-        .send(&admin, "POST", "/v1/nodes/certificate/renew", Some(json!({"csr": csr})))
+        .send(
+            &admin,
+            "POST",
+            "/v1/nodes/certificate/renew",
+            Some(json!({"csr": csr})),
+        )
         .await;
     assert_eq!(code, 403);
     // Both renewed certificates are revoked with the node.
-    let (code, v) = c.send(&admin, "POST", "/v1/admin/nodes/n1/revoke", None).await;
+    let (code, v) = c
+        .send(&admin, "POST", "/v1/admin/nodes/n1/revoke", None)
+        .await;
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["revoked"].as_array().map(Vec::len), Some(3), "{v}");
 }
@@ -850,15 +921,25 @@ async fn logs_and_attach_of_others_and_of_sensitive_work_are_refused() {
         (&tadmin, "s1", 403),
     ] {
         for sub in ["log", "attach"] {
-            let (code, v) = c.send(who, "GET", &format!("{path}/{name}/{sub}"), None).await;
+            let (code, v) = c
+                .send(who, "GET", &format!("{path}/{name}/{sub}"), None)
+                .await;
             assert_eq!(code, want, "{sub} of {name}: {v}");
         }
     }
     // Its owner, an admin (not sensitive) and the tenant's admin (logs, not sensitive) get
     // past the authorizer: the allocation has not run anywhere, which is the answer.
     for (who, name) in [(&bob, "s1"), (&bob, "b1"), (&admin, "b1"), (&tadmin, "b1")] {
-        let (code, v) = c.send(who, "GET", &format!("{path}/{name}/log"), None).await;
+        let (code, v) = c
+            .send(who, "GET", &format!("{path}/{name}/log"), None)
+            .await;
         assert_eq!(code, 400, "{name}: {v}");
-        assert!(v["message"].as_str().unwrap().contains("has not been placed"), "{v}");
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap()
+                .contains("has not been placed"),
+            "{v}"
+        );
     }
 }

@@ -310,7 +310,11 @@ async fn admins_cannot_submit_as_someone_else() {
     let s = auth_server().await;
     let ops = token("ops", Role::Admin);
     let (c, v) = post(&s, &allocs("t1"), Some(&ops), &alloc_as("a1", Some("bob"))).await;
-    assert_forbidden(c, &v, &[r#"= "bob""#, r#"omit the annotation or set it to "ops""#]);
+    assert_forbidden(
+        c,
+        &v,
+        &[r#"= "bob""#, r#"omit the annotation or set it to "ops""#],
+    );
     let (c, v) = post(&s, &dags(), Some(&ops), &dag_as("d1", Some("bob"))).await;
     assert_eq!(c, 403, "{v}");
     // A named admin who names nobody submits as themselves.

@@ -35,6 +35,25 @@ use crate::meta::{set_condition, Condition, ConditionStatus, Time};
 
 /// Annotation that asks for an allocation (or Dag) to be cancelled; the object is kept.
 pub use crate::meta::CANCEL_REQUESTED_ANNOTATION as CANCEL_ANNOTATION;
+/// The subresource through which a node's agent reports on an allocation bound to it:
+/// `POST .../namespaces/{ns}/allocations/{name}/report` with a [`NodeReport`]. The API
+/// server applies [`record_node_state`] to the stored allocation itself, so an agent
+/// writes its own report and nothing else of the status.
+pub const REPORT_SUBRESOURCE: &str = "report";
+
+/// The body of a report.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeReport {
+    /// The reporting node (a node's agent may name only itself).
+    pub node: String,
+    /// The allocation's uid the report is about (a re-created allocation of the same name
+    /// is another one: 409).
+    pub uid: String,
+    /// The report.
+    pub report: NodeTaskState,
+}
+
 /// Annotation the scheduler sets on a preemption victim (value: the preemptor's name).
 pub const PREEMPT_ANNOTATION: &str = "lattice.dev/preempt-requested";
 /// Finalizer the scheduler puts on every allocation it binds: a deleted allocation stays
