@@ -794,6 +794,10 @@ pub struct UpArgs {
     /// certificates [default: a free port on 127.0.0.1]
     #[arg(long, value_name = "ADDR")]
     pub tls_addr: Option<String>,
+    /// One more flag for every agent, e.g. --agent-arg=--memory-gb=4 or
+    /// --agent-arg=--max-pids=512; repeat for several
+    #[arg(long = "agent-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    pub agent_args: Vec<String>,
     /// Directory with tenant.yaml, vclusters.yaml and training-pipeline.yaml
     /// [default: ./manifests/examples when it exists]
     #[arg(long, value_name = "DIR")]

@@ -679,6 +679,7 @@ async fn start(
             if my_uid != 0 {
                 a.push("--no-cgroups".into());
             }
+            a.extend(args.agent_args.iter().cloned());
             cluster.spawn(&node, agent_bin, &a, &[], args.detach)?;
             names.push(node);
         }
