@@ -14,7 +14,8 @@
 //!   Slurm names through `lattice compat`.
 //!
 //! The run's environment then has `LATTICE_API_URL` (`--job-api-url`, default
-//! `--api-url`), `LATTICE_TOKEN_FILE` and `creds/bin` first on `PATH`, so `srun ./app`
+//! `--api-url`), `LATTICE_TOKEN_FILE`, `LATTICE_CA_FILE` (the cluster CA, `creds/ca.crt`)
+//! and `creds/bin` first on `PATH`, so `srun ./app`
 //! in a batch script starts a job step of it (`LATTICE_ALLOC_ID` says which) on its nodes.
 //! Attach sessions in the run get the same. The directory goes with the run's workspace.
 //! Everything here is best effort: a run whose token could not be had still runs (its
@@ -31,6 +32,8 @@ use crate::config::{Config, UnknownUser};
 use crate::files::Dir;
 use crate::runtime::RunAs;
 
+/// The cluster CA in the credentials directory.
+const CA_FILE: &str = "ca.crt";
 /// Under the run's directory.
 pub const DIR: &str = "creds";
 /// The commands put on a job's `PATH`: `lattice` itself, and Slurm's through `lattice
@@ -124,6 +127,13 @@ pub async fn prepare(ctx: &Ctx, alloc: &Allocation, run_dir: &Dir, user: Option<
             }
         }
     }
+    // The cluster CA, so that commands in the job trust the API server the agent does
+    // (`LATTICE_CA_FILE`); public, readable by the job.
+    if let Some(ca) = ctx.identity.as_ref().map(|i| i.ca_pem()) {
+        if let Err(e) = creds.write_new(CA_FILE, ca.as_bytes(), 0o644, None) {
+            tracing::warn!(allocation = %name, error = %e, "cannot write the cluster CA for the job");
+        }
+    }
     let Some(cli) = &ctx.cfg.lattice_cli else {
         return;
     };
@@ -144,6 +154,10 @@ pub fn add_env(cfg: &Config, run_dir: &Path, env: &mut BTreeMap<String, String>)
     let token = token_path(run_dir);
     if token.exists() {
         env.insert("LATTICE_TOKEN_FILE".into(), token.display().to_string());
+    }
+    let ca = dir(run_dir).join(CA_FILE);
+    if ca.exists() {
+        env.insert("LATTICE_CA_FILE".into(), ca.display().to_string());
     }
     let bin = bin_dir(run_dir);
     if bin.is_dir() {

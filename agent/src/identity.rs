@@ -144,6 +144,11 @@ impl NodeIdentity {
         Ok(c)
     }
 
+    /// The cluster CA (PEM).
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
     /// When the current certificate is due for renewal.
     pub fn renew_at(&self) -> SystemTime {
         self.info

@@ -64,9 +64,15 @@ impl Ctx {
         self.output.unwrap_or(default)
     }
 
-    /// The user running the CLI (`$USER`), if known.
+    /// Whom the server knows this CLI's caller as: the subject of its bearer token (the
+    /// server sets `lattice.dev/user` from it), else the local user (`$USER`, for a server
+    /// without authentication). The token is only read, not verified: the server does that.
     pub fn user(&self) -> Option<String> {
-        self.env.get("USER").or_else(|| self.env.get("LOGNAME"))
+        self.settings
+            .token
+            .as_deref()
+            .and_then(token_subject)
+            .or_else(|| self.env.get("USER").or_else(|| self.env.get("LOGNAME")))
     }
 
     /// True when the tenant was chosen by flag or environment (not defaulted).
@@ -76,6 +82,20 @@ impl Ctx {
             config::Source::Flag | config::Source::Env
         )
     }
+}
+
+/// The `sub` claim of a JWT (`header.payload.signature`, base64url JSON).
+fn token_subject(token: &str) -> Option<String> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&raw).ok()?;
+    v.get("sub")?
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(String::from)
 }
 
 /// Knobs for embedding the CLI (tests).
