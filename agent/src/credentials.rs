@@ -73,10 +73,11 @@ pub fn wrapper(cli: &Path, command: &str) -> String {
 /// Ask the API server for the allocation's job token; `Ok(None)` with authentication off.
 async fn request_token(ctx: &Ctx, alloc: &Allocation) -> Result<Option<String>, String> {
     let url = ctx.api.url(&format!(
-        "/v1/allocations/{}/token?tenant={}&uid={}",
+        "/v1/allocations/{}/token?tenant={}&uid={}&attempt={}",
         alloc.metadata.name_str(),
         alloc.metadata.namespace_str(),
-        alloc.metadata.uid.as_deref().unwrap_or_default()
+        alloc.metadata.uid.as_deref().unwrap_or_default(),
+        alloc.status.as_ref().map_or(0, |s| s.attempt)
     ));
     let req = ctx.api.http.post(url).timeout(Duration::from_secs(10));
     let resp = req.send().await.map_err(|e| e.to_string())?;

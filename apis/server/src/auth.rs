@@ -25,7 +25,7 @@ pub const ANONYMOUS: &str = "system:anonymous";
 
 /// What a caller is. `Node` and `System` are system identities: only they write status
 /// (see [`crate::authz`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// A person administering the cluster: every object's spec and metadata, never status.
@@ -33,6 +33,7 @@ pub enum Role {
     /// A person working in their tenants.
     User,
     /// A person who may only read, in their tenants.
+    #[default]
     Readonly,
     /// The controllers (in-process ones are trusted without credentials; out-of-process
     /// ones authenticate as `system:controllers`): everything, status included.
@@ -56,15 +57,44 @@ pub struct Claims {
     pub tenants: Tenants,
     pub role: Role,
     pub exp: u64,
+    /// A job token's allocation: the token acts for the job and dies with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc: Option<BoundAllocation>,
+}
+
+/// The allocation a job token is bound to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoundAllocation {
+    /// Its tenant.
+    pub ns: String,
+    /// Its name.
+    pub name: String,
+    /// Its uid (a re-created allocation of the same name is another one).
+    pub uid: String,
+}
+
+/// The client certificate a caller authenticated with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertRef {
+    /// Its serial (lowercase hex).
+    pub serial: String,
+    /// Valid from.
+    pub not_before: SystemTime,
+    /// Valid until.
+    pub not_after: SystemTime,
 }
 
 /// Who is calling.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct UserInfo {
     pub name: String,
     /// `None`: every tenant.
     pub tenants: Option<Vec<String>>,
     pub role: Role,
+    /// The client certificate it authenticated with, if it did.
+    pub cert: Option<CertRef>,
+    /// For a job token: the allocation it acts for.
+    pub bound_to: Option<BoundAllocation>,
 }
 
 /// The user name of a node's agent: `system:node:<name>`.
@@ -80,6 +110,7 @@ impl UserInfo {
             // No tenant: what a node may touch is decided object by object.
             tenants: Some(Vec::new()),
             role: Role::Node,
+            ..Default::default()
         }
     }
 
@@ -89,6 +120,7 @@ impl UserInfo {
             name: CONTROLLERS_USER.into(),
             tenants: None,
             role: Role::System,
+            ..Default::default()
         }
     }
 
@@ -112,6 +144,7 @@ impl UserInfo {
             name: ANONYMOUS.into(),
             tenants: None,
             role: Role::Admin,
+            ..Default::default()
         }
     }
 
@@ -215,10 +248,17 @@ impl JwtAuthenticator {
             Tenants::List(l) if l.iter().any(|t| t == "*") => None,
             Tenants::List(l) => Some(l),
         };
+        if c.alloc.is_some() && c.role != Role::User {
+            return Err(ApiError::unauthorized(
+                "invalid bearer token: a job token carries the user role only",
+            ));
+        }
         let user = UserInfo {
             name: c.sub,
             tenants,
             role: c.role,
+            bound_to: c.alloc,
+            ..Default::default()
         };
         let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
         if verified.len() >= VERIFIED_TOKENS {
@@ -246,6 +286,28 @@ impl Authenticator for JwtAuthenticator {
     }
 }
 
+/// Mint a job token: a user token of `sub` in the allocation's tenant only, bound to the
+/// allocation (see [`crate::job_token`]).
+pub fn mint_job_token(secret: &[u8], sub: &str, alloc: BoundAllocation, ttl: Duration) -> String {
+    let exp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        + ttl;
+    let claims = Claims {
+        sub: sub.to_string(),
+        tenants: Tenants::List(vec![alloc.ns.clone()]),
+        role: Role::User,
+        exp: exp.as_secs(),
+        alloc: Some(alloc),
+    };
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret),
+    )
+    .unwrap_or_default()
+}
+
 /// Mint an HS256 token (for `lattice up`, tests and admins).
 pub fn mint_token(
     secret: &[u8],
@@ -268,6 +330,7 @@ pub fn mint_token(
         tenants,
         role,
         exp: exp.as_secs(),
+        alloc: None,
     };
     jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),
@@ -275,6 +338,37 @@ pub fn mint_token(
         &EncodingKey::from_secret(secret),
     )
     .unwrap_or_default()
+}
+
+/// A job token is good while its allocation exists (the same one: its uid) and has not
+/// ended: it dies with the job.
+async fn job_token_alive(inner: &crate::Inner, user: UserInfo) -> ApiResult<UserInfo> {
+    let Some(b) = &user.bound_to else {
+        return Ok(user);
+    };
+    let dead = || {
+        ApiError::unauthorized(format!(
+            "this job token was for allocation {}/{}, which has ended (or is gone): a job's \
+             token dies with it",
+            b.ns, b.name
+        ))
+    };
+    let k = crate::routes::kind_by_plural("allocations")
+        .ok_or_else(|| ApiError::internal("allocations not registered"))?;
+    let obj = match inner.resources.trusted().get(k, Some(&b.ns), &b.name).await {
+        Ok(o) => o,
+        Err(e) if e.code == 404 => return Err(dead()),
+        Err(e) => return Err(e),
+    };
+    let uid = obj.pointer("/metadata/uid").and_then(Value::as_str);
+    let phase = obj
+        .pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or("Pending");
+    if uid != Some(b.uid.as_str()) || matches!(phase, "Completed" | "Failed" | "Cancelled") {
+        return Err(dead());
+    }
+    Ok(user)
 }
 
 /// Annotation naming the user who submitted an `Allocation` or `Dag`. The node agent
@@ -509,6 +603,7 @@ pub(crate) async fn authenticate_request(
         return crate::node_identity::cert_user(inner, cert).await;
     }
     match inner.authenticator.authenticate(headers).await? {
+        Some(u) if u.bound_to.is_some() => job_token_alive(inner, u).await,
         Some(u) => Ok(u),
         None => Err(ApiError::unauthorized(
             "authentication required: send 'Authorization: Bearer <token>' (node agents: \
@@ -590,6 +685,7 @@ mod tests {
             name: name.into(),
             tenants: None,
             role,
+            ..Default::default()
         }
     }
 

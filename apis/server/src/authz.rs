@@ -202,6 +202,15 @@ pub fn authorize(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
 
 /// Users and readonly users.
 fn person(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
+    if user.bound_to.is_some() && a.verb == Verb::Connect {
+        // A job's token does what commands in a job do (submit, start steps, list,
+        // cancel); it reads no output and opens no sessions, not even its user's.
+        return Err(deny(
+            user,
+            a,
+            "a job's token does not read output or open sessions; use your own credentials",
+        ));
+    }
     if user.role == Role::Readonly && !a.verb.is_read() {
         return Err(deny(user, a, "the readonly role may only read"));
     }
@@ -354,6 +363,7 @@ mod tests {
             name: "alice".into(),
             tenants: Some(tenants.iter().map(|t| t.to_string()).collect()),
             role,
+            ..Default::default()
         }
     }
 
@@ -448,9 +458,12 @@ mod tests {
         no(Attributes::kind(Verb::List, allocs, Some("t1")));
         no(Attributes::kind(Verb::Create, allocs, Some("t1")));
         no(Attributes::kind(Verb::Patch, allocs, Some("t1")).named(Some("a")));
-        ok(Attributes::kind(Verb::Update, allocs, Some("t1"))
+        no(Attributes::kind(Verb::Update, allocs, Some("t1"))
             .named(Some("a"))
             .sub(Some("status")));
+        ok(Attributes::kind(Verb::Update, allocs, Some("t1"))
+            .named(Some("a"))
+            .sub(Some("report")));
         // Leases: its heartbeat Lease only.
         let leases = kind("Lease");
         ok(Attributes::kind(Verb::Update, leases, Some(NODE_LEASE_NAMESPACE)).named(Some("n1")));

@@ -4,9 +4,12 @@
 //!
 //! Only the agents of the nodes the allocation is bound to ask for it, when they start
 //! the allocation's run.
-//! The token is an ordinary user token: subject the allocation's `lattice.dev/user`,
-//! tenant its own only, role `user`, valid for the walltime plus [`MARGIN`] (services and
-//! other allocations without a walltime: [`UNBOUNDED_TTL`]). With authentication off
+//! The token acts as the allocation's `lattice.dev/user`, in its tenant only, role
+//! `user`, and it is bound to the allocation: it works while that allocation (that uid)
+//! runs, and dies with it; it reads no output and opens no sessions. It is made only for
+//! the agent of a node the current attempt runs on, while it runs; its lifetime is the
+//! walltime plus [`MARGIN`] (services and other allocations without a walltime:
+//! [`UNBOUNDED_TTL`]) as a backstop. With authentication off
 //! there is nothing to mint and the answer says so (`"token": null`).
 
 use std::sync::Arc;
@@ -18,7 +21,7 @@ use axum::response::Response;
 use serde_json::{json, Value};
 
 use crate::attach::observed;
-use crate::auth::{mint_token, Role};
+use crate::auth::Role;
 use crate::authz::{self, Attributes, Verb};
 use crate::errors::ApiError;
 use crate::routes::{authenticate, json_response, kind_by_plural, Params};
@@ -58,14 +61,38 @@ pub async fn job_token(
         }
         let obj = crate::intent::find(&inner, k, &id, params.get("tenant"), &user).await?;
         // The run asking is of this very allocation, not of one that had its name.
-        if let Some(uid) = params.get("uid").filter(|u| !u.is_empty()) {
-            let have = obj.pointer("/metadata/uid").and_then(Value::as_str);
-            if have != Some(uid) {
-                return Err(ApiError::new(
-                    409,
-                    "Conflict",
-                    format!("allocation {id} is not the one with uid {uid} (it was replaced)"),
-                ));
+        let uid = params.get("uid").filter(|u| !u.is_empty()).ok_or_else(|| {
+            ApiError::bad_request("uid: the allocation's uid is required (the run asking is of that very allocation)")
+        })?;
+        let have = obj.pointer("/metadata/uid").and_then(Value::as_str);
+        if have != Some(uid) {
+            return Err(ApiError::new(
+                409,
+                "Conflict",
+                format!("allocation {id} is not the one with uid {uid} (it was replaced)"),
+            ));
+        }
+        // Only for work that runs now, on the asking node: a node that ran the job once, or
+        // runs a later attempt elsewhere, gets nothing.
+        let phase = obj.pointer("/status/phase").and_then(Value::as_str).unwrap_or("Pending");
+        if !matches!(phase, "Staging" | "Running") {
+            return Err(ApiError::new(
+                409,
+                "Conflict",
+                format!("allocation {id} is {phase}: job tokens are for running work"),
+            ));
+        }
+        if let Some(me) = user.node_name() {
+            let assigned = obj
+                .pointer("/status/assignedNodes")
+                .and_then(Value::as_array)
+                .is_some_and(|a| a.iter().any(|n| n.as_str() == Some(me)));
+            let attempt = obj.pointer("/status/attempt").and_then(Value::as_u64);
+            let asked = params.get("attempt").and_then(|a| a.parse::<u64>().ok());
+            if !assigned || (asked.is_some() && asked != attempt) {
+                return Err(ApiError::forbidden(format!(
+                    "allocation {id}'s current attempt does not run on node {me}"
+                )));
             }
         }
         let ns = obj
@@ -104,11 +131,18 @@ pub async fn job_token(
             .and_then(|w| lattice_apis::duration::parse_duration(w).ok())
             .map(|s| Duration::from_secs(s) + MARGIN)
             .unwrap_or(UNBOUNDED_TTL);
-        let token = mint_token(
+        let token = crate::auth::mint_job_token(
             &inner.config.jwt_secret,
             &owner,
-            std::slice::from_ref(&ns),
-            Role::User,
+            crate::auth::BoundAllocation {
+                ns: ns.clone(),
+                name: obj
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                uid: uid.to_string(),
+            },
             ttl,
         );
         let expires = lattice_apis::meta::now() + chrono::Duration::seconds(ttl.as_secs() as i64);

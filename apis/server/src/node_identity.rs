@@ -167,13 +167,26 @@ pub async fn cert_user(inner: &Inner, cert: &CertInfo) -> ApiResult<UserInfo> {
             cert.common_name, cert.serial
         )));
     }
+    let cert_ref = Some(crate::auth::CertRef {
+        serial: cert.serial.clone(),
+        not_before: cert.not_before,
+        not_after: cert.not_after,
+    });
     match &cert.identity {
-        Some(Identity::Node(n)) => Ok(UserInfo::node(n)),
-        Some(Identity::Controllers) => Ok(UserInfo::controllers()),
+        Some(Identity::Node(n)) => Ok(UserInfo {
+            cert: cert_ref,
+            ..UserInfo::node(n)
+        }),
+        Some(Identity::Controllers) => Ok(UserInfo {
+            cert: cert_ref,
+            ..UserInfo::controllers()
+        }),
         Some(Identity::Admin(n)) => Ok(UserInfo {
             name: n.clone(),
             tenants: None,
             role: Role::Admin,
+            cert: cert_ref,
+            bound_to: None,
         }),
         _ => Err(ApiError::unauthorized(format!(
             "the client certificate {:?} is not an API client's (nodes, controllers and \
@@ -328,29 +341,103 @@ fn parse_request(body: &[u8]) -> ApiResult<CertificateRequest> {
     })
 }
 
-/// Sign `csr` for `node` and record the certificate in the node's enrolment. `spend`: the
-/// bootstrap token to delete in the same transaction (with the revision it was read at).
-async fn issue(
-    inner: &Inner,
-    node: &str,
-    csr: &str,
-    spend: Option<(&str, i64)>,
-    unbound: bool,
-) -> ApiResult<CertificateResponse> {
+/// How a certificate is being asked for.
+enum Ask<'a> {
+    /// With a bootstrap token bound to this node (the token id and the revision it was
+    /// read at): spent in the same transaction; a live certificate the node had is revoked
+    /// in it too (re-enrolment replaces, never adds).
+    Bound { token: &'a str, rev: i64 },
+    /// With an unbound token: only a name that was never enrolled and has no Node yet (it
+    /// would take over that node's identity, its home vCluster and its history).
+    Unbound { token: &'a str, rev: i64 },
+    /// A renewal by the node presenting the certificate with this serial, issued at
+    /// `not_before` and valid until `not_after`.
+    Renewal {
+        serial: &'a str,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    },
+}
+
+/// Sign `csr` for `node` and record the certificate in the node's enrolment, guarded so
+/// that a token enrolls once, a revocation is never outrun, and a renewal is of a
+/// certificate that is still the node's.
+async fn issue(inner: &Inner, node: &str, csr: &str, ask: Ask<'_>) -> ApiResult<CertificateResponse> {
     let backend = &inner.resources.backend;
     let ca = ca(inner)?;
     let enrol_key = format!("{NODES}{node}");
-    let (mut enrolment, enrol_rev) = read_json::<Enrolment>(&**backend, &enrol_key)
-        .await?
-        .unwrap_or_default();
+    let stored = read_json::<Enrolment>(&**backend, &enrol_key).await?;
+    let enrolled = stored.is_some();
+    let (mut enrolment, enrol_rev) = stored.unwrap_or_default();
     let t = now();
     enrolment.certificates.retain(|c| c.not_after > t);
-    if unbound && !enrolment.certificates.is_empty() {
-        return Err(ApiError::forbidden(format!(
-            "node {node:?} is already enrolled with a live certificate; a token not bound to \
-             it cannot enroll it again (revoke it first with `lattice admin node revoke \
-             {node}`, or create a token with --node {node})"
-        )));
+    let mut compare = vec![Compare::mod_revision(
+        Bytes::from(enrol_key.clone()),
+        CompareResult::Equal,
+        enrol_rev,
+    )];
+    let mut success = Vec::new();
+    match &ask {
+        Ask::Unbound { .. } => {
+            let nk = crate::routes::kind_by_plural("nodes")
+                .ok_or_else(|| ApiError::internal("nodes not registered"))?;
+            let exists = inner.resources.trusted().get(nk, None, node).await.is_ok();
+            if enrolled || exists {
+                return Err(ApiError::forbidden(format!(
+                    "node {node:?} {} ; a token not bound to it cannot enroll it (it would take \
+                     over that node's identity): create a token with --node {node}",
+                    if enrolled {
+                        "was enrolled before"
+                    } else {
+                        "is already registered"
+                    }
+                )));
+            }
+        }
+        Ask::Bound { .. } => {
+            // Re-enrolment: the certificates the node had are revoked with the token spent.
+            for c in enrolment.certificates.drain(..) {
+                let rec = Revoked {
+                    node: node.to_string(),
+                    not_after: c.not_after,
+                    by: "re-enrolment".into(),
+                };
+                success.push(TxnOp::Put(PutRequest::new(
+                    Bytes::from(format!("{REVOKED}{}", c.serial)),
+                    to_bytes(&rec)?,
+                )));
+            }
+        }
+        Ask::Renewal {
+            serial,
+            not_before,
+            not_after,
+        } => {
+            if !enrolment.certificates.iter().any(|c| c.serial == *serial) {
+                return Err(ApiError::unauthorized(format!(
+                    "the certificate {serial} is not one of node {node:?}'s live certificates \
+                     (revoked, or replaced by a re-enrolment); enroll again with a bootstrap token"
+                )));
+            }
+            // At most one renewal per half lifetime: the agent renews at two thirds.
+            let half = *not_before + not_after.duration_since(*not_before).unwrap_or_default() / 2;
+            if SystemTime::now() < half {
+                return Err(ApiError::new(
+                    429,
+                    "TooManyRequests",
+                    format!(
+                        "the certificate {serial} is not half through its lifetime; renew after {}",
+                        rfc3339(unix(half))
+                    ),
+                ));
+            }
+            // Not revoked meanwhile (a revocation the in-memory set has not seen yet).
+            compare.push(Compare::create_revision(
+                Bytes::from(format!("{REVOKED}{serial}")),
+                CompareResult::Equal,
+                0,
+            ));
+        }
     }
     let req = IssueRequest::new(Identity::Node(node.to_string()), Usage::ClientAndServer)
         .validity(inner.config.node_cert_validity);
@@ -363,22 +450,13 @@ async fn issue(
         serial: info.serial.clone(),
         not_after: unix(info.not_after),
     });
-    let mut compare = vec![Compare::mod_revision(
-        Bytes::from(enrol_key.clone()),
-        CompareResult::Equal,
-        enrol_rev,
-    )];
-    let mut success = vec![TxnOp::Put(PutRequest::new(
+    success.push(TxnOp::Put(PutRequest::new(
         Bytes::from(enrol_key),
         to_bytes(&enrolment)?,
-    ))];
-    if let Some((id, rev)) = spend {
-        let key = Bytes::from(format!("{TOKENS}{id}"));
-        compare.push(Compare::mod_revision(
-            key.clone(),
-            CompareResult::Equal,
-            rev,
-        ));
+    )));
+    if let Ask::Bound { token, rev } | Ask::Unbound { token, rev } = &ask {
+        let key = Bytes::from(format!("{TOKENS}{token}"));
+        compare.push(Compare::mod_revision(key.clone(), CompareResult::Equal, *rev));
         success.push(TxnOp::DeleteRange(DeleteRangeRequest {
             range: KeyRange::single(key),
             prev_kv: false,
@@ -392,10 +470,17 @@ async fn issue(
         })
         .await?;
     if !r.succeeded {
-        return Err(ApiError::unauthorized(
-            "the bootstrap token was used at the same moment by another request (a token \
-             enrolls one node once); ask for a new one",
-        ));
+        return Err(match ask {
+            Ask::Renewal { .. } => ApiError::conflict(
+                "nodes",
+                node,
+                "the node's certificates changed meanwhile (revoked or renewed); try again",
+            ),
+            _ => ApiError::unauthorized(
+                "the bootstrap token was used at the same moment by another request (a token \
+                 enrolls one node once); ask for a new one",
+            ),
+        });
     }
     Ok(CertificateResponse {
         certificate: cert,
@@ -450,7 +535,11 @@ pub async fn bootstrap(
                 )));
             }
         }
-        let resp = issue(&inner, node, &req.csr, Some((id, rev)), rec.node.is_none()).await?;
+        let ask = match rec.node {
+            Some(_) => Ask::Bound { token: id, rev },
+            None => Ask::Unbound { token: id, rev },
+        };
+        let resp = issue(&inner, node, &req.csr, ask).await?;
         tracing::info!(%node, token = %id, not_after = %resp.not_after, "node enrolled: certificate issued against a bootstrap token");
         Ok(json_response(StatusCode::OK, &json!(resp)))
     }
@@ -482,7 +571,20 @@ pub async fn renew(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bo
                 req.node.unwrap_or_default()
             )));
         }
-        let resp = issue(&inner, &node, &req.csr, None, false).await?;
+        let cert = user.cert.clone().ok_or_else(|| {
+            ApiError::unauthorized("a renewal is authenticated by the node's current certificate")
+        })?;
+        let resp = issue(
+            &inner,
+            &node,
+            &req.csr,
+            Ask::Renewal {
+                serial: &cert.serial,
+                not_before: cert.not_before,
+                not_after: cert.not_after,
+            },
+        )
+        .await?;
         tracing::info!(%node, not_after = %resp.not_after, "node certificate renewed");
         Ok(json_response(StatusCode::OK, &json!(resp)))
     }
@@ -707,10 +809,12 @@ pub async fn revoke(
                         format!("node {node:?} has no certificates to revoke"),
                     )
                 })?;
-        let mut success = vec![TxnOp::DeleteRange(DeleteRangeRequest {
-            range: KeyRange::single(Bytes::from(key.clone())),
-            prev_kv: false,
-        })];
+        // The record stays, emptied: the name was enrolled once, so an unbound token can
+        // never take it over.
+        let mut success = vec![TxnOp::Put(PutRequest::new(
+            Bytes::from(key.clone()),
+            to_bytes(&Enrolment::default())?,
+        ))];
         for c in &enrolment.certificates {
             let rec = Revoked {
                 node: node.clone(),

@@ -547,6 +547,7 @@ async fn in_process_writes_are_trusted() {
         name: "alice".into(),
         tenants: Some(vec!["t1".into()]),
         role: Role::User,
+        ..Default::default()
     };
     let e = res
         .acting_as(&alice)
