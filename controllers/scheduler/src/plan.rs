@@ -85,6 +85,9 @@ pub enum PendingReason {
     },
     Reserved {
         start: Time,
+        /// The start was planned on predicted runtimes (of the job and the running work).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        predicted: bool,
     },
     /// A running reactive allocation may grow, and free nodes match it, but none it may
     /// take: already used by this attempt, of another conformance fingerprint, or
@@ -151,7 +154,14 @@ impl fmt::Display for PendingReason {
                 f,
                 "free nodes ({free}) are reserved for higher-priority jobs"
             ),
-            PendingReason::Reserved { start } => write!(f, "reserved to start at t={start}"),
+            PendingReason::Reserved {
+                start,
+                predicted: false,
+            } => write!(f, "reserved to start at t={start}"),
+            PendingReason::Reserved {
+                start,
+                predicted: true,
+            } => write!(f, "expected to start at t={start} (predicted runtimes)"),
             PendingReason::SoftQuotaPenalty {
                 budget_used_pct,
                 priority_factor,

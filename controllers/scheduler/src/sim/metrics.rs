@@ -27,6 +27,10 @@ pub struct Report {
     pub unscheduled: usize,
     pub utilization: f64,
     pub avg_wait_s: f64,
+    /// 95th percentile of all jobs' waits (nearest rank).
+    pub p95_wait_s: f64,
+    /// The longest any job waited (starvation shows here first).
+    pub max_wait_s: f64,
     pub avg_bounded_slowdown: f64,
     pub wait_by_class: BTreeMap<u8, WaitStats>,
     /// Jain's index over tenants' actual/target share ratios (the seed's "actual share
@@ -113,6 +117,8 @@ impl Report {
             })
             .collect();
         let tenant_bsld: Vec<f64> = per_tenant.values().map(|(s, n)| s / *n as f64).collect();
+        let mut sorted_waits = waits.clone();
+        sorted_waits.sort_by(f64::total_cmp);
         Report {
             policy: policy.to_string(),
             jobs: done,
@@ -123,6 +129,8 @@ impl Report {
             } else {
                 0.0
             },
+            p95_wait_s: percentile(&sorted_waits, 95.0),
+            max_wait_s: sorted_waits.last().copied().unwrap_or(0.0),
             avg_bounded_slowdown: if done > 0 {
                 bsld_sum / done as f64
             } else {
@@ -149,6 +157,8 @@ impl Report {
             ),
             ("utilization".into(), format!("{:.4}", self.utilization)),
             ("avg wait (s)".into(), format!("{:.1}", self.avg_wait_s)),
+            ("wait p95 (s)".into(), format!("{:.0}", self.p95_wait_s)),
+            ("longest wait (s)".into(), format!("{:.0}", self.max_wait_s)),
             (
                 "avg bounded slowdown".into(),
                 format!("{:.4}", self.avg_bounded_slowdown),
