@@ -577,6 +577,18 @@ pub struct VClusterConfigFields {
     /// Future reservations the backfill solver considers
     #[arg(long)]
     pub backfill_depth: Option<u32>,
+    /// Backfill order: queue, fcfs, score, shortest, smallest-area, best-fit
+    #[arg(long)]
+    pub backfill_order: Option<String>,
+    /// Runtime estimator: none, user-last2, user-job-last2, user-fraction2, user-job-fraction2
+    #[arg(long)]
+    pub runtime_estimator: Option<String>,
+    /// What an expired runtime prediction becomes: walltime, gradual, double
+    #[arg(long)]
+    pub prediction_correction: Option<String>,
+    /// A head job waiting longer than this gets EASY's guarantee, e.g. 66h, or never
+    #[arg(long)]
+    pub guarantee_after: Option<String>,
     /// Walltime for allocations that set none, e.g. 1h
     #[arg(long)]
     pub default_walltime: Option<String>,
