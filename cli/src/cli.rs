@@ -474,7 +474,7 @@ pub enum AdminCommand {
     Tenant(TenantCommand),
     /// vClusters: scheduler type, weights, configuration
     #[command(subcommand)]
-    Vcluster(VClusterCommand),
+    Vcluster(Box<VClusterCommand>),
     /// Cluster settings (scheduling.max_dag_size) and this CLI's own defaults
     ///
     /// Cluster settings live on the server and apply to the whole cluster at once:

@@ -641,7 +641,7 @@ fn vcluster_runtime_prediction_defaults_and_refusals() {
     assert_eq!(s["backfillOrder"], "shortest");
     let p = &s["runtimePrediction"];
     assert_eq!(p["estimator"], "user-fraction2");
-    assert_eq!(p["correction"], "walltime");
+    assert_eq!(p["correction"], "gradual");
     assert_eq!(p["runningEnds"], "walltime");
     assert_eq!(p["guaranteeAfter"], "66h");
     // Explicit choices are kept; `never` turns the guarantee off.

@@ -396,7 +396,7 @@ fn backfill_order(v: &Value, st: Option<lattice_apis::SchedulerType>) -> String 
 
 /// One line on runtime prediction: the estimator, the correction of expired predictions,
 /// what reservations wait for and when a head job gets EASY's guarantee, e.g.
-/// `user-fraction2 (expired: walltime; reservations wait for walltimes; head guaranteed
+/// `user-fraction2 (expired: gradual; reservations wait for walltimes; head guaranteed
 /// after 66h)`.
 fn runtime_prediction(v: &Value, st: Option<lattice_apis::SchedulerType>) -> String {
     if st != Some(lattice_apis::SchedulerType::HpcBackfill) {
@@ -408,7 +408,7 @@ fn runtime_prediction(v: &Value, st: Option<lattice_apis::SchedulerType>) -> Str
         "none" => "off (walltimes)".into(),
         e => format!(
             "{e} (expired: {}; reservations wait for {}; head guaranteed after {})",
-            p("correction").unwrap_or("walltime"),
+            p("correction").unwrap_or("gradual"),
             match p("runningEnds") {
                 Some("predicted") => "predicted ends",
                 _ => "walltimes",

@@ -1228,23 +1228,24 @@ impl Scheduler {
                         let duration = ends.hold.saturating_sub(now);
                         if let Some((start, nodes)) = state.reserve(&feas, need, duration) {
                             reservations += 1;
-                            let reason = if planning.checks {
-                                PendingReason::Reserved {
-                                    start: state.expected_start(&nodes, start),
-                                    predicted: true,
-                                }
+                            let expected = if planning.checks {
+                                state.expected_start(&nodes, start)
                             } else {
-                                PendingReason::Reserved {
-                                    start,
-                                    predicted: false,
-                                }
+                                start
                             };
                             plan.reservations.push(Reservation {
                                 job: job.id,
                                 start,
+                                expected,
                                 nodes: nodes.iter().map(|&i| catalog.node(i).id).collect(),
                             });
-                            explain(&mut plan, reason);
+                            explain(
+                                &mut plan,
+                                PendingReason::Reserved {
+                                    start: expected,
+                                    predicted: planning.checks,
+                                },
+                            );
                             if reservations == depth {
                                 // Every job behind the reservations is a backfill
                                 // candidate: they are tried in the backfill order.

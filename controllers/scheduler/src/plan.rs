@@ -42,7 +42,12 @@ pub struct Proposal {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Reservation {
     pub job: JobId,
+    /// When the reserved nodes are free at the latest (their work's kill times, or
+    /// predictions with `running_ends: predicted`).
     pub start: Time,
+    /// When the job is expected to start: the reserved nodes' predicted ends (`start`
+    /// without prediction). What users are told.
+    pub expected: Time,
     pub nodes: Vec<NodeId>,
 }
 

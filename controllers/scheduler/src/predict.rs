@@ -356,12 +356,14 @@ impl Default for PredictionConfig {
 impl PredictionConfig {
     /// The `hpc-backfill` setting, chosen on the four traces of the scheduler README
     /// (first 10,000 jobs each): candidates are checked on `user-fraction2` predictions,
-    /// reservations wait for running work's kill times, an expired prediction becomes the
-    /// walltime, and a head job waiting over 66 hours gets EASY's guarantee.
+    /// reservations wait for running work's kill times, a head job waiting over 66 hours
+    /// gets EASY's guarantee, and an expired prediction grows in Tsafrir's steps (with
+    /// kill-time reservations it only moves the start shown to users, which it makes the
+    /// most accurate).
     pub fn hpc_backfill() -> Self {
         PredictionConfig {
             estimator: Some("user-fraction2".to_string()),
-            correction: Correction::Walltime,
+            correction: Correction::Gradual,
             running_ends: RunningEnds::Walltime,
             guarantee_after_s: Some(66 * 3600),
         }

@@ -203,12 +203,23 @@ fn a_reserved_job_is_told_its_predicted_start() {
         r.to_string(),
         "expected to start at t=1500 (predicted runtimes)"
     );
-    // Once the prediction has expired (the job ran past 1500), the expected start is the
-    // corrected prediction: the walltime here.
+    // Once the prediction has expired (started at -600, it ran past 1500 s), the expected
+    // start is the corrected prediction: 1500 s + 1 min + 5 min with hpc-backfill's gradual
+    // correction (the reservation itself still waits for the kill time, 1400).
     let late = [running(100, 0..6, -600, 2000, user(3))];
     let plan = cycle(predicting(None), 10, &late, &pending, Some(&h));
+    assert_eq!(plan.reservations[0].start, 1400);
     assert_eq!(
         reason(&plan, 1),
+        &PendingReason::Reserved {
+            start: -600 + 1500 + 60 + 300,
+            predicted: true
+        }
+    );
+    let mut walltime = predicting(None);
+    walltime.prediction.correction = Correction::Walltime;
+    assert_eq!(
+        reason(&cycle(walltime, 10, &late, &pending, Some(&h)), 1),
         &PendingReason::Reserved {
             start: 1400,
             predicted: true
@@ -226,6 +237,7 @@ fn reservations_on_predicted_ends_follow_the_correction() {
     let mut cfg = predicting(None);
     cfg.prediction.running_ends = RunningEnds::Predicted;
     cfg.prediction.estimator = Some("user-last2".into());
+    cfg.prediction.correction = Correction::Walltime;
     let fresh = [running(100, 0..6, 0, 4000, user(3))];
     assert_eq!(
         cycle(cfg.clone(), 10, &fresh, &pending, Some(&h)).reservations[0].start,

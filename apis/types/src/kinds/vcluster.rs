@@ -326,7 +326,7 @@ pub struct RuntimePrediction {
     /// (default for hpc-backfill: user-fraction2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimator: Option<RuntimeEstimator>,
-    /// What an expired prediction becomes: walltime | gradual | double (default walltime).
+    /// What an expired prediction becomes: walltime | gradual | double (default gradual).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub correction: Option<PredictionCorrection>,
     /// When reservations expect running work to end: walltime | predicted (default
@@ -480,7 +480,7 @@ impl Resource for VCluster {
             s.backfill_order.get_or_insert(BackfillOrder::Shortest);
             let p = s.runtime_prediction.get_or_insert_with(Default::default);
             p.estimator.get_or_insert(RuntimeEstimator::UserFraction2);
-            p.correction.get_or_insert(PredictionCorrection::Walltime);
+            p.correction.get_or_insert(PredictionCorrection::Gradual);
             p.running_ends.get_or_insert(RunningEnds::Walltime);
             p.guarantee_after
                 .get_or_insert_with(|| format!("{}h", DEFAULT_GUARANTEE_AFTER_S / 3600));

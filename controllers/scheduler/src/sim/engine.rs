@@ -59,6 +59,8 @@ pub struct JobOutcome {
     pub end: Option<Time>,
     pub backfilled: bool,
     pub preempted: u32,
+    /// The start it was first told to expect (its first reservation), if it had one.
+    pub first_expected: Option<Time>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -103,6 +105,7 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
             end: None,
             backfilled: false,
             preempted: 0,
+            first_expected: None,
         })
         .collect();
     let mut remaining: Vec<i64> = w.jobs.iter().map(|j| j.runtime.max(0)).collect();
@@ -248,6 +251,11 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
         };
         let plan = scheduler.cycle(&catalog, &snap);
         result.cycles += 1;
+        for r in &plan.reservations {
+            if let Some(&ji) = index_of.get(&r.job) {
+                outcomes[ji].first_expected.get_or_insert(r.expected);
+            }
+        }
         if plan.proposals.is_empty() {
             continue;
         }
