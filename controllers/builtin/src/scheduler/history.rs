@@ -121,18 +121,22 @@ pub fn finished_run(a: &Allocation) -> Option<FinishedRun> {
     let (start, end) = (st.start_time?, st.end_time?);
     let runtime_s = (end - start).num_seconds().max(0);
     let user = a.metadata.annotations.get(USER_ANNOTATION)?.clone();
-    let name = a.spec.tags.get(JOB_NAME_TAG).map(|n| {
+    Some(FinishedRun {
+        user,
+        name: job_name(a).map(str::to_string),
+        runtime_s,
+        walltime_s,
+    })
+}
+
+/// An allocation's job name as the history keeps it (cut to [`MAX_NAME_BYTES`]).
+fn job_name(a: &Allocation) -> Option<&str> {
+    a.spec.tags.get(JOB_NAME_TAG).map(|n| {
         let mut cut = n.len().min(MAX_NAME_BYTES);
         while !n.is_char_boundary(cut) {
             cut -= 1;
         }
-        n[..cut].to_string()
-    });
-    Some(FinishedRun {
-        user,
-        name,
-        runtime_s,
-        walltime_s,
+        &n[..cut]
     })
 }
 
@@ -231,12 +235,7 @@ impl VClusterHistory {
             .get(USER_ANNOTATION)
             .and_then(|u| self.users.get(u))
             .copied();
-        let name = a
-            .spec
-            .tags
-            .get(JOB_NAME_TAG)
-            .and_then(|n| self.names.get(n))
-            .copied();
+        let name = job_name(a).and_then(|n| self.names.get(n)).copied();
         RuntimeKey {
             user,
             name: user.and(name),
@@ -477,6 +476,30 @@ mod tests {
         let (u, n) = (k.user.expect("user"), k.name.expect("name"));
         assert_eq!(h.history.user(u), &[(60, 3600), (600, 3600)]);
         assert_eq!(h.history.job(u, n), &[(600, 3600)]);
+        // A long name is kept cut, and found again the same way.
+        let long = "é".repeat(100);
+        let mut h2 = UserHistory::default();
+        let mut r = run("alice", Some(&long), 42);
+        r.name = job_name(&{
+            let mut b = a.clone();
+            b.spec.tags.insert(JOB_NAME_TAG.into(), long.clone());
+            b
+        })
+        .map(str::to_string);
+        assert!(r.name.as_ref().is_some_and(|n| n.len() <= MAX_NAME_BYTES));
+        h2.record(&r);
+        let v2 = serde_json::to_vec(&h2).expect("json");
+        let k2 = key(&vc, "alice").into_bytes();
+        let view2 = HistoryView::from_stored(std::iter::once((k2.as_slice(), v2.as_slice())));
+        let mut b = a.clone();
+        b.spec.tags.insert(JOB_NAME_TAG.into(), long);
+        let h2v = view2.vcluster(&vc).expect("history");
+        let k = h2v.key_of(&b);
+        assert_eq!(
+            h2v.history
+                .job(k.user.expect("user"), k.name.expect("name")),
+            &[(42, 3600)]
+        );
         let mut stranger = a.clone();
         stranger
             .metadata
