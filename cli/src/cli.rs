@@ -474,7 +474,7 @@ pub enum AdminCommand {
     Tenant(TenantCommand),
     /// vClusters: scheduler type, weights, configuration
     #[command(subcommand)]
-    Vcluster(VClusterCommand),
+    Vcluster(Box<VClusterCommand>),
     /// Cluster settings (scheduling.max_dag_size) and this CLI's own defaults
     ///
     /// Cluster settings live on the server and apply to the whole cluster at once:
@@ -607,6 +607,18 @@ pub struct VClusterConfigFields {
     /// Future reservations the backfill solver considers
     #[arg(long)]
     pub backfill_depth: Option<u32>,
+    /// Backfill order: queue, fcfs, score, shortest, smallest-area, best-fit
+    #[arg(long)]
+    pub backfill_order: Option<String>,
+    /// Runtime estimator: none, user-last2, user-job-last2, user-fraction2, user-job-fraction2
+    #[arg(long)]
+    pub runtime_estimator: Option<String>,
+    /// What an expired runtime prediction becomes: walltime, gradual, double
+    #[arg(long)]
+    pub prediction_correction: Option<String>,
+    /// A head job waiting longer than this gets EASY's guarantee, e.g. 66h, or never
+    #[arg(long)]
+    pub guarantee_after: Option<String>,
     /// Walltime for allocations that set none, e.g. 1h
     #[arg(long)]
     pub default_walltime: Option<String>,

@@ -1252,6 +1252,26 @@ async fn admin_tenants_and_vclusters() {
     assert_eq!(r.code, 0, "{}", r.err);
     let r = run_alice(
         &f.url,
+        &[
+            "-t",
+            "physics",
+            "admin",
+            "vcluster",
+            "set-config",
+            "--name=hpc-batch",
+            "--backfill-order=smallest-area",
+            "--runtime-estimator=user-job-last2",
+            "--guarantee-after=48h",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    assert_eq!(
+        last(&f, "PATCH").body,
+        r#"{"spec":{"backfillOrder":"smallest-area","runtimePrediction":{"estimator":"user-job-last2","guaranteeAfter":"48h"}}}"#
+    );
+    let r = run_alice(
+        &f.url,
         &["-t", "physics", "admin", "vcluster", "show", "hpc-batch"],
     )
     .await;

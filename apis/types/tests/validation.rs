@@ -628,6 +628,64 @@ fn vcluster_defaults_from_scheduler_type() {
     assert!(has_error(&r, "spec.borrowing.allowLend", "false"));
 }
 
+/// hpc-backfill plans backfill on runtimes learned from finished allocations by default;
+/// the other scheduler types reserve nothing, so the fields are refused there.
+#[test]
+fn vcluster_runtime_prediction_defaults_and_refusals() {
+    let v = admit(
+        "VCluster",
+        json!({"metadata": {"name": "hpc", "namespace": "t"}, "spec": {"schedulerType": "hpc-backfill"}}),
+    )
+    .expect("valid");
+    let s = &v["spec"];
+    assert_eq!(s["backfillOrder"], "shortest");
+    let p = &s["runtimePrediction"];
+    assert_eq!(p["estimator"], "user-fraction2");
+    assert_eq!(p["correction"], "gradual");
+    assert_eq!(p["runningEnds"], "walltime");
+    assert_eq!(p["guaranteeAfter"], "66h");
+    // Explicit choices are kept; `never` turns the guarantee off.
+    let v = admit(
+        "VCluster",
+        json!({"metadata": {"name": "hpc", "namespace": "t"}, "spec": {"schedulerType": "hpc-backfill",
+               "backfillOrder": "best-fit",
+               "runtimePrediction": {"estimator": "none", "guaranteeAfter": "never"}}}),
+    )
+    .expect("valid");
+    assert_eq!(v["spec"]["backfillOrder"], "best-fit");
+    assert_eq!(v["spec"]["runtimePrediction"]["estimator"], "none");
+    assert_eq!(v["spec"]["runtimePrediction"]["guaranteeAfter"], "never");
+    let (p, m) = one_error(admit(
+        "VCluster",
+        json!({"metadata": {"name": "x", "namespace": "t"}, "spec": {"schedulerType": "hpc-backfill",
+               "runtimePrediction": {"guaranteeAfter": "soon"}}}),
+    ));
+    assert_eq!(p, "spec.runtimePrediction.guaranteeAfter");
+    assert!(m.contains("never"), "{m}");
+    let r = admit(
+        "VCluster",
+        json!({"metadata": {"name": "x", "namespace": "t"}, "spec": {"schedulerType": "hpc-backfill",
+               "runtimePrediction": {"estimator": "oracle"}}}),
+    );
+    assert!(r.is_err(), "unknown estimator");
+    for (field, spec) in [
+        (
+            "spec.backfillOrder",
+            json!({"schedulerType": "service-binpack", "backfillOrder": "shortest"}),
+        ),
+        (
+            "spec.runtimePrediction",
+            json!({"schedulerType": "interactive-fifo", "runtimePrediction": {"estimator": "user-last2"}}),
+        ),
+    ] {
+        let r = admit(
+            "VCluster",
+            json!({"metadata": {"name": "x", "namespace": "t"}, "spec": spec}),
+        );
+        assert!(has_error(&r, field, "only hpc-backfill"), "{field}");
+    }
+}
+
 #[test]
 fn weight_profiles_sum_to_one() {
     for p in [

@@ -340,6 +340,22 @@ fn config_spec(c: &VClusterConfigFields) -> Map<String, Value> {
     if let Some(v) = c.backfill_depth {
         m.insert("backfillDepth".into(), json!(v));
     }
+    if let Some(v) = &c.backfill_order {
+        m.insert("backfillOrder".into(), json!(v));
+    }
+    let mut p = Map::new();
+    for (k, v) in [
+        ("estimator", &c.runtime_estimator),
+        ("correction", &c.prediction_correction),
+        ("guaranteeAfter", &c.guarantee_after),
+    ] {
+        if let Some(v) = v {
+            p.insert(k.into(), json!(v));
+        }
+    }
+    if !p.is_empty() {
+        m.insert("runtimePrediction".into(), Value::Object(p));
+    }
     if let Some(v) = &c.default_walltime {
         m.insert("defaultWalltime".into(), json!(v));
     }
@@ -366,6 +382,40 @@ fn config_spec(c: &VClusterConfigFields) -> Map<String, Value> {
         m.insert("borrowing".into(), Value::Object(b));
     }
     m
+}
+
+/// The backfill order `admin vcluster show` prints: the spec's (defaulted at admission
+/// for hpc-backfill), `-` where the scheduler type does not backfill.
+fn backfill_order(v: &Value, st: Option<lattice_apis::SchedulerType>) -> String {
+    match s(v, "/spec/backfillOrder") {
+        Some(o) => o.to_string(),
+        None if st == Some(lattice_apis::SchedulerType::HpcBackfill) => "shortest (default)".into(),
+        None => DASH.into(),
+    }
+}
+
+/// One line on runtime prediction: the estimator, the correction of expired predictions,
+/// what reservations wait for and when a head job gets EASY's guarantee, e.g.
+/// `user-fraction2 (expired: gradual; reservations wait for walltimes; head guaranteed
+/// after 66h)`.
+fn runtime_prediction(v: &Value, st: Option<lattice_apis::SchedulerType>) -> String {
+    if st != Some(lattice_apis::SchedulerType::HpcBackfill) {
+        return DASH.into();
+    }
+    let p = |k: &str| s(v, &format!("/spec/runtimePrediction/{k}"));
+    // Unset fields are hpc-backfill's defaults (what the scheduler runs).
+    match p("estimator").unwrap_or("user-fraction2") {
+        "none" => "off (walltimes)".into(),
+        e => format!(
+            "{e} (expired: {}; reservations wait for {}; head guaranteed after {})",
+            p("correction").unwrap_or("gradual"),
+            match p("runningEnds") {
+                Some("predicted") => "predicted ends",
+                _ => "walltimes",
+            },
+            p("guaranteeAfter").unwrap_or("66h"),
+        ),
+    }
 }
 
 /// Effective weights: the spec's, else the profile's (from `lattice-apis`).
@@ -558,6 +608,8 @@ async fn vcluster(
                                 .unwrap_or_else(|| DASH.into())
                         }),
                 ),
+                ("Backfill order".into(), backfill_order(&v, st)),
+                ("Runtime prediction".into(), runtime_prediction(&v, st)),
                 (
                     "Preemption".into(),
                     with_default(

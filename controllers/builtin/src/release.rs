@@ -279,6 +279,11 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
         let pool = crate::sensitive_pool::read(&ctx.backend).await?;
         pool.write(&mut w, pool.used.saturating_sub(released))?;
     }
+    if still_owned == 0 {
+        if let Some(a) = &alloc {
+            record_runtime(&ctx.backend, &mut w, a).await?;
+        }
+    }
     if let Some(t) = &tenant {
         let mut obj = t.obj.clone();
         let usage = &mut obj.status.get_or_insert_with(Default::default).usage;
@@ -314,6 +319,44 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
         ctx.metrics.release_conflicts.inc();
         Ok(Action::requeue(Duration::from_millis(20)))
     }
+}
+
+/// A finished allocation's last nodes are being released: its runtime joins its user's
+/// history in its vCluster (the scheduler's runtime estimators learn from it), in the
+/// same transaction, so it counts exactly once and survives any restart.
+async fn record_runtime(
+    backend: &Arc<dyn KvBackend>,
+    w: &mut GuardedWrite,
+    a: &Allocation,
+) -> Result<(), crate::objects::TxnError> {
+    use crate::scheduler::history;
+    let Some(run) = history::finished_run(a) else {
+        return Ok(());
+    };
+    let [(own, own_key), (shared, shared_key)] = history::vcluster_candidates(a);
+    let hist = [
+        history::key(&own, &run.user),
+        history::key(&shared, &run.user),
+    ];
+    let keys = [own_key, shared_key, hist[0].clone(), hist[1].clone()];
+    let raw = read_raw(backend, &keys).await?;
+    // The vCluster the scheduler queued it in: its tenant's, else the shared one.
+    let at = if raw[0].is_some() {
+        0
+    } else if raw[1].is_some() {
+        1
+    } else {
+        return Ok(());
+    };
+    let stored = raw[2 + at].as_ref();
+    let mut h: history::UserHistory = stored
+        .and_then(|kv| serde_json::from_slice(&kv.value).ok())
+        .unwrap_or_default();
+    h.record(&run);
+    let value =
+        serde_json::to_vec(&h).map_err(|e| crate::objects::TxnError::Decode(e.to_string()))?;
+    w.put_raw(&hist[at], stored.map_or(0, |kv| kv.mod_revision), value);
+    Ok(())
 }
 
 /// How often tenant usage counters are checked against node ownership.

@@ -89,6 +89,7 @@ mod tests {
             sensitive,
             submit_time: 0,
             walltime_s: 3600,
+            runtime_key: Default::default(),
             checkpoint: CheckpointInfo::default(),
             data_readiness: None,
             scale_up: None,

@@ -9,8 +9,9 @@ use crate::model::{ClusterSnapshot, JobId, NodeId, PendingJob, TenantId, Time};
 use crate::plan::{
     PendingExplanation, PendingReason, Plan, Proposal, ProposalKind, QuotaKind, Reservation,
 };
+use crate::predict::{Predictor, RunningEnds};
 use crate::preempt;
-use crate::profile::{Discipline, QueueOrder, SchedulerConfig, SchedulerKind};
+use crate::profile::{BackfillOrder, Discipline, QueueOrder, SchedulerConfig, SchedulerKind};
 use crate::score::{self, Components};
 use crate::select::{self, BucketCount};
 
@@ -43,6 +44,90 @@ impl ScaleUpMiss {
     }
 }
 
+/// How one pass of a cycle plans runtimes (see [`crate::predict`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Planning<'a> {
+    /// Predicts runtimes: the backfill order, the expected start shown to users and,
+    /// when `checks` is set, the backfill checks.
+    predictor: Option<Predictor<'a>>,
+    /// Backfill checks on predicted runtimes (false: on walltimes, EASY's guarantee).
+    checks: bool,
+    /// Running work, and work placed this cycle, is planned to end when predicted (else
+    /// at its kill time).
+    running_predicted: bool,
+}
+
+impl Planning<'_> {
+    /// Walltimes everywhere: EASY and every policy without prediction.
+    const WALLTIME: Planning<'static> = Planning {
+        predictor: None,
+        checks: false,
+        running_predicted: false,
+    };
+
+    /// The runtime a pending job ranks by: its prediction, else its walltime.
+    fn rank(&self, job: &PendingJob) -> i64 {
+        match &self.predictor {
+            Some(p) => p.pending(&job.runtime_key, job.walltime_s),
+            None => job.walltime_s.max(1),
+        }
+    }
+
+    /// The runtime a backfill check plans on.
+    fn check(&self, job: &PendingJob) -> i64 {
+        if self.checks {
+            self.rank(job)
+        } else {
+            job.walltime_s.max(1)
+        }
+    }
+
+    /// How long a job placed now holds its nodes, for later reservations.
+    fn hold(&self, job: &PendingJob) -> i64 {
+        if self.checks && self.running_predicted {
+            self.rank(job)
+        } else {
+            job.walltime_s.max(1)
+        }
+    }
+
+    /// When a running job's nodes are planned free: for reservations (`hold`) and as
+    /// predicted (`expect`, shown to users).
+    fn running(&self, r: &crate::model::RunningJob, now: Time) -> (Time, Time) {
+        let kill = r.expected_end();
+        let predicted = self.predictor.as_ref().map_or(kill, |p| {
+            p.running_end(&r.runtime_key, r.start_time, now, r.walltime_s)
+        });
+        let hold = if self.checks && self.running_predicted {
+            predicted
+        } else {
+            kill
+        };
+        (hold, predicted)
+    }
+}
+
+/// When a job placed now is planned to end: `check` against reservations (a job may use
+/// nodes held for one only if it ends before it starts), `hold` for when its nodes are
+/// next free to later reservations, `expect` as predicted (the start times shown).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ends {
+    check: Time,
+    hold: Time,
+    expect: Time,
+}
+
+impl Ends {
+    /// One end for everything (walltime planning, preemption placements).
+    pub(crate) fn at(t: Time) -> Ends {
+        Ends {
+            check: t,
+            hold: t,
+            expect: t,
+        }
+    }
+}
+
 /// Free nodes held for a reservation: usable only by jobs that end before `start`.
 #[derive(Debug)]
 struct Held {
@@ -57,6 +142,9 @@ pub(crate) struct CycleState<'a> {
     pub(crate) busy: Vec<bool>,
     /// When each node is next free (running jobs' expected ends, jobs started this cycle).
     avail: Vec<Time>,
+    /// When each node is predicted free (as `avail` without prediction): the expected
+    /// start times shown to users.
+    expect: Vec<Time>,
     buckets: Vec<Bucket>,
     class_buckets: Vec<(usize, usize)>,
     pub(crate) class_free: Vec<u32>,
@@ -96,18 +184,22 @@ pub(crate) struct Feasible {
 }
 
 impl<'a> CycleState<'a> {
-    fn new(cat: &'a NodeCatalog, snap: &ClusterSnapshot<'_>) -> Self {
+    /// Running jobs' nodes are busy whatever was predicted; `planning` says when they are
+    /// planned free.
+    fn new(cat: &'a NodeCatalog, snap: &ClusterSnapshot<'_>, planning: &Planning<'_>) -> Self {
         let n = cat.len();
         let now = snap.now;
         let mut busy = vec![false; n];
         let mut avail = vec![now; n];
+        let mut expect = vec![now; n];
         let mut running_nodes = Vec::with_capacity(snap.running.len());
         for r in snap.running {
-            let end = r.expected_end().max(now);
+            let (hold, predicted) = planning.running(r, now);
             let nodes: Vec<u32> = r.nodes.iter().filter_map(|id| cat.index_of(*id)).collect();
             for &i in &nodes {
                 busy[i as usize] = true;
-                avail[i as usize] = end;
+                avail[i as usize] = hold.max(now);
+                expect[i as usize] = predicted.max(now);
             }
             running_nodes.push(nodes);
         }
@@ -120,6 +212,7 @@ impl<'a> CycleState<'a> {
             if !class.key.schedulable {
                 for &i in &class.members {
                     avail[i as usize] = NEVER;
+                    expect[i as usize] = NEVER;
                 }
                 class_buckets.push((first, first));
                 continue;
@@ -161,6 +254,7 @@ impl<'a> CycleState<'a> {
             now,
             busy,
             avail,
+            expect,
             buckets,
             class_buckets,
             class_free,
@@ -226,11 +320,12 @@ impl<'a> CycleState<'a> {
             .ok_or(miss)
     }
 
-    /// Take the free node `i` (busy until `end`).
-    fn take_node(&mut self, i: u32, end: Time) {
+    /// Take the free node `i` (busy until `ends`).
+    fn take_node(&mut self, i: u32, ends: Ends) {
         self.unindex_free(i);
         self.busy[i as usize] = true;
-        self.avail[i as usize] = end;
+        self.avail[i as usize] = ends.hold;
+        self.expect[i as usize] = ends.expect;
     }
 
     /// Node indexes of `snap.running[k]`.
@@ -464,7 +559,7 @@ impl<'a> CycleState<'a> {
     /// Remove the selected nodes from the free index (held pools first, so unreserved nodes
     /// stay available for long backfill candidates) and mark them busy until `end`.
     fn take(&mut self, feas: &Feasible, sel: &select::Selection, end: Time) -> Vec<u32> {
-        self.take_ordered(feas, sel, end, NodeOrder::Plain)
+        self.take_ordered(feas, sel, Ends::at(end), NodeOrder::Plain)
     }
 
     /// [`CycleState::take`], with the nodes of each selected bucket taken from the classes
@@ -476,9 +571,10 @@ impl<'a> CycleState<'a> {
         &mut self,
         feas: &Feasible,
         sel: &select::Selection,
-        end: Time,
+        ends: Ends,
         order: NodeOrder,
     ) -> Vec<u32> {
+        let end = ends.check;
         let classes: Vec<u32> = if order == NodeOrder::Plain {
             feas.classes.clone()
         } else {
@@ -542,16 +638,28 @@ impl<'a> CycleState<'a> {
         }
         for &i in &out {
             self.busy[i as usize] = true;
-            self.avail[i as usize] = end;
+            self.avail[i as usize] = ends.hold;
+            self.expect[i as usize] = ends.expect;
             self.held_by[i as usize] = u32::MAX;
         }
         out
     }
 
     /// Mark nodes (freed by preemption victims) as committed to a new job.
-    pub(crate) fn commit_busy(&mut self, nodes: &[u32], end: Time) {
+    pub(crate) fn commit_busy(&mut self, nodes: &[u32], ends: Ends) {
         for &i in nodes {
-            self.avail[i as usize] = end;
+            self.avail[i as usize] = ends.hold;
+            self.expect[i as usize] = ends.expect;
+        }
+    }
+
+    /// The start shown to users for a reservation at `start` on `reserved`: when its
+    /// nodes are all predicted free, unless earlier reservations hold it back further.
+    fn expected_start(&self, reserved: &[u32], start: Time) -> Time {
+        let max = |v: &[Time]| reserved.iter().map(|&i| v[i as usize]).max();
+        match (max(&self.avail), max(&self.expect)) {
+            (Some(free), Some(predicted)) if start <= free => predicted.clamp(self.now, start),
+            _ => start,
         }
     }
 
@@ -715,7 +823,7 @@ impl Scheduler {
 
     /// f₁..f₉ of every job in `snap.pending` against the current free index (no placement).
     pub fn components(&self, catalog: &NodeCatalog, snap: &ClusterSnapshot<'_>) -> Vec<Components> {
-        let state = CycleState::new(catalog, snap);
+        let state = CycleState::new(catalog, snap, &Planning::WALLTIME);
         let f6 = backlog(snap);
         let mut cache = HashMap::new();
         snap.pending
@@ -798,10 +906,54 @@ impl Scheduler {
     }
 
     /// Run one cycle. `catalog` must describe the nodes the snapshot's jobs refer to.
+    ///
+    /// With runtime prediction on, the cycle plans backfill on predicted runtimes; if the
+    /// job that got the first reservation (EASY's head) has waited longer than the
+    /// profile's `guarantee_after_s`, the cycle is planned again on walltimes, so that job
+    /// gets EASY's guarantee: nothing started behind it can delay it, however wrong a
+    /// prediction.
     pub fn cycle(&self, catalog: &NodeCatalog, snap: &ClusterSnapshot<'_>) -> Plan {
+        let cfg = &self.config.prediction;
+        let Some(predictor) = Predictor::new(cfg, snap.history) else {
+            return self.plan(catalog, snap, Planning::WALLTIME);
+        };
+        let planning = Planning {
+            predictor: Some(predictor),
+            checks: true,
+            running_predicted: cfg.running_ends == RunningEnds::Predicted,
+        };
+        let plan = self.plan(catalog, snap, planning);
+        let starving = |guard: i64| {
+            plan.reservations.first().is_some_and(|r| {
+                snap.pending
+                    .iter()
+                    .find(|j| j.id == r.job)
+                    .is_some_and(|j| snap.now.saturating_sub(j.submit_time) > guard)
+            })
+        };
+        match cfg.guarantee_after_s {
+            Some(guard) if starving(guard) => self.plan(
+                catalog,
+                snap,
+                // The order of the backfill candidates still comes from the predictions.
+                Planning {
+                    checks: false,
+                    ..planning
+                },
+            ),
+            _ => plan,
+        }
+    }
+
+    fn plan(
+        &self,
+        catalog: &NodeCatalog,
+        snap: &ClusterSnapshot<'_>,
+        planning: Planning<'_>,
+    ) -> Plan {
         let cfg = &self.config;
         let now = snap.now;
-        let mut state = CycleState::new(catalog, snap);
+        let mut state = CycleState::new(catalog, snap, &planning);
         let mut plan = Plan {
             now,
             ..Plan::default()
@@ -815,7 +967,7 @@ impl Scheduler {
             .filter(|(_, j)| cfg.vcluster.is_none_or(|v| v == j.vcluster))
             .map(|(i, _)| (0.0, i))
             .collect();
-        if cfg.order == QueueOrder::Score {
+        if cfg.order == QueueOrder::Score || cfg.backfill_order == BackfillOrder::Score {
             let f6 = backlog(snap);
             let mut cache = HashMap::new();
             for o in &mut order {
@@ -824,6 +976,8 @@ impl Scheduler {
                 let budget = snap.tenant(j.tenant).and_then(|t| t.usage.budget_used);
                 o.0 = c.score(&cfg.weights) * score::budget_factor(budget);
             }
+        }
+        if cfg.order == QueueOrder::Score {
             order.sort_by(|a, b| {
                 let (ja, jb) = (&snap.pending[a.1], &snap.pending[b.1]);
                 b.0.total_cmp(&a.0)
@@ -871,7 +1025,10 @@ impl Scheduler {
             }
         }
 
-        for &(score_value, idx) in &order {
+        let mut next = 0;
+        while next < order.len() {
+            let (score_value, idx) = order[next];
+            next += 1;
             let job = &snap.pending[idx];
             let explain = |plan: &mut Plan, reason: PendingReason| {
                 if cfg.explain {
@@ -894,8 +1051,13 @@ impl Scheduler {
             };
             let need = job.nodes.min;
             let want = job.nodes.max.max(need).min(max_take);
-            let duration = job.walltime_s.max(1);
-            let end = now.saturating_add(duration);
+            // Backfill checks plan on `end`; the job's kill time stays its walltime.
+            let ends = Ends {
+                check: now.saturating_add(planning.check(job)),
+                hold: now.saturating_add(planning.hold(job)),
+                expect: now.saturating_add(planning.rank(job)),
+            };
+            let end = ends.check;
             if let Some(grow) = &job.scale_up {
                 // One more node of a running reactive allocation, scored in this order like
                 // any job: a free node it may use, near the groups it spans. It reserves and
@@ -903,7 +1065,7 @@ impl Scheduler {
                 let feas = state.feasible(job);
                 match state.pick_scale_up_node(&feas, grow) {
                     Ok(i) => {
-                        state.take_node(i, end);
+                        state.take_node(i, ends);
                         *ledger.nodes.entry(job.tenant).or_default() += 1;
                         let node = catalog.node(i);
                         plan.proposals.push(Proposal {
@@ -972,7 +1134,7 @@ impl Scheduler {
                     (true, true) => NodeOrder::MultiNodeGpu,
                     (true, false) => NodeOrder::SingleNodeGpu,
                 };
-                let taken = state.take_ordered(tier, &sel, end, order);
+                let taken = state.take_ordered(tier, &sel, ends, order);
                 let borrowed = taken
                     .iter()
                     .filter(|&&i| feas.borrowed[catalog.class_of(i) as usize])
@@ -1026,7 +1188,7 @@ impl Scheduler {
                     class_based,
                 ) {
                     victims_taken.extend(p.victims.iter().copied());
-                    state.commit_busy(&p.nodes, end);
+                    state.commit_busy(&p.nodes, ends);
                     *ledger.nodes.entry(job.tenant).or_default() += p.nodes.len() as u32;
                     *ledger.allocations.entry(job.tenant).or_default() += 1;
                     plan.proposals.push(proposal(
@@ -1063,14 +1225,32 @@ impl Scheduler {
                 Discipline::Greedy => explain(&mut plan, reason),
                 Discipline::Backfill { .. } => {
                     if occupancy && reservations < depth {
+                        let duration = ends.hold.saturating_sub(now);
                         if let Some((start, nodes)) = state.reserve(&feas, need, duration) {
                             reservations += 1;
+                            let expected = if planning.checks {
+                                state.expected_start(&nodes, start)
+                            } else {
+                                start
+                            };
                             plan.reservations.push(Reservation {
                                 job: job.id,
                                 start,
+                                expected,
                                 nodes: nodes.iter().map(|&i| catalog.node(i).id).collect(),
                             });
-                            explain(&mut plan, PendingReason::Reserved { start });
+                            explain(
+                                &mut plan,
+                                PendingReason::Reserved {
+                                    start: expected,
+                                    predicted: planning.checks,
+                                },
+                            );
+                            if reservations == depth {
+                                // Every job behind the reservations is a backfill
+                                // candidate: they are tried in the backfill order.
+                                backfill_order(cfg, snap, &mut order[next..], |j| planning.rank(j));
+                            }
                             continue;
                         }
                     }
@@ -1079,6 +1259,29 @@ impl Scheduler {
             }
         }
         plan
+    }
+}
+
+/// Sort the backfill candidates `rest` (in queue order, with their scores when the
+/// backfill order needs them) into the profile's backfill order, by `runtime` (the
+/// predicted runtime when prediction is on); ties keep the queue order (stable sorts).
+fn backfill_order(
+    cfg: &SchedulerConfig,
+    snap: &ClusterSnapshot<'_>,
+    rest: &mut [(f64, usize)],
+    runtime: impl Fn(&PendingJob) -> i64,
+) {
+    let job = |i: usize| &snap.pending[i];
+    match cfg.backfill_order {
+        BackfillOrder::Queue => {}
+        BackfillOrder::Fcfs => rest.sort_by_key(|&(_, i)| (job(i).submit_time, job(i).id)),
+        BackfillOrder::Score => rest.sort_by(|a, b| b.0.total_cmp(&a.0)),
+        BackfillOrder::Shortest => rest.sort_by_cached_key(|&(_, i)| runtime(job(i))),
+        BackfillOrder::SmallestArea => rest.sort_by_cached_key(|&(_, i)| {
+            i128::from(job(i).nodes.min.max(1)) * i128::from(runtime(job(i)))
+        }),
+        BackfillOrder::BestFit => rest
+            .sort_by_cached_key(|&(_, i)| (std::cmp::Reverse(job(i).nodes.min), runtime(job(i)))),
     }
 }
 
@@ -1284,6 +1487,7 @@ mod tests {
             sensitive: false,
             submit_time: 0,
             walltime_s: 600,
+            runtime_key: Default::default(),
             checkpoint: CheckpointInfo::default(),
             data_readiness: None,
             scale_up: None,
@@ -1324,8 +1528,8 @@ mod tests {
                     )
                 })
                 .collect();
-            let snap = ClusterSnapshot { now: 0, running: &running, pending: &[], tenants: &[], energy_price: 0.0 };
-            let mut state = CycleState::new(&cat, &snap);
+            let snap = ClusterSnapshot { now: 0, running: &running, pending: &[], tenants: &[], energy_price: 0.0, history: None };
+            let mut state = CycleState::new(&cat, &snap, &Planning::WALLTIME);
             for (need, gpus, same_fp, long, action) in steps {
                 let job = pending(need, gpus);
                 let feas = state.feasible(&job);

@@ -25,9 +25,11 @@
 //!     id: JobId(1), tenant: TenantId(0), vcluster: VClusterId(0),
 //!     nodes: NodeRequest::exact(2), constraints: Constraints::default(),
 //!     preemption_class: 5, sensitive: false, submit_time: 0, walltime_s: 3600,
-//!     checkpoint: CheckpointInfo::default(), data_readiness: None, scale_up: None,
+//!     runtime_key: RuntimeKey::default(), checkpoint: CheckpointInfo::default(),
+//!     data_readiness: None, scale_up: None,
 //! };
-//! let snap = ClusterSnapshot { now: 10, running: &[], pending: &[job], tenants: &[], energy_price: 0.0 };
+//! let snap = ClusterSnapshot { now: 10, running: &[], pending: &[job], tenants: &[],
+//!                              energy_price: 0.0, history: None };
 //! let plan = Scheduler::new(SchedulerConfig::default()).cycle(&catalog, &snap);
 //! assert_eq!(plan.proposals.len(), 1);
 //! assert_eq!(plan.proposals[0].nodes.len(), 2);
@@ -39,6 +41,7 @@ pub mod cycle;
 mod free_index;
 pub mod model;
 pub mod plan;
+pub mod predict;
 pub mod preempt;
 pub mod profile;
 pub mod score;
@@ -50,7 +53,10 @@ pub use claim::ClaimVerdict;
 pub use cycle::Scheduler;
 pub use model::*;
 pub use plan::{PendingExplanation, PendingReason, Plan, Proposal, ProposalKind, Reservation};
+pub use predict::{
+    Correction, PredictionConfig, RunningEnds, RuntimeEstimator, RuntimeHistory, RuntimeKey,
+};
 pub use profile::{
-    CostWeights, Discipline, PreemptionConfig, QueueOrder, SchedulerConfig, SchedulerKind,
-    WeightProfile,
+    BackfillOrder, CostWeights, Discipline, PreemptionConfig, QueueOrder, SchedulerConfig,
+    SchedulerKind, WeightProfile,
 };

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::predict::{RuntimeHistory, RuntimeKey};
+
 /// Dense node identifier (the adapter interns node names).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
@@ -174,8 +176,12 @@ pub struct PendingJob {
     #[serde(default)]
     pub sensitive: bool,
     pub submit_time: Time,
-    /// Walltime estimate in seconds (user request or prediction).
+    /// Walltime in seconds: the user's request and the kill time. With runtime prediction
+    /// on, reservations and backfill checks plan on a prediction no longer than this.
     pub walltime_s: i64,
+    /// Whose runtime history predicts this job's runtime.
+    #[serde(default)]
+    pub runtime_key: RuntimeKey,
     #[serde(default)]
     pub checkpoint: CheckpointInfo,
     /// Fraction of input data on the hot tier, if known.
@@ -224,7 +230,12 @@ pub struct RunningJob {
     #[serde(default)]
     pub sensitive: bool,
     pub start_time: Time,
+    /// The kill time: the job runs until `start_time + walltime_s` at most, whatever was
+    /// predicted.
     pub walltime_s: i64,
+    /// Whose runtime history predicts when this job ends.
+    #[serde(default)]
+    pub runtime_key: RuntimeKey,
     #[serde(default)]
     pub checkpoint: CheckpointInfo,
     #[serde(default)]
@@ -258,6 +269,7 @@ impl RunningJob {
             sensitive: false,
             start_time: 0,
             walltime_s: 3600,
+            runtime_key: RuntimeKey::default(),
             checkpoint: CheckpointInfo::default(),
             last_checkpoint: None,
             gpus_per_node: 0,
@@ -338,6 +350,9 @@ pub struct ClusterSnapshot<'a> {
     pub tenants: &'a [Tenant],
     /// Normalised electricity price at `now`, 0 (cheap) ..= 1 (expensive).
     pub energy_price: f64,
+    /// Finished jobs' runtimes, read by the profile's runtime estimator (`None`: plan on
+    /// walltimes).
+    pub history: Option<&'a RuntimeHistory>,
 }
 
 impl<'a> ClusterSnapshot<'a> {

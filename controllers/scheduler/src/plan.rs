@@ -42,7 +42,12 @@ pub struct Proposal {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Reservation {
     pub job: JobId,
+    /// When the reserved nodes are free at the latest (their work's kill times, or
+    /// predictions with `running_ends: predicted`).
     pub start: Time,
+    /// When the job is expected to start: the reserved nodes' predicted ends (`start`
+    /// without prediction). What users are told.
+    pub expected: Time,
     pub nodes: Vec<NodeId>,
 }
 
@@ -85,6 +90,9 @@ pub enum PendingReason {
     },
     Reserved {
         start: Time,
+        /// The start was planned on predicted runtimes (of the job and the running work).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        predicted: bool,
     },
     /// A running reactive allocation may grow, and free nodes match it, but none it may
     /// take: already used by this attempt, of another conformance fingerprint, or
@@ -151,7 +159,14 @@ impl fmt::Display for PendingReason {
                 f,
                 "free nodes ({free}) are reserved for higher-priority jobs"
             ),
-            PendingReason::Reserved { start } => write!(f, "reserved to start at t={start}"),
+            PendingReason::Reserved {
+                start,
+                predicted: false,
+            } => write!(f, "reserved to start at t={start}"),
+            PendingReason::Reserved {
+                start,
+                predicted: true,
+            } => write!(f, "expected to start at t={start} (predicted runtimes)"),
             PendingReason::SoftQuotaPenalty {
                 budget_used_pct,
                 priority_factor,

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::predict::PredictionConfig;
+
 /// w₁..w₉ of `Score(j) = Σ wᵢ·fᵢ(j)`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -127,6 +129,28 @@ pub enum Discipline {
     Backfill { depth: usize },
 }
 
+/// In which order jobs behind the reserved ones are tried for backfilling (the jobs
+/// after the first `depth` blocked ones of [`Discipline::Backfill`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackfillOrder {
+    /// The queue's own order ([`QueueOrder`]).
+    #[default]
+    Queue,
+    /// Submission time, then id.
+    Fcfs,
+    /// The cost function's `Score(j)`, highest first (whatever the queue order).
+    Score,
+    /// Shortest planned runtime first (the prediction when prediction is on, else the
+    /// walltime): EASY++'s shortest-job-backfilled-first.
+    Shortest,
+    /// Smallest planned area first (nodes × planned runtime).
+    SmallestArea,
+    /// Largest job first, then shortest: fills the free nodes with the jobs that leave the
+    /// fewest idle (first-fit decreasing).
+    BestFit,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PreemptionConfig {
@@ -164,6 +188,10 @@ pub struct SchedulerConfig {
     pub weights: CostWeights,
     pub order: QueueOrder,
     pub discipline: Discipline,
+    /// Order of the backfill candidates (behind the reservations).
+    pub backfill_order: BackfillOrder,
+    /// Runtime prediction: plan reservations and backfill on predicted runtimes.
+    pub prediction: PredictionConfig,
     pub preemption: PreemptionConfig,
     /// f₂'s reference_wait in seconds (seed default: one hour).
     pub reference_wait_s: f64,
@@ -181,6 +209,13 @@ impl Default for SchedulerConfig {
 
 impl SchedulerConfig {
     pub fn for_kind(kind: SchedulerKind) -> Self {
+        // Only backfill plans on runtimes: the other kinds reserve nothing.
+        let (backfill_order, prediction) = match kind {
+            SchedulerKind::HpcBackfill => {
+                (BackfillOrder::Shortest, PredictionConfig::hpc_backfill())
+            }
+            _ => (BackfillOrder::Queue, PredictionConfig::default()),
+        };
         let (weights, order, discipline, preempt) = match kind {
             SchedulerKind::HpcBackfill => (
                 WeightProfile::HpcBatch.weights(),
@@ -212,6 +247,8 @@ impl SchedulerConfig {
             weights,
             order,
             discipline,
+            backfill_order,
+            prediction,
             preemption: PreemptionConfig {
                 enabled: preempt,
                 ..PreemptionConfig::default()
@@ -227,6 +264,8 @@ impl SchedulerConfig {
         SchedulerConfig {
             order: QueueOrder::Fifo,
             discipline: Discipline::Strict,
+            backfill_order: BackfillOrder::Queue,
+            prediction: PredictionConfig::default(),
             preemption: PreemptionConfig {
                 enabled: false,
                 ..PreemptionConfig::default()
@@ -235,11 +274,21 @@ impl SchedulerConfig {
         }
     }
 
-    /// FCFS order with backfilling behind `depth` reservations (1 = EASY).
+    /// FCFS order with backfilling behind `depth` reservations (1 = EASY), on walltimes.
     pub fn backfill(depth: usize) -> Self {
         SchedulerConfig {
             discipline: Discipline::Backfill { depth },
             ..SchedulerConfig::fcfs()
+        }
+    }
+
+    /// EASY++ (Tsafrir, Etsion and Feitelson, IEEE TPDS 2007): EASY on predicted runtimes,
+    /// shortest predicted job backfilled first.
+    pub fn easy_plus_plus() -> Self {
+        SchedulerConfig {
+            backfill_order: BackfillOrder::Shortest,
+            prediction: PredictionConfig::easy_plus_plus(),
+            ..SchedulerConfig::backfill(1)
         }
     }
 }

@@ -23,6 +23,7 @@ fn job(id: u64, n: u32, submit: i64, wall: i64) -> PendingJob {
         sensitive: false,
         submit_time: submit,
         walltime_s: wall,
+        runtime_key: Default::default(),
         checkpoint: CheckpointInfo::default(),
         data_readiness: None,
         scale_up: None,
@@ -39,6 +40,7 @@ fn running(id: u64, on: std::ops::Range<u32>, start: i64, wall: i64, class: u8) 
         sensitive: false,
         start_time: start,
         walltime_s: wall,
+        runtime_key: Default::default(),
         checkpoint: CheckpointInfo {
             mode: CheckpointMode::Auto,
             estimated_minutes: 2.0,
@@ -65,6 +67,7 @@ fn cycle(
         pending,
         tenants,
         energy_price: 0.0,
+        history: None,
     };
     Scheduler::new(cfg).cycle(&cat, &snap)
 }
@@ -103,7 +106,10 @@ fn easy_backfills_short_jobs_and_protects_the_reservation() {
     assert_eq!(plan.reservations[0].start, 2000);
     assert!(matches!(
         reason(&plan, 1),
-        PendingReason::Reserved { start: 2000 }
+        PendingReason::Reserved {
+            start: 2000,
+            predicted: false
+        }
     ));
     // Job 4 (2 nodes, long) would fit the extra nodes had job 2 not taken free nodes.
     let pending2 = [job(1, 8, 0, 3600), job(4, 2, 3, 9000), job(3, 3, 2, 9000)];

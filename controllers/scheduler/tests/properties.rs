@@ -102,6 +102,7 @@ fn build_jobs(spec: &[JobSpec]) -> Vec<PendingJob> {
                 sensitive: sens,
                 submit_time: i64::from(i as u32 * 7 % 50),
                 walltime_s: 600 + 300 * i64::from(n),
+                runtime_key: Default::default(),
                 checkpoint: CheckpointInfo {
                     mode: if bits & 2 != 0 {
                         CheckpointMode::Auto
@@ -131,6 +132,7 @@ fn running_on(nodes: &[NodeView], every: usize) -> Vec<RunningJob> {
             sensitive: n.sensitive_pool,
             start_time: 0,
             walltime_s: 3600 + 60 * i as i64,
+            runtime_key: Default::default(),
             checkpoint: CheckpointInfo {
                 mode: if i % 2 == 0 {
                     CheckpointMode::Auto
@@ -192,7 +194,7 @@ proptest! {
         let pending = build_jobs(&jspec);
         let running = running_on(&nodes, every);
         let tenants = tenants();
-        let snap = ClusterSnapshot { now: 100, running: &running, pending: &pending, tenants: &tenants, energy_price: 0.3 };
+        let snap = ClusterSnapshot { now: 100, running: &running, pending: &pending, tenants: &tenants, energy_price: 0.3, history: None };
         let plan = Scheduler::new(cfg.clone()).cycle(&cat, &snap);
 
         let busy: BTreeMap<NodeId, &RunningJob> = running.iter().flat_map(|r| r.nodes.iter().map(move |n| (*n, r))).collect();
@@ -288,7 +290,7 @@ proptest! {
         }
         let mut jobs = build_jobs(&[(1, 0, 0, 0, 5, false, false, 0, 0)]);
         jobs[0].nodes = NodeRequest::exact(need);
-        let snap = ClusterSnapshot { now: 10, running: &running, pending: &jobs, tenants: &[], energy_price: 0.0 };
+        let snap = ClusterSnapshot { now: 10, running: &running, pending: &jobs, tenants: &[], energy_price: 0.0, history: None };
         let mut cfg = SchedulerConfig::default();
         cfg.preemption.enabled = false;
         let plan = Scheduler::new(cfg).cycle(&cat, &snap);
@@ -326,7 +328,7 @@ proptest! {
         let running = running_on(&nodes, 3);
         let tenants = tenants();
         let s = Scheduler::new(cfg);
-        let snap = ClusterSnapshot { now: 100, running: &running, pending: &pending, tenants: &tenants, energy_price: 0.5 };
+        let snap = ClusterSnapshot { now: 100, running: &running, pending: &pending, tenants: &tenants, energy_price: 0.5, history: None };
         let a = s.cycle(&cat, &snap);
         let b = s.cycle(&cat, &snap);
         prop_assert_eq!(&a, &b);

@@ -116,6 +116,7 @@ fn empty_to_full_first_cycle_fills_the_cluster() {
             sensitive: false,
             submit_time: 0,
             walltime_s: j.estimate,
+            runtime_key: Default::default(),
             checkpoint: j.checkpoint,
             data_readiness: None,
             scale_up: None,
@@ -127,6 +128,7 @@ fn empty_to_full_first_cycle_fills_the_cluster() {
         pending: &pending,
         tenants: &[],
         energy_price: 0.0,
+        history: None,
     };
     let plan = Scheduler::new(lattice()).cycle(&cat, &snap);
     let used: usize = plan.proposals.iter().map(|p| p.nodes.len()).sum();

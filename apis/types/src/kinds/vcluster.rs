@@ -246,6 +246,113 @@ pub enum PreemptionMode {
     Never,
 }
 
+/// In which order the jobs behind the reservations are tried for backfilling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackfillOrder {
+    /// The queue's own order (the cost function's).
+    Queue,
+    /// Submission order.
+    Fcfs,
+    /// The cost function's score, highest first.
+    Score,
+    /// Shortest predicted runtime first (EASY++).
+    Shortest,
+    /// Smallest predicted area (nodes × runtime) first.
+    SmallestArea,
+    /// Largest job first, then shortest (fills free nodes best).
+    BestFit,
+}
+
+/// How runtimes are predicted from the user's finished allocations. The names are the
+/// scheduler's registered estimators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuntimeEstimator {
+    /// No prediction: reservations and backfill on walltimes (EASY).
+    None,
+    /// Mean of the user's last two runtimes (EASY++).
+    UserLast2,
+    /// Mean of the last two runtimes of the user's jobs of the same name (`tags.name`).
+    UserJobLast2,
+    /// The walltime times the mean fraction of their walltimes the user's last two jobs
+    /// ran.
+    UserFraction2,
+    /// As `user-fraction2`, from the user's jobs of the same name.
+    UserJobFraction2,
+}
+
+impl RuntimeEstimator {
+    /// The scheduler's name for it (`None` for no prediction).
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Self::None => None,
+            Self::UserLast2 => Some("user-last2"),
+            Self::UserJobLast2 => Some("user-job-last2"),
+            Self::UserFraction2 => Some("user-fraction2"),
+            Self::UserJobFraction2 => Some("user-job-fraction2"),
+        }
+    }
+}
+
+/// What a running allocation's prediction becomes once it has run longer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum PredictionCorrection {
+    /// Its walltime.
+    Walltime,
+    /// +1 min, 5 min, 15 min, 30 min, 1 h, 2 h, 5 h, … each time it expires (EASY++).
+    Gradual,
+    /// Doubled each time it expires.
+    Double,
+}
+
+/// When reservations expect running work to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunningEnds {
+    /// At its walltime (the latest it can end).
+    Walltime,
+    /// When predicted (EASY++).
+    Predicted,
+}
+
+/// Runtime prediction: backfill on predicted runtimes learned from the users' finished
+/// allocations. The kill time always stays the allocation's walltime.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RuntimePrediction {
+    /// none | user-last2 | user-job-last2 | user-fraction2 | user-job-fraction2
+    /// (default for hpc-backfill: user-fraction2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimator: Option<RuntimeEstimator>,
+    /// What an expired prediction becomes: walltime | gradual | double (default gradual).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correction: Option<PredictionCorrection>,
+    /// When reservations expect running work to end: walltime | predicted (default
+    /// walltime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_ends: Option<RunningEnds>,
+    /// A job holding the first reservation that has waited longer than this gets EASY's
+    /// guarantee (backfill checks on walltimes), e.g. `66h` (the default), or `never`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guarantee_after: Option<String>,
+}
+
+impl RuntimePrediction {
+    /// `guaranteeAfter` in seconds (`Ok(None)`: never).
+    pub fn guarantee_after_seconds(&self) -> Result<Option<u64>, String> {
+        match self.guarantee_after.as_deref() {
+            None => Ok(Some(DEFAULT_GUARANTEE_AFTER_S)),
+            Some("never") => Ok(None),
+            Some(d) => parse_duration(d).map(Some),
+        }
+    }
+}
+
+/// hpc-backfill's `runtimePrediction.guaranteeAfter` (66 hours).
+pub const DEFAULT_GUARANTEE_AFTER_S: u64 = 66 * 3600;
+
 /// Preemption policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -281,6 +388,13 @@ pub struct VClusterSpec {
     /// Future reservations the backfill solver considers (0 = first-fit only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backfill_depth: Option<u32>,
+    /// Order of the jobs tried for backfilling behind the reservations: queue | fcfs |
+    /// score | shortest | smallest-area | best-fit (hpc-backfill; default shortest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backfill_order: Option<BackfillOrder>,
+    /// Runtime prediction for backfill (hpc-backfill).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_prediction: Option<RuntimePrediction>,
     /// Nodes permanently assigned to this vCluster (its home nodes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub home_nodes: Vec<String>,
@@ -362,6 +476,15 @@ impl Resource for VCluster {
         s.cycle_interval
             .get_or_insert_with(|| t.default_cycle_interval().to_string());
         s.backfill_depth.get_or_insert(t.default_backfill_depth());
+        if t == SchedulerType::HpcBackfill {
+            s.backfill_order.get_or_insert(BackfillOrder::Shortest);
+            let p = s.runtime_prediction.get_or_insert_with(Default::default);
+            p.estimator.get_or_insert(RuntimeEstimator::UserFraction2);
+            p.correction.get_or_insert(PredictionCorrection::Gradual);
+            p.running_ends.get_or_insert(RunningEnds::Walltime);
+            p.guarantee_after
+                .get_or_insert_with(|| format!("{}h", DEFAULT_GUARANTEE_AFTER_S / 3600));
+        }
         let sensitive = t == SchedulerType::SensitiveReservation;
         s.borrowing.allow_lend.get_or_insert(!sensitive);
         s.borrowing.allow_borrow.get_or_insert(!sensitive);
@@ -445,6 +568,31 @@ impl Resource for VCluster {
                 errs.push(
                     "spec.backfillDepth",
                     format!("must be at most 1000, got {b}; 10–20 suits most sites"),
+                );
+            }
+        }
+        let backfills = s
+            .scheduler_type
+            .is_none_or(|t| t == SchedulerType::HpcBackfill);
+        if !backfills {
+            if s.backfill_order.is_some() {
+                errs.push(
+                    "spec.backfillOrder",
+                    "only hpc-backfill vClusters backfill behind reservations; remove it",
+                );
+            }
+            if s.runtime_prediction.is_some() {
+                errs.push(
+                    "spec.runtimePrediction",
+                    "only hpc-backfill vClusters plan reservations and backfill on runtimes; remove it",
+                );
+            }
+        }
+        if let Some(p) = &s.runtime_prediction {
+            if let Err(e) = p.guarantee_after_seconds() {
+                errs.push(
+                    "spec.runtimePrediction.guaranteeAfter",
+                    format!("{e}; use a duration such as 66h, or never"),
                 );
             }
         }

@@ -112,6 +112,7 @@ pub fn scheduler_config(vc: &VCluster) -> SchedulerConfig {
     }
     cfg.weights = CostWeights::new(weights.to_array());
     if kind == SchedulerKind::HpcBackfill {
+        apply_prediction(&mut cfg, vc);
         let depth = vc.spec.backfill_depth.unwrap_or(t.default_backfill_depth());
         // The seed's tuning table: depth 0 is "no backfill (only first-fit)": whatever fits
         // starts, in score order, and nothing is reserved.
@@ -140,6 +141,47 @@ pub fn scheduler_config(vc: &VCluster) -> SchedulerConfig {
         cfg.preemption.near_completion_s = s as i64;
     }
     cfg
+}
+
+/// The vCluster's backfill order and runtime prediction (unset fields keep hpc-backfill's
+/// defaults, which the VCluster kind's defaulting writes out).
+fn apply_prediction(cfg: &mut SchedulerConfig, vc: &VCluster) {
+    use lattice_apis::kinds::vcluster as api;
+    use lattice_scheduler::{BackfillOrder, Correction, RunningEnds};
+    if let Some(o) = vc.spec.backfill_order {
+        cfg.backfill_order = match o {
+            api::BackfillOrder::Queue => BackfillOrder::Queue,
+            api::BackfillOrder::Fcfs => BackfillOrder::Fcfs,
+            api::BackfillOrder::Score => BackfillOrder::Score,
+            api::BackfillOrder::Shortest => BackfillOrder::Shortest,
+            api::BackfillOrder::SmallestArea => BackfillOrder::SmallestArea,
+            api::BackfillOrder::BestFit => BackfillOrder::BestFit,
+        };
+    }
+    let Some(p) = &vc.spec.runtime_prediction else {
+        return;
+    };
+    let pc = &mut cfg.prediction;
+    if let Some(e) = p.estimator {
+        pc.estimator = e.name().map(str::to_string);
+    }
+    if let Some(c) = p.correction {
+        pc.correction = match c {
+            api::PredictionCorrection::Walltime => Correction::Walltime,
+            api::PredictionCorrection::Gradual => Correction::Gradual,
+            api::PredictionCorrection::Double => Correction::Double,
+        };
+    }
+    if let Some(r) = p.running_ends {
+        pc.running_ends = match r {
+            api::RunningEnds::Walltime => RunningEnds::Walltime,
+            api::RunningEnds::Predicted => RunningEnds::Predicted,
+        };
+    }
+    // Validated at admission; an unparsable value written around it keeps the default.
+    if let Ok(g) = p.guarantee_after_seconds() {
+        pc.guarantee_after_s = g.map(|s| i64::try_from(s).unwrap_or(i64::MAX));
+    }
 }
 
 /// Interns strings to dense ids.
@@ -310,6 +352,7 @@ pub fn inventory(
                         .and_then(|s| s.walltime_seconds)
                         .map(|w| w as i64)
                         .unwrap_or(UNBOUNDED_S),
+                    runtime_key: Default::default(),
                     checkpoint: checkpoint(&a),
                     last_checkpoint: st.and_then(|s| s.last_checkpoint_time.as_ref()).map(unix),
                     gpus_per_node: a.spec.resources.constraints.gpu_count.unwrap_or(0),
@@ -330,6 +373,7 @@ pub fn inventory(
                 sensitive: true,
                 start_time: now,
                 walltime_s: 60,
+                runtime_key: Default::default(),
                 checkpoint: CheckpointInfo::default(),
                 last_checkpoint: None,
                 gpus_per_node: 0,
@@ -584,6 +628,7 @@ pub fn pending_job(
         sensitive: a.spec.sensitive,
         submit_time: submit,
         walltime_s: walltime_s(a, vc).map(|w| w as i64).unwrap_or(UNBOUNDED_S),
+        runtime_key: Default::default(),
         checkpoint: checkpoint(a),
         data_readiness: None,
         scale_up: None,
@@ -757,6 +802,58 @@ mod tests {
         // Home and shared nodes: protected; on another vCluster's home node: reclaimable;
         // other vClusters' work: as before.
         assert_eq!(protected, [true, false, true, false]);
+    }
+
+    /// A defaulted hpc-backfill vCluster runs the core's hpc-backfill prediction setting
+    /// (the figures in the scheduler README), every estimator the API names is registered
+    /// in the core, and a vCluster's choices reach the core.
+    #[test]
+    fn runtime_prediction_reaches_the_core() {
+        use lattice_apis::kinds::vcluster::RuntimeEstimator as Api;
+        use lattice_apis::Resource;
+        let mut hpc = vcluster(serde_json::json!({"schedulerType": "hpc-backfill"}));
+        hpc.default_fields();
+        let core = SchedulerConfig::for_kind(SchedulerKind::HpcBackfill);
+        let cfg = scheduler_config(&hpc);
+        assert_eq!(cfg.prediction, core.prediction);
+        assert_eq!(cfg.backfill_order, core.backfill_order);
+        for e in [
+            Api::None,
+            Api::UserLast2,
+            Api::UserJobLast2,
+            Api::UserFraction2,
+            Api::UserJobFraction2,
+        ] {
+            if let Some(name) = e.name() {
+                assert!(
+                    lattice_scheduler::predict::estimator(name).is_some(),
+                    "{name}"
+                );
+                assert_eq!(serde_json::to_value(e).expect("name"), name);
+            }
+        }
+        let mut tuned = vcluster(serde_json::json!({"schedulerType": "hpc-backfill",
+            "backfillOrder": "best-fit",
+            "runtimePrediction": {"estimator": "user-job-last2", "correction": "gradual",
+                                  "runningEnds": "predicted", "guaranteeAfter": "never"}}));
+        tuned.default_fields();
+        let cfg = scheduler_config(&tuned);
+        assert_eq!(
+            cfg.backfill_order,
+            lattice_scheduler::BackfillOrder::BestFit
+        );
+        assert_eq!(
+            cfg.prediction,
+            lattice_scheduler::PredictionConfig {
+                estimator: Some("user-job-last2".into()),
+                correction: lattice_scheduler::Correction::Gradual,
+                running_ends: lattice_scheduler::RunningEnds::Predicted,
+                guarantee_after_s: None,
+            }
+        );
+        let off = vcluster(serde_json::json!({"schedulerType": "hpc-backfill",
+            "runtimePrediction": {"estimator": "none"}}));
+        assert!(!scheduler_config(&off).prediction.enabled());
     }
 
     /// The seed's internal budget ledger: running work counts up to now (within the budget

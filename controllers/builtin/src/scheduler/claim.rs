@@ -274,6 +274,7 @@ fn job_as_running(job: &PendingJob) -> RunningJob {
         sensitive: job.sensitive,
         start_time: job.submit_time,
         walltime_s: job.walltime_s,
+        runtime_key: job.runtime_key,
         checkpoint: job.checkpoint,
         last_checkpoint: None,
         gpus_per_node: job.constraints.min_gpus_per_node,

@@ -10,6 +10,7 @@ pub mod adapter;
 pub mod bind;
 pub mod claim;
 pub mod grow;
+pub mod history;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -55,6 +56,8 @@ pub struct Shared {
     api: Api<Allocation>,
     metrics: SchedulerMetrics,
     reasons: ReasonQueue,
+    /// Finished allocations' runtimes, refreshed in the background ([`history`]).
+    history: Arc<history::HistoryCache>,
 }
 
 /// Run the scheduler until dropped (the controller host drops it on losing leadership).
@@ -71,6 +74,14 @@ pub async fn run(ctx: HostContext, backend: Arc<dyn KvBackend>, metrics: Schedul
     nodes.store().wait_until_synced().await;
     tenants.store().wait_until_synced().await;
     vclusters.store().wait_until_synced().await;
+    let history = Arc::new(history::HistoryCache::default());
+    if let Err(e) = history.load(&backend).await {
+        tracing::warn!(error = %e, "runtime history not read yet; planning on walltimes until it is");
+    }
+    let _history_refresh = AbortOnDrop(tokio::spawn(history::refresh_loop(
+        backend.clone(),
+        history.clone(),
+    )));
     let shared = Arc::new(Shared {
         backend,
         allocations: allocs.store(),
@@ -80,6 +91,7 @@ pub async fn run(ctx: HostContext, backend: Arc<dyn KvBackend>, metrics: Schedul
         api: Api::all(ctx.client.clone()),
         metrics,
         reasons: ReasonQueue::default(),
+        history,
     });
     let _reason_writer = AbortOnDrop(tokio::spawn(reason_writer(shared.clone())));
     ctx.set_ready(true);
@@ -314,9 +326,16 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     }
     queued.sort_by(|a, b| (a.namespace(), a.name_any()).cmp(&(b.namespace(), b.name_any())));
     stats.pending = queued.len();
+    // What this vCluster's finished work ran for (read in the background, not here).
+    let histories = shared.history.view();
+    let vc_history = histories.vcluster(key);
     let mut job_of = |i: usize, a: &Allocation| {
         let t = TenantId(tenant_ids.id(a.namespace().unwrap_or("default")));
-        adapter::pending_job(JobId(i as u64), a, t, self_id, Some(&vc), now_s)
+        let mut job = adapter::pending_job(JobId(i as u64), a, t, self_id, Some(&vc), now_s);
+        if let Some(h) = vc_history {
+            job.runtime_key = h.key_of(a);
+        }
+        job
     };
     // Claims of named nodes are judged and bound first, oldest first; the core places the rest.
     let (claims, queued): (Vec<Arc<Allocation>>, Vec<Arc<Allocation>>) = queued
@@ -384,6 +403,17 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         })
         .collect();
     adapter::protect_home_services(&mut inv, &home_only);
+    // This vCluster's running work is expected to end when its users' history says (the
+    // start times shown to queued allocations); its kill time stays its walltime.
+    if let Some(h) = vc_history {
+        for (r, (t, n)) in inv.running.iter_mut().zip(&inv.running_refs) {
+            if let Some(a) = allocs.get_named(Some(t), n) {
+                if adapter::resolve_vcluster(&a, exists).as_ref() == Ok(key) {
+                    r.runtime_key = h.key_of(&a);
+                }
+            }
+        }
+    }
     let total_nodes = inv.views.len() as u32;
     // Each tenant's budget period, looked up once (running work is many jobs per tenant).
     let default_period =
@@ -426,6 +456,7 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         pending: &pending,
         tenants: &tenants,
         energy_price: 0.0,
+        history: vc_history.map(|h| &h.history),
     };
     let plan = Scheduler::new(config).cycle(&catalog, &snap);
     stats.core_time = started.elapsed();
@@ -553,11 +584,16 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
                 name_of(*job).map_or("an earlier job", |b| b.name_any())
             ),
             // An absolute time: the message stays the same from cycle to cycle.
-            PendingReason::Reserved { start } => format!(
-                "reserved: expected to start at {}",
+            PendingReason::Reserved { start, predicted } => format!(
+                "reserved: expected to start at {}{}",
                 chrono::DateTime::from_timestamp(*start, 0)
                     .map(|t| t.to_rfc3339())
-                    .unwrap_or_else(|| start.to_string())
+                    .unwrap_or_else(|| start.to_string()),
+                if *predicted {
+                    " (predicted runtimes)"
+                } else {
+                    ""
+                }
             ),
             other => other.to_string(),
         };
@@ -1014,6 +1050,7 @@ mod tests {
             api: Api::all(client),
             metrics: SchedulerMetrics::default(),
             reasons: ReasonQueue::default(),
+            history: Default::default(),
         }
     }
 

@@ -3,7 +3,8 @@
 //! For each (pending, nodes) size it builds a deterministic synthetic cluster — dragonfly
 //! groups of 128 nodes, two GPU types, a CXL-expanded class, three conformance fingerprints,
 //! 70 % of the nodes busy — and a queue of mixed jobs, then times `Scheduler::cycle` with the
-//! hpc-backfill configuration (scoring, reservations, preemption and explanations enabled).
+//! hpc-backfill configuration (scoring, reservations, preemption, explanations and runtime
+//! prediction enabled: jobs belong to 64 users with a runtime history each).
 
 use std::time::Instant;
 
@@ -46,6 +47,7 @@ fn workload(pending: usize, nodes: u32, seed: u64) -> (Vec<RunningJob>, Vec<Pend
             sensitive: false,
             start_time: -(rng.range(0, 7200) as i64),
             walltime_s: 3600 + rng.range(0, 36_000) as i64,
+            runtime_key: user_key(&mut rng),
             checkpoint: CheckpointInfo {
                 mode: CheckpointMode::Auto,
                 estimated_minutes: 3.0,
@@ -83,6 +85,7 @@ fn workload(pending: usize, nodes: u32, seed: u64) -> (Vec<RunningJob>, Vec<Pend
                 sensitive: false,
                 submit_time: -(rng.range(0, 86_400) as i64),
                 walltime_s: 600 + rng.range(0, 86_400) as i64,
+                runtime_key: user_key(&mut rng),
                 checkpoint: CheckpointInfo::default(),
                 data_readiness: None,
                 scale_up: None,
@@ -92,9 +95,37 @@ fn workload(pending: usize, nodes: u32, seed: u64) -> (Vec<RunningJob>, Vec<Pend
     (running, jobs)
 }
 
+/// One of 64 users, running one of 8 job names.
+fn user_key(rng: &mut SplitMix64) -> RuntimeKey {
+    RuntimeKey {
+        user: Some(rng.range(0, 64) as u32),
+        name: Some(rng.range(0, 8) as u32),
+    }
+}
+
+/// Four finished runs of every user's every job name.
+fn history() -> RuntimeHistory {
+    let mut rng = SplitMix64::new(7);
+    let mut h = RuntimeHistory::default();
+    for user in 0..64 {
+        for name in 0..8 {
+            for _ in 0..4 {
+                let wall = 600 + rng.range(0, 86_400) as i64;
+                let key = RuntimeKey {
+                    user: Some(user),
+                    name: Some(name),
+                };
+                h.record(key, rng.range(0, wall as u64) as i64, wall);
+            }
+        }
+    }
+    h
+}
+
 fn bench(pending: usize, nodes: u32) -> (f64, usize) {
     let catalog = NodeCatalog::new(cluster(nodes));
     let (running, jobs) = workload(pending, nodes, 42);
+    let history = history();
     let tenants: Vec<Tenant> = (0..8)
         .map(|i| Tenant {
             id: TenantId(i),
@@ -114,6 +145,7 @@ fn bench(pending: usize, nodes: u32) -> (f64, usize) {
         pending: &jobs,
         tenants: &tenants,
         energy_price: 0.4,
+        history: Some(&history),
     };
     let scheduler = Scheduler::new(SchedulerConfig::for_kind(SchedulerKind::HpcBackfill));
     let mut times = Vec::new();

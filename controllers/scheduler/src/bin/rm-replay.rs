@@ -26,7 +26,8 @@ struct Args {
     /// Keep only the first N jobs (after filtering).
     #[arg(long)]
     jobs: Option<usize>,
-    /// fcfs, easy, conservative or lattice.
+    /// fcfs, easy, easy++ (EASY on predicted runtimes, Tsafrir et al.), conservative or
+    /// lattice (the profile; hpc-backfill by default).
     #[arg(long, default_value = "lattice")]
     policy: Policy,
     /// YAML scheduler configuration for the lattice policy (kind, weights, discipline, ...).

@@ -11,10 +11,11 @@ use std::collections::{BinaryHeap, HashMap};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
-    CheckpointInfo, CheckpointMode, ClusterSnapshot, Constraints, JobId, NodeRequest, NodeView,
-    PendingJob, RunningJob, Tenant, TenantId, Time, VClusterId,
+    CheckpointInfo, CheckpointMode, ClusterSnapshot, Constraints, JobId, NodeId, NodeRequest,
+    NodeView, PendingJob, RunningJob, Tenant, TenantId, Time, VClusterId,
 };
 use crate::plan::ProposalKind;
+use crate::predict::{RuntimeHistory, RuntimeKey};
 use crate::{NodeCatalog, Scheduler, SchedulerConfig};
 
 /// One job of a replayed trace.
@@ -33,6 +34,9 @@ pub struct SimJob {
     pub sensitive: bool,
     pub constraints: Constraints,
     pub checkpoint: CheckpointInfo,
+    /// User and job name, for runtime prediction.
+    #[serde(default)]
+    pub runtime_key: RuntimeKey,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -48,9 +52,15 @@ pub struct Workload {
 pub struct JobOutcome {
     pub job: usize,
     pub first_start: Option<Time>,
+    /// Start of the last run (the only one unless preempted).
+    pub last_start: Option<Time>,
+    /// Nodes of the last run.
+    pub nodes: Vec<NodeId>,
     pub end: Option<Time>,
     pub backfilled: bool,
     pub preempted: u32,
+    /// The start it was first told to expect (its first reservation), if it had one.
+    pub first_expected: Option<Time>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -90,9 +100,12 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
         .map(|job| JobOutcome {
             job,
             first_start: None,
+            last_start: None,
+            nodes: Vec::new(),
             end: None,
             backfilled: false,
             preempted: 0,
+            first_expected: None,
         })
         .collect();
     let mut remaining: Vec<i64> = w.jobs.iter().map(|j| j.runtime.max(0)).collect();
@@ -114,6 +127,9 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
         contended_node_seconds: HashMap::new(),
         cycles: 0,
     };
+    // Runtimes of finished jobs, as the live scheduler reads them from the store: a job's
+    // runtime is known from its end on (preempted runs are not finished jobs).
+    let mut history = RuntimeHistory::default();
     let mut contended = 0.0f64; // cumulative seconds with a non-empty queue
     let mut last_t: Option<Time> = None;
 
@@ -180,6 +196,8 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
                     r.nodes.len() as f64 * (contended - meta.contended_at_start);
                 remaining[meta.job] = 0;
                 outcomes[meta.job].end = Some(now);
+                let j = &w.jobs[meta.job];
+                history.record(j.runtime_key, j.runtime, j.estimate);
             }
             ends.extend(later);
         }
@@ -209,6 +227,8 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
                     r.nodes.len() as f64 * (contended - meta.contended_at_start);
                 remaining[meta.job] = 0;
                 outcomes[meta.job].end = Some(now);
+                let j = &w.jobs[meta.job];
+                history.record(j.runtime_key, j.runtime, j.estimate);
             }
         }
 
@@ -227,9 +247,15 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
             pending: &pending,
             tenants: &tenants,
             energy_price: 0.0,
+            history: Some(&history),
         };
         let plan = scheduler.cycle(&catalog, &snap);
         result.cycles += 1;
+        for r in &plan.reservations {
+            if let Some(&ji) = index_of.get(&r.job) {
+                outcomes[ji].first_expected.get_or_insert(r.expected);
+            }
+        }
         if plan.proposals.is_empty() {
             continue;
         }
@@ -272,6 +298,8 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
             started.push(p.job);
             let o = &mut outcomes[ji];
             o.first_start.get_or_insert(now);
+            o.last_start = Some(now);
+            o.nodes.clone_from(&p.nodes);
             seq += 1;
             let end = now + remaining[ji];
             ends.push(Reverse((end, seq, p.job)));
@@ -286,6 +314,7 @@ pub fn simulate(w: &Workload, config: &SchedulerConfig) -> SimResult {
                 sensitive: pj.sensitive,
                 start_time: now,
                 walltime_s: pj.walltime_s,
+                runtime_key: pj.runtime_key,
                 checkpoint: pj.checkpoint,
                 last_checkpoint: None,
                 gpus_per_node: pj.constraints.min_gpus_per_node,
@@ -318,6 +347,7 @@ fn pending_job(j: &SimJob, estimate: i64, submit: Time) -> PendingJob {
         sensitive: j.sensitive,
         submit_time: submit,
         walltime_s: estimate.max(1),
+        runtime_key: j.runtime_key,
         checkpoint: j.checkpoint,
         data_readiness: None,
         scale_up: None,

@@ -26,6 +26,7 @@ use serde::Deserialize;
 use super::engine::{SimJob, Workload};
 use super::TraceError;
 use crate::model::{CheckpointInfo, Constraints, NodeId, NodeView, Tenant, TenantId, VClusterId};
+use crate::predict::RuntimeKey;
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -75,6 +76,12 @@ struct Submit {
     constraints: Constraints,
     #[serde(default)]
     checkpoint: CheckpointInfo,
+    /// Who submitted it (runtime prediction learns per user); default: none.
+    #[serde(default)]
+    user: Option<u32>,
+    /// The job's name (an application number), for per-(user, name) runtime history.
+    #[serde(default)]
+    name: Option<u32>,
 }
 
 fn five() -> u8 {
@@ -150,6 +157,10 @@ pub fn parse(reader: impl BufRead, path: &str) -> Result<Workload, TraceError> {
                     sensitive: s.sensitive,
                     constraints: s.constraints,
                     checkpoint: s.checkpoint,
+                    runtime_key: RuntimeKey {
+                        user: s.user,
+                        name: s.name,
+                    },
                 });
             }
             Line::Complete { id, time, start } => {

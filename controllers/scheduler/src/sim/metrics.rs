@@ -27,6 +27,14 @@ pub struct Report {
     pub unscheduled: usize,
     pub utilization: f64,
     pub avg_wait_s: f64,
+    /// 95th percentile of all jobs' waits (nearest rank).
+    pub p95_wait_s: f64,
+    /// The longest any job waited (starvation shows here first).
+    pub max_wait_s: f64,
+    /// How far the start a job was first told to expect (its first reservation) was from
+    /// when it started: median and mean of the absolute error, over jobs that were told.
+    pub expected_start_error_p50_s: f64,
+    pub expected_start_error_mean_s: f64,
     pub avg_bounded_slowdown: f64,
     pub wait_by_class: BTreeMap<u8, WaitStats>,
     /// Jain's index over tenants' actual/target share ratios (the seed's "actual share
@@ -113,6 +121,14 @@ impl Report {
             })
             .collect();
         let tenant_bsld: Vec<f64> = per_tenant.values().map(|(s, n)| s / *n as f64).collect();
+        let mut told: Vec<f64> = r
+            .outcomes
+            .iter()
+            .filter_map(|o| Some((o.first_expected? - o.first_start?).abs() as f64))
+            .collect();
+        told.sort_by(f64::total_cmp);
+        let mut sorted_waits = waits.clone();
+        sorted_waits.sort_by(f64::total_cmp);
         Report {
             policy: policy.to_string(),
             jobs: done,
@@ -122,6 +138,14 @@ impl Report {
                 waits.iter().sum::<f64>() / done as f64
             } else {
                 0.0
+            },
+            p95_wait_s: percentile(&sorted_waits, 95.0),
+            max_wait_s: sorted_waits.last().copied().unwrap_or(0.0),
+            expected_start_error_p50_s: percentile(&told, 50.0),
+            expected_start_error_mean_s: if told.is_empty() {
+                0.0
+            } else {
+                told.iter().sum::<f64>() / told.len() as f64
             },
             avg_bounded_slowdown: if done > 0 {
                 bsld_sum / done as f64
@@ -149,6 +173,12 @@ impl Report {
             ),
             ("utilization".into(), format!("{:.4}", self.utilization)),
             ("avg wait (s)".into(), format!("{:.1}", self.avg_wait_s)),
+            ("wait p95 (s)".into(), format!("{:.0}", self.p95_wait_s)),
+            ("longest wait (s)".into(), format!("{:.0}", self.max_wait_s)),
+            (
+                "start estimate err (s)".into(),
+                format!("{:.0}", self.expected_start_error_p50_s),
+            ),
             (
                 "avg bounded slowdown".into(),
                 format!("{:.4}", self.avg_bounded_slowdown),

@@ -14,6 +14,8 @@ use crate::profile::SchedulerConfig;
 pub enum Policy {
     Fcfs,
     Easy,
+    /// EASY on predicted runtimes, shortest predicted first (Tsafrir et al.).
+    EasyPlusPlus,
     Conservative,
     /// The vCluster scheduler (hpc-backfill by default, or a YAML profile).
     Lattice,
@@ -25,10 +27,11 @@ impl std::str::FromStr for Policy {
         match s {
             "fcfs" => Ok(Policy::Fcfs),
             "easy" => Ok(Policy::Easy),
+            "easy++" => Ok(Policy::EasyPlusPlus),
             "conservative" => Ok(Policy::Conservative),
             "lattice" | "hpc-backfill" => Ok(Policy::Lattice),
             other => Err(format!(
-                "unknown policy {other:?} (fcfs, easy, conservative, lattice)"
+                "unknown policy {other:?} (fcfs, easy, easy++, conservative, lattice)"
             )),
         }
     }
@@ -39,6 +42,7 @@ impl Policy {
         match self {
             Policy::Fcfs => "fcfs",
             Policy::Easy => "easy",
+            Policy::EasyPlusPlus => "easy++",
             Policy::Conservative => "conservative",
             Policy::Lattice => "lattice",
         }
@@ -47,6 +51,7 @@ impl Policy {
         match self {
             Policy::Fcfs => SchedulerConfig::fcfs(),
             Policy::Easy => SchedulerConfig::backfill(1),
+            Policy::EasyPlusPlus => SchedulerConfig::easy_plus_plus(),
             Policy::Conservative => SchedulerConfig::backfill(usize::MAX),
             Policy::Lattice => lattice.clone(),
         }

@@ -42,6 +42,7 @@ fn job(
         sensitive: false,
         constraints: Constraints::default(),
         checkpoint: CheckpointInfo::default(),
+        runtime_key: Default::default(),
     }
 }
 

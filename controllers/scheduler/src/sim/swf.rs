@@ -6,6 +6,7 @@ use std::io::BufRead;
 use super::engine::{SimJob, Workload};
 use super::TraceError;
 use crate::model::{NodeView, TenantId, VClusterId};
+use crate::predict::RuntimeKey;
 
 /// One SWF record (the fields the simulator uses).
 #[derive(Debug, Clone, PartialEq)]
@@ -21,6 +22,8 @@ pub struct SwfRecord {
     pub status: i64,
     pub user: i64,
     pub group: i64,
+    /// Executable (application) number: the job's name for runtime history.
+    pub executable: i64,
     pub queue: i64,
 }
 
@@ -133,6 +136,7 @@ pub fn parse(reader: impl BufRead, path: &str) -> Result<SwfTrace, TraceError> {
             status: num(10)?,
             user: num(11)?,
             group: num(12)?,
+            executable: num(13)?,
             queue: num(14)?,
         });
     }
@@ -231,6 +235,11 @@ pub fn to_workload(
             sensitive: false,
             constraints: Default::default(),
             checkpoint: Default::default(),
+            // Users and executables as numbered by the archive (-1: unknown).
+            runtime_key: RuntimeKey {
+                user: u32::try_from(r.user).ok(),
+                name: u32::try_from(r.executable).ok(),
+            },
         });
         if opts.jobs.is_some_and(|n| jobs.len() >= n) {
             break;
