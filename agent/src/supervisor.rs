@@ -518,7 +518,7 @@ impl Supervisor {
 
     /// Open (or resume) the run's logs and spool readers.
     fn open_logs(&mut self) {
-        match self.ctx.logs.open_hub(&self.log_key) {
+        match self.ctx.logs.open_hub(&self.log_key, &self.rec.uid) {
             Ok(hub) => {
                 let (out, err) = hub.spool_offsets();
                 self.spools = vec![

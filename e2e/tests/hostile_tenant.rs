@@ -148,7 +148,10 @@ impl Up {
         let resp = r.send().await.unwrap();
         let code = resp.status().as_u16();
         let text = resp.text().await.unwrap();
-        (code, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            code,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     async fn submit(&self, tok: &str, tenant: &str, name: &str, spec: Value) -> (u16, Value) {
@@ -156,8 +159,10 @@ impl Up {
             tok,
             "POST",
             &format!("{API}/namespaces/{tenant}/allocations"),
-            Some(json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Allocation",
-                        "metadata": {"name": name}, "spec": spec})),
+            Some(
+                json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Allocation",
+                        "metadata": {"name": name}, "spec": spec}),
+            ),
         )
         .await
     }
@@ -167,13 +172,24 @@ impl Up {
         let start = Instant::now();
         loop {
             let (_, a) = self
-                .call(&self.admin, "GET", &format!("{API}/namespaces/{tenant}/allocations/{name}"), None)
+                .call(
+                    &self.admin,
+                    "GET",
+                    &format!("{API}/namespaces/{tenant}/allocations/{name}"),
+                    None,
+                )
                 .await;
-            let phase = a.pointer("/status/phase").and_then(Value::as_str).unwrap_or("");
+            let phase = a
+                .pointer("/status/phase")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             if matches!(phase, "Completed" | "Failed" | "Cancelled") {
                 return a;
             }
-            assert!(start.elapsed() < Duration::from_secs(120), "{name} did not finish: {a}");
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "{name} did not finish: {a}"
+            );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
@@ -181,12 +197,18 @@ impl Up {
     async fn logs(&self, tok: &str, tenant: &str, name: &str) -> (u16, String) {
         let resp = self
             .http
-            .get(format!("{}{API}/namespaces/{tenant}/allocations/{name}/log", self.url))
+            .get(format!(
+                "{}{API}/namespaces/{tenant}/allocations/{name}/log",
+                self.url
+            ))
             .bearer_auth(tok)
             .send()
             .await
             .unwrap();
-        (resp.status().as_u16(), resp.text().await.unwrap_or_default())
+        (
+            resp.status().as_u16(),
+            resp.text().await.unwrap_or_default(),
+        )
     }
 }
 
@@ -199,7 +221,13 @@ fn reason(a: &Value) -> String {
     a.pointer("/status/nodeStates")
         .and_then(Value::as_object)
         .and_then(|m| m.values().next())
-        .map(|n| format!("{} {}", n["reason"].as_str().unwrap_or(""), n["message"].as_str().unwrap_or("")))
+        .map(|n| {
+            format!(
+                "{} {}",
+                n["reason"].as_str().unwrap_or(""),
+                n["message"].as_str().unwrap_or("")
+            )
+        })
         .unwrap_or_default()
 }
 
@@ -216,9 +244,15 @@ async fn a_hostile_tenant_cannot_escape() {
     // The tenants: an administrator makes them; mallory and alice share `blue`.
     for t in ["blue", "red"] {
         let (code, v) = c
-            .call(&c.admin, "POST", &format!("{API}/tenants"),
-                  Some(json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Tenant",
-                              "metadata": {"name": t}, "spec": {}})))
+            .call(
+                &c.admin,
+                "POST",
+                &format!("{API}/tenants"),
+                Some(
+                    json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Tenant",
+                              "metadata": {"name": t}, "spec": {}}),
+                ),
+            )
             .await;
         assert_eq!(code, 201, "{v}");
         let (code, v) = c
@@ -234,7 +268,14 @@ async fn a_hostile_tenant_cannot_escape() {
     let root_user = c.token("root", &["blue"]);
 
     // Honest work runs, as its user.
-    let (code, v) = c.submit(&alice, "blue", "alice-job", script("id -un; echo alice-secret")).await;
+    let (code, v) = c
+        .submit(
+            &alice,
+            "blue",
+            "alice-job",
+            script("id -un; echo alice-secret"),
+        )
+        .await;
     assert_eq!(code, 201, "{v}");
     let a = c.finished("blue", "alice-job").await;
     assert_eq!(a["status"]["phase"], "Completed", "{a}");
@@ -247,7 +288,9 @@ async fn a_hostile_tenant_cannot_escape() {
     assert!(!out.contains("alice-secret"));
 
     // Another tenant, through every route.
-    let (code, v) = c.submit(&carol, "red", "carol-job", script("echo red")).await;
+    let (code, v) = c
+        .submit(&carol, "red", "carol-job", script("echo red"))
+        .await;
     assert_eq!(code, 201, "{v}");
     for path in [
         format!("{API}/namespaces/red/allocations"),
@@ -273,7 +316,14 @@ async fn a_hostile_tenant_cannot_escape() {
                           "spec": spec})))
         .await;
     assert_eq!(code, 403, "{v}");
-    let (code, v) = c.submit(&root_user, "blue", "as-root", script("id -u > /tmp/lattice-hostile-root")).await;
+    let (code, v) = c
+        .submit(
+            &root_user,
+            "blue",
+            "as-root",
+            script("id -u > /tmp/lattice-hostile-root"),
+        )
+        .await;
     assert_eq!(code, 201, "{v}");
     let a = c.finished("blue", "as-root").await;
     assert_eq!(a["status"]["phase"], "Failed", "{a}");
@@ -281,12 +331,24 @@ async fn a_hostile_tenant_cannot_escape() {
     assert!(!Path::new("/tmp/lattice-hostile-root").exists());
 
     // (a) Running one's own allocation past the scheduler by writing its status.
-    let (code, v) = c.submit(&mallory, "blue", "held", json!({"script": "#!/bin/sh\nsleep 1", "lifecycle": {"walltime": "1m"}})).await;
+    let (code, v) = c
+        .submit(
+            &mallory,
+            "blue",
+            "held",
+            json!({"script": "#!/bin/sh\nsleep 1", "lifecycle": {"walltime": "1m"}}),
+        )
+        .await;
     assert_eq!(code, 201, "{v}");
     let mut forged = v.clone();
     forged["status"] = json!({"phase": "Running", "attempt": 7, "assignedNodes": ["node-01"], "walltimeSeconds": 99999999});
     let (code, v) = c
-        .call(&mallory, "PUT", &format!("{API}/namespaces/blue/allocations/held/status"), Some(forged))
+        .call(
+            &mallory,
+            "PUT",
+            &format!("{API}/namespaces/blue/allocations/held/status"),
+            Some(forged),
+        )
         .await;
     assert_eq!(code, 403, "{v}");
 
@@ -324,20 +386,35 @@ async fn a_hostile_tenant_cannot_escape() {
     let key = c.data.join("agents/node-01/pki/node.key");
     assert!(key.exists());
     let (code, v) = c
-        .submit(&mallory, "blue", "steal", script(&format!("cat {} && echo STOLEN", key.display())))
+        .submit(
+            &mallory,
+            "blue",
+            "steal",
+            script(&format!("cat {} && echo STOLEN", key.display())),
+        )
         .await;
     assert_eq!(code, 201, "{v}");
     let a = c.finished("blue", "steal").await;
     let (_, out) = c.logs(&mallory, "blue", "steal").await;
-    assert!(!out.contains("STOLEN") && !out.contains("PRIVATE KEY"), "{out}");
+    assert!(
+        !out.contains("STOLEN") && !out.contains("PRIVATE KEY"),
+        "{out}"
+    );
     assert_eq!(a["status"]["phase"], "Failed", "{a}");
 
     // Memory beyond the node's allocatable share: the job ends OutOfMemory, naming the
     // limit; the node's next job runs.
     let (code, v) = c
         // `tail` keeps its whole last line, and /dev/zero has no newline.
-        .submit(&mallory, "blue", "hog", script(&format!(
-            "head -c {} /dev/zero | tail > /dev/null", (MEMORY_GB + 1) << 30)))
+        .submit(
+            &mallory,
+            "blue",
+            "hog",
+            script(&format!(
+                "head -c {} /dev/zero | tail > /dev/null",
+                (MEMORY_GB + 1) << 30
+            )),
+        )
         .await;
     assert_eq!(code, 201, "{v}");
     let a = c.finished("blue", "hog").await;
@@ -353,8 +430,13 @@ async fn a_hostile_tenant_cannot_escape() {
     assert_eq!(code, 201, "{v}");
     c.finished("blue", "bomb").await;
     let (_, out) = c.logs(&mallory, "blue", "bomb").await;
-    assert!(out.to_lowercase().contains("fork"), "no fork was refused: {out}");
-    let (code, v) = c.submit(&alice, "blue", "after", script("echo still-fine")).await;
+    assert!(
+        out.to_lowercase().contains("fork"),
+        "no fork was refused: {out}"
+    );
+    let (code, v) = c
+        .submit(&alice, "blue", "after", script("echo still-fine"))
+        .await;
     assert_eq!(code, 201, "{v}");
     let a = c.finished("blue", "after").await;
     assert_eq!(a["status"]["phase"], "Completed", "{a}");
@@ -378,7 +460,11 @@ fn preload(dir: &Path, marker: &Path) -> PathBuf {
         .arg(&src)
         .output()
         .expect("cc");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Readable by the job's user.
     for p in [dir, lib.as_path()] {
         std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();

@@ -3,7 +3,8 @@
 //! Query parameters: `stream=stdout|stderr|all` (default all), `tailLines=N`,
 //! `sinceTime=RFC3339`, `untilTime=RFC3339`, `follow=true` (stream until the process
 //! is gone and its output stored), `timestamps=true` (prefix each line with its RFC 3339
-//! time), `attempt=N` (default: the latest on this node).
+//! time), `attempt=N` (default: the latest on this node), `uid=UID` (only logs of the
+//! allocation with that uid: the API server always sends it).
 
 use std::sync::Arc;
 
@@ -80,6 +81,7 @@ pub fn parse_query(params: &[(String, String)]) -> Result<LogQuery, String> {
         follow: flag("follow")?,
         timestamps: flag("timestamps")?,
         attempt,
+        uid: get("uid").filter(|u| !u.is_empty()).map(String::from),
     };
     if let (Some(s), Some(u)) = (q.since, q.until) {
         if u < s {

@@ -106,6 +106,9 @@ pub struct LogQuery {
     pub timestamps: bool,
     /// Which attempt (default: the latest on this node).
     pub attempt: Option<u32>,
+    /// The allocation's uid (the API server always sends it): logs of another allocation
+    /// that had the same name are not these.
+    pub uid: Option<String>,
 }
 
 impl LogQuery {
@@ -238,8 +241,9 @@ impl Logs {
         LocalLogStore::new(self.root.clone()).dir(key)
     }
 
-    /// The hub of a run, resuming from its stored index when there is one.
-    pub fn open_hub(&self, key: &LogKey) -> std::io::Result<Arc<LogHub>> {
+    /// The hub of a run of allocation `uid`, resuming from its stored index when there is
+    /// one; the stored logs of another allocation that had the same name are removed.
+    pub fn open_hub(&self, key: &LogKey, uid: &str) -> std::io::Result<Arc<LogHub>> {
         // One hold of the lock from the index to the hub: a reader that sees the new
         // attempt's stored index finds its hub too (else it served that index's empty
         // history as a finished run, and `logs --follow` right after a start ended at once).
@@ -247,7 +251,16 @@ impl Logs {
         if let Some(h) = hubs.get(key) {
             return Ok(h.clone());
         }
-        let mut index = self.store.get_index(key)?.unwrap_or_default();
+        let mut index = match self.store.get_index(key)? {
+            Some(i) if i.uid.as_deref() == Some(uid) => i,
+            Some(_) => {
+                // A deleted allocation's: its logs go with it, not into the new one's.
+                self.store.remove(key)?;
+                LogIndex::default()
+            }
+            None => LogIndex::default(),
+        };
+        index.uid = Some(uid.to_string());
         index.complete = false;
         index.node = self.node.clone();
         self.store.put_index(key, &index)?;
@@ -277,16 +290,43 @@ impl Logs {
 
     /// Answer a request (blocking file reads: call from a blocking task).
     pub fn read(&self, namespace: &str, name: &str, q: &LogQuery) -> Result<LogRead, LogError> {
+        let key_of = |attempt: u32| LogKey {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            attempt,
+        };
+        // Whether a run's logs are the asked allocation's (by uid, when asked by uid).
+        let ours = |k: &LogKey| -> std::io::Result<bool> {
+            let Some(uid) = &q.uid else {
+                return Ok(true);
+            };
+            let live = self.lock().get(k).map(|h| h.index().uid);
+            let uid_of = match live {
+                Some(u) => u,
+                None => self.store.get_index(k)?.and_then(|i| i.uid),
+            };
+            Ok(uid_of.as_deref() == Some(uid.as_str()))
+        };
         let attempt = match q.attempt {
             Some(a) => a,
             None => {
-                let live = self
+                // Collected first: `ours` takes the lock itself.
+                let running: Vec<u32> = self
                     .lock()
                     .keys()
                     .filter(|k| k.namespace == namespace && k.name == name)
                     .map(|k| k.attempt)
+                    .collect();
+                let live = running
+                    .into_iter()
+                    .filter(|a| ours(&key_of(*a)).unwrap_or(false))
                     .max();
-                let stored = self.store.attempts(namespace, name)?.into_iter().max();
+                let mut stored = None;
+                for a in self.store.attempts(namespace, name)? {
+                    if ours(&key_of(a))? {
+                        stored = stored.max(Some(a));
+                    }
+                }
                 live.max(stored).ok_or_else(|| {
                     LogError::NotFound(format!(
                         "no logs for allocation {namespace}/{name} on node {}",
@@ -295,11 +335,14 @@ impl Logs {
                 })?
             }
         };
-        let key = LogKey {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-            attempt,
-        };
+        let key = key_of(attempt);
+        if !ours(&key)? {
+            return Err(LogError::NotFound(format!(
+                "no logs for attempt {attempt} of this allocation {namespace}/{name} on node {} \
+                 (those there are of an earlier allocation of that name)",
+                self.node
+            )));
+        }
         let filter = q.filter();
         let hub = self.lock().get(&key).cloned();
         match hub {
@@ -381,7 +424,7 @@ mod tests {
             name: "a".into(),
             attempt: 1,
         };
-        let hub = logs.open_hub(&key).unwrap();
+        let hub = logs.open_hub(&key, "uid-1").unwrap();
         push(&hub, Stream::Stdout, "o1");
         push(&hub, Stream::Stderr, "e1");
         push(&hub, Stream::Stdout, "o2");
@@ -430,5 +473,47 @@ mod tests {
             logs.read("t", "nope", &all),
             Err(LogError::NotFound(_))
         ));
+    }
+
+    /// An allocation made later under the same name (a tenant-mate's, say) neither reads
+    /// the earlier one's logs nor appends to them.
+    #[tokio::test]
+    async fn logs_belong_to_one_allocation_uid() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = Logs::new(dir.path().to_path_buf(), 1 << 20, "n1");
+        let key = LogKey {
+            namespace: "t".into(),
+            name: "train".into(),
+            attempt: 1,
+        };
+        let hub = logs.open_hub(&key, "alice-uid").unwrap();
+        push(&hub, Stream::Stdout, "alice's secret");
+        hub.finish();
+        logs.close_hub(&key);
+        let by = |uid: &str| LogQuery {
+            streams: Stream::ALL.to_vec(),
+            uid: Some(uid.into()),
+            ..Default::default()
+        };
+        let r = logs.read("t", "train", &by("alice-uid")).unwrap();
+        assert_eq!(r.history.len(), 1);
+        for q in [
+            by("eve-uid"),
+            LogQuery {
+                attempt: Some(1),
+                ..by("eve-uid")
+            },
+        ] {
+            assert!(matches!(
+                logs.read("t", "train", &q),
+                Err(LogError::NotFound(_))
+            ));
+        }
+        // Eve's run of a new `train` starts empty: Alice's logs went with her allocation.
+        let hub = logs.open_hub(&key, "eve-uid").unwrap();
+        push(&hub, Stream::Stdout, "eve");
+        let r = logs.read("t", "train", &by("eve-uid")).unwrap();
+        let text: Vec<&[u8]> = r.history.iter().map(|l| l.data.as_slice()).collect();
+        assert_eq!(text, [b"eve"]);
     }
 }

@@ -94,6 +94,10 @@ pub struct LogIndex {
     /// Node the logs come from.
     #[serde(default)]
     pub node: String,
+    /// The allocation's uid: an allocation made later under the same name is another one,
+    /// and neither reads nor appends to these logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
     /// Standard output.
     #[serde(default)]
     pub stdout: StreamIndex,
@@ -137,6 +141,8 @@ pub trait LogStore: Send + Sync + std::fmt::Debug {
     fn get_index(&self, key: &LogKey) -> std::io::Result<Option<LogIndex>>;
     /// Attempts with logs for an allocation, ascending.
     fn attempts(&self, namespace: &str, name: &str) -> std::io::Result<Vec<u32>>;
+    /// Remove a run's logs (those of a deleted allocation whose name is used again).
+    fn remove(&self, key: &LogKey) -> std::io::Result<()>;
 }
 
 /// Chunks and indexes as files under a directory.
@@ -186,6 +192,13 @@ impl LogStore for LocalLogStore {
     fn put_index(&self, key: &LogKey, index: &LogIndex) -> std::io::Result<()> {
         let bytes = serde_json::to_vec_pretty(index).map_err(std::io::Error::other)?;
         write_atomic(&self.dir(key).join("index.json"), &bytes)
+    }
+
+    fn remove(&self, key: &LogKey) -> std::io::Result<()> {
+        match std::fs::remove_dir_all(self.dir(key)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            r => r,
+        }
     }
 
     fn get_index(&self, key: &LogKey) -> std::io::Result<Option<LogIndex>> {

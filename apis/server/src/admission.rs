@@ -103,10 +103,12 @@ pub async fn admit_write(
         ));
     }
     system_owned_metadata(caller, kind, old, &new)?;
+    others_work(caller, kind, old, &new)?;
     user_label(caller, kind, &new)?;
     owner_references(res, caller, kind, old, &new).await?;
     match kind.kind {
         "Allocation" => allocation(res, caller, kind, old, &new).await?,
+        "Dag" => dag(res, caller, kind, old, &new).await?,
         "VCluster" => vcluster(res, caller, kind, old, &new).await?,
         _ => {}
     }
@@ -314,6 +316,25 @@ fn node_status(me: &str, kind: &'static KindInfo, old: &Value, new: Value) -> Ap
 
 /// A node registering itself: its name, and of the spec only what an agent knows.
 fn node_create(kind: &'static KindInfo, new: Value) -> ApiResult<Value> {
+    if let Some(meta) = new.get("metadata").and_then(Value::as_object) {
+        for f in ["labels", "annotations", "finalizers", "ownerReferences"] {
+            let set = meta.get(f).is_some_and(|v| {
+                v.as_object().is_some_and(|m| !m.is_empty())
+                    || v.as_array().is_some_and(|a| !a.is_empty())
+            });
+            if set {
+                return Err(forbidden(
+                    kind,
+                    &new,
+                    &format!("metadata.{f}"),
+                    format!(
+                        "a node's agent registers its Node by name only; metadata.{f} is the \
+                         administrators'"
+                    ),
+                ));
+            }
+        }
+    }
     if let Some(spec) = new.get("spec").and_then(Value::as_object) {
         for (k, v) in spec {
             let agent_knows = matches!(k.as_str(), "topologyGroup" | "features");
@@ -385,6 +406,38 @@ fn system_owned_metadata(
     Ok(())
 }
 
+/// Another user's Allocation or Dag runs as that user: an admin may cancel, hold, label
+/// or delete it, but not change what it runs.
+fn others_work(
+    caller: &UserInfo,
+    kind: &'static KindInfo,
+    old: Option<&Value>,
+    new: &Value,
+) -> ApiResult<()> {
+    let Some(old) = old else {
+        return Ok(());
+    };
+    if !matches!(kind.kind, "Allocation" | "Dag") || caller.role != Role::Admin {
+        return Ok(());
+    }
+    let owner = annotations(old)
+        .and_then(|a| a.get(USER_ANNOTATION))
+        .and_then(Value::as_str);
+    if owner.is_none_or(|o| o == caller.name) || old.get("spec") == new.get("spec") {
+        return Ok(());
+    }
+    Err(forbidden(
+        kind,
+        old,
+        "spec",
+        format!(
+            "it runs as user {:?}, and what it runs is that user's to change; an admin may \
+             cancel, hold, relabel or delete it",
+            owner.unwrap_or_default()
+        ),
+    ))
+}
+
 /// The label `lattice.dev/user` (what `--all-mine` and label selectors find work by), when
 /// present, names the same user as the annotation the work runs as.
 fn user_label(caller: &UserInfo, kind: &'static KindInfo, new: &Value) -> ApiResult<()> {
@@ -413,8 +466,9 @@ fn user_label(caller: &UserInfo, kind: &'static KindInfo, new: &Value) -> ApiRes
     }
 }
 
-/// A person's owner references: none to another user's object (a Dag would adopt it as
-/// its task, a job step would run on its nodes, garbage collection would follow it).
+/// A person's owner references: only to objects that exist, by name and uid, and never to
+/// another user's (a Dag would adopt it as its task, a job step would run on its nodes,
+/// garbage collection would follow it).
 async fn owner_references(
     res: &Resources,
     caller: &UserInfo,
@@ -432,13 +486,30 @@ async fn owner_references(
         }
         let owner_kind = r.get("kind").and_then(Value::as_str).unwrap_or_default();
         let owner_name = r.get("name").and_then(Value::as_str).unwrap_or_default();
+        let owner_uid = r.get("uid").and_then(Value::as_str).unwrap_or_default();
+        let refused = |why: String| forbidden(kind, new, "metadata.ownerReferences", why);
         let Some(ok) = lattice_apis::kinds().iter().find(|k| k.kind == owner_kind) else {
-            continue;
+            return Err(refused(format!(
+                "{owner_kind:?} is not a kind of this API; an owner must be an object that exists"
+            )));
         };
         let ns = new.pointer("/metadata/namespace").and_then(Value::as_str);
-        let Ok(owner) = res.get(ok, ns.filter(|_| ok.namespaced), owner_name).await else {
-            continue;
+        // The controllers match owners by uid: the reference must name the object whose
+        // uid it carries, and that object must exist.
+        let owner = match res.get(ok, ns.filter(|_| ok.namespaced), owner_name).await {
+            Ok(o) => o,
+            Err(_) => {
+                return Err(refused(format!(
+                    "there is no {owner_kind} {owner_name:?} to own it; name an existing object"
+                )))
+            }
         };
+        if owner.pointer("/metadata/uid").and_then(Value::as_str) != Some(owner_uid) {
+            return Err(refused(format!(
+                "{owner_kind} {owner_name:?} has another uid than {owner_uid:?}; an owner \
+                 reference names the object and its uid"
+            )));
+        }
         let theirs = owner
             .pointer("/metadata/annotations")
             .and_then(|a| a.get(USER_ANNOTATION))
@@ -460,7 +531,7 @@ async fn owner_references(
 }
 
 /// A person's allocation: a step of their own allocation only; within the vCluster's
-/// walltime and the tenant's node quota.
+/// walltime and the tenant's node quota; sensitive for good once sensitive.
 async fn allocation(
     res: &Resources,
     caller: &UserInfo,
@@ -470,110 +541,248 @@ async fn allocation(
 ) -> ApiResult<()> {
     let a: Allocation = serde_json::from_value(new.clone())
         .map_err(|e| ApiError::bad_request(format!("not an allocation: {e}")))?;
-    let ns = a.metadata.namespace_str().to_string();
     let before: Option<Allocation> = old.and_then(|o| serde_json::from_value(o.clone()).ok());
-    let changed = |f: &dyn Fn(&Allocation) -> String| before.as_ref().is_none_or(|b| f(b) != f(&a));
-    if let Some(parent) = &a.spec.step_of {
-        if changed(&|x| x.spec.step_of.clone().unwrap_or_default()) {
-            let p = res.get(kind, Some(&ns), parent).await.map_err(|_| {
-                invalid(
-                    kind,
-                    new,
-                    "spec.stepOf",
-                    format!("there is no allocation {parent:?} in tenant {ns:?} to run a step of"),
-                )
-            })?;
-            let owner = p
-                .pointer("/metadata/annotations")
-                .and_then(|m| m.get(USER_ANNOTATION))
-                .and_then(Value::as_str);
-            if owner != Some(caller.name.as_str()) {
-                return Err(forbidden(
-                    kind,
-                    new,
-                    "spec.stepOf",
-                    format!(
-                        "allocation {parent:?} belongs to user {:?}; a job step runs on its \
-                         nodes, so only its user may start one",
-                        owner.unwrap_or("(none)")
-                    ),
-                ));
+    let ns = a.metadata.namespace_str().to_string();
+    let check = SpecCheck {
+        res,
+        caller,
+        kind,
+        obj: new,
+        ns: &ns,
+        field: "spec",
+    };
+    check.spec(&a.spec, before.as_ref().map(|b| &b.spec)).await
+}
+
+/// A person's Dag: each task's allocation is held to what an allocation would be (the
+/// Dag controller creates them with the system's rights, so this is where they are
+/// checked).
+async fn dag(
+    res: &Resources,
+    caller: &UserInfo,
+    kind: &'static KindInfo,
+    old: Option<&Value>,
+    new: &Value,
+) -> ApiResult<()> {
+    let d: lattice_apis::Dag = serde_json::from_value(new.clone())
+        .map_err(|e| ApiError::bad_request(format!("not a dag: {e}")))?;
+    let before: Option<lattice_apis::Dag> =
+        old.and_then(|o| serde_json::from_value(o.clone()).ok());
+    let ns = d.metadata.namespace_str().to_string();
+    let defaults_vc = d.spec.defaults.as_ref().and_then(|x| x.vcluster.clone());
+    for (i, task) in d.spec.allocations.iter().enumerate() {
+        let mut spec = task.spec.clone();
+        if spec.vcluster.is_none() {
+            spec.vcluster = defaults_vc.clone();
+        }
+        let prior = before.as_ref().and_then(|b| {
+            b.spec
+                .allocations
+                .iter()
+                .find(|t| t.name == task.name)
+                .map(|t| t.spec.clone())
+        });
+        let field = format!("spec.allocations[{i}].spec");
+        let check = SpecCheck {
+            res,
+            caller,
+            kind,
+            obj: new,
+            ns: &ns,
+            field: &field,
+        };
+        if spec.step_of.is_some() {
+            return Err(invalid(
+                kind,
+                new,
+                &format!("{field}.stepOf"),
+                "a Dag's task is an allocation of its own, not a job step; remove stepOf".into(),
+            ));
+        }
+        check.spec(&spec, prior.as_ref()).await?;
+    }
+    Ok(())
+}
+
+/// The checks of one allocation spec (an Allocation's, or a Dag task's).
+struct SpecCheck<'a> {
+    res: &'a Resources,
+    caller: &'a UserInfo,
+    kind: &'static KindInfo,
+    obj: &'a Value,
+    ns: &'a str,
+    /// Where the spec is in the object (`spec`, `spec.allocations[2].spec`).
+    field: &'a str,
+}
+
+impl SpecCheck<'_> {
+    fn at(&self, f: &str) -> String {
+        format!("{}.{f}", self.field)
+    }
+
+    async fn spec(
+        &self,
+        spec: &lattice_apis::AllocationSpec,
+        before: Option<&lattice_apis::AllocationSpec>,
+    ) -> ApiResult<()> {
+        let (kind, new, ns) = (self.kind, self.obj, self.ns);
+        let changed = |f: &dyn Fn(&lattice_apis::AllocationSpec) -> String| {
+            before.is_none_or(|b| f(b) != f(spec))
+        };
+        if before.is_some_and(|b| b.sensitive && !spec.sensitive) {
+            return Err(forbidden(
+                kind,
+                new,
+                &self.at("sensitive"),
+                "a sensitive allocation stays sensitive (its output and sessions are its \
+                 owner's alone); submit the work anew instead"
+                    .into(),
+            ));
+        }
+        if let Some(parent) = &spec.step_of {
+            if changed(&|x| x.step_of.clone().unwrap_or_default()) {
+                let ak = crate::routes::kind_by_plural("allocations")
+                    .ok_or_else(|| ApiError::internal("allocations not registered"))?;
+                let p = self.res.get(ak, Some(ns), parent).await.map_err(|_| {
+                    invalid(
+                        kind,
+                        new,
+                        &self.at("stepOf"),
+                        format!(
+                            "there is no allocation {parent:?} in tenant {ns:?} to run a step of"
+                        ),
+                    )
+                })?;
+                let owner = p
+                    .pointer("/metadata/annotations")
+                    .and_then(|m| m.get(USER_ANNOTATION))
+                    .and_then(Value::as_str);
+                if owner != Some(self.caller.name.as_str()) {
+                    return Err(forbidden(
+                        kind,
+                        new,
+                        &self.at("stepOf"),
+                        format!(
+                            "allocation {parent:?} belongs to user {:?}; a job step runs on its \
+                             nodes, so only its user may start one",
+                            owner.unwrap_or("(none)")
+                        ),
+                    ));
+                }
             }
         }
-    }
-    let vc_name = a.spec.vcluster.clone();
-    if let Some(vc_name) = vc_name.filter(|v| !v.is_empty()) {
-        let vk = crate::routes::kind_by_plural("vclusters")
-            .ok_or_else(|| ApiError::internal("vclusters not registered"))?;
-        if let Ok(v) = res.get(vk, Some(&ns), &vc_name).await {
-            let vc: VCluster = decode(vk, &v)?;
-            if let Some(max) = vc.spec.max_walltime.as_deref() {
-                let limit = lattice_apis::duration::parse_duration(max).ok();
-                let asked = a.spec.lifecycle.walltime_seconds();
-                let relevant = changed(&|x| {
-                    format!(
-                        "{:?}{:?}",
-                        x.spec.lifecycle.walltime_seconds(),
-                        x.spec.vcluster
-                    )
-                });
-                if let (Some(limit), true) = (limit, relevant) {
-                    match asked {
-                        Some(w) if w > limit => {
-                            return Err(invalid(
-                                kind,
-                                new,
-                                "spec.lifecycle.walltime",
-                                format!(
-                                    "{} is longer than vCluster {vc_name:?} allows \
-                                     (maxWalltime {max}); ask for at most {max}",
-                                    lattice_apis::duration::format_hms(w)
-                                ),
-                            ))
+        if let Some(vc_name) = spec.vcluster.as_ref().filter(|v| !v.is_empty()) {
+            let vk = crate::routes::kind_by_plural("vclusters")
+                .ok_or_else(|| ApiError::internal("vclusters not registered"))?;
+            if let Ok(v) = self.res.get(vk, Some(ns), vc_name).await {
+                let vc: VCluster = decode(vk, &v)?;
+                if let Some(max) = vc.spec.max_walltime.as_deref() {
+                    let limit = lattice_apis::duration::parse_duration(max).ok();
+                    let asked = spec.lifecycle.walltime_seconds();
+                    let relevant = changed(&|x| {
+                        format!("{:?}{:?}", x.lifecycle.walltime_seconds(), x.vcluster)
+                    });
+                    if let (Some(limit), true) = (limit, relevant) {
+                        match asked {
+                            Some(w) if w > limit => {
+                                return Err(invalid(
+                                    kind,
+                                    new,
+                                    &self.at("lifecycle.walltime"),
+                                    format!(
+                                        "{} is longer than vCluster {vc_name:?} allows \
+                                         (maxWalltime {max}); ask for at most {max}",
+                                        lattice_apis::duration::format_hms(w)
+                                    ),
+                                ))
+                            }
+                            None if matches!(
+                                spec.lifecycle.type_,
+                                lattice_apis::LifecycleType::Unbounded
+                                    | lattice_apis::LifecycleType::Reactive
+                            ) =>
+                            {
+                                return Err(invalid(
+                                    kind,
+                                    new,
+                                    &self.at("lifecycle.type"),
+                                    format!(
+                                        "vCluster {vc_name:?} runs work for at most {max} \
+                                         (maxWalltime), and this allocation has no walltime; \
+                                         give it one, or use a vCluster without maxWalltime"
+                                    ),
+                                ))
+                            }
+                            _ => {}
                         }
-                        None if matches!(
-                            a.spec.lifecycle.type_,
-                            lattice_apis::LifecycleType::Unbounded
-                                | lattice_apis::LifecycleType::Reactive
-                        ) =>
-                        {
-                            return Err(invalid(
-                                kind,
-                                new,
-                                "spec.lifecycle.type",
-                                format!(
-                                    "vCluster {vc_name:?} runs work for at most {max} \
-                                     (maxWalltime), and this allocation has no walltime; \
-                                     give it one, or use a vCluster without maxWalltime"
-                                ),
-                            ))
-                        }
-                        _ => {}
                     }
                 }
             }
         }
-    }
-    let tk = crate::routes::kind_by_plural("tenants")
-        .ok_or_else(|| ApiError::internal("tenants not registered"))?;
-    if let Ok(t) = res.get(tk, None, &ns).await {
-        let t: Tenant = decode(tk, &t)?;
-        let n = a.spec.resources.nodes.min();
-        if let Some(max) = t.spec.quota.max_nodes {
-            if n > max && changed(&|x| x.spec.resources.nodes.min().to_string()) {
-                return Err(invalid(
-                    kind,
-                    new,
-                    "spec.resources.nodes",
-                    format!(
-                        "{n} nodes is more than tenant {ns:?} may ever hold (quota maxNodes \
-                         {max}); ask for at most {max}, or ask an admin to raise the quota"
-                    ),
-                ));
+        let tk = crate::routes::kind_by_plural("tenants")
+            .ok_or_else(|| ApiError::internal("tenants not registered"))?;
+        let tenant: Option<Tenant> = match self.res.get(tk, None, ns).await {
+            Ok(t) => Some(decode(tk, &t)?),
+            Err(_) => None,
+        };
+        // What the tenant's contract grants: how high a class, and sensitive work at all.
+        let quota = tenant
+            .as_ref()
+            .map(|t| t.spec.quota.clone())
+            .unwrap_or_default();
+        let class = spec.preemption_class.unwrap_or(5);
+        // Sensitive work runs at the sensitive class, granted with the sensitive pool below.
+        let max_class = if spec.sensitive {
+            lattice_apis::kinds::allocation::SENSITIVE_PREEMPTION_CLASS as u32
+        } else {
+            quota
+                .max_preemption_class
+                .unwrap_or(lattice_apis::kinds::tenant::DEFAULT_MAX_PREEMPTION_CLASS)
+        };
+        if class > max_class as i32 && changed(&|x| format!("{:?}", x.preemption_class)) {
+            return Err(forbidden(
+                kind,
+                new,
+                &self.at("preemptionClass"),
+                format!(
+                    "class {class} is above what tenant {ns:?} may ask for ({max_class}, its \
+                     spec.quota.maxPreemptionClass): higher classes preempt other tenants' \
+                     work; ask for at most {max_class}, or ask an administrator"
+                ),
+            ));
+        }
+        if spec.sensitive
+            && quota.sensitive_pool_size.unwrap_or(0) == 0
+            && changed(&|x| x.sensitive.to_string())
+        {
+            return Err(forbidden(
+                kind,
+                new,
+                &self.at("sensitive"),
+                format!(
+                    "tenant {ns:?} has no sensitive pool (spec.quota.sensitivePoolSize): \
+                     sensitive work claims nodes for itself alone, so an administrator grants it"
+                ),
+            ));
+        }
+        if let Some(t) = tenant {
+            let n = spec.resources.nodes.min();
+            if let Some(max) = t.spec.quota.max_nodes {
+                if n > max && changed(&|x| x.resources.nodes.min().to_string()) {
+                    return Err(invalid(
+                        kind,
+                        new,
+                        &self.at("resources.nodes"),
+                        format!(
+                            "{n} nodes is more than tenant {ns:?} may ever hold (quota maxNodes \
+                             {max}); ask for at most {max}, or ask an admin to raise the quota"
+                        ),
+                    ));
+                }
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// `caller` is an admin of the object's tenant (or an admin).

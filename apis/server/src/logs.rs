@@ -199,11 +199,16 @@ async fn serve(
             .agents
             .url(node, addr, &format!("/logs/{ns}/{name}"))
             .await?;
+        let uid = alloc
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let resp = inner
             .agents
             .http()
             .get(&url)
             .query(&forwarded)
+            .query(&[("uid", uid)])
             .send()
             .await
             .map_err(|e| {

@@ -362,7 +362,12 @@ enum Ask<'a> {
 /// Sign `csr` for `node` and record the certificate in the node's enrolment, guarded so
 /// that a token enrolls once, a revocation is never outrun, and a renewal is of a
 /// certificate that is still the node's.
-async fn issue(inner: &Inner, node: &str, csr: &str, ask: Ask<'_>) -> ApiResult<CertificateResponse> {
+async fn issue(
+    inner: &Inner,
+    node: &str,
+    csr: &str,
+    ask: Ask<'_>,
+) -> ApiResult<CertificateResponse> {
     let backend = &inner.resources.backend;
     let ca = ca(inner)?;
     let enrol_key = format!("{NODES}{node}");
@@ -456,7 +461,11 @@ async fn issue(inner: &Inner, node: &str, csr: &str, ask: Ask<'_>) -> ApiResult<
     )));
     if let Ask::Bound { token, rev } | Ask::Unbound { token, rev } = &ask {
         let key = Bytes::from(format!("{TOKENS}{token}"));
-        compare.push(Compare::mod_revision(key.clone(), CompareResult::Equal, *rev));
+        compare.push(Compare::mod_revision(
+            key.clone(),
+            CompareResult::Equal,
+            *rev,
+        ));
         success.push(TxnOp::DeleteRange(DeleteRangeRequest {
             range: KeyRange::single(key),
             prev_kv: false,

@@ -83,6 +83,11 @@ async fn serve(
             }
             Err(e) => return Err(e),
         };
+        // A node learns nothing of allocations not bound to it (404, as for a read), not
+        // even whether one of that name exists.
+        if !authz::node_may_see(&r.node, &obj) {
+            return Err(ApiError::not_found(k.kind, k.plural, name));
+        }
         if obj.pointer("/metadata/uid").and_then(Value::as_str) != Some(r.uid.as_str()) {
             return Err(ApiError::conflict(
                 k.plural,
@@ -92,10 +97,6 @@ async fn serve(
                     r.uid
                 ),
             ));
-        }
-        // A node learns nothing of allocations not bound to it (404, as for a read).
-        if !authz::node_may_see(&r.node, &obj) {
-            return Err(ApiError::not_found(k.kind, k.plural, name));
         }
         let mut a: Allocation = serde_json::from_value(obj)
             .map_err(|e| ApiError::internal(format!("a stored Allocation does not decode: {e}")))?;

@@ -252,10 +252,32 @@ impl Resources {
             Some((v, _)) => {
                 if let Some(c) = self.caller() {
                     crate::authz::node_read(&c, kind, &v)?;
+                    if let (Some(me), "Tenant") = (c.node_name(), kind.kind) {
+                        self.node_reads_tenant(me, kind, name).await?;
+                    }
                 }
                 Ok(v)
             }
             None => Err(ApiError::not_found(kind.kind, kind.plural, name)),
+        }
+    }
+
+    /// A node reads the Tenant of the work its Node is owned by (its run-as policy), no
+    /// other: a 404 otherwise.
+    async fn node_reads_tenant(&self, me: &str, kind: &KindInfo, name: &str) -> ApiResult<()> {
+        let nodes = crate::routes::kind_by_plural("nodes")
+            .ok_or_else(|| ApiError::internal("nodes not registered"))?;
+        let owner = match self.read(&object_key(nodes, None, me)).await? {
+            Some((n, _)) => n
+                .pointer("/status/owner/tenant")
+                .and_then(Value::as_str)
+                .map(String::from),
+            None => None,
+        };
+        if owner.as_deref() == Some(name) {
+            Ok(())
+        } else {
+            Err(ApiError::not_found(kind.kind, kind.plural, name))
         }
     }
 

@@ -139,6 +139,18 @@ async fn fixture() -> Fixture {
     let system = token("scheduler", Role::System);
     let alice = token("alice", Role::User);
     let (addr, seen) = fake_agent().await;
+    // Tenant t1, with a sensitive pool (its users may submit sensitive work).
+    let t1 = json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": "t1"},
+                    "spec": {"quota": {"sensitivePoolSize": 1}}});
+    let (c, e) = call(
+        &s,
+        Method::POST,
+        &format!("{API}/tenants"),
+        &admin,
+        Some(t1),
+    )
+    .await;
+    assert_eq!(c, 201, "{e}");
     let node = json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Node", "metadata": {"name": "n1"}, "spec": {}});
     let (c, n) = call(
         &s,
@@ -470,10 +482,29 @@ async fn job_tokens_act_as_the_allocations_user_in_its_tenant() {
         c, 403,
         "an admin cannot have a token that acts as alice made: {e}"
     );
-    let (c, t) = call(
+    let (c, a1) = call(
+        &f.s,
+        Method::GET,
+        &format!("{}/a1", allocs("t1")),
+        &f.admin,
+        None,
+    )
+    .await;
+    assert_eq!(c, 200, "{a1}");
+    let uid = a1["metadata"]["uid"].as_str().expect("a uid").to_string();
+    let (c, e) = call(
         &f.s,
         Method::POST,
         "/v1/allocations/a1/token?tenant=t1",
+        &f.system,
+        None,
+    )
+    .await;
+    assert_eq!(c, 400, "the run names its allocation's uid: {e}");
+    let (c, t) = call(
+        &f.s,
+        Method::POST,
+        &format!("/v1/allocations/a1/token?tenant=t1&uid={uid}"),
         &f.system,
         None,
     )
@@ -521,7 +552,15 @@ async fn job_tokens_act_as_the_allocations_user_in_its_tenant() {
         })
         .await;
     assert_eq!(c, 201);
-    let (c, t) = open.post("/v1/allocations/j/token", &json!({})).await;
+    let (c, mut j) = open.get(&format!("{}/j", allocs("t1"))).await;
+    assert_eq!(c, 200, "{j}");
+    let uid = j["metadata"]["uid"].as_str().expect("a uid").to_string();
+    j["status"] = json!({"phase": "Running", "assignedNodes": ["n1"]});
+    let (c, e) = open.put(&format!("{}/j/status", allocs("t1")), &j).await;
+    assert_eq!(c, 200, "{e}");
+    let (c, t) = open
+        .post(&format!("/v1/allocations/j/token?uid={uid}"), &json!({}))
+        .await;
     assert_eq!(c, 200, "{t}");
     assert!(t["token"].is_null(), "{t}");
 }

@@ -91,7 +91,7 @@ async fn cluster_with(node_cert_validity: Duration) -> Cluster {
                 &format!("{API}/tenants"),
                 Some(
                     json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Tenant",
-                    "metadata": {"name": t}, "spec": {"admins": ["tadmin"]}}),
+                    "metadata": {"name": t}, "spec": {"admins": ["tadmin"], "quota": {"sensitivePoolSize": 1}}}),
                 ),
             )
             .await;
@@ -844,7 +844,8 @@ async fn a_revoked_or_expired_node_certificate_is_refused() {
 }
 
 #[tokio::test]
-async fn a_node_renews_its_own_certificate_only() {
+async fn renewal_waits_for_half_the_lifetime() {
+    // A stolen key cannot mint a stream of fresh certificates.
     let c = cluster().await;
     let n1 = c.node("n1").await;
     let (csr, _) = lattice_pki::csr(&Identity::Node("n1".into())).unwrap();
@@ -855,6 +856,27 @@ async fn a_node_renews_its_own_certificate_only() {
             Some(json!({"csr": csr})),
         )
         .await;
+    assert_eq!(code, 429, "{v}");
+    assert!(
+        v["message"].as_str().unwrap_or("").contains("renew after"),
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn a_node_renews_its_own_certificate_only() {
+    let c = cluster_with(Duration::from_secs(4)).await;
+    let n1 = c.node("n1").await;
+    let (csr, _) = lattice_pki::csr(&Identity::Node("n1".into())).unwrap();
+    let renew = || {
+        n1.send(
+            "POST",
+            "/v1/nodes/certificate/renew",
+            Some(json!({"csr": csr})),
+        )
+    };
+    // Certificates start five minutes back (clock skew): this one is past half its life.
+    let (code, v) = renew().await;
     assert_eq!(code, 200, "{v}");
     let info = lattice_pki::inspect_pem(v["certificate"].as_str().unwrap()).unwrap();
     assert_eq!(info.identity, Some(Identity::Node("n1".into())));
@@ -941,5 +963,79 @@ async fn logs_and_attach_of_others_and_of_sensitive_work_are_refused() {
                 .contains("has not been placed"),
             "{v}"
         );
+    }
+}
+
+/// Priority and sensitivity come from the tenant's contract, not the user's wish: a user
+/// cannot give their work a class that preempts other tenants', nor make it sensitive
+/// where no sensitive pool was granted, nor make sensitive work ordinary to read it.
+#[tokio::test]
+async fn preemption_class_and_sensitivity_are_the_tenants_contract() {
+    let c = cluster().await;
+    let admin = token("ops", &["*"], Role::Admin);
+    let alice = token("alice", &["t1"], Role::User);
+    let path = format!("{API}/namespaces/t1/allocations");
+    let mut a = alloc("urgent");
+    a["spec"]["preemptionClass"] = json!(9);
+    let (code, v) = c.send(&alice, "POST", &path, Some(a.clone())).await;
+    assert_eq!(code, 403, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("maxPreemptionClass"),
+        "{v}"
+    );
+    a["spec"]["preemptionClass"] = json!(7);
+    let (code, v) = c.send(&alice, "POST", &path, Some(a)).await;
+    assert_eq!(code, 201, "{v}");
+    // Raised by an administrator, it is allowed.
+    let (code, v) = c
+        .send(
+            &admin,
+            "PATCH",
+            &format!("{API}/tenants/t1"),
+            Some(json!({"spec": {"quota": {"maxPreemptionClass": 9}}})),
+        )
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let mut a = alloc("urgent2");
+    a["spec"]["preemptionClass"] = json!(9);
+    let (code, v) = c.send(&alice, "POST", &path, Some(a)).await;
+    assert_eq!(code, 201, "{v}");
+    // Sensitive: only with a pool; once sensitive, always.
+    let (code, v) = c
+        .send(
+            &admin,
+            "PATCH",
+            &format!("{API}/tenants/t2"),
+            Some(json!({"spec": {"quota": {"sensitivePoolSize": null}}})),
+        )
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let carol = token("carol", &["t2"], Role::User);
+    let mut s = alloc("secret");
+    s["spec"]["sensitive"] = json!(true);
+    let (code, v) = c
+        .send(
+            &carol,
+            "POST",
+            &format!("{API}/namespaces/t2/allocations"),
+            Some(s.clone()),
+        )
+        .await;
+    assert_eq!(code, 403, "{v}");
+    let (code, v) = c.send(&alice, "POST", &path, Some(s)).await;
+    assert_eq!(code, 201, "{v}");
+    for who in [&alice, &admin] {
+        let (code, v) = c
+            .send(
+                who,
+                "PATCH",
+                &format!("{path}/secret"),
+                Some(json!({"spec": {"sensitive": false}})),
+            )
+            .await;
+        assert_eq!(code, 403, "{v}");
     }
 }

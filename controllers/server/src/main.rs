@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! lattice-server --dev                      # single member, all defaults, data in ./.lattice-dev
-//! lattice-server --data-dir /var/lib/lattice --api-addr 0.0.0.0:8080 --etcd-addr 0.0.0.0:2379
+//! lattice-server --data-dir /var/lib/lattice --tls-addr 0.0.0.0:8443 --etcd-addr 0.0.0.0:2379
 //! lattice-server --backend etcd --etcd-endpoints http://10.0.0.5:2379
 //! lattice-server backup create --data-dir D FILE | backup verify FILE | restore --data-dir NEW FILE
 //! ```
@@ -78,9 +78,15 @@ struct ServeArgs {
     /// Where the store keeps its files (default ./.lattice-dev with --dev).
     #[arg(long, env = "LATTICE_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// HTTP API listen address.
+    /// Plain-HTTP API listen address: loopback only (bearer tokens over plain HTTP can be
+    /// read off the network), unless --allow-plaintext-api. Clients elsewhere use the
+    /// HTTPS address (--tls-addr).
     #[arg(long, default_value = "127.0.0.1:8080", env = "LATTICE_API_ADDR")]
     api_addr: SocketAddr,
+    /// Let --api-addr listen off loopback (behind a TLS-terminating proxy on the same
+    /// trusted network, say); warned at start.
+    #[arg(long)]
+    allow_plaintext_api: bool,
     /// HTTPS API listen address ("off" disables). kubectl needs it: client-go sends bearer
     /// tokens only over TLS. Without --tls-cert-file a private CA and certificate are
     /// generated once into <data-dir>/pki (clients trust pki/ca.crt).
@@ -545,6 +551,17 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
         }));
     }
     api.metrics().add_registry(registry);
+    if !args.api_addr.ip().is_loopback() {
+        if !args.allow_plaintext_api {
+            anyhow::bail!(
+                "--api-addr {}: the plain-HTTP API listens on loopback only (bearer tokens \
+                 over plain HTTP can be read off the network); serve clients elsewhere on \
+                 --tls-addr, or pass --allow-plaintext-api behind a TLS-terminating proxy",
+                args.api_addr
+            );
+        }
+        tracing::warn!(addr = %args.api_addr, "--allow-plaintext-api: the API accepts bearer tokens over plain HTTP off loopback");
+    }
     let listener = tokio::net::TcpListener::bind(args.api_addr)
         .await
         .with_context(|| format!("binding the API address {}", args.api_addr))?;

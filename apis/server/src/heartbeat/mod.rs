@@ -157,7 +157,9 @@ async fn accept(inner: &Arc<Inner>, node: &str, req: &mut Request) -> ApiResult<
         .map(|c| c.0 .0);
     let on_upgrade = hyper::upgrade::on(req);
     let inner2 = inner.clone();
-    let state = Stream::new(node.to_string(), lease, first, inner.heartbeats.cell(node));
+    let mut state = Stream::new(node.to_string(), lease, first, inner.heartbeats.cell(node));
+    // The session ends when the certificate it was opened with is revoked or expires.
+    state.credential = crate::auth::request_user().and_then(|u| u.cert);
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => hand_over(inner2, upgraded, fd, state).await,
@@ -327,6 +329,8 @@ pub(crate) struct Stream {
     pub(crate) lease: i64,
     pub(crate) lines: Lines,
     pub(crate) beats: Beats,
+    /// The client certificate the stream was opened with (TLS sessions).
+    pub(crate) credential: Option<crate::auth::CertRef>,
 }
 
 impl Stream {
@@ -336,6 +340,7 @@ impl Stream {
             lease,
             lines: Lines::default(),
             beats: Beats::new(first, published),
+            credential: None,
         }
     }
 }
@@ -492,6 +497,20 @@ where
         }
         state.beats.flush(&metrics);
         if state.beats.take_renewal() {
+            if let Some(c) = &state.credential {
+                if c.not_after <= std::time::SystemTime::now() {
+                    break (
+                        "Unauthorized",
+                        "the node certificate expired; renew it and reconnect".into(),
+                    );
+                }
+                if matches!(
+                    inner.revocations.is_revoked(&backend, &c.serial).await,
+                    Ok(true)
+                ) {
+                    break ("Unauthorized", "the node certificate was revoked".into());
+                }
+            }
             if let Err(end) = renewal.renew(backend.as_ref(), &metrics).await {
                 break end;
             }

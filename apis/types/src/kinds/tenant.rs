@@ -10,6 +10,9 @@ use crate::validation::{check_len, validate_dns1123_label, Errors};
 
 /// Default rolling budget window in days (`scheduling.budget_period_days`).
 pub const DEFAULT_BUDGET_PERIOD_DAYS: u32 = 90;
+/// The highest preemption class a tenant's users may ask for unless an administrator
+/// sets `spec.quota.maxPreemptionClass`.
+pub const DEFAULT_MAX_PREEMPTION_CLASS: u32 = 7;
 /// Default maximum network domains per tenant.
 pub const DEFAULT_MAX_NETWORK_DOMAINS: u32 = 50;
 
@@ -122,9 +125,15 @@ pub struct TenantQuota {
     /// Hard: most running allocations at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent_allocations: Option<u32>,
-    /// Hard: most nodes claimable for sensitive work.
+    /// Hard: most nodes claimable for sensitive work. A tenant's users submit sensitive
+    /// work only where an administrator set this (above 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sensitive_pool_size: Option<u32>,
+    /// Hard: the highest `preemptionClass` the tenant's users may ask for (0–10, default
+    /// [`DEFAULT_MAX_PREEMPTION_CLASS`]): higher classes preempt other tenants' work and
+    /// are not preempted, so an administrator grants them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_preemption_class: Option<u32>,
     /// Soft: GPU-hours per budget period.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_hours_budget: Option<f64>,
@@ -292,6 +301,14 @@ impl Resource for Tenant {
                 errs.push(
                     "spec.quota.burstAllowance",
                     format!("must be a multiple of the fair share between 1 and 100, got {b}; e.g. 1.5 allows 150%"),
+                );
+            }
+        }
+        if let Some(c) = q.max_preemption_class {
+            if c > 10 {
+                errs.push(
+                    "spec.quota.maxPreemptionClass",
+                    format!("must be between 0 and 10 (the preemption classes), got {c}"),
                 );
             }
         }

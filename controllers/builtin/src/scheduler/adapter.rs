@@ -96,6 +96,31 @@ pub fn walltime_s(a: &Allocation, vc: Option<&VCluster>) -> Option<u64> {
     Some(default.unwrap_or(DEFAULT_WALLTIME_S))
 }
 
+/// Whether `a`'s walltime (its own, else the vCluster's default) fits the vCluster's
+/// `maxWalltime`; the reason it waits when not (unbounded work in a limited vCluster
+/// included).
+pub fn within_max_walltime(a: &Allocation, vc: &VCluster) -> Result<(), String> {
+    let Some(max) = vc.spec.max_walltime.as_deref() else {
+        return Ok(());
+    };
+    let Ok(limit) = lattice_apis::duration::parse_duration(max) else {
+        return Ok(());
+    };
+    match walltime_s(a, Some(vc)) {
+        Some(w) if w <= limit => Ok(()),
+        Some(w) => Err(format!(
+            "walltime {} exceeds vCluster {}'s maxWalltime {max}; it waits until the limit \
+             is raised, or resubmit it with a shorter walltime",
+            lattice_apis::duration::format_hms(w),
+            vc.name_any()
+        )),
+        None => Err(format!(
+            "unbounded work in vCluster {} whose maxWalltime is {max}; give it a walltime",
+            vc.name_any()
+        )),
+    }
+}
+
 /// The core configuration of a vCluster.
 pub fn scheduler_config(vc: &VCluster) -> SchedulerConfig {
     let t = vc.spec.scheduler_type.unwrap_or(SchedulerType::HpcBackfill);
@@ -743,6 +768,30 @@ mod tests {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "svc", "namespace": "t1"}, "spec": spec}))
         .expect("vcluster")
+    }
+
+    /// A vCluster's `maxWalltime` holds for work written to the store behind admission
+    /// too: longer or unbounded work waits with a reason, never starts.
+    #[test]
+    fn max_walltime_holds_at_the_scheduler() {
+        let vc = vcluster(serde_json::json!({"schedulerType": "hpc-backfill",
+                                             "maxWalltime": "2h"}));
+        let alloc = |lifecycle: serde_json::Value| -> Allocation {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "a", "namespace": "t1"},
+                "spec": {"entrypoint": "/bin/true", "lifecycle": lifecycle}}))
+            .expect("allocation")
+        };
+        assert!(within_max_walltime(&alloc(serde_json::json!({"walltime": "1h"})), &vc).is_ok());
+        assert!(within_max_walltime(&alloc(serde_json::json!({"walltime": "2h"})), &vc).is_ok());
+        let e = within_max_walltime(&alloc(serde_json::json!({"walltime": "3h"})), &vc)
+            .expect_err("3h > 2h");
+        assert!(e.contains("maxWalltime 2h"), "{e}");
+        let e = within_max_walltime(&alloc(serde_json::json!({"type": "unbounded"})), &vc)
+            .expect_err("unbounded");
+        assert!(e.contains("give it a walltime"), "{e}");
+        let open = vcluster(serde_json::json!({"schedulerType": "hpc-backfill"}));
+        assert!(within_max_walltime(&alloc(serde_json::json!({"walltime": "30d"})), &open).is_ok());
     }
 
     /// The seed's preemption table: services preempt only by taking back their lent nodes

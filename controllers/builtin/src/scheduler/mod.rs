@@ -355,6 +355,16 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         let label = format!("{}/{}", key.0, key.1);
         claim::process(shared, &vc, &label, &claims, &mut inv, &catalog, &mut stats).await?;
     }
+    // The vCluster's walltime limit holds here too, not only at admission: work admitted
+    // before the limit was lowered, or written around the API, waits with the reason.
+    let (queued, too_long): (Vec<Arc<Allocation>>, Vec<Arc<Allocation>>) = queued
+        .into_iter()
+        .partition(|a| adapter::within_max_walltime(a, &vc).is_ok());
+    for a in &too_long {
+        if let Err(msg) = adapter::within_max_walltime(a, &vc) {
+            explain(shared, a, "walltime_exceeds_limit", &msg).await;
+        }
+    }
     // Allocations no store transaction can bind are told so and kept out of the plan, so
     // nodes are not held for them cycle after cycle.
     let max_ops = shared.backend.max_txn_ops();
