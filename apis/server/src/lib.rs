@@ -36,12 +36,16 @@ pub mod errors;
 pub mod heartbeat;
 pub mod intent;
 pub mod job_token;
+pub mod limits;
 pub mod logs;
 pub mod metrics;
 pub mod node_identity;
 pub mod objects;
 pub mod openapi;
+pub mod parse;
 pub mod patch;
+pub mod quota;
+pub mod ranges;
 pub mod resources;
 pub mod routes;
 pub mod selectors;
@@ -81,6 +85,11 @@ pub struct ApiConfig {
     pub ca: Option<Arc<lattice_pki::Ca>>,
     /// Lifetime of the node certificates this server signs (agents renew at two thirds).
     pub node_cert_validity: Duration,
+    /// Per-identity limits: request rate, requests in flight, watches, log streams and
+    /// attach sessions (see [`limits`]).
+    pub limits: limits::IdentityLimits,
+    /// Per-tenant object-count quotas (see [`quota`]).
+    pub object_quotas: quota::ObjectQuotas,
 }
 
 impl Default for ApiConfig {
@@ -96,6 +105,8 @@ impl Default for ApiConfig {
             max_dag_size: lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE,
             ca: None,
             node_cert_validity: Duration::from_secs(30 * 24 * 3600),
+            limits: limits::IdentityLimits::DEFAULT,
+            object_quotas: quota::ObjectQuotas::DEFAULT,
         }
     }
 }
@@ -114,6 +125,8 @@ pub struct Inner {
     pub heartbeats: heartbeat::Sequences,
     /// Revoked client certificates.
     pub revocations: node_identity::Revocations,
+    /// Per-identity limits and what each identity holds of them.
+    pub limiter: Arc<limits::Limiter>,
     /// The heartbeat reader thread, started with the first heartbeat stream (`None`
     /// when it could not start: streams are then read by a task each).
     heartbeat_reader: std::sync::OnceLock<Option<heartbeat::reader::Reader>>,
@@ -220,13 +233,18 @@ impl ApiServer {
             openapi_doc.hash(&mut h);
             format!("{:016X}", h.finish())
         };
+        let limiter = limits::Limiter::new(config.limits, &metrics);
+        let quotas = quota::Counts::new(backend.clone(), config.object_quotas, &metrics);
         let inner = Inner {
+            limiter,
             caches: watch_cache::WatchCaches::new(
                 backend.clone(),
                 config.watch_cache_size,
                 metrics.clone(),
             ),
-            resources: resources::Resources::new(backend).with_max_dag_size(config.max_dag_size),
+            resources: resources::Resources::new(backend)
+                .with_max_dag_size(config.max_dag_size)
+                .with_quotas(quotas),
             config,
             metrics,
             authenticator,
@@ -321,6 +339,10 @@ impl ApiServer {
             .route("/v1/admin/nodes/{name}/revoke", post(node_identity::revoke))
             .route(lattice_apis::proxy_auth::KEY_PATH, get(agent_proxy_key))
             .fallback(not_found)
+            .layer(axum::middleware::from_fn_with_state(
+                self.inner.clone(),
+                limits::admit,
+            ))
             .layer(axum::middleware::from_fn_with_state(
                 self.inner.clone(),
                 auth::authn,

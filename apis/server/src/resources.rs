@@ -94,6 +94,8 @@ pub struct Resources {
     max_dag_size: usize,
     /// Whom the writes are for (see [`acting_as`](Self::acting_as)).
     caller: Option<UserInfo>,
+    /// Per-tenant object-count quotas checked on create ([`crate::quota`]).
+    quotas: Option<Arc<crate::quota::Counts>>,
 }
 
 enum WriteOutcome {
@@ -113,7 +115,14 @@ impl Resources {
             lists: Arc::new(lists),
             max_dag_size: lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE,
             caller: None,
+            quotas: None,
         }
+    }
+
+    /// Check creates against the tenants' object-count quotas kept by `quotas`.
+    pub fn with_quotas(mut self, quotas: Arc<crate::quota::Counts>) -> Self {
+        self.quotas = Some(quotas);
+        self
     }
 
     /// These verbs on behalf of an authenticated caller: writes of `Allocation`s and
@@ -456,6 +465,11 @@ impl Resources {
             return Err(ApiError::internal("admission changed the object's name"));
         }
         let key = object_key(kind, ns, &name);
+        // Released on every way out but a committed create (dry runs are checked too).
+        let reservation = match &self.quotas {
+            Some(q) => q.reserve(kind, ns, self.caller().as_ref()).await?,
+            None => None,
+        };
         if opts.dry_run {
             if self.backend.get(key).await?.is_some() {
                 return Err(ApiError::already_exists(kind.plural, &name));
@@ -473,6 +487,9 @@ impl Resources {
             .await?;
         if !resp.succeeded {
             return Err(ApiError::already_exists(kind.plural, &name));
+        }
+        if let Some(r) = reservation {
+            r.created(resp.revision);
         }
         let mut obj = obj;
         set_rv(&mut obj, resp.revision);

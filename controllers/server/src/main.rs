@@ -9,6 +9,7 @@
 //! lattice-server backup create --data-dir D FILE | backup verify FILE | restore --data-dir NEW FILE
 //! ```
 
+mod api_limits;
 mod dev;
 mod offline;
 
@@ -178,6 +179,8 @@ struct ServeArgs {
     /// reactive allocations run at their initial size and say so in status.scale.message.
     #[arg(long, env = "LATTICE_METRICS_URL")]
     metrics_url: Option<String>,
+    #[command(flatten)]
+    api_limits: api_limits::ApiLimitArgs,
 }
 
 /// The autoscaler's metric source from `--metrics-url`.
@@ -448,6 +451,8 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
             auth: true,
             heartbeat_ttl: args.heartbeat_timeout,
             max_dag_size: args.max_dag_size,
+            limits: args.api_limits.identity_limits(),
+            object_quotas: args.api_limits.object_quotas(),
             ..Default::default()
         },
     );
