@@ -20,8 +20,9 @@ hack/install-deps.sh >/dev/null
 export PROTOC="${PROTOC:-$(command -v protoc)}"
 echo "==> building release binaries"
 cargo build --release -q -p lattice-server -p lattice-e2e --bins
-server="${BENCH_SERVER:-target/release/lattice-server}"
-api_client="${BENCH_API_CLIENT:-target/release/lattice-api-bench}"
+release="${CARGO_TARGET_DIR:-target}/release"
+server="${BENCH_SERVER:-$release/lattice-server}"
+api_client="${BENCH_API_CLIENT:-$release/lattice-api-bench}"
 clients="${BENCH_CLIENTS:-16}"
 seconds="${BENCH_SECONDS:-10}"
 
@@ -51,7 +52,7 @@ for _ in $(seq 150); do
 done
 ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:23891 endpoint health >/dev/null || { cat "$work/etcd.log"; exit 1; }
 echo "==> etcd: $clients clients doing plain puts for ${seconds}s"
-target/release/lattice-bench --name etcd --endpoint 127.0.0.1:23891 \
+"$release/lattice-bench" --name etcd --endpoint 127.0.0.1:23891 \
   --concurrent-clients "$clients" --seconds "$seconds" | tee -a "$out"
 # etcd is done before Lattice starts: the two never share the disk's time.
 kill "$etcd_pid" 2>/dev/null || true
