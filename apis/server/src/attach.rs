@@ -67,11 +67,8 @@ impl Request {
         let mut r = Request::default();
         for (k, v) in pairs {
             let size = |v: &str| {
-                v.parse::<u16>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                    ApiError::bad_request(format!(
-                        "query parameter {k}={v:?} is not a terminal size (1-65535)"
-                    ))
-                })
+                crate::ranges::integer(&k, v, &crate::ranges::TERMINAL_SIZE)
+                    .map(|n| u16::try_from(n).unwrap_or(u16::MAX))
             };
             match k.as_str() {
                 "node" => r.node = Some(v),
@@ -164,6 +161,10 @@ async fn finish(
         )?;
         admit_connect(&inner.resources, &user, &obj, Connect::Attach).await?;
         let req = Request::parse(uri)?;
+        // Held by the relay: the session counts until either side closes.
+        let slot = inner
+            .limiter
+            .acquire(&user, crate::limits::Session::Attach)?;
         let ws = ws.map_err(|e| {
             ApiError::bad_request(format!(
                 "attach is a WebSocket (GET with 'Connection: Upgrade', 'Upgrade: websocket'; \
@@ -174,7 +175,10 @@ async fn finish(
         tracing::info!(user = %user.name, allocation = %ticket.name, tenant = %ticket.namespace, node = %ticket.node, command = ?ticket.command, "attached");
         Ok::<_, ApiError>(
             ws.protocols([PROTOCOL])
-                .on_upgrade(move |client| relay(client, agent)),
+                .on_upgrade(move |client| async move {
+                    let _slot = slot;
+                    relay(client, agent).await
+                }),
         )
     }
     .await;
@@ -459,10 +463,8 @@ pub async fn redeem(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: B
             &Attributes::other(Verb::Create, resource::ATTACH_TICKETS),
         )?;
         let b = read_body(&inner, &headers, body).await?;
-        let req: RedeemRequest = serde_json::from_slice(&b).map_err(|e| {
-            ApiError::bad_request(format!(
-                "invalid redeem request: {e}; expected {{\"ticket\": \"...\"}}"
-            ))
+        let req: RedeemRequest = crate::parse::json_as(&b, |e| {
+            format!("invalid redeem request: {e}; expected {{\"ticket\": \"...\"}}")
         })?;
         if req.ticket.is_empty() || !req.ticket.bytes().all(|c| c.is_ascii_hexdigit()) {
             return Err(ApiError::forbidden(

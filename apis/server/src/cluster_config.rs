@@ -167,8 +167,8 @@ pub async fn put(
             let user = admin(&inner, &headers, "change").await?;
             let s = setting(&key)?;
             let body = routes::read_body(&inner, &headers, body).await?;
-            let req: SetSetting = serde_json::from_slice(&body).map_err(|e| {
-                ApiError::bad_request(format!("the body must be {{\"value\": ...}}: {e}"))
+            let req: SetSetting = crate::parse::json_as(&body, |e| {
+                format!("the body must be {{\"value\": ...}}: {e}")
             })?;
             let value = s.check(&req.value).map_err(|msg| {
                 ApiError::new(422, "Invalid", msg.clone()).with_details(json!({

@@ -506,10 +506,10 @@ pub async fn launch_tasks(
             .to_string();
         allow(&user, Verb::Create, k, Some(&ns), None)?;
         let b = read_body(&inner, &headers, body).await?;
-        let launch: steps::TaskLaunch = serde_json::from_slice(&b).map_err(|e| {
-            ApiError::bad_request(format!(
+        let launch: steps::TaskLaunch = crate::parse::json_as(&b, |e| {
+            format!(
                 "invalid task launch: {e}; expected {{\"command\": [\"prog\", \"arg\"], \"ntasks\"?: N, \"nodes\"?: N, \"tasksPerNode\"?: K, \"env\"?: {{}}, \"workingDir\"?: \"/dir\"}}"
-            ))
+            )
         })?;
         let parent: lattice_apis::Allocation = serde_json::from_value(obj)
             .map_err(|e| ApiError::internal(format!("stored allocation does not decode: {e}")))?;

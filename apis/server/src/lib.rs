@@ -37,13 +37,17 @@ pub mod errors;
 pub mod heartbeat;
 pub mod intent;
 pub mod job_token;
+pub mod limits;
 pub mod logs;
 pub mod metrics;
 pub mod node_identity;
 pub mod objects;
 pub mod openapi;
+pub mod parse;
 pub mod patch;
 pub mod reports;
+pub mod quota;
+pub mod ranges;
 pub mod resources;
 pub mod routes;
 pub mod selectors;
@@ -88,6 +92,11 @@ pub struct ApiConfig {
     /// HTTP (only agents without a node identity serve that: servers without
     /// authentication, in tests).
     pub agent_tls: Option<Arc<rustls::ClientConfig>>,
+    /// Per-identity limits: request rate, requests in flight, watches, log streams and
+    /// attach sessions (see [`limits`]).
+    pub limits: limits::IdentityLimits,
+    /// Per-tenant object-count quotas (see [`quota`]).
+    pub object_quotas: quota::ObjectQuotas,
 }
 
 impl Default for ApiConfig {
@@ -104,6 +113,8 @@ impl Default for ApiConfig {
             ca: None,
             node_cert_validity: Duration::from_secs(30 * 24 * 3600),
             agent_tls: None,
+            limits: limits::IdentityLimits::DEFAULT,
+            object_quotas: quota::ObjectQuotas::DEFAULT,
         }
     }
 }
@@ -122,6 +133,8 @@ pub struct Inner {
     pub heartbeats: heartbeat::Sequences,
     /// Revoked client certificates.
     pub revocations: node_identity::Revocations,
+    /// Per-identity limits and what each identity holds of them.
+    pub limiter: Arc<limits::Limiter>,
     /// The heartbeat reader thread, started with the first heartbeat stream (`None`
     /// when it could not start: streams are then read by a task each).
     heartbeat_reader: std::sync::OnceLock<Option<heartbeat::reader::Reader>>,
@@ -186,13 +199,18 @@ impl ApiServer {
             format!("{:016X}", h.finish())
         };
         let agents = agents::Agents::new(config.agent_tls.clone());
+        let limiter = limits::Limiter::new(config.limits, &metrics);
+        let quotas = quota::Counts::new(backend.clone(), config.object_quotas, &metrics);
         let inner = Inner {
+            limiter,
             caches: watch_cache::WatchCaches::new(
                 backend.clone(),
                 config.watch_cache_size,
                 metrics.clone(),
             ),
-            resources: resources::Resources::new(backend).with_max_dag_size(config.max_dag_size),
+            resources: resources::Resources::new(backend)
+                .with_max_dag_size(config.max_dag_size)
+                .with_quotas(quotas),
             config,
             metrics,
             authenticator,
@@ -290,6 +308,10 @@ impl ApiServer {
             )
             .route("/v1/admin/nodes/{name}/revoke", post(node_identity::revoke))
             .fallback(not_found)
+            .layer(axum::middleware::from_fn_with_state(
+                self.inner.clone(),
+                limits::admit,
+            ))
             .layer(axum::middleware::from_fn_with_state(
                 self.inner.clone(),
                 auth::authn,

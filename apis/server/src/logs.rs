@@ -71,7 +71,14 @@ fn check(params: &[(String, String)]) -> ApiResult<()> {
             "follow" | "timestamps" | "prefix" => {
                 matches!(v.as_str(), "" | "true" | "false" | "1" | "0")
             }
-            "tailLines" | "attempt" => v.is_empty() || v.parse::<u64>().is_ok(),
+            "tailLines" => {
+                crate::ranges::optional(k, Some(v.as_str()), &crate::ranges::TAIL_LINES)?;
+                true
+            }
+            "attempt" => {
+                crate::ranges::optional(k, Some(v.as_str()), &crate::ranges::ATTEMPT)?;
+                true
+            }
             "sinceTime" | "untilTime" => {
                 v.is_empty() || chrono::DateTime::parse_from_rfc3339(v).is_ok()
             }
@@ -82,13 +89,26 @@ fn check(params: &[(String, String)]) -> ApiResult<()> {
         if !ok {
             let want = match k.as_str() {
                 "follow" | "timestamps" | "prefix" => "true or false",
-                "tailLines" | "attempt" => "a non-negative integer",
                 "sinceTime" | "untilTime" => "an RFC 3339 time such as 2026-03-01T10:00:00Z",
                 "stream" => "stdout, stderr or all",
                 _ => "a node name",
             };
             return Err(ApiError::bad_request(format!(
                 "{k} must be {want}, got {v:?}"
+            )));
+        }
+    }
+    let time = |k: &str| {
+        params
+            .iter()
+            .rev()
+            .find(|(key, _)| key == k)
+            .and_then(|(_, v)| chrono::DateTime::parse_from_rfc3339(v).ok())
+    };
+    if let (Some(since), Some(until)) = (time("sinceTime"), time("untilTime")) {
+        if until < since {
+            return Err(ApiError::bad_request(format!(
+                "untilTime ({until}) is before sinceTime ({since})"
             )));
         }
     }
@@ -141,6 +161,10 @@ async fn serve(
         Err(e) => return Err(ApiError::bad_request(format!("invalid query string: {e}"))),
     };
     check(&params)?;
+    // Held by the response's body: the stream counts until the client has it all or leaves.
+    let slot = inner
+        .limiter
+        .acquire(&user, crate::limits::Session::LogStream)?;
     let get = |k: &str| {
         params
             .iter()
@@ -267,6 +291,10 @@ async fn serve(
         }
         Body::from_stream(ReceiverStream::new(rx))
     };
+    let body = Body::from_stream(body.into_data_stream().map(move |chunk| {
+        let _held = &slot;
+        chunk
+    }));
     let mut r = Response::new(body);
     *r.status_mut() = StatusCode::OK;
     r.headers_mut().insert(

@@ -334,10 +334,10 @@ fn check_node_name(name: &str) -> ApiResult<()> {
 }
 
 fn parse_request(body: &[u8]) -> ApiResult<CertificateRequest> {
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!(
+    crate::parse::json_as(body, |e| {
+        format!(
             "invalid certificate request: {e}; expected {{\"node\": \"NAME\", \"csr\": \"-----BEGIN CERTIFICATE REQUEST-----...\"}}"
-        ))
+        )
     })
 }
 
@@ -514,6 +514,8 @@ pub async fn bootstrap(
         let token = bearer(&headers).ok_or_else(|| unauthorized("no bootstrap token"))?;
         let (id, secret) =
             parse_bootstrap_token(token).ok_or_else(|| unauthorized("not a bootstrap token"))?;
+        // The token is the credential of this public path: checked before the body is
+        // read, so that a caller without one cannot make the server parse anything.
         let key = format!("{TOKENS}{id}");
         let (rec, rev) = read_json::<TokenRecord>(&*inner.resources.backend, &key)
             .await?
@@ -675,10 +677,10 @@ pub async fn tokens(
                 let req: BootstrapTokenRequest = if b.iter().all(u8::is_ascii_whitespace) {
                     BootstrapTokenRequest::default()
                 } else {
-                    serde_json::from_slice(&b).map_err(|e| {
-                        ApiError::bad_request(format!(
+                    crate::parse::json_as(&b, |e| {
+                        format!(
                             "invalid bootstrap token request: {e}; expected {{\"node\"?: \"NAME\", \"ttlSeconds\"?: N, \"description\"?: \"...\"}}"
-                        ))
+                        )
                     })?
                 };
                 if let Some(n) = &req.node {

@@ -221,14 +221,9 @@ pub fn parse_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
     if body.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(ApiError::bad_request("the request body is empty"));
     }
-    let ct = content_type.to_ascii_lowercase();
-    if ct.contains("yaml") {
-        serde_yaml::from_slice::<Value>(body)
-            .map_err(|e| ApiError::bad_request(format!("the body is not valid YAML: {e}")))
-    } else {
-        serde_json::from_slice::<Value>(body)
-            .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))
-    }
+    // Bounded: aliases and nesting cannot make the value outgrow the body (413 / 400).
+    crate::parse::value(body, crate::parse::Format::of_content_type(content_type))
+        .map_err(crate::parse::BodyError::into_default_api)
 }
 
 /// Run the kind's admission (strict parse, defaults, validation), as a 422 on failure.

@@ -39,9 +39,8 @@ impl PatchType {
 pub fn apply_patch(target: &Value, kind: PatchType, body: &[u8]) -> ApiResult<Value> {
     match kind {
         PatchType::Merge => {
-            let p: Value = serde_json::from_slice(body).map_err(|e| {
-                ApiError::bad_request(format!("the merge patch is not valid JSON: {e}"))
-            })?;
+            let p: Value = crate::parse::value(body, crate::parse::Format::Json)
+                .map_err(|e| e.into_api(|m| format!("the merge patch is not valid JSON: {m}")))?;
             if !p.is_object() {
                 return Err(ApiError::bad_request("a merge patch must be a JSON object"));
             }
@@ -50,8 +49,11 @@ pub fn apply_patch(target: &Value, kind: PatchType, body: &[u8]) -> ApiResult<Va
             Ok(out)
         }
         PatchType::Json => {
-            let p: json_patch::Patch = serde_json::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("the JSON patch is invalid: {e}")))?;
+            let invalid = |m: &str| format!("the JSON patch is invalid: {m}");
+            let p = crate::parse::value(body, crate::parse::Format::Json)
+                .map_err(|e| e.into_api(invalid))?;
+            let p: json_patch::Patch = serde_json::from_value(p)
+                .map_err(|e| ApiError::bad_request(invalid(&e.to_string())))?;
             let mut out = target.clone();
             json_patch::patch(&mut out, &p).map_err(|e| {
                 ApiError::new(

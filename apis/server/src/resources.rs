@@ -97,6 +97,8 @@ pub struct Resources {
     /// The server's own writes, trusted whoever the request is from (see
     /// [`trusted`](Self::trusted)).
     trusted: bool,
+    /// Per-tenant object-count quotas checked on create ([`crate::quota`]).
+    quotas: Option<Arc<crate::quota::Counts>>,
 }
 
 enum WriteOutcome {
@@ -117,7 +119,14 @@ impl Resources {
             max_dag_size: lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE,
             caller: None,
             trusted: false,
+            quotas: None,
         }
+    }
+
+    /// Check creates against the tenants' object-count quotas kept by `quotas`.
+    pub fn with_quotas(mut self, quotas: Arc<crate::quota::Counts>) -> Self {
+        self.quotas = Some(quotas);
+        self
     }
 
     /// These verbs on behalf of an authenticated caller: writes of `Allocation`s and
@@ -496,6 +505,11 @@ impl Resources {
             return Err(ApiError::internal("admission changed the object's name"));
         }
         let key = object_key(kind, ns, &name);
+        // Released on every way out but a committed create (dry runs are checked too).
+        let reservation = match &self.quotas {
+            Some(q) => q.reserve(kind, ns, self.caller().as_ref()).await?,
+            None => None,
+        };
         if opts.dry_run {
             if self.backend.get(key).await?.is_some() {
                 return Err(ApiError::already_exists(kind.plural, &name));
@@ -513,6 +527,9 @@ impl Resources {
             .await?;
         if !resp.succeeded {
             return Err(ApiError::already_exists(kind.plural, &name));
+        }
+        if let Some(r) = reservation {
+            r.created(resp.revision);
         }
         let mut obj = obj;
         set_rv(&mut obj, resp.revision);

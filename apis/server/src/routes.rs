@@ -302,12 +302,14 @@ async fn dispatch(
         (Method::GET, None) => {
             let selectors = list_selectors.unwrap_or_default();
             if watch {
-                let timeout = match params.get("timeoutSeconds") {
-                    Some(s) => Some(Duration::from_secs(s.parse::<u64>().map_err(|_| {
-                        ApiError::bad_request("timeoutSeconds must be a non-negative integer")
-                    })?)),
-                    None => None,
-                };
+                // 0 is the server's default, as in Kubernetes.
+                let timeout = crate::ranges::optional(
+                    "timeoutSeconds",
+                    params.get("timeoutSeconds"),
+                    &crate::ranges::WATCH_TIMEOUT_SECONDS,
+                )?
+                .filter(|s| *s > 0)
+                .map(Duration::from_secs);
                 let wp = WatchParams {
                     resource_version: params.get("resourceVersion").map(String::from),
                     bookmarks: params.flag("allowWatchBookmarks")
@@ -320,12 +322,9 @@ async fn dispatch(
                 };
                 return serve_watch(inner.clone(), kind, t.namespace.clone(), wp).await;
             }
-            let limit = match params.get("limit") {
-                Some(s) if !s.is_empty() => s
-                    .parse::<i64>()
-                    .map_err(|_| ApiError::bad_request("limit must be an integer"))?,
-                _ => 0,
-            };
+            let limit =
+                crate::ranges::optional("limit", params.get("limit"), &crate::ranges::LIST_LIMIT)?
+                    .unwrap_or(0) as i64;
             let opts = ListOptions {
                 selectors,
                 limit,
@@ -388,9 +387,10 @@ async fn dispatch(
                 }
             };
             if !b.iter().all(|c| c.is_ascii_whitespace()) {
-                let v: Value = serde_json::from_slice(&b).map_err(|e| {
-                    ApiError::bad_request(format!("the DeleteOptions body is not valid JSON: {e}"))
-                })?;
+                let v: Value =
+                    crate::parse::value(&b, crate::parse::Format::Json).map_err(|e| {
+                        e.into_api(|m| format!("the DeleteOptions body is not valid JSON: {m}"))
+                    })?;
                 if let Some(p) = v.get("preconditions") {
                     pre = serde_json::from_value(p.clone()).map_err(|e| {
                         ApiError::bad_request(format!("invalid preconditions: {e}"))

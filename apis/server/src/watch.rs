@@ -86,6 +86,8 @@ pub async fn serve_watch(
     ns: Option<String>,
     params: WatchParams,
 ) -> ApiResult<Response> {
+    // Before any work for it: a caller at their cap of watches gets 429 here.
+    let slot = crate::limits::acquire_for_request(&inner, crate::limits::Session::Watch)?;
     let rv = params.resource_version.as_deref().filter(|s| !s.is_empty());
     let want_initial = params.send_initial_events || rv.is_none() || rv == Some("0");
     let (initial, from) = if want_initial {
@@ -144,6 +146,7 @@ pub async fn serve_watch(
     }
     tokio::spawn(async move {
         let _guard = guard;
+        let _slot = slot;
         let sent = guard_counter(&_guard.inner, kind.kind);
         let tbl = params.table;
         for obj in &initial {

@@ -9,6 +9,7 @@
 //! lattice-server backup create --data-dir D FILE | backup verify FILE | restore --data-dir NEW FILE
 //! ```
 
+mod api_limits;
 mod dev;
 mod offline;
 
@@ -198,6 +199,8 @@ struct ServeArgs {
     /// reactive allocations run at their initial size and say so in status.scale.message.
     #[arg(long, env = "LATTICE_METRICS_URL")]
     metrics_url: Option<String>,
+    #[command(flatten)]
+    api_limits: api_limits::ApiLimitArgs,
 }
 
 /// The autoscaler's metric source from `--metrics-url`.
@@ -480,6 +483,8 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
             ca: Some(pki.ca.clone()),
             node_cert_validity: args.node_cert_validity,
             agent_tls: Some(Arc::new(pki.agent_client_config()?)),
+            limits: args.api_limits.identity_limits(),
+            object_quotas: args.api_limits.object_quotas(),
             ..Default::default()
         },
     );

@@ -32,6 +32,10 @@ struct Args {
     /// `hack/bench-store.sh`).
     #[arg(long)]
     seq_only: bool,
+    /// Only concurrent puts, from this many clients for `--seconds` (the etcd reference
+    /// of `hack/bench-api.sh`): prints `<name>_puts_per_s_<N>_clients`.
+    #[arg(long)]
+    concurrent_clients: Option<usize>,
 }
 
 /// The `q` quantile of `v` in milliseconds.
@@ -91,6 +95,11 @@ async fn concurrent_puts(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(clients) = args.concurrent_clients {
+        let rate = concurrent_puts(&args.endpoint, clients, args.seconds, "api").await?;
+        result(&args, &format!("puts_per_s_{clients}_clients"), rate);
+        return Ok(());
+    }
     let mut c = connect(&args.endpoint).await?;
 
     // The floor under every request: a serializable get of a missing key is one client

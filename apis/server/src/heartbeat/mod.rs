@@ -548,11 +548,7 @@ async fn open(inner: &Inner, node: &str, uri: &Uri, headers: &HeaderMap) -> ApiR
     let kind = lease_kind()?;
     let params = Params::from_uri(uri)?;
     let first: u64 = match params.get("sequence") {
-        Some(s) => s.parse().map_err(|_| {
-            ApiError::bad_request(format!(
-                "sequence={s:?} is not a number: send the agent's next heartbeat sequence number"
-            ))
-        })?,
+        Some(s) => crate::ranges::integer("sequence", s, &crate::ranges::HEARTBEAT_SEQUENCE)?,
         None => {
             return Err(ApiError::bad_request(
                 "the query parameter `sequence` is required: the agent's next heartbeat sequence number",

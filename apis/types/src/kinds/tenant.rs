@@ -60,6 +60,9 @@ pub struct TenantSpec {
     /// default rule (root and system accounts). Only cluster admins may set it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_as: Option<TenantRunAs>,
+    /// Most objects of each kind the tenant may hold (see [`TenantObjectQuotas`]).
+    #[serde(default, skip_serializing_if = "TenantObjectQuotas::is_empty")]
+    pub object_quotas: TenantObjectQuotas,
 }
 
 /// The node agents' rule for the local account a job runs as. By default a root agent
@@ -411,6 +414,42 @@ mod run_as_tests {
             "spec": {"runAs": {"allowUser": ["root"]}}
         }))
         .is_err());
+    }
+}
+
+/// Object-count quotas of a tenant: the most objects of each kind it may hold at once.
+/// The API server refuses a create past one with 403 ("exceeded quota", naming the quota,
+/// the count and the limit). Unset: the server's default (`lattice-server
+/// --tenant-max-<kind>`); 0: none of that kind. Counted are all of the tenant's objects of
+/// the kind, whoever made them; refused are creates by people (the controllers, which make
+/// a DAG's allocations and record events, are not refused).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantObjectQuotas {
+    /// Allocations (a DAG's steps and job steps included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocations: Option<u64>,
+    /// DAGs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dags: Option<u64>,
+    /// Events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<u64>,
+    /// Leases (the tenant's own controllers' leader election).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leases: Option<u64>,
+    /// vClusters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vclusters: Option<u64>,
+    /// Network domains (objects; `maxNetworkDomains` bounds the VNIs they take).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub networkdomains: Option<u64>,
+}
+
+impl TenantObjectQuotas {
+    /// Whether no quota is set.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
     }
 }
 
