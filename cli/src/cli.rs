@@ -493,6 +493,9 @@ pub enum AdminCommand {
     /// Raft / store status of the server
     #[command(subcommand)]
     Raft(RaftCommand),
+    /// The cluster CA and its certificates (store members, administrators, ...), offline
+    #[command(subcommand)]
+    Pki(crate::cmd::pki::PkiCommand),
     /// Same as `lattice node drain`
     #[command(hide = true)]
     Drain(NodeDrainArgs),

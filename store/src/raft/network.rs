@@ -43,6 +43,8 @@ use crate::metrics::RaftMetrics;
 
 /// Largest message on the Raft transport (snapshot chunks, entry batches).
 pub(crate) const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+/// How long connecting to a peer (and its TLS handshake) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Connections to peers, and the test-only partition switch.
 #[derive(Default)]
@@ -61,6 +63,9 @@ pub struct NetShared {
     pub(crate) commit_owed: AtomicU64,
     /// Signalled when `commit_owed` is raised.
     pub(crate) commit_owed_signal: tokio::sync::Notify,
+    /// Mutual TLS to peers (this member's certificate; peers must hold a member's).
+    /// `None`: plaintext, to loopback addresses only.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Why a call to a peer failed.
@@ -72,6 +77,15 @@ pub(crate) enum CallError {
 }
 
 impl NetShared {
+    /// Connections that use mutual TLS with `tls` (from
+    /// [`crate::tls::MemberTls::raft_client`]); `None`: plaintext, loopback only.
+    pub fn new(tls: Option<Arc<rustls::ClientConfig>>) -> Self {
+        Self {
+            tls,
+            ..Self::default()
+        }
+    }
+
     /// Test switch: while set, this member neither sends nor accepts Raft or forward
     /// traffic, as if a network partition isolated it.
     pub fn set_partitioned(&self, on: bool) {
@@ -126,14 +140,29 @@ impl NetShared {
         if let Some(c) = lock(&self.channels).get(addr) {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("bad peer address {addr}: {e}"))?
-            .connect_timeout(Duration::from_millis(500))
-            .tcp_nodelay(true);
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|e| format!("connecting to {addr}: {}", source_chain(&e)))?;
+        let channel = match &self.tls {
+            Some(tls) => crate::tls::connect(addr, tls.clone(), CONNECT_TIMEOUT)
+                .await
+                .map_err(|e| format!("connecting to {addr}: {}", source_chain(&*e)))?,
+            None => {
+                // Without TLS, Raft traffic (the whole store, replicated) never leaves the
+                // machine, whatever address the membership names.
+                if !crate::tls::is_loopback_endpoint(addr) {
+                    return Err(format!(
+                        "refusing to send Raft traffic in plaintext to {addr}, which is not a \
+                         loopback address: give this member TLS material (a member certificate \
+                         and the cluster CA)"
+                    ));
+                }
+                Endpoint::from_shared(format!("http://{addr}"))
+                    .map_err(|e| format!("bad peer address {addr}: {e}"))?
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .tcp_nodelay(true)
+                    .connect()
+                    .await
+                    .map_err(|e| format!("connecting to {addr}: {}", source_chain(&e)))?
+            }
+        };
         lock(&self.channels).insert(addr.to_string(), channel.clone());
         Ok(channel)
     }
@@ -612,12 +641,97 @@ pub(crate) fn clamp_commit(
 }
 
 /// The gRPC service a member serves to its peers.
+///
+/// With TLS (`members_only`) the handshake already admitted members only (see
+/// [`crate::tls`]); each request is then held to the member its certificate names:
+/// * a Raft message (AppendEntries, Vote, InstallSnapshot) must come from the member whose
+///   vote it carries, so no member speaks for another;
+/// * a forwarded request must come from a member of the cluster as this member knows it
+///   (a removed member's certificate stays valid until it expires, its forwarded writes
+///   and membership changes do not), except `Join`, which a new member sends before it is
+///   one, and only under the ID its certificate names.
 pub(crate) struct RaftService {
     pub(crate) raft: Raft<TypeConfig>,
     pub(crate) net: Arc<NetShared>,
     pub(crate) inner: Weak<Inner>,
     /// Turns true when the member stops (ends the forward streams it serves).
     pub(crate) stopped: tokio::sync::watch::Receiver<bool>,
+    /// Requests come over mutual TLS and must carry a member's certificate.
+    pub(crate) members_only: bool,
+}
+
+fn refused(why: String) -> tonic::Status {
+    tracing::warn!(reason = %why, "raft request refused");
+    tonic::Status::permission_denied(why)
+}
+
+impl RaftService {
+    /// The member ID the request's client certificate names: `None` without TLS (loopback
+    /// only), an error when TLS is on and the request carries no member's certificate.
+    fn peer<T>(&self, request: &tonic::Request<T>) -> Result<Option<u64>, tonic::Status> {
+        if !self.members_only {
+            return Ok(None);
+        }
+        match request
+            .extensions()
+            .get::<crate::tls::PeerInfo>()
+            .and_then(|p| p.identity.clone())
+        {
+            Some(lattice_pki::Identity::Member(id)) => Ok(Some(id)),
+            other => Err(refused(format!(
+                "the Raft port serves store members only, not {}",
+                other.map_or("a peer without a certificate".into(), |i| i.to_string())
+            ))),
+        }
+    }
+}
+
+/// A Raft message must come from the member whose vote it carries.
+fn check_sender(
+    peer: Option<u64>,
+    vote: &openraft::Vote<u64>,
+    what: &str,
+) -> Result<(), tonic::Status> {
+    match (peer, vote.leader_id().voted_for()) {
+        (None, _) => Ok(()),
+        (Some(p), Some(v)) if p == v => Ok(()),
+        (Some(p), v) => Err(refused(format!(
+            "member:{p} sent {what} on behalf of member {v:?}: a member speaks only for itself"
+        ))),
+    }
+}
+
+/// Whether `peer` may have `req` handled here (see [`RaftService`]).
+fn check_forward(
+    raft: &Raft<TypeConfig>,
+    peer: Option<u64>,
+    req: &ClientRequest,
+) -> Result<(), WireError> {
+    let Some(peer) = peer else { return Ok(()) };
+    if let ClientRequest::Join { id, .. } = req {
+        if *id != peer {
+            return Err(WireError::PermissionDenied(format!(
+                "member:{peer} may not join as member {id}: a member joins only under the ID \
+                 its certificate names"
+            )));
+        }
+        return Ok(());
+    }
+    let known = raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .get_node(&peer)
+        .is_some();
+    if known {
+        Ok(())
+    } else {
+        Err(WireError::PermissionDenied(format!(
+            "member:{peer} is not a member of this cluster (removed, or not joined yet): \
+             only members may forward requests or change the membership"
+        )))
+    }
 }
 
 fn bad_request(e: impl std::fmt::Display) -> tonic::Status {
@@ -650,8 +764,10 @@ impl RaftTransport for RaftService {
         request: tonic::Request<Payload>,
     ) -> Result<tonic::Response<Payload>, tonic::Status> {
         self.check()?;
+        let peer = self.peer(&request)?;
         let req: AppendEntriesRequest<TypeConfig> =
             postcard::from_bytes(&request.into_inner().data).map_err(bad_request)?;
+        check_sender(peer, &req.vote, "AppendEntries")?;
         encode(&self.raft.append_entries(req).await)
     }
 
@@ -665,43 +781,48 @@ impl RaftTransport for RaftService {
         request: tonic::Request<tonic::Streaming<Payload>>,
     ) -> Result<tonic::Response<Self::AppendStreamStream>, tonic::Status> {
         self.check()?;
+        let peer = self.peer(&request)?;
         let state = (
             Some(request.into_inner()),
             self.raft.clone(),
             self.net.clone(),
             self.inner.clone(),
         );
-        let answers = futures::stream::unfold(state, |(inbound, raft, net, inner)| async move {
-            let mut inbound = inbound?;
-            let data = match inbound.message().await {
-                Ok(Some(p)) => p.data,
-                Ok(None) | Err(_) => return None,
-            };
-            let refusal = if net.is_partitioned() {
-                Some(tonic::Status::unavailable(PARTITIONED))
-            } else if inner
-                .upgrade()
-                .is_none_or(|i| i.stopped.load(Ordering::SeqCst))
-            {
-                // A stopped member's server lets open streams finish before its connections
-                // close (graceful shutdown): end this one, so the leader reconnects (to
-                // whatever member serves this address next) rather than talk to the
-                // stopped one forever.
-                Some(tonic::Status::unavailable("member stopped"))
-            } else {
-                None
-            };
-            if let Some(refused) = refusal {
-                return Some((Err(refused), (None, raft, net, inner)));
-            }
-            let req: AppendEntriesRequest<TypeConfig> = match postcard::from_bytes(&data) {
-                Ok(req) => req,
-                Err(e) => return Some((Err(bad_request(e)), (None, raft, net, inner))),
-            };
-            let answer = encode(&raft.append_entries(req).await).map(|r| r.into_inner());
-            let next = if answer.is_ok() { Some(inbound) } else { None };
-            Some((answer, (next, raft, net, inner)))
-        });
+        let answers =
+            futures::stream::unfold(state, move |(inbound, raft, net, inner)| async move {
+                let mut inbound = inbound?;
+                let data = match inbound.message().await {
+                    Ok(Some(p)) => p.data,
+                    Ok(None) | Err(_) => return None,
+                };
+                let refusal = if net.is_partitioned() {
+                    Some(tonic::Status::unavailable(PARTITIONED))
+                } else if inner
+                    .upgrade()
+                    .is_none_or(|i| i.stopped.load(Ordering::SeqCst))
+                {
+                    // A stopped member's server lets open streams finish before its connections
+                    // close (graceful shutdown): end this one, so the leader reconnects (to
+                    // whatever member serves this address next) rather than talk to the
+                    // stopped one forever.
+                    Some(tonic::Status::unavailable("member stopped"))
+                } else {
+                    None
+                };
+                if let Some(refused) = refusal {
+                    return Some((Err(refused), (None, raft, net, inner)));
+                }
+                let req: AppendEntriesRequest<TypeConfig> = match postcard::from_bytes(&data) {
+                    Ok(req) => req,
+                    Err(e) => return Some((Err(bad_request(e)), (None, raft, net, inner))),
+                };
+                if let Err(refusal) = check_sender(peer, &req.vote, "AppendEntries") {
+                    return Some((Err(refusal), (None, raft, net, inner)));
+                }
+                let answer = encode(&raft.append_entries(req).await).map(|r| r.into_inner());
+                let next = if answer.is_ok() { Some(inbound) } else { None };
+                Some((answer, (next, raft, net, inner)))
+            });
         Ok(tonic::Response::new(Box::pin(answers)))
     }
 
@@ -710,8 +831,10 @@ impl RaftTransport for RaftService {
         request: tonic::Request<Payload>,
     ) -> Result<tonic::Response<Payload>, tonic::Status> {
         self.check()?;
+        let peer = self.peer(&request)?;
         let req: VoteRequest<u64> =
             postcard::from_bytes(&request.into_inner().data).map_err(bad_request)?;
+        check_sender(peer, &req.vote, "Vote")?;
         encode(&self.raft.vote(req).await)
     }
 
@@ -720,8 +843,10 @@ impl RaftTransport for RaftService {
         request: tonic::Request<Payload>,
     ) -> Result<tonic::Response<Payload>, tonic::Status> {
         self.check()?;
+        let peer = self.peer(&request)?;
         let req: InstallSnapshotRequest<TypeConfig> =
             postcard::from_bytes(&request.into_inner().data).map_err(bad_request)?;
+        check_sender(peer, &req.vote, "InstallSnapshot")?;
         encode(&self.raft.install_snapshot(req).await)
     }
 
@@ -730,11 +855,16 @@ impl RaftTransport for RaftService {
         request: tonic::Request<Payload>,
     ) -> Result<tonic::Response<Payload>, tonic::Status> {
         self.check()?;
+        let peer = self.peer(&request)?;
         let req: ClientRequest =
             postcard::from_bytes(&request.into_inner().data).map_err(bad_request)?;
-        let resp = match self.inner.upgrade() {
-            Some(inner) => super::RaftStore::handle_forward(inner, req).await,
-            None => Err(WireError::Stopped),
+        let resp = match (check_forward(&self.raft, peer, &req), self.inner.upgrade()) {
+            (Err(refusal), _) => {
+                tracing::warn!(?peer, error = ?refusal, "forwarded request refused");
+                Err(refusal)
+            }
+            (Ok(()), Some(inner)) => super::RaftStore::handle_forward(inner, req).await,
+            (Ok(()), None) => Err(WireError::Stopped),
         };
         encode(&resp)
     }
@@ -754,9 +884,11 @@ impl RaftTransport for RaftService {
             ));
         }
         self.check()?;
+        let peer = self.peer(&request)?;
         let mut inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<Payload, tonic::Status>>();
         let net = self.net.clone();
+        let raft = self.raft.clone();
         let weak = self.inner.clone();
         let mut stopped = self.stopped.clone();
         tokio::spawn(async move {
@@ -788,10 +920,18 @@ impl RaftTransport for RaftService {
                 };
                 let tx = tx.clone();
                 let req = postcard::from_bytes::<ClientRequest>(body);
+                let allowed = match &req {
+                    Ok(req) => check_forward(&raft, peer, req),
+                    Err(_) => Ok(()),
+                };
                 tokio::spawn(async move {
-                    let resp = match req {
-                        Ok(req) => super::RaftStore::handle_forward(inner, req).await,
-                        Err(e) => Err(WireError::InvalidArgument(format!(
+                    let resp = match (req, allowed) {
+                        (_, Err(refusal)) => {
+                            tracing::warn!(?peer, error = ?refusal, "forwarded request refused");
+                            Err(refusal)
+                        }
+                        (Ok(req), Ok(())) => super::RaftStore::handle_forward(inner, req).await,
+                        (Err(e), Ok(())) => Err(WireError::InvalidArgument(format!(
                             "undecodable forwarded request: {e}"
                         ))),
                     };
