@@ -870,6 +870,25 @@ impl Mvcc {
                 current: self.revision,
             });
         }
+        self.drop_superseded(revision);
+        self.history = self.history.split_off(&revision);
+        self.compact_revision = revision;
+        Ok(())
+    }
+
+    /// After a restart from persisted state (the keys as of the revision before the compact
+    /// revision, then the history from it), drop what a compaction at the compact revision
+    /// dropped before the restart: the versions no read can reach any more, which the
+    /// size ([`Mvcc::size_bytes`]) would otherwise count again.
+    pub fn finish_load(&mut self) {
+        if self.compact_revision > 0 {
+            self.drop_superseded(self.compact_revision);
+        }
+    }
+
+    /// Drop, for every key, the versions superseded at or before `revision`, keeping the
+    /// one visible at `revision` unless it is a tombstone.
+    fn drop_superseded(&mut self, revision: i64) {
         let mut freed = 0u64;
         self.index.retain(|key, hist| {
             // Keep versions newer than `revision` and the one visible at `revision`, unless
@@ -889,9 +908,6 @@ impl Mvcc {
             !hist.versions.is_empty()
         });
         self.version_bytes = self.version_bytes.saturating_sub(freed);
-        self.history = self.history.split_off(&revision);
-        self.compact_revision = revision;
-        Ok(())
     }
 
     /// Events of revisions `from..=to` (inclusive), for watch catch-up.

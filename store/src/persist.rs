@@ -429,6 +429,7 @@ impl Persist {
             Err(redb::TableError::TableDoesNotExist(_)) => {}
             Err(e) => return Err(io(e)),
         }
+        mvcc.finish_load();
         Ok(mvcc)
     }
 

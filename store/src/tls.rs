@@ -44,6 +44,9 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::error::{StoreError, StoreResult};
 
+/// rustls' client configuration, as [`etcd_client_config`] returns it.
+pub use rustls::ClientConfig as TlsClientConfig;
+
 /// The etcd port's name in logs and messages.
 pub const ETCD_PORT: &str = "the etcd port";
 /// The Raft port's name in logs and messages.

@@ -13,7 +13,7 @@
 //! reads (`ca.crt`, `member.crt`, `member.key`).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Subcommand};
@@ -338,6 +338,8 @@ fn issue(c: &IssueCommand, out: &mut dyn Write) -> Result<i32, CliError> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn run_ok(c: PkiCommand) -> String {

@@ -32,7 +32,20 @@ struct Args {
     /// `hack/bench-store.sh`).
     #[arg(long)]
     seq_only: bool,
+    /// Mutual TLS (as etcdctl's flags): the CA certificate that signed the server's...
+    #[arg(long, requires_all = ["cert", "key"])]
+    cacert: Option<std::path::PathBuf>,
+    /// ...the client certificate...
+    #[arg(long, requires = "cacert")]
+    cert: Option<std::path::PathBuf>,
+    /// ...and its key.
+    #[arg(long, requires = "cacert")]
+    key: Option<std::path::PathBuf>,
 }
+
+/// The TLS client configuration of every connection (`--cacert/--cert/--key`).
+static TLS: std::sync::OnceLock<Option<Arc<lattice_store::tls::TlsClientConfig>>> =
+    std::sync::OnceLock::new();
 
 /// The `q` quantile of `v` in milliseconds.
 fn quantile(mut v: Vec<Duration>, q: f64) -> f64 {
@@ -52,7 +65,10 @@ fn result(args: &Args, name: &str, value: f64) {
 }
 
 async fn connect(endpoint: &str) -> anyhow::Result<Client> {
-    Ok(Client::connect([endpoint], None).await?)
+    match TLS.get().cloned().flatten() {
+        Some(tls) => Ok(lattice_store::tls::etcd_client(&[endpoint.to_string()], Some(tls)).await?),
+        None => Ok(Client::connect([endpoint], None).await?),
+    }
 }
 
 /// `clients` connections putting for `seconds`; returns puts per second.
@@ -91,6 +107,13 @@ async fn concurrent_puts(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let tls = match (&args.cacert, &args.cert, &args.key) {
+        (Some(ca), Some(cert), Some(key)) => {
+            Some(lattice_store::tls::load_etcd_client_config(ca, cert, key)?)
+        }
+        _ => None,
+    };
+    let _ = TLS.set(tls);
     let mut c = connect(&args.endpoint).await?;
 
     // The floor under every request: a serializable get of a missing key is one client

@@ -994,6 +994,194 @@ mod tests {
         }
     }
 
+    /// The Raft port's defences, each by the attack itself against a one-member cluster
+    /// over mutual TLS: a peer without a member certificate (none, an administrator's from
+    /// the same CA, a member's from another CA, or plaintext) can neither append entries,
+    /// nor vote, nor join; a member may join only as itself, speaks only for itself, and
+    /// forwards nothing unless it belongs to the cluster. Nothing of it reaches the state:
+    /// the term, the membership and the revision are as before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_raft_port_refuses_whoever_is_not_the_member_it_claims_to_be() {
+        use lattice_pki::{Ca, Identity, IssueRequest, Usage};
+        use openraft::Vote;
+
+        use crate::raft::pb::raft_transport_client::RaftTransportClient;
+        use crate::raft::ClientResult;
+        use crate::raft::{RaftConfig, RaftStore};
+        use crate::tls::MemberTls;
+        use crate::types::{PutRequest, TxnOp, TxnRequest};
+        use crate::KvBackend;
+
+        let ca = Ca::generate("cluster CA", Duration::from_secs(3600)).unwrap();
+        let issue = |ca: &Ca, id: Identity| {
+            ca.issue(&IssueRequest::new(id, Usage::ClientAndServer).name("127.0.0.1"))
+                .unwrap()
+        };
+        let m1 = issue(&ca, Identity::Member(1));
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = RaftConfig::new(1, dir.path(), "127.0.0.1:0".parse().unwrap());
+        cfg.bootstrap = true;
+        cfg.tls = Some(MemberTls::from_pem(ca.cert_pem(), &m1.cert_pem, &m1.key_pem).unwrap());
+        let store = RaftStore::start(cfg).await.unwrap();
+        store
+            .wait_for_leader(Duration::from_secs(10))
+            .await
+            .unwrap();
+        store
+            .put(PutRequest::new("/before", "attacks"))
+            .await
+            .unwrap();
+        let addr = store.local_addr().to_string();
+        let before = (store.raft_status(), store.revision());
+
+        let h2 = |mut c: rustls::ClientConfig| {
+            c.alpn_protocols = vec![b"h2".to_vec()];
+            Arc::new(c)
+        };
+        let as_client = |ca_pem: &str, who: Option<&lattice_pki::Issued>| {
+            h2(lattice_pki::client_config(
+                ca_pem,
+                who.map(|w| (w.cert_pem.as_str(), w.key_pem.as_str())),
+            )
+            .unwrap())
+        };
+        let vote = |term: u64, node: u64| {
+            postcard::to_allocvec(&VoteRequest::<u64> {
+                vote: Vote::new(term, node),
+                last_log_id: None,
+            })
+            .unwrap()
+        };
+        let append = |term: u64, node: u64| {
+            postcard::to_allocvec(&AppendEntriesRequest::<TypeConfig> {
+                vote: Vote::new_committed(term, node),
+                prev_log_id: None,
+                entries: vec![],
+                leader_commit: None,
+            })
+            .unwrap()
+        };
+        let forward = |req: &ClientRequest| postcard::to_allocvec(req).unwrap();
+        let join = |id: u64| ClientRequest::Join {
+            id,
+            addr: "127.0.0.1:9".into(),
+        };
+        // Every RPC of the attack, on one connection; how each one ended.
+        async fn attack(
+            addr: &str,
+            tls: Option<Arc<rustls::ClientConfig>>,
+            calls: Vec<(&'static str, Vec<u8>)>,
+        ) -> Vec<(&'static str, Result<Vec<u8>, tonic::Status>)> {
+            let channel = match tls {
+                Some(tls) => crate::tls::connect(addr, tls, Duration::from_secs(2)).await,
+                None => tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                    .unwrap()
+                    .connect()
+                    .await
+                    .map_err(Into::into),
+            };
+            let mut out = Vec::new();
+            let Ok(channel) = channel else {
+                return calls
+                    .into_iter()
+                    .map(|(n, _)| (n, Err(tonic::Status::unavailable("no connection"))))
+                    .collect();
+            };
+            let mut client = RaftTransportClient::new(channel);
+            for (name, data) in calls {
+                let req = Payload { data };
+                let res = match name {
+                    "vote" => client.vote(req).await,
+                    "append" => client.append_entries(req).await,
+                    _ => client.forward(req).await,
+                };
+                out.push((name, res.map(|r| r.into_inner().data)));
+            }
+            out
+        }
+
+        let other_ca = Ca::generate("another CA", Duration::from_secs(3600)).unwrap();
+        let admin = issue(&ca, Identity::Admin("ops".into()));
+        let foreign_member = issue(&other_ca, Identity::Member(9));
+        let strangers: Vec<(&str, Option<Arc<rustls::ClientConfig>>)> = vec![
+            (
+                "no client certificate",
+                Some(as_client(ca.cert_pem(), None)),
+            ),
+            (
+                "an administrator's certificate",
+                Some(as_client(ca.cert_pem(), Some(&admin))),
+            ),
+            (
+                "a member certificate from another CA",
+                Some(as_client(ca.cert_pem(), Some(&foreign_member))),
+            ),
+            ("plaintext", None),
+        ];
+        for (who, tls) in strangers {
+            let calls = vec![
+                ("vote", vote(100, 9)),
+                ("append", append(100, 9)),
+                ("forward", forward(&join(9))),
+            ];
+            for (rpc, res) in attack(&addr, tls, calls).await {
+                assert!(res.is_err(), "{who}: {rpc} got through");
+            }
+        }
+
+        // A genuine member certificate, of a member that is not in the cluster.
+        let m5 = issue(&ca, Identity::Member(5));
+        let tls = Some(as_client(ca.cert_pem(), Some(&m5)));
+        let put = ClientRequest::Write(crate::mvcc::Command::Txn(TxnRequest {
+            success: vec![TxnOp::Put(PutRequest::new("/attack", "x"))],
+            ..Default::default()
+        }));
+        let calls = vec![
+            ("vote", vote(100, 6)),
+            ("append", append(100, 1)),
+            ("forward", forward(&join(6))),
+            ("forward", forward(&put)),
+            ("forward", forward(&ClientRequest::Remove { id: 1 })),
+        ];
+        let results = attack(&addr, tls, calls).await;
+        for (i, (rpc, res)) in results.into_iter().enumerate() {
+            match (i, res) {
+                (0 | 1, Err(status)) => {
+                    assert_eq!(
+                        status.code(),
+                        tonic::Code::PermissionDenied,
+                        "{rpc}: {status}"
+                    );
+                    assert!(
+                        status.message().contains("speaks only for itself"),
+                        "{status}"
+                    );
+                }
+                (2..=4, Ok(bytes)) => {
+                    let answer: ClientResult = postcard::from_bytes(&bytes).unwrap();
+                    let Err(WireError::PermissionDenied(why)) = answer else {
+                        panic!("forwarded request #{i} not refused: {answer:?}");
+                    };
+                    let expected = if i == 2 {
+                        "only under the ID"
+                    } else {
+                        "not a member"
+                    };
+                    assert!(why.contains(expected), "{why}");
+                }
+                (i, other) => panic!("call #{i} ({rpc}): {other:?}"),
+            }
+        }
+
+        let after = (store.raft_status(), store.revision());
+        assert_eq!(after.0.term, before.0.term, "no vote counted");
+        assert_eq!(after.0.voters, before.0.voters);
+        assert!(after.0.learners.is_empty());
+        assert_eq!(after.1, before.1, "nothing written");
+        assert!(store.is_leader());
+        store.shutdown().await;
+    }
+
     #[test]
     fn malformed_forward_frames_are_rejected() {
         assert_eq!(split_request(b"short"), None);
