@@ -131,16 +131,17 @@ fn tls_flags(dir: &Path, stem: &str) -> Vec<String> {
     ]
 }
 
-/// Off loopback the server never serves plaintext: without certificates it refuses to
-/// start (for the etcd port and the Raft port alike, and with no certificates even on
-/// loopback unless told it may); with a member certificate from `lattice admin pki` the
-/// etcd port takes etcdctl with an administrator's certificate, and refuses etcdctl
-/// without one, in plaintext, and with a node's.
+/// Off loopback the server never serves plaintext: asked to, it refuses to start (for the
+/// etcd port and the Raft port alike), and so it does without TLS material (a CA
+/// certificate but neither a member certificate nor the CA's key to issue one). With a
+/// member certificate from `lattice admin pki` (the CA's key kept elsewhere) the etcd port
+/// takes etcdctl with an administrator's certificate, and refuses etcdctl without one, in
+/// plaintext, and with a node's.
 #[test]
 fn off_loopback_the_store_ports_take_mutual_tls_only() {
     let ip = non_loopback_ipv4();
     let tmp = tempfile::tempdir().unwrap();
-    let common = |_dir: &str| -> Vec<String> {
+    let common = || -> Vec<String> {
         vec![
             "--api-addr".into(),
             format!("127.0.0.1:{}", free_port()),
@@ -150,44 +151,6 @@ fn off_loopback_the_store_ports_take_mutual_tls_only() {
             "0".into(),
         ]
     };
-    // Refused, each naming what to do.
-    for (dir, flags, expected) in [
-        (
-            "etcd-off-loopback",
-            vec![format!("--etcd-addr={ip}:{}", free_port())],
-            "plaintext off loopback",
-        ),
-        (
-            "raft-off-loopback",
-            vec![
-                "--etcd-addr=off".into(),
-                format!("--raft-addr={ip}:{}", free_port()),
-                "--bootstrap".into(),
-            ],
-            "plaintext off loopback",
-        ),
-        (
-            "loopback-without-certificates",
-            vec![format!("--etcd-addr=127.0.0.1:{}", free_port())],
-            "need TLS",
-        ),
-        (
-            "told-plaintext-but-off-loopback",
-            vec![
-                format!("--etcd-addr={ip}:{}", free_port()),
-                "--store-plaintext-loopback".into(),
-            ],
-            "plaintext off loopback",
-        ),
-    ] {
-        let mut all = common(dir);
-        all.extend(flags);
-        let (status, log) = Proc::start(&tmp.path().join(dir), &all).exited();
-        assert!(!status.success(), "{dir}: started:\n{log}");
-        assert!(log.contains(expected), "{dir}:\n{log}");
-        assert!(log.contains("lattice admin pki"), "{dir}: no hint:\n{log}");
-    }
-
     // Certificates from the CLI, offline.
     let ca = tmp.path().join("ca");
     pki(&["init"], &ca);
@@ -201,10 +164,50 @@ fn off_loopback_the_store_ports_take_mutual_tls_only() {
     );
     pki(&["issue", "admin", "--name", "ops"], &ca);
     pki(&["issue", "node", "--name", "n1"], &ca);
+    let ca_only = tmp.path().join("ca-only");
+    std::fs::create_dir_all(&ca_only).unwrap();
+    std::fs::copy(ca.join("ca.crt"), ca_only.join("ca.crt")).unwrap();
+
+    // Refused, each naming what to do.
+    for (dir, flags, expected) in [
+        (
+            "etcd-plaintext-off-loopback",
+            vec![
+                format!("--etcd-addr={ip}:{}", free_port()),
+                "--store-plaintext-loopback".into(),
+            ],
+            "plaintext off loopback",
+        ),
+        (
+            "raft-plaintext-off-loopback",
+            vec![
+                "--etcd-addr=off".into(),
+                format!("--raft-addr={ip}:{}", free_port()),
+                "--bootstrap".into(),
+                "--store-plaintext-loopback".into(),
+            ],
+            "plaintext off loopback",
+        ),
+        (
+            "no-tls-material",
+            vec![
+                format!("--etcd-addr={ip}:{}", free_port()),
+                format!("--pki-dir={}", ca_only.display()),
+            ],
+            "neither this member's certificate",
+        ),
+    ] {
+        let mut all = common();
+        all.extend(flags);
+        let (status, log) = Proc::start(&tmp.path().join(dir), &all).exited();
+        assert!(!status.success(), "{dir}: started:\n{log}");
+        assert!(log.contains(expected), "{dir}:\n{log}");
+        assert!(log.contains("lattice admin pki"), "{dir}: no hint:\n{log}");
+    }
 
     let data = tmp.path().join("served");
     let port = free_port();
-    let mut flags = common("served");
+    let mut flags = common();
     flags.extend([
         format!("--etcd-addr={ip}:{port}"),
         format!("--pki-dir={}", ca.join("member-1").display()),

@@ -246,6 +246,190 @@ impl MemberTls {
     }
 }
 
+/// A member's certificate and key in its PKI directory (beside `ca.crt`).
+pub const MEMBER_CERT: &str = "member.crt";
+/// The member certificate's key.
+pub const MEMBER_KEY: &str = "member.key";
+/// Lifetime of a member certificate issued at start; it is issued again once two thirds
+/// are gone (at a start).
+pub const MEMBER_CERT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The names every member certificate is issued for, beside its addresses.
+const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+impl MemberTls {
+    /// This member's material in `dir` (its `--pki-dir`, where the cluster CA lives):
+    /// `member.crt` and `member.key` when they are this member's, from `dir/ca.crt`, valid
+    /// for every name in `names` (and the loopback names) and not due for renewal.
+    /// Otherwise, when the CA's key is in `dir`, a new certificate is issued and written
+    /// there (for `names`, the loopback names and `extra`: the machine's other addresses
+    /// and host name); the CA itself is made when `dir` holds none, as the API server makes
+    /// it. A certificate that is not current while no CA key is at hand is still used if
+    /// it is valid, with a warning; one that is not this member's, or not valid, is an
+    /// error naming what to do.
+    pub fn load_or_issue(
+        dir: &Path,
+        node_id: u64,
+        names: &[String],
+        extra: &[String],
+    ) -> StoreResult<MemberTls> {
+        let (ca_crt, ca_key) = (
+            dir.join(lattice_pki::CA_CERT),
+            dir.join(lattice_pki::CA_KEY),
+        );
+        let (crt, key) = (dir.join(MEMBER_CERT), dir.join(MEMBER_KEY));
+        let mut required: Vec<String> = LOOPBACK_NAMES.iter().map(|n| n.to_string()).collect();
+        for n in names {
+            if !required.contains(n) {
+                required.push(n.clone());
+            }
+        }
+        let existing = match (
+            std::fs::read_to_string(&ca_crt),
+            std::fs::read_to_string(&crt),
+            std::fs::read_to_string(&key),
+        ) {
+            (Ok(ca), Ok(c), Ok(k)) => Some((ca, c, k)),
+            _ => None,
+        };
+        if let Some((ca, c, k)) = &existing {
+            let mine = lattice_pki::inspect_pem(c).is_ok_and(|i| {
+                i.identity == Some(Identity::Member(node_id)) && i.renew_at() > SystemTime::now()
+            });
+            if mine && valid_for(ca, c, &required) {
+                return Self::from_pem(ca, c, k);
+            }
+        }
+        let have_ca_key = ca_key.exists();
+        if !have_ca_key && ca_crt.exists() {
+            // Issued elsewhere (the CA's key is kept off this machine): use it as it is
+            // if it can be used at all.
+            let (ca, c, k) = existing.ok_or_else(|| {
+                StoreError::InvalidArgument(format!(
+                    "{} holds the cluster CA's certificate but neither this member's \
+                     certificate ({MEMBER_CERT}, {MEMBER_KEY}) nor the CA's key to issue one: \
+                     issue it with `lattice admin pki issue member --id {node_id} --ip ADDRESS \
+                     --out {}` where the CA's key is",
+                    dir.display(),
+                    dir.display()
+                ))
+            })?;
+            let tls = Self::from_pem(&ca, &c, &k)
+                .map_err(|e| StoreError::InvalidArgument(format!("{e} ({})", crt.display())))?;
+            if tls.member_id != node_id {
+                return Err(StoreError::InvalidArgument(format!(
+                    "{} is member {}'s certificate, this is member {node_id}",
+                    crt.display(),
+                    tls.member_id
+                )));
+            }
+            tracing::warn!(
+                cert = %crt.display(),
+                names = ?required,
+                "the member certificate is due for renewal or not for every address this \
+                 member uses, and the CA's key is not here to issue another"
+            );
+            return Ok(tls);
+        }
+        let ca = lattice_pki::Ca::load_or_generate(dir, "Lattice cluster CA")
+            .map_err(|e| tls_err("the cluster CA", e))?;
+        let mut req = lattice_pki::IssueRequest::new(
+            Identity::Member(node_id),
+            lattice_pki::Usage::ClientAndServer,
+        )
+        .validity(MEMBER_CERT_VALIDITY);
+        for n in required.iter().chain(extra) {
+            req = req.name(n);
+        }
+        let issued = ca
+            .issue(&req)
+            .map_err(|e| tls_err("issuing the member certificate", e))?;
+        issued
+            .save(dir, "member")
+            .map_err(|e| tls_err("saving the member certificate", e))?;
+        tracing::info!(
+            member = node_id,
+            cert = %crt.display(),
+            dns_names = ?req.dns_names,
+            ips = ?req.ips,
+            "issued this member's certificate from the cluster CA"
+        );
+        Self::from_pem(ca.cert_pem(), &issued.cert_pem, &issued.key_pem)
+    }
+}
+
+/// Whether `cert_pem` chains to `ca_pem`, is valid now, and a client dialling any of
+/// `names` would accept it as the server.
+fn valid_for(ca_pem: &str, cert_pem: &str, names: &[String]) -> bool {
+    use rustls::client::danger::ServerCertVerifier;
+    let (Ok(roots), Ok(chain)) = (lattice_pki::roots(ca_pem), lattice_pki::certs(cert_pem)) else {
+        return false;
+    };
+    let Ok(verifier) = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build() else {
+        return false;
+    };
+    let now = rustls_pki_types::UnixTime::now();
+    names.iter().all(|n| {
+        ServerName::try_from(n.clone()).is_ok_and(|name| {
+            verifier
+                .verify_server_cert(&chain[0], &chain[1..], &name, &[], now)
+                .is_ok()
+        })
+    })
+}
+
+/// This machine's host name and its addresses that are up and reachable from elsewhere
+/// (not loopback, not link-local): what a certificate for a listener on the unspecified
+/// address (`0.0.0.0`, `::`) is issued for.
+pub fn local_names() -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        let h = h.trim();
+        if !h.is_empty() {
+            out.push(h.to_string());
+        }
+    }
+    // SAFETY: getifaddrs fills a list it allocates; it is only read here, then freed once.
+    unsafe {
+        let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+        if libc::getifaddrs(&mut list) != 0 {
+            return out;
+        }
+        let mut cur = list;
+        while !cur.is_null() {
+            let ifa = &*cur;
+            cur = ifa.ifa_next;
+            if ifa.ifa_flags & (libc::IFF_UP as u32) == 0 || ifa.ifa_addr.is_null() {
+                continue;
+            }
+            let ip = match (*ifa.ifa_addr).sa_family as i32 {
+                libc::AF_INET => {
+                    let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                    IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes())
+                }
+                libc::AF_INET6 => {
+                    let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                    IpAddr::from(sin6.sin6_addr.s6_addr)
+                }
+                _ => continue,
+            };
+            let link_local = match ip {
+                IpAddr::V4(v4) => v4.is_link_local(),
+                IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+            };
+            if !is_loopback(ip) && !link_local && !out.contains(&ip.to_string()) {
+                out.push(ip.to_string());
+            }
+        }
+        libc::freeifaddrs(list);
+    }
+    out
+}
+
 /// Fail unless `cert_pem` chains to `ca_pem` and is valid now (as a client certificate:
 /// every member certificate is one).
 fn check_signed_by(ca_pem: &str, cert_pem: &str) -> StoreResult<()> {
@@ -622,6 +806,49 @@ mod tests {
         assert!(raft_port_admits(&Identity::Member(1)));
         assert!(!raft_port_admits(&Identity::Admin("ops".into())));
         assert!(!raft_port_admits(&Identity::ApiServer));
+    }
+
+    /// A member's directory: issued from the CA there on first start, kept while it is
+    /// current, issued again for a new address; one issued elsewhere (no CA key here) is
+    /// used as it is, and another member's is refused.
+    #[test]
+    fn member_certificates_are_issued_from_the_cluster_ca_and_kept_while_current() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let first = MemberTls::load_or_issue(d, 2, &["10.0.0.6".into()], &[]).unwrap();
+        assert_eq!(first.member_id(), 2);
+        assert!(
+            d.join("ca.key").exists(),
+            "the CA is made when there is none"
+        );
+        let again = MemberTls::load_or_issue(d, 2, &["10.0.0.6".into()], &[]).unwrap();
+        assert_eq!(
+            again.serial(),
+            first.serial(),
+            "a current certificate is kept"
+        );
+        let moved = MemberTls::load_or_issue(d, 2, &["10.0.0.7".into()], &[]).unwrap();
+        assert_ne!(
+            moved.serial(),
+            first.serial(),
+            "a new address gets a new certificate"
+        );
+        assert_eq!(moved.ca_pem(), first.ca_pem(), "from the same CA");
+        // Another member's ID: a certificate of its own.
+        let other = MemberTls::load_or_issue(d, 3, &[], &[]).unwrap();
+        assert_eq!(other.member_id(), 3);
+        // Without the CA's key: used as it is, but only if it is this member's.
+        std::fs::remove_file(d.join("ca.key")).unwrap();
+        let kept = MemberTls::load_or_issue(d, 3, &["10.9.9.9".into()], &[]).unwrap();
+        assert_eq!(kept.serial(), other.serial());
+        let err = MemberTls::load_or_issue(d, 4, &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("member 3's certificate"), "{err}");
+        std::fs::remove_file(d.join(MEMBER_CERT)).unwrap();
+        let err = MemberTls::load_or_issue(d, 3, &[], &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("lattice admin pki issue member"),
+            "{err}"
+        );
     }
 
     #[test]

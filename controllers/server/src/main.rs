@@ -5,7 +5,7 @@
 //! ```text
 //! lattice-server --dev                      # single member, all defaults, data in ./.lattice-dev
 //! lattice-server --data-dir /var/lib/lattice --api-addr 0.0.0.0:8080 --etcd-addr 0.0.0.0:2379 \
-//!   --pki-dir /etc/lattice/pki               # ca.crt, member.crt, member.key (lattice admin pki)
+//!   --pki-dir /etc/lattice/pki               # the cluster CA; the store ports' mTLS certificate
 //! lattice-server --backend etcd --etcd-endpoints http://10.0.0.5:2379
 //! lattice-server backup create --data-dir D FILE | backup verify FILE | restore --data-dir NEW FILE
 //! ```
@@ -144,6 +144,14 @@ struct ServeArgs {
     /// With --backend etcd: the client certificate's key.
     #[arg(long, requires = "etcd_cafile")]
     etcd_keyfile: Option<PathBuf>,
+    /// Where the cluster CA (ca.crt, ca.key) and this server's certificates live
+    /// [default: <data-dir>/pki]. The store ports use mutual TLS with this member's
+    /// certificate there (member.crt, member.key), issued from the CA at start when
+    /// missing or not current; a CA is made there on first start if there is none, so
+    /// every member of a cluster must be given the same one (copy ca.crt and ca.key, or
+    /// make it first with `lattice admin pki init`).
+    #[arg(long, env = "LATTICE_PKI_DIR")]
+    pki_dir: Option<PathBuf>,
     #[command(flatten)]
     store_tls: store_tls::StoreTlsArgs,
     /// The store's size quota in bytes (etcd's --quota-backend-bytes; K, M, G, Ki, Mi, Gi
@@ -293,6 +301,11 @@ enum MembershipCmd {
         peer: String,
         #[arg(long)]
         node_id: u64,
+        /// A member's PKI directory (ca.crt, member.crt, member.key): the Raft port takes
+        /// mutual TLS from members only. Without it (or the per-file flags), plaintext to a
+        /// loopback --peer only.
+        #[arg(long)]
+        pki_dir: Option<PathBuf>,
         #[command(flatten)]
         tls: store_tls::StoreTlsArgs,
     },
@@ -344,9 +357,18 @@ fn main() -> anyhow::Result<()> {
             }) => offline::backup_verify(&file),
             Some(Cmd::Restore { data_dir, file }) => offline::restore(&data_dir, &file),
             Some(Cmd::Membership {
-                cmd: MembershipCmd::Remove { peer, node_id, tls },
+                cmd:
+                    MembershipCmd::Remove {
+                        peer,
+                        node_id,
+                        pki_dir,
+                        tls,
+                    },
             }) => {
-                let tls = tls.load()?;
+                let tls = match (&pki_dir, &tls.ca_cert_file) {
+                    (None, None) => None,
+                    (dir, _) => Some(tls.existing(dir.as_deref().unwrap_or(Path::new(".")))?),
+                };
                 if tls.is_none() && !lattice_store::tls::is_loopback_endpoint(&peer) {
                     anyhow::bail!(
                         "--peer {peer} is not a loopback address: give --pki-dir with a member's \
@@ -457,10 +479,11 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
             addr,
         });
     }
+    let pki_dir = args.pki_dir.clone().unwrap_or_else(|| data_dir.join("pki"));
     let member_tls = store_tls::resolve(
         &args.store_tls,
         args.dev,
-        &data_dir,
+        &pki_dir,
         args.node_id,
         &store_ports,
         args.raft_advertise_addr.as_deref(),
@@ -702,8 +725,8 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
                 (None, _) => "off".to_string(),
                 (Some(a), None) => format!("{a} (plaintext, loopback only)"),
                 (Some(a), Some(_)) => format!(
-                    "{a} (mutual TLS: etcdctl --cacert {pki}/ca.crt with a certificate from `lattice admin pki issue admin --dir {pki}`)",
-                    pki = data_dir.join("pki").display()
+                    "{a} (mutual TLS: etcdctl --cacert {pki}/ca.crt with a certificate from `lattice admin pki issue admin --name NAME --dir {pki}`)",
+                    pki = pki_dir.display()
                 ),
             },
             token_path.display(),

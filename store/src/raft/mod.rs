@@ -922,12 +922,25 @@ impl RaftStore {
                     tracing::info!(node = self.id(), %seed, "joined the cluster");
                     return Ok(());
                 }
-                Err(CallError::NotSent(e)) if Instant::now() < deadline => {
+                // A refused TLS handshake does not pass by waiting (another CA, another
+                // member's certificate): fail at once, saying why.
+                Err(CallError::NotSent(e))
+                    if Instant::now() < deadline && !e.contains("certificate") =>
+                {
                     tracing::debug!(%seed, error = %e, "seed unreachable; retrying");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 Err(CallError::NotSent(e)) | Err(CallError::Unknown(e)) => {
-                    return Err(StoreError::NoLeader(format!("joining through {seed}: {e}")))
+                    let hint = if self.inner.config.tls.is_some() && e.contains("certificate") {
+                        " (every member needs the same cluster CA and a member certificate \
+                         from it: give this member the ca.crt and ca.key of the others before \
+                         its first start)"
+                    } else {
+                        ""
+                    };
+                    return Err(StoreError::NoLeader(format!(
+                        "joining through {seed}: {e}{hint}"
+                    )));
                 }
             }
         }
