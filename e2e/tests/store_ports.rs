@@ -11,13 +11,49 @@ use lattice_e2e::{bin, free_port, Server};
 
 /// An address of this machine another machine could reach (not 127.0.0.0/8 or ::1: an
 /// address on `lo` such as 127.0.0.2 is still loopback, and so is not what this tests).
-fn non_loopback_ipv4() -> IpAddr {
-    nix::ifaddrs::getifaddrs()
-        .expect("getifaddrs")
-        .filter(|i| i.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP))
-        .filter_map(|i| i.address?.as_sockaddr_in().map(|a| IpAddr::V4(a.ip())))
-        .find(|ip| !ip.is_loopback())
-        .expect("this test needs a non-loopback IPv4 address on this machine")
+/// A machine without one (a container with no network) gets one of the benchmarking
+/// range (198.18.0.0/15) on `lo` for the test's duration: by address it is not loopback
+/// (needs root and `ip`).
+struct OffLoopback {
+    ip: IpAddr,
+    /// The address this test added to `lo`, to be removed.
+    added: Option<String>,
+}
+
+impl Drop for OffLoopback {
+    fn drop(&mut self) {
+        if let Some(added) = &self.added {
+            let _ = Command::new("ip").args(["addr", "del", added, "dev", "lo"]).status();
+        }
+    }
+}
+
+fn off_loopback() -> OffLoopback {
+    let find = || {
+        nix::ifaddrs::getifaddrs()
+            .expect("getifaddrs")
+            .filter(|i| i.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP))
+            .filter_map(|i| i.address?.as_sockaddr_in().map(|a| IpAddr::V4(a.ip())))
+            .find(|ip| !ip.is_loopback())
+    };
+    if let Some(ip) = find() {
+        return OffLoopback { ip, added: None };
+    }
+    let pid = std::process::id();
+    let ip = format!("198.18.{}.{}", (pid / 250) % 250 + 1, pid % 250 + 1);
+    let added = format!("{ip}/32");
+    let st = Command::new("ip")
+        .args(["addr", "add", &added, "dev", "lo"])
+        .status();
+    assert!(
+        matches!(st, Ok(s) if s.success()),
+        "this test needs a non-loopback address: there is none, and adding {added} to lo \
+         failed ({st:?}; root and iproute2 are needed)"
+    );
+    OffLoopback {
+        ip: ip.parse().unwrap(),
+        added: Some(added),
+    }
 }
 
 fn run(cmd: &mut Command) -> Output {
@@ -139,7 +175,8 @@ fn tls_flags(dir: &Path, stem: &str) -> Vec<String> {
 /// plaintext, and with a node's.
 #[test]
 fn off_loopback_the_store_ports_take_mutual_tls_only() {
-    let ip = non_loopback_ipv4();
+    let addr = off_loopback();
+    let ip = addr.ip;
     let tmp = tempfile::tempdir().unwrap();
     let common = || -> Vec<String> {
         vec![

@@ -26,29 +26,47 @@ fn member_tls(ca: &Ca, id: u64) -> MemberTls {
 }
 
 /// An address of this machine that is not a loopback one (a process elsewhere could
-/// reach it), from the kernel's interface list.
-fn non_loopback_ipv4() -> IpAddr {
-    // SAFETY: getifaddrs fills a list it allocates; it is only read, then freed once.
-    unsafe {
-        let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-        assert_eq!(libc::getifaddrs(&mut list), 0, "getifaddrs");
-        let mut found = None;
-        let mut cur = list;
-        while !cur.is_null() {
-            let ifa = &*cur;
-            let up = ifa.ifa_flags & (libc::IFF_UP as u32) != 0;
-            if up && !ifa.ifa_addr.is_null() && (*ifa.ifa_addr).sa_family as i32 == libc::AF_INET {
-                let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
-                let ip = IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes());
-                if !lattice_store::tls::is_loopback(ip) {
-                    found = Some(ip);
-                    break;
-                }
-            }
-            cur = ifa.ifa_next;
+/// reach it), from the kernel's interface list. A machine without one (a container with no
+/// network) gets one of the benchmarking range (198.18.0.0/15) on `lo` for the test's
+/// duration: by address it is not loopback (needs root and `ip`).
+struct OffLoopback {
+    ip: IpAddr,
+    /// The address this test added to `lo`, to be removed.
+    added: Option<String>,
+}
+
+impl Drop for OffLoopback {
+    fn drop(&mut self) {
+        if let Some(added) = &self.added {
+            let _ = std::process::Command::new("ip")
+                .args(["addr", "del", added, "dev", "lo"])
+                .status();
         }
-        libc::freeifaddrs(list);
-        found.expect("this test needs a non-loopback IPv4 address on this machine")
+    }
+}
+
+fn off_loopback() -> OffLoopback {
+    if let Some(ip) = lattice_store::tls::local_names()
+        .iter()
+        .filter_map(|n| n.parse::<IpAddr>().ok())
+        .find(|ip| ip.is_ipv4())
+    {
+        return OffLoopback { ip, added: None };
+    }
+    let pid = std::process::id();
+    let ip = format!("198.18.{}.{}", (pid / 250) % 250 + 1, pid % 250 + 1);
+    let added = format!("{ip}/32");
+    let st = std::process::Command::new("ip")
+        .args(["addr", "add", &added, "dev", "lo"])
+        .status();
+    assert!(
+        matches!(st, Ok(s) if s.success()),
+        "this test needs a non-loopback address: there is none, and adding {added} to lo \
+         failed ({st:?}; root and iproute2 are needed)"
+    );
+    OffLoopback {
+        ip: ip.parse().unwrap(),
+        added: Some(added),
     }
 }
 
@@ -264,7 +282,8 @@ async fn the_etcd_port_admits_members_admins_and_the_api_server_and_never_nodes(
 /// and a Raft member without TLS refuses to dial a peer off loopback.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plaintext_is_refused_off_loopback() {
-    let ip = non_loopback_ipv4();
+    let addr = off_loopback();
+    let ip = addr.ip;
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn KvBackend> = Arc::new(
         EmbeddedStore::open(dir.path(), StoreConfig::default())

@@ -108,6 +108,13 @@ pub fn resolve(
     };
     match plaintext {
         Some(flag) if off_loopback.is_empty() => {
+            if dev {
+                // The CA and this member's certificate are made all the same, so that
+                // dropping --dev (or giving the files to etcdctl) needs nothing more.
+                if let Err(e) = MemberTls::load_or_issue(pki_dir, node_id, &[], &[]) {
+                    tracing::warn!(error = %e, "--dev: no member certificate in {}", pki_dir.display());
+                }
+            }
             tracing::warn!(
                 ports = %names(ports),
                 "{flag}: the store ports serve PLAINTEXT on loopback: any local user can read \
