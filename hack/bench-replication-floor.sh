@@ -12,11 +12,13 @@
 # real store must add what it leaves out.
 #
 # Knobs (environment): FLOOR_ROUNDS (rounds per side, default 6), FLOOR_PUTS (sequential
-# puts per round, default 2000).
+# puts per round, default 2000). Both sides run plaintext on loopback (the floor has no
+# TLS; BENCH_TLS=1 would measure Lattice with it against a floor without).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=hack/store-bench-lib.sh
 . hack/store-bench-lib.sh
+BENCH_TLS=${BENCH_TLS:-0}
 hack/install-deps.sh >/dev/null
 export PROTOC="${PROTOC:-$(command -v protoc)}"
 echo "==> building release binaries"
@@ -27,6 +29,7 @@ work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
+bench_pki_setup "$work/pki"
 
 floor=target/release/examples/replication-floor
 for i in 2 3; do

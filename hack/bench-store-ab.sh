@@ -25,6 +25,7 @@
 #   AB_PUTS       sequential puts per round (default 1500)
 #   AB_VIA        `leader` (default) or `follower`: the member each client talks to (a
 #                 follower forwards the writes to its leader)
+#   BENCH_TLS     1 (default): both arms and the client use mutual TLS; 0: plaintext
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=hack/store-bench-lib.sh
@@ -43,6 +44,7 @@ work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
+bench_pki_setup "$work/pki"
 
 start_lattice_cluster "${AB_A_SERVER:-target/release/lattice-server}" "$work/a" "$members" \
   25180 25790 25900 "${AB_A_ENV:-}" "${AB_A_FLAGS:-}"

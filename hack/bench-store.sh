@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Store benchmark: Lattice's embedded store and Debian's etcd 3.4 side by side on loopback,
 # same client (target/release/lattice-bench, etcd-client), same load, equal durability
-# (both fsync every commit before answering). Prints `RESULT name=value` lines and ratios.
+# (both fsync every commit before answering), and equal security: by default both serve
+# mutual TLS on their client and peer ports with certificates of one CA (`lattice admin
+# pki`), the client presenting an administrator's certificate, as production runs.
+# Prints `RESULT name=value` lines and ratios.
 #
 # Knobs (environment):
+#   BENCH_TLS     1 (default): mutual TLS everywhere; 0: both in plaintext on loopback
+#                 (what the figures before TLS measured)
 #   BENCH_ARGS    extra lattice-bench flags for every run (e.g. "--puts 500 --seconds 2")
 #   BENCH_SKIP_3  =1: skip the 3-member clusters
 #   BENCH_ONLY_3  =1: run only the 3-member clusters (skip the single-member runs)
@@ -27,7 +32,8 @@
 #   BENCH_LATTICE_SERVER  binary to run instead of target/release/lattice-server, taking
 #                 the same store flags (e.g. target/release/examples/raft-member from
 #                 `cargo build --release -p lattice-store --example raft-member`: the store
-#                 and its etcd port alone); the release build is then skipped
+#                 and its etcd port alone, plaintext: with BENCH_TLS=0); the release build
+#                 is then skipped
 #
 # Over Lattice's 3-member paired rounds it also prints, from the members' metrics, where a
 # sequential put goes: `lattice3_commit_ms_mean` (the leader's proposal to answer),
@@ -50,17 +56,20 @@ work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
+bench_pki_setup "$work/pki"
 
 if [ "${BENCH_ONLY_3:-}" != 1 ]; then
   echo "==> starting etcd $(etcd --version | head -1 | awk '{print $3}') on 127.0.0.1:23791"
-  etcd --name bench --data-dir "$work/etcd" --listen-client-urls http://127.0.0.1:23791 \
-    --advertise-client-urls http://127.0.0.1:23791 --listen-peer-urls http://127.0.0.1:23801 \
-    --initial-advertise-peer-urls http://127.0.0.1:23801 --initial-cluster bench=http://127.0.0.1:23801 \
-    --initial-cluster-state new --log-level error >"$work/etcd.log" 2>&1 &
+  # shellcheck disable=SC2046 # the TLS flags are words
+  etcd --name bench --data-dir "$work/etcd" --listen-client-urls $scheme://127.0.0.1:23791 \
+    --advertise-client-urls $scheme://127.0.0.1:23791 --listen-peer-urls $scheme://127.0.0.1:23801 \
+    --initial-advertise-peer-urls $scheme://127.0.0.1:23801 --initial-cluster bench=$scheme://127.0.0.1:23801 \
+    --initial-cluster-state new --log-level error $(etcd_tls_flags 1) >"$work/etcd.log" 2>&1 &
   pids+=($!)
   echo "==> starting lattice-server on 127.0.0.1:23792 (etcd port)"
+  # shellcheck disable=SC2046 # the TLS flags are words
   "$lattice_server" --data-dir "$work/lattice" --api-addr 127.0.0.1:28080 \
-    --tls-addr off --etcd-addr 127.0.0.1:23792 >"$work/lattice.log" 2>&1 &
+    --tls-addr off --etcd-addr 127.0.0.1:23792 $(lattice_tls_flags 1) >"$work/lattice.log" 2>&1 &
   pids+=($!)
   wait_healthy 127.0.0.1:23791
   wait_healthy 127.0.0.1:23792
@@ -78,18 +87,19 @@ if [ "${BENCH_ONLY_3:-}" != 1 ]; then
   for target in "etcd 127.0.0.1:23791" "lattice 127.0.0.1:23792"; do
     set -- $target
     echo "==> load against $1"
-    target/release/lattice-bench --name "$1" --endpoint "$2" ${BENCH_ARGS:-} | tee -a "$out"
+    target/release/lattice-bench --name "$1" --endpoint "$2" "${bench_tls_flags[@]}" ${BENCH_ARGS:-} | tee -a "$out"
   done
 fi
 
 if [ "${BENCH_SKIP_3:-}" != 1 ]; then
   echo "==> 3-member clusters: etcd on 2479[1-3], Lattice (Raft) on 2579[1-3]"
-  cluster="e1=http://127.0.0.1:24801,e2=http://127.0.0.1:24802,e3=http://127.0.0.1:24803"
+  cluster="e1=$scheme://127.0.0.1:24801,e2=$scheme://127.0.0.1:24802,e3=$scheme://127.0.0.1:24803"
   for i in 1 2 3; do
-    etcd --name e$i --data-dir "$work/etcd3-$i" --listen-client-urls http://127.0.0.1:2479$i \
-      --advertise-client-urls http://127.0.0.1:2479$i --listen-peer-urls http://127.0.0.1:2480$i \
-      --initial-advertise-peer-urls http://127.0.0.1:2480$i --initial-cluster "$cluster" \
-      --initial-cluster-state new --log-level error >"$work/etcd3-$i.log" 2>&1 &
+    # shellcheck disable=SC2046 # the TLS flags are words
+    etcd --name e$i --data-dir "$work/etcd3-$i" --listen-client-urls $scheme://127.0.0.1:2479$i \
+      --advertise-client-urls $scheme://127.0.0.1:2479$i --listen-peer-urls $scheme://127.0.0.1:2480$i \
+      --initial-advertise-peer-urls $scheme://127.0.0.1:2480$i --initial-cluster "$cluster" \
+      --initial-cluster-state new --log-level error $(etcd_tls_flags "$i") >"$work/etcd3-$i.log" 2>&1 &
     pids+=($!)
   done
   start_lattice_cluster "$lattice_server" "$work/lattice3" 3 28180 25790 27900
@@ -104,7 +114,7 @@ if [ "${BENCH_SKIP_3:-}" != 1 ]; then
   for target in "etcd3 $etcd3_ep" "lattice3 $lattice3_ep"; do
     set -- $target
     echo "==> load against $1 (3 members)"
-    target/release/lattice-bench --name "$1" --endpoint "$2" ${BENCH_3_ARGS:---puts-only} ${BENCH_ARGS:-} | tee -a "$out"
+    target/release/lattice-bench --name "$1" --endpoint "$2" "${bench_tls_flags[@]}" ${BENCH_3_ARGS:---puts-only} ${BENCH_ARGS:-} | tee -a "$out"
   done
 fi
 
@@ -124,7 +134,7 @@ seq_rounds() { # <etcd name> <etcd endpoint> <lattice name> <lattice endpoint>
       read -r name endpoint <<<"$t"
       # (The rounds' own figures go to stderr: stdout is the list of ratios.)
       target/release/lattice-bench --name "r${r}_$name" --endpoint "$endpoint" --seq-only \
-        ${BENCH_ARGS:-} | tee -a "$out" >&2
+        "${bench_tls_flags[@]}" ${BENCH_ARGS:-} | tee -a "$out" >&2
     done
     ratios="$ratios,$(ratio "r${r}_$3_seq_puts_per_s" "r${r}_$1_seq_puts_per_s")"
   done
@@ -186,5 +196,6 @@ if [ "${BENCH_ONLY_3:-}" != 1 ]; then
   echo "RESULT seq_put_floor_ms=$floor"
   echo "RESULT put_ratio_ceiling_vs_etcd=$(awk -v e="$(val etcd_seq_puts_per_s)" -v f="$floor" 'BEGIN { printf "%.2f", (1000 / e) / f }')"
 fi
+echo "RESULT tls=$([ "$scheme" = https ] && echo 1 || echo 0)"
 echo "RESULT watch_p99_ratio_vs_etcd=$(ratio lattice_watch_p99_ms etcd_watch_p99_ms)"
 echo "RESULT get_p99_ratio_vs_etcd=$(ratio lattice_get_p99_ms etcd_get_p99_ms)"

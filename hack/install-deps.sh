@@ -10,6 +10,8 @@
 #   etcd-client        /usr/bin/etcdctl, drives the etcd gRPC facade in tests
 #   prometheus         promtool, checks the /metrics exposition
 #   curl               readiness polling in hack/ scripts
+#   iproute2           `ip`: the store's off-loopback tests give a machine without a
+#                      non-loopback address one (on lo) for their duration
 #   zsh, fish          the CLI's completion scripts are loaded by the real shells in tests
 #   passwd             useradd: the agent's hostile-tenant tests make an ordinary user
 #   qemu-system-x86, linux-image-amd64, busybox-static
@@ -29,6 +31,7 @@ PACKAGES=(
   "etcdctl etcd-client"
   "promtool prometheus"
   "curl curl"
+  "ip iproute2"
   "zsh zsh"
   "fish fish"
   "useradd passwd"

@@ -1,11 +1,60 @@
 # Shared by hack/bench-store.sh and hack/bench-store-ab.sh (sourced, not run): starting
 # Lattice clusters, waiting for members, finding a cluster's leader, medians. Callers
 # keep the PIDs they start in the array `pids` and kill them on exit.
+#
+# Mutual TLS (BENCH_TLS=1, the default; 0: plaintext on loopback): call `bench_pki_setup
+# <dir>` first. It makes a CA and certificates with the real `lattice admin pki` (a
+# member certificate for each Lattice member 1-3 and etcd member 101-103, all for
+# 127.0.0.1, and an administrator's for the clients), and sets `scheme` (https or http),
+# `bench_pki` (the CA's directory) and `bench_tls_flags` (the client's --cacert/--cert/--key,
+# for lattice-bench; etcdctl reads them from ETCDCTL_CACERT/CERT/KEY).
+scheme=http
+bench_pki=
+bench_tls_flags=()
+bench_pki_setup() {
+  [ "${BENCH_TLS:-1}" = 1 ] || { echo "==> plaintext on loopback (BENCH_TLS=0)"; return 0; }
+  local cli=${BENCH_LATTICE_CLI:-target/debug/lattice} i
+  [ -x "$cli" ] || cargo build -q -p lattice-cli --bin lattice
+  "$cli" admin pki init --dir "$1" >/dev/null
+  for i in 1 2 3; do
+    "$cli" admin pki issue member --id "$i" --ip 127.0.0.1 --dir "$1" >/dev/null
+    "$cli" admin pki issue member --id "$((100 + i))" --ip 127.0.0.1 --dir "$1" >/dev/null
+  done
+  "$cli" admin pki issue admin --name bench --dir "$1" >/dev/null
+  scheme=https
+  bench_pki=$1
+  export ETCDCTL_CACERT="$1/admin-bench/ca.crt" ETCDCTL_CERT="$1/admin-bench/admin.crt" \
+    ETCDCTL_KEY="$1/admin-bench/admin.key"
+  bench_tls_flags=(--cacert "$ETCDCTL_CACERT" --cert "$ETCDCTL_CERT" --key "$ETCDCTL_KEY")
+  echo "==> mutual TLS on every store port and client (certificates in $1)"
+}
+
+# The TLS flags of etcd member <n> (its certificate from bench_pki_setup, client and peer
+# certificates required); nothing in plaintext.
+etcd_tls_flags() {
+  [ "$scheme" = https ] || return 0
+  local d="$bench_pki/member-$((100 + $1))"
+  echo --cert-file "$d/member.crt" --key-file "$d/member.key" --trusted-ca-file "$d/ca.crt" \
+    --client-cert-auth --peer-cert-file "$d/member.crt" --peer-key-file "$d/member.key" \
+    --peer-trusted-ca-file "$d/ca.crt" --peer-client-cert-auth
+}
+
+# The TLS flags of Lattice member <n>: its --pki-dir, or plaintext on loopback.
+lattice_tls_flags() {
+  if [ "$scheme" = https ]; then
+    echo --pki-dir "$bench_pki/member-$1"
+  else
+    echo --store-plaintext-loopback
+  fi
+}
+
+# `host:port,...` with the scheme in front of each.
+with_scheme() { echo "$1" | sed "s#\([^,]*\)#$scheme://\1#g"; }
 
 # Wait until the etcd v3 endpoint answers `endpoint health` (up to 30 s).
 wait_healthy() {
   for _ in $(seq 150); do
-    ETCDCTL_API=3 etcdctl --endpoints="$1" endpoint health >/dev/null 2>&1 && return 0
+    ETCDCTL_API=3 etcdctl --endpoints="$(with_scheme "$1")" endpoint health >/dev/null 2>&1 && return 0
     sleep 0.2
   done
   echo "no healthy member at $1" >&2
@@ -18,10 +67,11 @@ wait_healthy() {
 member_of() {
   local ep
   for _ in $(seq 100); do
-    ep=$(ETCDCTL_API=3 etcdctl --endpoints="$2" endpoint status -w fields 2>/dev/null | awk -v want="$1" '
+    ep=$(ETCDCTL_API=3 etcdctl --endpoints="$(with_scheme "$2")" endpoint status -w fields 2>/dev/null | awk -v want="$1" '
       /^"MemberID"/ { id = $3 } /^"Leader"/ { lead = $3 }
       /^"Endpoint"/ {
         gsub(/"/, "", $3)
+        sub(/^https?:\/\//, "", $3)
         if (id != "" && lead != "0" && (((id "") == (lead "")) == (want == "leader"))) { print $3; exit }
       }' || true)
     [ -n "$ep" ] && { echo "$ep"; return; }
@@ -43,9 +93,10 @@ start_lattice_cluster() {
     flags=(--bootstrap)
     [ "$i" -gt 1 ] && flags=(--join "127.0.0.1:$(($6 + 1))")
     # shellcheck disable=SC2086 # the env and flag arguments are word lists
+    # shellcheck disable=SC2046 # the TLS flags are words
     env ${7:-} "$1" --data-dir "$2-$i" --api-addr "127.0.0.1:$(($4 + i))" --tls-addr off \
       --etcd-addr "127.0.0.1:$(($5 + i))" --raft-addr "127.0.0.1:$(($6 + i))" --node-id "$i" \
-      ${8:-} "${flags[@]}" >"$2-$i.log" 2>&1 &
+      $(lattice_tls_flags "$i") ${8:-} "${flags[@]}" >"$2-$i.log" 2>&1 &
     pids+=($!)
     wait_healthy "127.0.0.1:$(($5 + i))"
   done
@@ -74,7 +125,8 @@ raft_timing() {
 
 # One round of sequential puts: `seq_round <name> <endpoint> <puts>` prints its puts/s.
 seq_round() {
-  target/release/lattice-bench --name "$1" --endpoint "$2" --puts "$3" --seq-only |
+  target/release/lattice-bench --name "$1" --endpoint "$2" --puts "$3" --seq-only \
+    "${bench_tls_flags[@]}" |
     sed -n "s/^RESULT $1_seq_puts_per_s=//p"
 }
 

@@ -496,6 +496,9 @@ pub enum AdminCommand {
     /// Node identities: bootstrap tokens for new nodes, revoking a node's certificates
     #[command(subcommand)]
     Node(AdminNodeCommand),
+    /// The cluster CA and its certificates (store members, administrators, ...), offline
+    #[command(subcommand)]
+    Pki(crate::cmd::pki::PkiCommand),
     /// Same as `lattice node drain`
     #[command(hide = true)]
     Drain(NodeDrainArgs),

@@ -310,6 +310,10 @@ async fn dispatch(
                     return cmd::admin::config(c, &flags, env, out);
                 }
             }
+            // Offline: the CA's files, no server.
+            if let cli::AdminCommand::Pki(p) = a.as_ref() {
+                return cmd::pki::run(p, out);
+            }
         }
         _ => {}
     }

@@ -242,13 +242,15 @@ impl RaftMember {
         }
     }
 
-    /// Start (or restart) it with `--raft-addr`, `--node-id` and `extra` flags.
+    /// Start (or restart) it with `--raft-addr`, `--node-id` and `extra` flags. Its store
+    /// ports are on loopback in plaintext (`--store-plaintext-loopback`).
     pub fn start(&mut self, extra: &[String]) {
         let mut args = vec![
             "--raft-addr".to_string(),
             format!("127.0.0.1:{}", self.raft),
             "--node-id".to_string(),
             self.id.to_string(),
+            "--store-plaintext-loopback".to_string(),
         ];
         args.extend(extra.iter().cloned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -15,7 +15,9 @@ async fn acknowledged_writes_survive_kill_9() {
     let (api, etcd) = (free_port(), free_port());
     let acked: Arc<Mutex<HashMap<String, String>>> = Arc::default();
     let mut last_revision = 0i64;
-    let mut server = Server::start(dir.path(), api, etcd, &[]);
+    // The etcd port on loopback in plaintext (the test's client has no certificate).
+    let plain = ["--store-plaintext-loopback"];
+    let mut server = Server::start(dir.path(), api, etcd, &plain);
     for round in 0..5 {
         let mut writers = Vec::new();
         for w in 0..16 {
@@ -41,7 +43,7 @@ async fn acknowledged_writes_survive_kill_9() {
         for w in writers {
             let _ = w.await;
         }
-        server = Server::start(dir.path(), api, etcd, &[]);
+        server = Server::start(dir.path(), api, etcd, &plain);
         let mut c = Client::connect([server.etcd_endpoint()], None)
             .await
             .unwrap();

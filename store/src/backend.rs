@@ -92,6 +92,20 @@ pub trait KvBackend: Send + Sync + 'static {
 
     async fn status(&self) -> StoreResult<StoreStatus>;
 
+    /// The active alarms (etcd's `Maintenance.Alarm` GET); see [`crate::quota`].
+    async fn alarms(&self) -> StoreResult<Vec<Alarm>> {
+        Ok(Vec::new())
+    }
+
+    /// Raise or disarm an alarm through the log (etcd's `Maintenance.Alarm` ACTIVATE and
+    /// DEACTIVATE); returns the alarms it changed.
+    async fn alarm(&self, action: AlarmAction, alarm: Alarm) -> StoreResult<Vec<Alarm>> {
+        let _ = (action, alarm);
+        Err(crate::StoreError::InvalidArgument(
+            "this store has no alarms".into(),
+        ))
+    }
+
     /// Most operations one transaction may carry (the embedded stores count compares plus
     /// the ops of the larger branch, nested transactions included: [`crate::mvcc::txn_ops`]);
     /// longer transactions fail with `TooManyOps`. The embedded stores check it on the
@@ -190,6 +204,12 @@ impl<B: KvBackend> KvBackend for WithFaults<B> {
     }
     async fn status(&self) -> StoreResult<StoreStatus> {
         self.inner.status().await
+    }
+    async fn alarms(&self) -> StoreResult<Vec<Alarm>> {
+        self.inner.alarms().await
+    }
+    async fn alarm(&self, action: AlarmAction, alarm: Alarm) -> StoreResult<Vec<Alarm>> {
+        self.inner.alarm(action, alarm).await
     }
     fn max_txn_ops(&self) -> usize {
         self.inner.max_txn_ops()

@@ -47,6 +47,8 @@ pub struct StoreConfig {
     pub lease_check_interval: Duration,
     pub member_id: u64,
     pub name: String,
+    /// The size quota (etcd's `--quota-backend-bytes`), see [`crate::quota`].
+    pub quota_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -59,6 +61,7 @@ impl Default for StoreConfig {
             lease_check_interval: Duration::from_millis(200),
             member_id: 1,
             name: "default".into(),
+            quota_bytes: crate::quota::DEFAULT_QUOTA_BYTES,
         }
     }
 }
@@ -161,6 +164,10 @@ impl EmbeddedStore {
             .collect();
         let metrics = StoreMetrics::default();
         metrics.applied_revision.set(mvcc.revision());
+        metrics
+            .quota_bytes
+            .set(i64::try_from(config.quota_bytes).unwrap_or(i64::MAX));
+        set_quota_gauges(&metrics, &mvcc);
         let shared = Arc::new(Shared {
             published: AtomicI64::new(mvcc.revision()),
             mvcc: RwLock::new(mvcc),
@@ -401,6 +408,51 @@ impl EmbeddedStore {
     }
 }
 
+fn set_quota_gauges(metrics: &StoreMetrics, mvcc: &Mvcc) {
+    metrics
+        .size_in_use_bytes
+        .set(i64::try_from(mvcc.size_bytes()).unwrap_or(i64::MAX));
+    metrics
+        .alarm_nospace
+        .set(i64::from(mvcc.has_alarm(AlarmKind::NoSpace)));
+}
+
+/// The quota check of a write about to be applied ([`crate::quota`]): one that would take
+/// the store beyond its quota raises the NOSPACE alarm first (in the same batch, so the
+/// alarm is durable with it), and the engine then refuses it, as it refuses every write
+/// that adds data while the alarm is raised.
+fn raise_alarm_if_over_quota(
+    shared: &Shared,
+    mvcc: &mut Mvcc,
+    cmd: &Command,
+    applied: &mut Vec<Applied>,
+) {
+    let cost = crate::quota::cost(cmd);
+    let quota = shared.config.quota_bytes;
+    if mvcc.has_alarm(AlarmKind::NoSpace) || !crate::quota::exceeds(mvcc.size_bytes(), cost, quota)
+    {
+        return;
+    }
+    tracing::warn!(
+        size = mvcc.size_bytes(),
+        quota,
+        write_bytes = cost,
+        "the store reached its size quota: raising the NOSPACE alarm; writes that add data \
+         are refused until space is freed and the alarm disarmed"
+    );
+    let alarm = Command::Alarm {
+        action: AlarmAction::Activate,
+        alarm: Alarm {
+            member: shared.config.member_id,
+            kind: AlarmKind::NoSpace,
+        },
+    };
+    match mvcc.apply(&alarm, &shared.config.limits) {
+        Ok((_, a)) => applied.push(a),
+        Err(e) => tracing::error!(error = %e, "raising the NOSPACE alarm failed"),
+    }
+}
+
 /// What the writer hands the thread that writes the state file.
 enum Materialize {
     /// A batch the write-ahead log made durable as record `seq`.
@@ -633,10 +685,20 @@ fn commit_batch(
         for req in pending.drain(..) {
             match req {
                 Request::Apply(cmd, reply) => {
-                    let result = mvcc.apply(&cmd, limits).map(|(resp, a)| {
-                        applied.push(a);
-                        resp
-                    });
+                    raise_alarm_if_over_quota(shared, &mut mvcc, &cmd, &mut applied);
+                    let result = match mvcc.apply(&cmd, limits) {
+                        Ok((resp, a)) => {
+                            applied.push(a);
+                            Ok(resp)
+                        }
+                        Err(StoreError::NoSpace { .. }) => {
+                            shared.metrics.nospace_refusals.inc();
+                            Err(StoreError::NoSpace {
+                                quota_bytes: shared.config.quota_bytes,
+                            })
+                        }
+                        Err(e) => Err(e),
+                    };
                     replies.push((reply, result));
                 }
                 // Written once this batch is logged, below: a backup holds only
@@ -645,12 +707,16 @@ fn commit_batch(
                 Request::Stop(done) => stop = Some(done),
             }
         }
+        if applied
+            .iter()
+            .any(|a| a.alarms.is_some() || a.revision.is_some() || a.compacted.is_some())
+        {
+            set_quota_gauges(&shared.metrics, &mvcc);
+        }
         (mvcc.revision(), mvcc.compact_revision())
     };
     let started = Instant::now();
-    let wrote = applied
-        .iter()
-        .any(|a| a.revision.is_some() || a.compacted.is_some() || !a.leases.is_empty());
+    let wrote = applied.iter().any(Applied::wrote);
     // Durable first (the write-ahead log); the state file is written after the
     // answers, by the materializer: a crash in between is repaired from the log.
     let result = if wrote {
@@ -1085,14 +1151,30 @@ impl KvBackend for EmbeddedStore {
         }
     }
 
+    async fn alarms(&self) -> StoreResult<Vec<Alarm>> {
+        self.check_failed()?;
+        let mvcc = self.shared.mvcc.read().unwrap_or_else(|p| p.into_inner());
+        Ok(mvcc.alarms())
+    }
+
+    async fn alarm(&self, action: AlarmAction, alarm: Alarm) -> StoreResult<Vec<Alarm>> {
+        match self.propose(Command::Alarm { action, alarm }).await? {
+            CommandResponse::Alarms(changed) => {
+                tracing::info!(?action, %alarm, changed = changed.len(), "alarm request applied");
+                Ok(changed)
+            }
+            other => Err(StoreError::Backend(format!(
+                "unexpected response {other:?}"
+            ))),
+        }
+    }
+
     async fn status(&self) -> StoreResult<StoreStatus> {
         self.check_failed()?;
-        let compact = self
-            .shared
-            .mvcc
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .compact_revision();
+        let (compact, size_in_use, alarms) = {
+            let mvcc = self.shared.mvcc.read().unwrap_or_else(|p| p.into_inner());
+            (mvcc.compact_revision(), mvcc.size_bytes(), mvcc.alarms())
+        };
         let revision = self.revision();
         Ok(StoreStatus {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -1105,6 +1187,9 @@ impl KvBackend for EmbeddedStore {
             raft_index: revision as u64,
             raft_applied_index: revision as u64,
             is_learner: false,
+            size_in_use: i64::try_from(size_in_use).unwrap_or(i64::MAX),
+            quota_bytes: i64::try_from(self.shared.config.quota_bytes).unwrap_or(i64::MAX),
+            alarms,
         })
     }
 }

@@ -44,6 +44,29 @@ pub enum StoreError {
     InvalidArgument(String),
     #[error("backend error: {0}")]
     Backend(String),
+    /// The store is at its size quota and its NOSPACE alarm is raised: writes that add
+    /// data are refused until space is freed and the alarm disarmed ([`crate::quota`]).
+    /// `quota_bytes` is the quota of the member that refused (0: not known there). The API
+    /// server turns this into 507 Insufficient Storage.
+    #[error("{}", no_space(*quota_bytes))]
+    NoSpace { quota_bytes: u64 },
+    /// The caller's identity may not do this (a Raft peer asking for a membership change
+    /// it may not make, ...).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+}
+
+fn no_space(quota: u64) -> String {
+    let quota = if quota > 0 {
+        format!("its size quota of {quota} bytes (--quota-backend-bytes)")
+    } else {
+        "its size quota (--quota-backend-bytes)".to_string()
+    };
+    format!(
+        "mvcc: database space exceeded: the store reached {quota} and refuses writes that add \
+         data (NOSPACE alarm); free space by deleting objects and compacting the history, \
+         then disarm the alarm with `etcdctl alarm disarm` (or raise the quota)"
+    )
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;

@@ -581,8 +581,60 @@ impl KvBackend for EtcdBackend {
             raft_index: resp.raft_index(),
             raft_applied_index: resp.raft_applied_index(),
             is_learner: resp.is_learner(),
+            size_in_use: resp.raft_used_db_size(),
+            quota_bytes: 0,
+            alarms: self.alarms().await.unwrap_or_default(),
         })
     }
+
+    async fn alarms(&self) -> StoreResult<Vec<Alarm>> {
+        let mut mc = self.client.maintenance_client();
+        match mc
+            .alarm(
+                etcd_client::AlarmAction::Get,
+                etcd_client::AlarmType::None,
+                None,
+            )
+            .await
+        {
+            Ok(resp) => Ok(alarms_from_etcd(resp.alarms())),
+            Err(e) => Err(self.map_err(e, 0).await),
+        }
+    }
+
+    async fn alarm(&self, action: AlarmAction, alarm: Alarm) -> StoreResult<Vec<Alarm>> {
+        let mut mc = self.client.maintenance_client();
+        let action = match action {
+            AlarmAction::Activate => etcd_client::AlarmAction::Activate,
+            AlarmAction::Deactivate => etcd_client::AlarmAction::Deactivate,
+        };
+        let kind = match alarm.kind {
+            AlarmKind::NoSpace => etcd_client::AlarmType::Nospace,
+            AlarmKind::Corrupt => etcd_client::AlarmType::Corrupt,
+        };
+        let mut opts = etcd_client::AlarmOptions::new();
+        opts.with_member(alarm.member);
+        match mc.alarm(action, kind, Some(opts)).await {
+            Ok(resp) => Ok(alarms_from_etcd(resp.alarms())),
+            Err(e) => Err(self.map_err(e, 0).await),
+        }
+    }
+}
+
+fn alarms_from_etcd(list: &[etcd_client::AlarmMember]) -> Vec<Alarm> {
+    list.iter()
+        .filter_map(|a| {
+            let kind = match a.alarm() {
+                etcd_client::AlarmType::Nospace => AlarmKind::NoSpace,
+                etcd_client::AlarmType::Corrupt => AlarmKind::Corrupt,
+                _ => return None,
+            };
+            Some(Alarm {
+                member: a.member_id(),
+                kind,
+            })
+        })
+        .collect()
 }
 
 fn watch_cancel_error(compact_revision: i64, reason: &str) -> StoreError {

@@ -24,6 +24,14 @@ pub struct StoreMetrics {
     pub writes: Counter,
     pub watchers: Gauge,
     pub db_size_bytes: Gauge,
+    /// The store's size as its quota counts it (`crate::quota`).
+    pub size_in_use_bytes: Gauge,
+    /// The size quota (`--quota-backend-bytes`).
+    pub quota_bytes: Gauge,
+    /// 1 while the NOSPACE alarm is raised (writes that add data are refused).
+    pub alarm_nospace: Gauge,
+    /// Writes refused for the quota.
+    pub nospace_refusals: Counter,
     /// Time to build a snapshot of the state (a Raft member's, for log purges and
     /// follower catch-up), made durable first, in seconds.
     pub snapshot_seconds: Histogram,
@@ -43,6 +51,10 @@ impl Default for StoreMetrics {
             writes: Counter::default(),
             watchers: Gauge::default(),
             db_size_bytes: Gauge::default(),
+            size_in_use_bytes: Gauge::default(),
+            quota_bytes: Gauge::default(),
+            alarm_nospace: Gauge::default(),
+            nospace_refusals: Counter::default(),
         }
     }
 }
@@ -91,6 +103,26 @@ impl StoreMetrics {
             "db_size_bytes",
             "Size of the state file",
             self.db_size_bytes.clone(),
+        );
+        r.register(
+            "size_in_use_bytes",
+            "The store's size as its quota counts it: every version held (history not yet compacted included) plus leases",
+            self.size_in_use_bytes.clone(),
+        );
+        r.register(
+            "quota_bytes",
+            "The store's size quota (--quota-backend-bytes)",
+            self.quota_bytes.clone(),
+        );
+        r.register(
+            "alarm_nospace",
+            "1 while the NOSPACE alarm is raised: writes that add data are refused",
+            self.alarm_nospace.clone(),
+        );
+        r.register(
+            "nospace_refusals",
+            "Writes refused because the store is at its size quota",
+            self.nospace_refusals.clone(),
         );
         r.register(
             "snapshot_duration_seconds",

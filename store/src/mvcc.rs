@@ -25,18 +25,36 @@ use crate::types::*;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     Txn(TxnRequest),
-    Compact { revision: i64 },
-    LeaseGrant { id: i64, ttl: i64 },
-    LeaseRevoke { id: i64 },
+    Compact {
+        revision: i64,
+    },
+    LeaseGrant {
+        id: i64,
+        ttl: i64,
+    },
+    LeaseRevoke {
+        id: i64,
+    },
+    /// Raise or disarm an alarm (see [`crate::quota`]).
+    Alarm {
+        action: AlarmAction,
+        alarm: Alarm,
+    },
 }
 
 /// The answer to one applied [`Command`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommandResponse {
     Txn(TxnResponse),
-    Compacted { revision: i64 },
+    Compacted {
+        revision: i64,
+    },
     LeaseGranted(LeaseGrant),
-    LeaseRevoked { revision: i64 },
+    LeaseRevoked {
+        revision: i64,
+    },
+    /// The alarms the command raised or disarmed (none if there was nothing to change).
+    Alarms(Vec<Alarm>),
 }
 
 /// What one applied command changed, for persistence and watch fan-out.
@@ -48,6 +66,18 @@ pub struct Applied {
     pub compacted: Option<i64>,
     /// Lease table changes: `(id, Some(ttl))` granted, `(id, None)` revoked.
     pub leases: Vec<(i64, Option<i64>)>,
+    /// Every active alarm after this command, when it changed them.
+    pub alarms: Option<Vec<Alarm>>,
+}
+
+impl Applied {
+    /// Whether there is anything to make durable.
+    pub fn wrote(&self) -> bool {
+        self.revision.is_some()
+            || self.compacted.is_some()
+            || !self.leases.is_empty()
+            || self.alarms.is_some()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -160,6 +190,18 @@ pub struct Mvcc {
     revision: i64,
     compact_revision: i64,
     leases: BTreeMap<i64, LeaseState>,
+    /// The versions' part of [`Mvcc::size_bytes`], kept up to date as versions come and go.
+    version_bytes: u64,
+    /// Active alarms (replicated state: changed only by [`Command::Alarm`]).
+    alarms: BTreeSet<Alarm>,
+}
+
+/// The size a version of `key` adds (see [`crate::quota`]).
+fn version_size(key: &Bytes, v: &Version) -> u64 {
+    match v {
+        Version::Live(kv) => crate::quota::version_bytes(key.len(), kv.value.len()),
+        Version::Tombstone(_) => crate::quota::version_bytes(key.len(), 0),
+    }
 }
 
 /// One path through a transaction's compares: which branch each (nested) txn takes,
@@ -190,6 +232,33 @@ impl Mvcc {
         self.index.len()
     }
 
+    /// The store's size as the quota counts it ([`crate::quota`]): every version held
+    /// (history not yet compacted included) and every lease.
+    pub fn size_bytes(&self) -> u64 {
+        self.version_bytes
+            .saturating_add(self.leases.len() as u64 * crate::quota::LEASE_OVERHEAD)
+    }
+
+    /// The active alarms, in order.
+    pub fn alarms(&self) -> Vec<Alarm> {
+        self.alarms.iter().copied().collect()
+    }
+
+    /// Whether an alarm of `kind` is raised (by any member).
+    pub fn has_alarm(&self, kind: AlarmKind) -> bool {
+        self.alarms.iter().any(|a| a.kind == kind)
+    }
+
+    /// Restore the alarms from persisted state.
+    pub fn load_alarms(&mut self, alarms: impl IntoIterator<Item = Alarm>) {
+        self.alarms = alarms.into_iter().collect();
+    }
+
+    fn push_version(&mut self, key: &Bytes, v: Version) {
+        self.version_bytes = self.version_bytes.saturating_add(version_size(key, &v));
+        self.index.entry(key.clone()).or_default().versions.push(v);
+    }
+
     /// Rebuild from persisted state: the base (every live key as of `revision`) is
     /// loaded with [`Mvcc::load_base`], then later revisions are replayed with
     /// [`Mvcc::replay_revision`].
@@ -208,12 +277,16 @@ impl Mvcc {
                 l.keys.insert(kv.key.clone());
             }
         }
-        self.index.insert(
-            kv.key.clone(),
-            KeyHistory {
-                versions: vec![Version::Live(kv)],
-            },
-        );
+        let key = kv.key.clone();
+        let v = Version::Live(kv);
+        self.version_bytes = self.version_bytes.saturating_add(version_size(&key, &v));
+        if let Some(old) = self
+            .index
+            .insert(key.clone(), KeyHistory { versions: vec![v] })
+        {
+            let freed: u64 = old.versions.iter().map(|v| version_size(&key, v)).sum();
+            self.version_bytes = self.version_bytes.saturating_sub(freed);
+        }
     }
 
     pub fn load_lease(&mut self, id: i64, ttl: i64) {
@@ -251,11 +324,7 @@ impl Mvcc {
                 }
                 EventType::Delete => Version::Tombstone(rev),
             };
-            self.index
-                .entry(kv.key.clone())
-                .or_default()
-                .versions
-                .push(version);
+            self.push_version(&kv.key, version);
             events.push(Event {
                 kind,
                 kv,
@@ -276,7 +345,25 @@ impl Mvcc {
         cmd: &Command,
         limits: &Limits,
     ) -> StoreResult<(CommandResponse, Applied)> {
+        // While the NOSPACE alarm is raised nothing that adds data is applied, on any
+        // member alike (the alarm is replicated state).
+        if self.has_alarm(AlarmKind::NoSpace) && crate::quota::cost(cmd) > 0 {
+            return Err(StoreError::NoSpace { quota_bytes: 0 });
+        }
         match cmd {
+            Command::Alarm { action, alarm } => {
+                let changed = match action {
+                    AlarmAction::Activate => self.alarms.insert(*alarm),
+                    AlarmAction::Deactivate => self.alarms.remove(alarm),
+                };
+                Ok((
+                    CommandResponse::Alarms(if changed { vec![*alarm] } else { Vec::new() }),
+                    Applied {
+                        alarms: changed.then(|| self.alarms()),
+                        ..Default::default()
+                    },
+                ))
+            }
             Command::Txn(req) => {
                 let (resp, applied) = self.apply_txn(req, limits)?;
                 Ok((CommandResponse::Txn(resp), applied))
@@ -676,11 +763,7 @@ impl Mvcc {
                         self.detach_lease(prev.lease, &prev.key);
                     }
                     self.attach_lease(lease, &kv.key);
-                    self.index
-                        .entry(kv.key.clone())
-                        .or_default()
-                        .versions
-                        .push(Version::Live(kv.clone()));
+                    self.push_version(&kv.key, Version::Live(kv.clone()));
                     events.push(Event {
                         kind: EventType::Put,
                         kv,
@@ -742,6 +825,9 @@ impl Mvcc {
         let hist = self.index.get_mut(key)?;
         let prev = hist.latest()?.clone();
         hist.versions.push(Version::Tombstone(rev));
+        self.version_bytes = self
+            .version_bytes
+            .saturating_add(crate::quota::version_bytes(key.len(), 0));
         self.detach_lease(prev.lease, key);
         Some(Event {
             kind: EventType::Delete,
@@ -784,7 +870,27 @@ impl Mvcc {
                 current: self.revision,
             });
         }
-        self.index.retain(|_, hist| {
+        self.drop_superseded(revision);
+        self.history = self.history.split_off(&revision);
+        self.compact_revision = revision;
+        Ok(())
+    }
+
+    /// After a restart from persisted state (the keys as of the revision before the compact
+    /// revision, then the history from it), drop what a compaction at the compact revision
+    /// dropped before the restart: the versions no read can reach any more, which the
+    /// size ([`Mvcc::size_bytes`]) would otherwise count again.
+    pub fn finish_load(&mut self) {
+        if self.compact_revision > 0 {
+            self.drop_superseded(self.compact_revision);
+        }
+    }
+
+    /// Drop, for every key, the versions superseded at or before `revision`, keeping the
+    /// one visible at `revision` unless it is a tombstone.
+    fn drop_superseded(&mut self, revision: i64) {
+        let mut freed = 0u64;
+        self.index.retain(|key, hist| {
             // Keep versions newer than `revision` and the one visible at `revision`, unless
             // that one is a tombstone (then the key did not exist at `revision`).
             let visible = hist
@@ -794,12 +900,14 @@ impl Mvcc {
             if let Some(Version::Tombstone(_)) = visible.checked_sub(1).map(|i| &hist.versions[i]) {
                 drop = visible;
             }
-            hist.versions.drain(..drop);
+            freed += hist
+                .versions
+                .drain(..drop)
+                .map(|v| version_size(key, &v))
+                .sum::<u64>();
             !hist.versions.is_empty()
         });
-        self.history = self.history.split_off(&revision);
-        self.compact_revision = revision;
-        Ok(())
+        self.version_bytes = self.version_bytes.saturating_sub(freed);
     }
 
     /// Events of revisions `from..=to` (inclusive), for watch catch-up.
@@ -1108,5 +1216,135 @@ mod tests {
         assert_eq!(applied.revision.as_ref().map(|r| r.0), Some(2));
         assert!(get(&m, "k", 0).unwrap().is_none());
         assert!(m.lease_keys(7).is_err());
+    }
+
+    /// The size recomputed from scratch: what `size_bytes` must always equal.
+    fn recomputed_size(m: &Mvcc) -> u64 {
+        let versions: u64 = m
+            .index
+            .iter()
+            .flat_map(|(k, h)| h.versions.iter().map(move |v| version_size(k, v)))
+            .sum();
+        versions + m.leases.len() as u64 * crate::quota::LEASE_OVERHEAD
+    }
+
+    proptest::proptest! {
+        /// Whatever puts, deletes, lease grants/revokes and compactions are applied, the
+        /// size kept up to date equals the size recomputed from the versions held, and a
+        /// restart from the persisted form (a backup: base + no history) counts only what
+        /// it holds.
+        #[test]
+        fn the_size_follows_every_version_held(
+            ops in proptest::collection::vec((0u8..5, 0u8..6, 0usize..40), 1..60)
+        ) {
+            let mut m = Mvcc::new();
+            let limits = Limits::default();
+            for (op, key, len) in ops {
+                let key = format!("/k{key}");
+                let cmd = match op {
+                    0 | 1 => Command::Txn(TxnRequest {
+                        success: vec![TxnOp::Put(PutRequest::new(key, "x".repeat(len)))],
+                        ..Default::default()
+                    }),
+                    2 => Command::Txn(TxnRequest {
+                        success: vec![TxnOp::DeleteRange(DeleteRangeRequest {
+                            range: KeyRange::single(key),
+                            prev_kv: false,
+                        })],
+                        ..Default::default()
+                    }),
+                    3 => Command::Compact { revision: (m.revision() - len as i64 % 3).max(1) },
+                    _ if len % 2 == 0 => Command::LeaseGrant { id: 1 + len as i64, ttl: 5 },
+                    _ => Command::LeaseRevoke { id: len as i64 },
+                };
+                let _ = m.apply(&cmd, &limits);
+                proptest::prop_assert_eq!(m.size_bytes(), recomputed_size(&m));
+            }
+            let mut restored = Mvcc::new();
+            for kv in m.live_at(m.revision()) {
+                restored.load_base(kv);
+            }
+            proptest::prop_assert_eq!(restored.size_bytes(), recomputed_size(&restored));
+            proptest::prop_assert!(restored.size_bytes() <= m.size_bytes() + m.leases.len() as u64 * 64);
+        }
+    }
+
+    #[test]
+    fn the_nospace_alarm_refuses_what_adds_data_and_nothing_else() {
+        let mut m = Mvcc::new();
+        let limits = Limits::default();
+        put(&mut m, "a", "1");
+        put(&mut m, "b", "2");
+        let nospace = Alarm {
+            member: 7,
+            kind: AlarmKind::NoSpace,
+        };
+        let raise = Command::Alarm {
+            action: AlarmAction::Activate,
+            alarm: nospace,
+        };
+        let (resp, applied) = m.apply(&raise, &limits).unwrap();
+        assert_eq!(resp, CommandResponse::Alarms(vec![nospace]));
+        assert_eq!(applied.alarms, Some(vec![nospace]));
+        // Raising it again changes nothing (and persists nothing).
+        let (resp, applied) = m.apply(&raise, &limits).unwrap();
+        assert_eq!(resp, CommandResponse::Alarms(vec![]));
+        assert!(!applied.wrote());
+
+        let put_cmd = |k: &str| {
+            Command::Txn(TxnRequest {
+                success: vec![TxnOp::Put(PutRequest::new(k.to_owned(), "v".to_owned()))],
+                ..Default::default()
+            })
+        };
+        let rev = m.revision();
+        assert_eq!(
+            m.apply(&put_cmd("c"), &limits).unwrap_err(),
+            StoreError::NoSpace { quota_bytes: 0 }
+        );
+        assert_eq!(
+            m.apply(&Command::LeaseGrant { id: 1, ttl: 5 }, &limits)
+                .unwrap_err(),
+            StoreError::NoSpace { quota_bytes: 0 }
+        );
+        // A put in a branch that would not even run still counts (etcd's rule).
+        let guarded = Command::Txn(TxnRequest {
+            compare: vec![Compare::value("a", CompareResult::Equal, "nope")],
+            success: vec![TxnOp::Put(PutRequest::new("a", "2"))],
+            failure: vec![TxnOp::Range(RangeRequest::key("a"))],
+        });
+        assert!(m.apply(&guarded, &limits).is_err());
+        assert_eq!(m.revision(), rev, "nothing refused took a revision");
+
+        // Deletes and compaction go on, and free space.
+        let before = m.size_bytes();
+        let del = Command::Txn(TxnRequest {
+            success: vec![TxnOp::DeleteRange(DeleteRangeRequest {
+                range: KeyRange::single("a"),
+                prev_kv: false,
+            })],
+            ..Default::default()
+        });
+        m.apply(&del, &limits).unwrap();
+        m.apply(
+            &Command::Compact {
+                revision: m.revision(),
+            },
+            &limits,
+        )
+        .unwrap();
+        assert!(m.size_bytes() < before);
+
+        // Disarmed, writes go through again.
+        m.apply(
+            &Command::Alarm {
+                action: AlarmAction::Deactivate,
+                alarm: nospace,
+            },
+            &limits,
+        )
+        .unwrap();
+        assert!(m.alarms().is_empty());
+        put(&mut m, "c", "3");
     }
 }

@@ -6,7 +6,9 @@
 //! * `base`: key → its value as of `base_revision` (compaction folds the history below
 //!   the compact revision into it, keeping the compact revision itself watchable);
 //! * `leases`: lease ID → TTL;
-//! * `meta`: `revision`, `compact_revision`, `base_revision`, `format`.
+//! * `meta`: `revision`, `compact_revision`, `base_revision`, `format`;
+//! * `alarms`: `active` → the active alarms ([`crate::quota`]), written in the same
+//!   transaction as the command that changed them.
 //!
 //! Every record carries a CRC-32 of its payload, checked at start-up: a corrupted record
 //! stops the member with a message naming the file, never a silently wrong answer. Each
@@ -26,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{StoreError, StoreResult};
 use crate::mvcc::{Applied, Mvcc};
-use crate::types::{Event, EventType, KeyValue};
+use crate::types::{Alarm, Event, EventType, KeyValue};
 use crate::wal::{Wal, CHECKPOINT_BYTES, CHECKPOINT_EVERY, WAL_FILE};
 
 const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("history");
@@ -37,6 +39,8 @@ const META: TableDefinition<&str, i64> = TableDefinition::new("meta");
 /// an opaque sealed record owned by `crate::raft`). Absent in files written by a single
 /// embedded member; adding it keeps format 1 readable by both.
 const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
+/// The active alarms (`active`: a sealed list). Absent in older files: none.
+const ALARMS: TableDefinition<&str, &[u8]> = TableDefinition::new("alarms");
 
 const FORMAT: i64 = 1;
 pub const STATE_FILE: &str = "state.redb";
@@ -143,6 +147,17 @@ struct WalBatch {
     revision: i64,
     compact_revision: i64,
     applied: Vec<WalApplied>,
+    /// The active alarms after the batch, when it changed them. (Last, so that a record
+    /// written before alarms existed is told apart: see [`WalBatch::decode`].)
+    alarms: Option<Vec<Alarm>>,
+}
+
+/// A [`WalBatch`] as logged before alarms existed.
+#[derive(Deserialize)]
+struct WalBatchV1 {
+    revision: i64,
+    compact_revision: i64,
+    applied: Vec<WalApplied>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -153,10 +168,27 @@ struct WalApplied {
 }
 
 impl WalBatch {
+    /// A logged record. One written before alarms existed ends where the alarms would
+    /// begin, so it fails to decode as a [`WalBatch`] (postcard reads past its end) and is
+    /// read as a [`WalBatchV1`].
+    fn decode(payload: &[u8]) -> Result<WalBatch, postcard::Error> {
+        postcard::from_bytes::<WalBatch>(payload).or_else(|e| {
+            postcard::from_bytes::<WalBatchV1>(payload)
+                .map(|v1| WalBatch {
+                    revision: v1.revision,
+                    compact_revision: v1.compact_revision,
+                    applied: v1.applied,
+                    alarms: None,
+                })
+                .map_err(|_| e)
+        })
+    }
+
     fn of(batch: &[Applied], revision: i64, compact_revision: i64) -> WalBatch {
         WalBatch {
             revision,
             compact_revision,
+            alarms: batch.iter().rev().find_map(|a| a.alarms.clone()),
             applied: batch
                 .iter()
                 .map(|a| WalApplied {
@@ -180,7 +212,8 @@ impl WalBatch {
     }
 
     fn into_applied(self) -> Vec<Applied> {
-        self.applied
+        let mut applied: Vec<Applied> = self
+            .applied
             .into_iter()
             .map(|a| Applied {
                 revision: a.revision.map(|(rev, changes)| {
@@ -196,8 +229,16 @@ impl WalBatch {
                 }),
                 compacted: a.compacted,
                 leases: a.leases,
+                alarms: None,
             })
-            .collect()
+            .collect();
+        if let Some(alarms) = self.alarms {
+            applied.push(Applied {
+                alarms: Some(alarms),
+                ..Default::default()
+            });
+        }
+        applied
     }
 }
 
@@ -228,7 +269,8 @@ impl Persist {
     pub fn open_with_wal(dir: &Path) -> StoreResult<(Persist, Mvcc)> {
         let mut persist = Persist::open_file(dir)?;
         let held = persist.wal_seq()?;
-        let (mut wal, batches) = Wal::open_decoded::<WalBatch>(dir, WAL_FILE, held, &persist.path)?;
+        let (mut wal, batches) =
+            Wal::open_decoded_with(dir, WAL_FILE, held, &persist.path, WalBatch::decode)?;
         let wal_path = dir.join(WAL_FILE);
         let mut last = held;
         for (seq, batch) in batches {
@@ -299,6 +341,7 @@ impl Persist {
             txn.open_table(BASE).map_err(io)?;
             txn.open_table(LEASES).map_err(io)?;
             txn.open_table(RAFT_META).map_err(io)?;
+            txn.open_table(ALARMS).map_err(io)?;
             let mut meta = txn.open_table(META).map_err(io)?;
             let format = meta.get("format").map_err(io)?.map(|v| v.value());
             match format {
@@ -373,6 +416,20 @@ impl Persist {
                 mvcc.revision()
             )));
         }
+        match txn.open_table(ALARMS) {
+            Ok(alarms) => {
+                if let Some(v) = alarms.get("active").map_err(io)? {
+                    let payload = unseal(v.value(), &|| format!("{file}: alarms record"))?;
+                    let list: Vec<Alarm> = postcard::from_bytes(payload).map_err(|e| {
+                        StoreError::Corrupt(format!("{file}: alarms record undecodable: {e}"))
+                    })?;
+                    mvcc.load_alarms(list);
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(io(e)),
+        }
+        mvcc.finish_load();
         Ok(mvcc)
     }
 
@@ -523,6 +580,13 @@ impl Persist {
             let mut history = txn.open_table(HISTORY).map_err(io)?;
             let mut base = txn.open_table(BASE).map_err(io)?;
             let mut leases = txn.open_table(LEASES).map_err(io)?;
+            if let Some(alarms) = batch.iter().rev().find_map(|a| a.alarms.as_ref()) {
+                let payload = postcard::to_allocvec(alarms).map_err(io)?;
+                txn.open_table(ALARMS)
+                    .map_err(io)?
+                    .insert("active", seal(&payload).as_slice())
+                    .map_err(io)?;
+            }
             for applied in batch {
                 if let Some((rev, events)) = &applied.revision {
                     let changes: Vec<StoredChange> = events
@@ -604,14 +668,28 @@ impl Persist {
     }
 }
 
-const BACKUP_MAGIC: &[u8; 16] = b"LATTICE-BACKUP01";
+/// Backup files as written before alarms existed.
+const BACKUP_MAGIC_V1: &[u8; 16] = b"LATTICE-BACKUP01";
+const BACKUP_MAGIC: &[u8; 16] = b"LATTICE-BACKUP02";
 
-/// A point-in-time copy of the store: every live key at `revision`, and the leases.
+/// A point-in-time copy of the store: every live key at `revision`, the leases and the
+/// active alarms. (A Raft snapshot is one too: a member that installs it must hold the
+/// same alarms as the others.)
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Backup {
     pub revision: i64,
     pub kvs: Vec<KeyValue>,
     pub leases: Vec<(i64, i64)>,
+    /// Last, so that an older encoding is told apart (see [`Backup::decode`]).
+    pub alarms: Vec<Alarm>,
+}
+
+/// A [`Backup`] as encoded before alarms existed.
+#[derive(Deserialize)]
+struct BackupV1 {
+    revision: i64,
+    kvs: Vec<KeyValue>,
+    leases: Vec<(i64, i64)>,
 }
 
 impl Backup {
@@ -620,7 +698,29 @@ impl Backup {
             revision,
             kvs: mvcc.live_at(revision),
             leases: mvcc.leases().iter().map(|(id, l)| (*id, l.ttl)).collect(),
+            alarms: mvcc.alarms(),
         }
+    }
+
+    /// The encoding of a Raft snapshot's payload (postcard).
+    pub fn encode(&self) -> StoreResult<Vec<u8>> {
+        postcard::to_allocvec(self).map_err(io)
+    }
+
+    /// Decode [`Backup::encode`]'s output, or a payload encoded before alarms existed: it
+    /// ends where the alarms would begin, so it fails to decode as a `Backup` and is read
+    /// as one without alarms.
+    pub fn decode(payload: &[u8]) -> Result<Backup, postcard::Error> {
+        postcard::from_bytes::<Backup>(payload).or_else(|e| {
+            postcard::from_bytes::<BackupV1>(payload)
+                .map(|v1| Backup {
+                    revision: v1.revision,
+                    kvs: v1.kvs,
+                    leases: v1.leases,
+                    alarms: Vec::new(),
+                })
+                .map_err(|_| e)
+        })
     }
 
     /// Write `magic | crc32 | payload` to `path` (through a temporary file, fsynced, then
@@ -641,13 +741,14 @@ impl Backup {
     pub fn read(path: &Path) -> StoreResult<Backup> {
         let data = std::fs::read(path).map_err(|e| io(format!("{}: {e}", path.display())))?;
         let name = path.display().to_string();
-        if data.len() < BACKUP_MAGIC.len() || &data[..BACKUP_MAGIC.len()] != BACKUP_MAGIC {
+        let magic = data.get(..BACKUP_MAGIC.len());
+        if magic != Some(BACKUP_MAGIC) && magic != Some(BACKUP_MAGIC_V1) {
             return Err(StoreError::Corrupt(format!(
                 "{name}: not a Lattice backup (bad header)"
             )));
         }
         let payload = unseal(&data[BACKUP_MAGIC.len()..], &|| name.clone())?;
-        postcard::from_bytes(payload)
+        Backup::decode(payload)
             .map_err(|e| StoreError::Corrupt(format!("{name}: undecodable: {e}")))
     }
 
@@ -679,6 +780,11 @@ impl Backup {
                 leases.insert(*id, *ttl).map_err(io)?;
             }
             txn.open_table(HISTORY).map_err(io)?;
+            let alarms = postcard::to_allocvec(&self.alarms).map_err(io)?;
+            txn.open_table(ALARMS)
+                .map_err(io)?
+                .insert("active", seal(&alarms).as_slice())
+                .map_err(io)?;
             let mut meta = txn.open_table(META).map_err(io)?;
             meta.insert("format", FORMAT).map_err(io)?;
             meta.insert("revision", self.revision).map_err(io)?;

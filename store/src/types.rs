@@ -350,6 +350,59 @@ pub struct StoreStatus {
     pub raft_index: u64,
     pub raft_applied_index: u64,
     pub is_learner: bool,
+    /// The size the quota is held to (see [`crate::quota`]); 0: not reported.
+    pub size_in_use: i64,
+    /// The size quota (`--quota-backend-bytes`); 0: not reported.
+    pub quota_bytes: i64,
+    /// Active alarms.
+    pub alarms: Vec<Alarm>,
+}
+
+/// What an alarm is about (etcd's `AlarmType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum AlarmKind {
+    /// The store reached its size quota: writes that add data are refused until the
+    /// alarm is disarmed (etcd's `NOSPACE`).
+    NoSpace,
+    /// A member found its data corrupt (etcd's `CORRUPT`; never raised by Lattice, kept
+    /// so that etcd's alarm API maps one to one).
+    Corrupt,
+}
+
+impl AlarmKind {
+    /// etcd's name for it (`etcdctl alarm list` prints it).
+    pub fn etcd_name(self) -> &'static str {
+        match self {
+            AlarmKind::NoSpace => "NOSPACE",
+            AlarmKind::Corrupt => "CORRUPT",
+        }
+    }
+}
+
+/// An alarm raised by a member (etcd's `AlarmMember`). Alarms are replicated state: raised
+/// and disarmed through the log, the same on every member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Alarm {
+    pub member: u64,
+    pub kind: AlarmKind,
+}
+
+impl std::fmt::Display for Alarm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "memberID:{} alarm:{}",
+            self.member,
+            self.kind.etcd_name()
+        )
+    }
+}
+
+/// Raise or disarm (etcd's `AlarmRequest.AlarmAction`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AlarmAction {
+    Activate,
+    Deactivate,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -126,6 +126,18 @@ impl Wal {
         held: u64,
         state: &Path,
     ) -> StoreResult<(Wal, Vec<(u64, T)>)> {
+        Wal::open_decoded_with(dir, name, held, state, |p| postcard::from_bytes(p))
+    }
+
+    /// [`Wal::open_decoded`] with a decoder of its own (one that reads older record
+    /// layouts too).
+    pub fn open_decoded_with<T, E: std::fmt::Display>(
+        dir: &Path,
+        name: &str,
+        held: u64,
+        state: &Path,
+        decode: impl Fn(&[u8]) -> Result<T, E>,
+    ) -> StoreResult<(Wal, Vec<(u64, T)>)> {
         let (wal, records) = Wal::open_named(dir, name, held)?;
         let path = dir.join(name);
         let mut last = held;
@@ -143,7 +155,7 @@ impl Wal {
                     state.display()
                 )));
             }
-            let value = postcard::from_bytes(&rec.payload).map_err(|e| {
+            let value = decode(&rec.payload).map_err(|e| {
                 StoreError::Corrupt(format!(
                     "{}: record {} undecodable: {e}",
                     path.display(),

@@ -47,6 +47,9 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+mod gate;
+pub use gate::{client_config_expecting, server_config_admitting, Admit};
+
 /// The domain of the DNS names in node and member certificates: the API server reaches a
 /// node's agent as `<node>.nodes.lattice.internal`, whatever address it dials.
 pub const NODE_DOMAIN: &str = "nodes.lattice.internal";

@@ -183,6 +183,8 @@ impl From<StoreError> for ApiError {
                 ApiError::bad_request(e.to_string())
             }
             StoreError::NoLeader(_) | StoreError::Stopped => ApiError::unavailable(e.to_string()),
+            // The store's quota (its message names the quota and the fix).
+            StoreError::NoSpace { .. } => ApiError::new(507, "InsufficientStorage", e.to_string()),
             _ => {
                 tracing::error!(error = %e, "store error");
                 ApiError::internal(e.to_string())

@@ -27,8 +27,11 @@ use tokio_rustls::TlsAcceptor;
 /// The cluster CA and this API server's certificate.
 #[derive(Debug, Clone)]
 pub struct ServerPki {
-    /// The CA (its key signs node certificates).
-    pub ca: Arc<Ca>,
+    /// The CA, when its key is here (it signs node certificates); `None` when the key is
+    /// kept elsewhere: this server then enrolls no nodes.
+    pub ca: Option<Arc<Ca>>,
+    /// The CA certificate (PEM).
+    pub ca_pem: String,
     /// `ca.crt`, for clients to trust.
     pub ca_cert: PathBuf,
     /// The serving (and agent-facing client) certificate.
@@ -45,11 +48,26 @@ impl ServerPki {
     /// The CA of `dir` (made if `dir` has none) and a `system:apiserver` certificate for
     /// `localhost`, `127.0.0.1`, `::1` and `extra_names`, made if missing, due for
     /// renewal, or not for every name.
+    ///
+    /// When `dir` holds the CA certificate but not its key (the key kept offline), the
+    /// certificate must be there already (`lattice admin pki issue apiserver`), and this
+    /// server signs no node certificates.
     pub fn load_or_create(dir: &Path, extra_names: &[String]) -> anyhow::Result<ServerPki> {
-        let ca = Ca::load_or_generate(dir, "Lattice cluster CA")
-            .with_context(|| format!("the cluster CA in {}", dir.display()))?;
+        let key_elsewhere =
+            dir.join(lattice_pki::CA_CERT).exists() && !dir.join(lattice_pki::CA_KEY).exists();
+        let (ca, ca_pem) = if key_elsewhere {
+            let pem = std::fs::read_to_string(dir.join(lattice_pki::CA_CERT))
+                .with_context(|| format!("reading the cluster CA in {}", dir.display()))?;
+            (None, pem)
+        } else {
+            let ca = Ca::load_or_generate(dir, "Lattice cluster CA")
+                .with_context(|| format!("the cluster CA in {}", dir.display()))?;
+            let pem = ca.cert_pem().to_string();
+            (Some(Arc::new(ca)), pem)
+        };
         let pki = ServerPki {
-            ca: Arc::new(ca),
+            ca,
+            ca_pem,
             ca_cert: dir.join(lattice_pki::CA_CERT),
             cert: dir.join("apiserver.crt"),
             key: dir.join("apiserver.key"),
@@ -61,14 +79,29 @@ impl ServerPki {
         ];
         names.extend(extra_names.iter().cloned());
         if !pki.current(&names) {
+            let Some(ca) = &pki.ca else {
+                anyhow::bail!(
+                    "{} has the cluster CA's certificate but not its key, and no current API \
+                     server certificate (apiserver.crt, apiserver.key for {}); issue one where \
+                     the key is (`lattice admin pki issue apiserver --name HOST --ip ADDR --dir \
+                     CA-DIR`) and copy apiserver.crt and apiserver.key here",
+                    dir.display(),
+                    names.join(", ")
+                );
+            };
             let mut req = IssueRequest::new(Identity::ApiServer, Usage::ClientAndServer)
                 .validity(APISERVER_CERT_VALIDITY);
             for n in &names {
                 req = req.name(n);
             }
-            let issued = pki.ca.issue(&req)?;
+            let issued = ca.issue(&req)?;
             issued.save(dir, "apiserver")?;
             tracing::info!(cert = %pki.cert.display(), "issued this API server's certificate");
+        } else if pki.ca.is_none() {
+            tracing::warn!(
+                dir = %dir.display(),
+                "the cluster CA's key is not here: this server enrolls and renews no nodes"
+            );
         }
         Ok(pki)
     }
@@ -85,7 +118,7 @@ impl ServerPki {
         let Ok(info) = lattice_pki::inspect_pem(&pem) else {
             return false;
         };
-        webpki_verifies(self.ca.cert_pem(), &pem)
+        webpki_verifies(&self.ca_pem, &pem)
             && info.identity == Some(Identity::ApiServer)
             && info.renew_at() > SystemTime::now()
             && names.iter().all(|n| cert_names(&pem).contains(n))
@@ -99,7 +132,7 @@ impl ServerPki {
         let key = std::fs::read_to_string(&self.key)
             .with_context(|| format!("reading {}", self.key.display()))?;
         let mut config =
-            lattice_pki::server_config(&cert, &key, ClientAuth::Optional(self.ca.cert_pem()))?;
+            lattice_pki::server_config(&cert, &key, ClientAuth::Optional(&self.ca_pem))?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(config)
     }
@@ -112,7 +145,7 @@ impl ServerPki {
         let key = std::fs::read_to_string(&self.key)
             .with_context(|| format!("reading {}", self.key.display()))?;
         Ok(lattice_pki::client_config(
-            self.ca.cert_pem(),
+            &self.ca_pem,
             Some((&cert, &key)),
         )?)
     }

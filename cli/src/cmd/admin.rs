@@ -1,4 +1,4 @@
-//! `lattice admin tenant|vcluster|config|raft`.
+//! `lattice admin tenant|vcluster|config|raft` (`pki` is in `cmd::pki`).
 
 use std::io::Write;
 
@@ -1031,6 +1031,7 @@ pub async fn run(
         AdminCommand::Drain(a) => crate::cmd::nodes::drain(ctx, a, out).await,
         AdminCommand::Undrain(a) => crate::cmd::nodes::undrain(ctx, &a.id, out).await,
         AdminCommand::Config(c) => cluster_config(ctx, c, out).await,
+        AdminCommand::Pki(p) => crate::cmd::pki::run(p, out),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod get;
 pub mod launch;
 pub mod logs;
 pub mod nodes;
+pub mod pki;
 pub mod status;
 pub mod submit;
 pub mod up;

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! lattice-server --dev                      # single member, all defaults, data in ./.lattice-dev
-//! lattice-server --data-dir /var/lib/lattice --tls-addr 0.0.0.0:8443 --etcd-addr 0.0.0.0:2379
+//! lattice-server --data-dir /var/lib/lattice --tls-addr 0.0.0.0:8443 --etcd-addr 0.0.0.0:2379 \
+//!   --pki-dir /etc/lattice/pki               # the cluster CA: API, store ports, node certificates
 //! lattice-server --backend etcd --etcd-endpoints http://10.0.0.5:2379
 //! lattice-server backup create --data-dir D FILE | backup verify FILE | restore --data-dir NEW FILE
 //! ```
@@ -12,6 +13,7 @@
 mod api_limits;
 mod dev;
 mod offline;
+mod store_tls;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -99,11 +101,14 @@ struct ServeArgs {
     /// PEM private key for the HTTPS listener.
     #[arg(long, requires = "tls_cert_file")]
     tls_key_file: Option<PathBuf>,
-    /// Where the cluster CA (ca.crt, ca.key) and this server's certificate
-    /// (apiserver.crt, apiserver.key) live [default: <data-dir>/pki]. A CA is made there
-    /// on first start if there is none; every API server of a cluster needs the same CA
-    /// (copy the directory's ca.crt and ca.key, or make it first with `lattice admin pki
-    /// init`). The CA signs node certificates (bootstrap tokens, renewals).
+    /// Where the cluster CA (ca.crt, ca.key) and this server's certificates live
+    /// [default: <data-dir>/pki]: the API's serving certificate (apiserver.crt,
+    /// apiserver.key) and this store member's (member.crt, member.key, for the mutual TLS
+    /// of the etcd and Raft ports), each issued from the CA at start when missing or not
+    /// current. A CA is made there on first start if there is none, so every server of a
+    /// cluster must be given the same one (copy ca.crt and ca.key, or make it first with
+    /// `lattice admin pki init`). The CA signs node certificates (bootstrap tokens,
+    /// renewals).
     #[arg(long, env = "LATTICE_PKI_DIR")]
     pki_dir: Option<PathBuf>,
     /// Extra names (DNS names or IP addresses) this server's certificate is for, beside
@@ -152,6 +157,26 @@ struct ServeArgs {
     /// Endpoints of the external etcd cluster (with --backend etcd), comma separated.
     #[arg(long, value_delimiter = ',')]
     etcd_endpoints: Vec<String>,
+    /// With --backend etcd: the CA certificate that signed the etcd servers' certificates
+    /// (TLS to etcd; with --etcd-certfile and --etcd-keyfile, mutual TLS).
+    #[arg(long, requires_all = ["etcd_certfile", "etcd_keyfile"])]
+    etcd_cafile: Option<PathBuf>,
+    /// With --backend etcd: the client certificate presented to etcd (for a Lattice store,
+    /// an API server's, `system:apiserver`, or an administrator's).
+    #[arg(long, requires = "etcd_cafile")]
+    etcd_certfile: Option<PathBuf>,
+    /// With --backend etcd: the client certificate's key.
+    #[arg(long, requires = "etcd_cafile")]
+    etcd_keyfile: Option<PathBuf>,
+    #[command(flatten)]
+    store_tls: store_tls::StoreTlsArgs,
+    /// The store's size quota in bytes (etcd's --quota-backend-bytes; K, M, G, Ki, Mi, Gi
+    /// suffixes accepted). The size counts every version the store holds, history not yet
+    /// compacted included; a write that would go beyond it raises the NOSPACE alarm and
+    /// writes that add data are refused (507 from the API) until space is freed and the
+    /// alarm disarmed (`etcdctl alarm disarm`).
+    #[arg(long, default_value = "2Gi", value_parser = parse_bytes_arg)]
+    quota_backend_bytes: u64,
     /// HS256 secret for API tokens (default: generated once into <data-dir>/jwt.secret).
     #[arg(long, env = "LATTICE_JWT_SECRET_FILE")]
     jwt_secret_file: Option<PathBuf>,
@@ -218,6 +243,36 @@ fn metric_source(
     Ok(Some(Arc::new(source)))
 }
 
+/// Bytes, with an optional decimal (K, M, G) or binary (Ki, Mi, Gi) suffix, and `B`.
+fn parse_bytes_arg(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix('B').unwrap_or(t);
+    let (digits, mult) = [
+        ("Ki", 1u64 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("K", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ]
+    .iter()
+    .find_map(|(suffix, m)| t.strip_suffix(suffix).map(|d| (d, *m)))
+    .unwrap_or((t, 1));
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|e| format!("{s:?}: not a number of bytes ({e})"))?;
+    let bytes = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("{s:?}: too large"))?;
+    if bytes == 0 {
+        return Err(format!("{s:?}: the quota must be above zero"));
+    }
+    Ok(bytes)
+}
+
 fn parse_duration_arg(s: &str) -> Result<Duration, String> {
     if let Some(ms) = s.strip_suffix("ms") {
         return ms
@@ -258,11 +313,19 @@ enum Cmd {
 #[derive(Subcommand, Debug)]
 enum MembershipCmd {
     /// Remove member NODE_ID, asking the member at --peer (any member's Raft address).
+    /// With TLS, run it with a member's certificate (--pki-dir of a member of the cluster).
     Remove {
         #[arg(long)]
         peer: String,
         #[arg(long)]
         node_id: u64,
+        /// A member's PKI directory (ca.crt, member.crt, member.key): the Raft port takes
+        /// mutual TLS from members only. Without it (or the per-file flags), plaintext to a
+        /// loopback --peer only.
+        #[arg(long)]
+        pki_dir: Option<PathBuf>,
+        #[command(flatten)]
+        tls: store_tls::StoreTlsArgs,
     },
 }
 
@@ -312,12 +375,29 @@ fn main() -> anyhow::Result<()> {
             }) => offline::backup_verify(&file),
             Some(Cmd::Restore { data_dir, file }) => offline::restore(&data_dir, &file),
             Some(Cmd::Membership {
-                cmd: MembershipCmd::Remove { peer, node_id },
+                cmd:
+                    MembershipCmd::Remove {
+                        peer,
+                        node_id,
+                        pki_dir,
+                        tls,
+                    },
             }) => {
+                let tls = match (&pki_dir, &tls.ca_cert_file) {
+                    (None, None) => None,
+                    (dir, _) => Some(tls.existing(dir.as_deref().unwrap_or(Path::new(".")))?),
+                };
+                if tls.is_none() && !lattice_store::tls::is_loopback_endpoint(&peer) {
+                    anyhow::bail!(
+                        "--peer {peer} is not a loopback address: give --pki-dir with a member's \
+                         certificate (the Raft port takes mutual TLS only)"
+                    );
+                }
                 lattice_store::raft::RaftStore::remove_member_via(
                     &peer,
                     node_id,
                     Duration::from_secs(30),
+                    tls.map(|t| t.raft_client()),
                 )
                 .await?;
                 println!("member {node_id} removed");
@@ -386,6 +466,45 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
             Backend::Embedded => EMBEDDED_MAX_TXN_OPS,
         }),
     };
+    // The cluster CA first (made on first start): the API's serving certificate, the
+    // store member's and the node certificates all come from it.
+    let pki_dir = args.pki_dir.clone().unwrap_or_else(|| data_dir.join("pki"));
+    let mut sans = args.tls_sans.clone();
+    if let Ok(a) = args.tls_addr.parse::<SocketAddr>() {
+        if !a.ip().is_unspecified() {
+            sans.push(a.ip().to_string());
+        }
+    }
+    let pki = lattice_apiserver::tls::ServerPki::load_or_create(&pki_dir, &sans)
+        .with_context(|| format!("the cluster PKI in {}", pki_dir.display()))?;
+    let etcd_addr: Option<SocketAddr> = match (args.etcd_addr.as_str(), args.backend) {
+        ("off", _) | (_, Backend::Etcd) => None,
+        (a, Backend::Embedded) => Some(
+            a.parse()
+                .with_context(|| format!("--etcd-addr {a:?} is not HOST:PORT (or \"off\")"))?,
+        ),
+    };
+    let mut store_ports = Vec::new();
+    if let Some(addr) = etcd_addr {
+        store_ports.push(store_tls::Port {
+            name: "the etcd port",
+            addr,
+        });
+    }
+    if let (Backend::Embedded, Some(addr)) = (args.backend, args.raft_addr) {
+        store_ports.push(store_tls::Port {
+            name: "the Raft port",
+            addr,
+        });
+    }
+    let member_tls = store_tls::resolve(
+        &args.store_tls,
+        args.dev,
+        &pki_dir,
+        args.node_id,
+        &store_ports,
+        args.raft_advertise_addr.as_deref(),
+    )?;
     let mut registry = prometheus_client::registry::Registry::default();
     let mut info = ServerInfo {
         max_request_bytes: limits.max_value_bytes + limits.max_key_bytes + 64 * 1024,
@@ -395,7 +514,14 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
     let mut raft_store = None;
     let backend: Arc<dyn KvBackend> = match args.backend {
         Backend::Embedded if args.raft_addr.is_some() => {
-            let store = start_raft(&args, &data_dir, limits.clone(), &store_rt).await?;
+            let store = start_raft(
+                &args,
+                &data_dir,
+                limits.clone(),
+                member_tls.clone(),
+                &store_rt,
+            )
+            .await?;
             store.metrics().register(&mut registry);
             store.raft_metrics().register(&mut registry);
             register_raft_gauges(&store, &mut registry);
@@ -411,6 +537,7 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
                     limits: limits.clone(),
                     // The etcd port reports this member as leader: the IDs must agree.
                     member_id: ServerInfo::default().member_id,
+                    quota_bytes: args.quota_backend_bytes,
                     ..Default::default()
                 },
             )
@@ -425,11 +552,18 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
             if args.etcd_endpoints.is_empty() {
                 anyhow::bail!("--backend etcd needs --etcd-endpoints http://HOST:PORT[,...]");
             }
-            Arc::new(
-                lattice_store::etcd_backend::EtcdBackend::connect(&args.etcd_endpoints)
-                    .await?
-                    .with_max_txn_ops(limits.max_txn_ops),
-            )
+            let backend = match (&args.etcd_cafile, &args.etcd_certfile, &args.etcd_keyfile) {
+                (Some(ca), Some(cert), Some(key)) => {
+                    let tls = lattice_store::tls::load_etcd_client_config(ca, cert, key)?;
+                    lattice_store::etcd_backend::EtcdBackend::from_client(
+                        lattice_store::tls::etcd_client(&args.etcd_endpoints, Some(tls)).await?,
+                    )
+                }
+                _ => {
+                    lattice_store::etcd_backend::EtcdBackend::connect(&args.etcd_endpoints).await?
+                }
+            };
+            Arc::new(backend.with_max_txn_ops(limits.max_txn_ops))
         }
     };
 
@@ -445,17 +579,14 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
     };
 
     let mut tasks = Vec::new();
-    if args.etcd_addr != "off" && args.backend == Backend::Embedded {
-        let addr: SocketAddr = args.etcd_addr.parse().with_context(|| {
-            format!(
-                "--etcd-addr {:?} is not HOST:PORT (or \"off\")",
-                args.etcd_addr
-            )
-        })?;
-        let grpc = EtcdGrpcServer::bind(addr, backend.clone(), info)
+    if let Some(addr) = etcd_addr {
+        let mut grpc = EtcdGrpcServer::bind(addr, backend.clone(), info)
             .await
             .with_context(|| format!("binding the etcd port {addr}"))?;
-        tracing::info!(addr = %grpc.local_addr(), "etcd v3 API listening");
+        if let Some(tls) = &member_tls {
+            grpc = grpc.with_tls(tls.etcd_server(etcd_port_admission(raft_store.clone()))?);
+        }
+        tracing::info!(addr = %grpc.local_addr(), tls = member_tls.is_some(), "etcd v3 API listening");
         tasks.push(store_rt.spawn(grpc.serve(shutdown())));
     }
 
@@ -464,15 +595,6 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
         .clone()
         .unwrap_or_else(|| data_dir.join("jwt.secret"));
     let jwt_secret = secret(&secret_path)?;
-    let pki_dir = args.pki_dir.clone().unwrap_or_else(|| data_dir.join("pki"));
-    let mut sans = args.tls_sans.clone();
-    if let Ok(a) = args.tls_addr.parse::<SocketAddr>() {
-        if !a.ip().is_unspecified() {
-            sans.push(a.ip().to_string());
-        }
-    }
-    let pki = lattice_apiserver::tls::ServerPki::load_or_create(&pki_dir, &sans)
-        .with_context(|| format!("the cluster PKI in {}", pki_dir.display()))?;
     let api = lattice_apiserver::ApiServer::new(
         backend.clone(),
         lattice_apiserver::ApiConfig {
@@ -480,7 +602,7 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
             auth: true,
             heartbeat_ttl: args.heartbeat_timeout,
             max_dag_size: args.max_dag_size,
-            ca: Some(pki.ca.clone()),
+            ca: pki.ca.clone(),
             node_cert_validity: args.node_cert_validity,
             agent_tls: Some(Arc::new(pki.agent_client_config()?)),
             limits: args.api_limits.identity_limits(),
@@ -584,7 +706,7 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
             )
         })?;
         let config = match (&args.tls_cert_file, &args.tls_key_file) {
-            (Some(c), Some(k)) => lattice_apiserver::tls::server_config(c, k, pki.ca.cert_pem())?,
+            (Some(c), Some(k)) => lattice_apiserver::tls::server_config(c, k, &pki.ca_pem)?,
             _ => {
                 ca_file = Some(pki.ca_cert.clone());
                 pki.server_config()?
@@ -641,7 +763,14 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
         eprintln!(
             "\nLattice dev server ready.\n  API:   http://{api_addr}{}\n  etcd:  {}\n  token: {}\n\n  export LATTICE_API_URL=http://{api_addr}\n  export LATTICE_TOKEN=$(cat {})\n  lattice get vclusters\n{}",
             tls_url.as_deref().map(|u| format!("  (HTTPS: {u})")).unwrap_or_default(),
-            args.etcd_addr,
+            match (etcd_addr, &member_tls) {
+                (None, _) => "off".to_string(),
+                (Some(a), None) => format!("{a} (plaintext, loopback only)"),
+                (Some(a), Some(_)) => format!(
+                    "{a} (mutual TLS: etcdctl --cacert {pki}/ca.crt with a certificate from `lattice admin pki issue admin --name NAME --dir {pki}`)",
+                    pki = pki_dir.display()
+                ),
+            },
             token_path.display(),
             token_path.display(),
             if tls_url.is_some() && ca_file.is_some() {
@@ -751,10 +880,21 @@ fn raft_leader_gate(raft: &lattice_store::raft::RaftStore) -> tokio::sync::watch
     rx
 }
 
+/// Who may use the etcd port ([`lattice_store::tls::etcd_port_admits`]); of the members,
+/// in a replicated store, only those of the cluster as this member knows it (a removed
+/// member's certificate stays valid until it expires; its holder no longer gets in).
+fn etcd_port_admission(raft: Option<lattice_store::raft::RaftStore>) -> lattice_pki::Admit {
+    lattice_pki::Admit::new(lattice_store::tls::ETCD_PORT, move |id| match (id, &raft) {
+        (lattice_pki::Identity::Member(m), Some(raft)) => raft.knows_member(*m),
+        _ => lattice_store::tls::etcd_port_admits(id),
+    })
+}
+
 async fn start_raft(
     args: &ServeArgs,
     data_dir: &Path,
     limits: Limits,
+    tls: Option<lattice_store::tls::MemberTls>,
     rt: &tokio::runtime::Handle,
 ) -> anyhow::Result<lattice_store::raft::RaftStore> {
     use lattice_store::raft::{RaftConfig, RaftStore};
@@ -766,6 +906,8 @@ async fn start_raft(
     config.bootstrap = args.bootstrap;
     config.snapshot_logs = args.snapshot_entries;
     config.limits = limits;
+    config.tls = tls;
+    config.quota_bytes = args.quota_backend_bytes;
     let (node_id, join) = (args.node_id, args.join.clone());
     // Started on the store's runtime, so that every task it spawns runs there.
     let start = async move {

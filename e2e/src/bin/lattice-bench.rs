@@ -36,7 +36,20 @@ struct Args {
     /// of `hack/bench-api.sh`): prints `<name>_puts_per_s_<N>_clients`.
     #[arg(long)]
     concurrent_clients: Option<usize>,
+    /// Mutual TLS (as etcdctl's flags): the CA certificate that signed the server's...
+    #[arg(long, requires_all = ["cert", "key"])]
+    cacert: Option<std::path::PathBuf>,
+    /// ...the client certificate...
+    #[arg(long, requires = "cacert")]
+    cert: Option<std::path::PathBuf>,
+    /// ...and its key.
+    #[arg(long, requires = "cacert")]
+    key: Option<std::path::PathBuf>,
 }
+
+/// The TLS client configuration of every connection (`--cacert/--cert/--key`).
+static TLS: std::sync::OnceLock<Option<Arc<lattice_store::tls::TlsClientConfig>>> =
+    std::sync::OnceLock::new();
 
 /// The `q` quantile of `v` in milliseconds.
 fn quantile(mut v: Vec<Duration>, q: f64) -> f64 {
@@ -56,7 +69,10 @@ fn result(args: &Args, name: &str, value: f64) {
 }
 
 async fn connect(endpoint: &str) -> anyhow::Result<Client> {
-    Ok(Client::connect([endpoint], None).await?)
+    match TLS.get().cloned().flatten() {
+        Some(tls) => Ok(lattice_store::tls::etcd_client(&[endpoint.to_string()], Some(tls)).await?),
+        None => Ok(Client::connect([endpoint], None).await?),
+    }
 }
 
 /// `clients` connections putting for `seconds`; returns puts per second.
@@ -95,6 +111,13 @@ async fn concurrent_puts(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let tls = match (&args.cacert, &args.cert, &args.key) {
+        (Some(ca), Some(cert), Some(key)) => {
+            Some(lattice_store::tls::load_etcd_client_config(ca, cert, key)?)
+        }
+        _ => None,
+    };
+    let _ = TLS.set(tls);
     if let Some(clients) = args.concurrent_clients {
         let rate = concurrent_puts(&args.endpoint, clients, args.seconds, "api").await?;
         result(&args, &format!("puts_per_s_{clients}_clients"), rate);

@@ -30,6 +30,9 @@ pub(crate) const MSG_LEASE_TTL_TOO_LARGE: &str = "etcdserver: too large lease TT
 pub(crate) const MSG_NO_LEADER: &str = "etcdserver: no leader";
 pub(crate) const MSG_STOPPED: &str = "etcdserver: server stopped";
 pub(crate) const MSG_CORRUPT: &str = "etcdserver: corrupt cluster";
+/// etcd's `ErrGRPCNoSpace`: clients (etcdctl, client-go) recognise it by this text.
+pub(crate) const MSG_NO_SPACE: &str = "etcdserver: mvcc: database space exceeded";
+pub(crate) const MSG_PERMISSION_DENIED: &str = "etcdserver: permission denied";
 
 /// Store error → gRPC status, with etcd's codes and messages.
 pub fn status_from_store_error(err: &StoreError) -> Status {
@@ -52,6 +55,10 @@ pub fn status_from_store_error(err: &StoreError) -> Status {
         StoreError::Io(m) => Status::internal(format!("etcdserver: storage I/O: {m}")),
         StoreError::InvalidArgument(m) => Status::invalid_argument(format!("etcdserver: {m}")),
         StoreError::Backend(m) => Status::unknown(format!("etcdserver: {m}")),
+        StoreError::NoSpace { .. } => Status::resource_exhausted(MSG_NO_SPACE),
+        StoreError::PermissionDenied(m) => {
+            Status::permission_denied(format!("{MSG_PERMISSION_DENIED}: {m}"))
+        }
     }
 }
 
@@ -97,6 +104,10 @@ pub fn store_error_from_status(status: &Status) -> StoreError {
         StoreError::Stopped
     } else if has(MSG_CORRUPT) {
         StoreError::Corrupt(msg.to_string())
+    } else if has(MSG_NO_SPACE) {
+        StoreError::NoSpace { quota_bytes: 0 }
+    } else if status.code() == Code::PermissionDenied {
+        StoreError::PermissionDenied(msg.to_string())
     } else {
         match status.code() {
             Code::InvalidArgument => StoreError::InvalidArgument(msg.to_string()),

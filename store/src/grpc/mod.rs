@@ -143,11 +143,16 @@ impl ServerInfo {
 
 /// A facade bound to a socket, not yet serving. Bind to port 0 and read
 /// [`local_addr`](Self::local_addr) to learn the port.
+///
+/// Without [`with_tls`](Self::with_tls) it serves plaintext, which it allows on a
+/// loopback address only ([`crate::tls::is_loopback`]): [`serve`](Self::serve) refuses any
+/// other.
 pub struct EtcdGrpcServer {
     listener: TcpListener,
     addr: SocketAddr,
     backend: Arc<dyn KvBackend>,
     info: ServerInfo,
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl EtcdGrpcServer {
@@ -174,7 +179,21 @@ impl EtcdGrpcServer {
             addr,
             backend,
             info,
+            tls: None,
         })
+    }
+
+    /// Serve mutual TLS with `config` (see [`crate::tls::MemberTls::etcd_server`]: it
+    /// requires a client certificate and decides which identities get in). The advertised
+    /// client URLs become `https://`.
+    pub fn with_tls(mut self, config: Arc<rustls::ServerConfig>) -> Self {
+        for url in &mut self.info.client_urls {
+            if let Some(rest) = url.strip_prefix("http://") {
+                *url = format!("https://{rest}");
+            }
+        }
+        self.tls = Some(config);
+        self
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -188,16 +207,35 @@ impl EtcdGrpcServer {
             addr,
             backend,
             info,
+            tls,
         } = self;
+        if tls.is_none() && !crate::tls::is_loopback(addr.ip()) {
+            anyhow::bail!(
+                "the etcd port {addr} would serve plaintext on a non-loopback address: \
+                 give it TLS (member certificate and the cluster CA)"
+            );
+        }
         tracing::info!(%addr, cluster_id = info.cluster_id, member_id = info.member_id,
-            "etcd gRPC facade serving");
+            tls = tls.is_some(), "etcd gRPC facade serving");
         let router = add_services(Server::builder(), backend, info);
-        router
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(listener).with_nodelay(Some(true)),
-                shutdown,
-            )
-            .await?;
+        match tls {
+            Some(config) => {
+                router
+                    .serve_with_incoming_shutdown(
+                        crate::tls::incoming(listener, config, crate::tls::ETCD_PORT),
+                        shutdown,
+                    )
+                    .await?
+            }
+            None => {
+                router
+                    .serve_with_incoming_shutdown(
+                        TcpIncoming::from(listener).with_nodelay(Some(true)),
+                        shutdown,
+                    )
+                    .await?
+            }
+        }
         tracing::info!(%addr, "etcd gRPC facade stopped");
         Ok(())
     }

@@ -12,7 +12,7 @@ use super::convert::*;
 use super::ServerInfo;
 use crate::backend::KvBackend;
 use crate::error::StoreError;
-use crate::types::{KeyRange, RangeRequest};
+use crate::types::{AlarmAction, AlarmKind, KeyRange, RangeRequest};
 
 pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -345,22 +345,84 @@ impl PbLeaseService for LeaseSvc {
 
 pub(crate) struct MaintenanceSvc(pub Arc<Shared>);
 
+// etcd's `AlarmRequest.AlarmAction` and `AlarmType` numbers.
+const ALARM_ACTION_GET: i32 = 0;
 const ALARM_ACTION_ACTIVATE: i32 = 1;
+const ALARM_ACTION_DEACTIVATE: i32 = 2;
+const ALARM_TYPE_NONE: i32 = 0;
+const ALARM_TYPE_NOSPACE: i32 = 1;
+const ALARM_TYPE_CORRUPT: i32 = 2;
+
+fn alarm_to_pb(a: &crate::types::Alarm) -> PbAlarmMember {
+    PbAlarmMember {
+        member_id: a.member,
+        alarm: match a.kind {
+            AlarmKind::NoSpace => ALARM_TYPE_NOSPACE,
+            AlarmKind::Corrupt => ALARM_TYPE_CORRUPT,
+        },
+    }
+}
 
 #[tonic::async_trait]
 impl PbMaintenanceService for MaintenanceSvc {
+    /// etcd's alarm API: GET lists every active alarm; ACTIVATE and DEACTIVATE raise and
+    /// disarm one (member and type) through the log, answering with the alarms changed.
+    /// (`etcdctl alarm disarm` lists the alarms, then deactivates each.)
     async fn alarm(
         &self,
         request: Request<PbAlarmRequest>,
     ) -> Result<Response<PbAlarmResponse>, Status> {
         let req = request.into_inner();
-        if req.action == ALARM_ACTION_ACTIVATE {
-            return Err(Status::unimplemented("activating alarms is not supported"));
-        }
+        let alarms = match req.action {
+            ALARM_ACTION_GET => self
+                .0
+                .backend
+                .alarms()
+                .await
+                .map_err(|e| log_err("alarm", e))?,
+            ALARM_ACTION_ACTIVATE | ALARM_ACTION_DEACTIVATE => {
+                let kind = match req.alarm {
+                    ALARM_TYPE_NOSPACE => AlarmKind::NoSpace,
+                    ALARM_TYPE_CORRUPT => AlarmKind::Corrupt,
+                    ALARM_TYPE_NONE => {
+                        // etcd answers a request for no alarm with nothing changed.
+                        let rev = self.0.current_revision().await?;
+                        return Ok(Response::new(PbAlarmResponse {
+                            header: self.0.header().at(rev),
+                            alarms: Vec::new(),
+                        }));
+                    }
+                    other => {
+                        return Err(Status::invalid_argument(format!(
+                            "etcdserver: unknown alarm type {other}"
+                        )))
+                    }
+                };
+                let action = if req.action == ALARM_ACTION_ACTIVATE {
+                    AlarmAction::Activate
+                } else {
+                    AlarmAction::Deactivate
+                };
+                let alarm = crate::types::Alarm {
+                    member: req.member_id,
+                    kind,
+                };
+                self.0
+                    .backend
+                    .alarm(action, alarm)
+                    .await
+                    .map_err(|e| log_err("alarm", e))?
+            }
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "etcdserver: unknown alarm action {other}"
+                )))
+            }
+        };
         let rev = self.0.current_revision().await?;
         Ok(Response::new(PbAlarmResponse {
             header: self.0.header().at(rev),
-            alarms: Vec::new(),
+            alarms: alarms.iter().map(alarm_to_pb).collect(),
         }))
     }
 
@@ -394,11 +456,16 @@ impl PbMaintenanceService for MaintenanceSvc {
             raft_index: s.raft_index,
             raft_term: s.raft_term,
             raft_applied_index: s.raft_applied_index,
-            errors: Vec::new(),
-            db_size_in_use: s.db_size,
+            // etcd lists active alarms here ("memberID:N alarm:NOSPACE").
+            errors: s.alarms.iter().map(|a| a.to_string()).collect(),
+            db_size_in_use: if s.size_in_use > 0 {
+                s.size_in_use
+            } else {
+                s.db_size
+            },
             is_learner: s.is_learner,
             storage_version: String::new(),
-            db_size_quota: 0,
+            db_size_quota: s.quota_bytes,
             downgrade_info: None,
         }))
     }

@@ -263,6 +263,10 @@ pub enum WireError {
     /// The member asked is not the leader (the request was not applied); the leader it
     /// knows of, if any.
     NotLeader(Option<u64>),
+    NoSpace {
+        quota_bytes: u64,
+    },
+    PermissionDenied(String),
 }
 
 impl From<StoreError> for WireError {
@@ -290,6 +294,8 @@ impl From<StoreError> for WireError {
             StoreError::Io(s) => WireError::Io(s),
             StoreError::InvalidArgument(s) => WireError::InvalidArgument(s),
             StoreError::Backend(s) => WireError::Backend(s),
+            StoreError::NoSpace { quota_bytes } => WireError::NoSpace { quota_bytes },
+            StoreError::PermissionDenied(s) => WireError::PermissionDenied(s),
         }
     }
 }
@@ -319,6 +325,8 @@ impl From<WireError> for StoreError {
             WireError::Io(s) => StoreError::Io(s),
             WireError::InvalidArgument(s) => StoreError::InvalidArgument(s),
             WireError::Backend(s) => StoreError::Backend(s),
+            WireError::NoSpace { quota_bytes } => StoreError::NoSpace { quota_bytes },
+            WireError::PermissionDenied(s) => StoreError::PermissionDenied(s),
             WireError::NotLeader(l) => StoreError::NoLeader(match l {
                 Some(l) => format!("member {l} is the leader"),
                 None => "no leader elected".into(),
@@ -426,6 +434,12 @@ pub struct RaftConfig {
     pub watch_buffer: usize,
     pub progress_interval: Duration,
     pub lease_check_interval: Duration,
+    /// Mutual TLS on the Raft port and to peers (this member's certificate and the
+    /// cluster CA). `None`: plaintext, which the member allows only when its listen and
+    /// advertised addresses are loopback ones and then dials loopback peers only.
+    pub tls: Option<crate::tls::MemberTls>,
+    /// The store's size quota (etcd's `--quota-backend-bytes`), see [`crate::quota`].
+    pub quota_bytes: u64,
 }
 
 impl RaftConfig {
@@ -447,6 +461,8 @@ impl RaftConfig {
             watch_buffer: 256,
             progress_interval: Duration::from_secs(5),
             lease_check_interval: Duration::from_millis(200),
+            tls: None,
+            quota_bytes: crate::quota::DEFAULT_QUOTA_BYTES,
         }
     }
 }
@@ -506,6 +522,9 @@ pub(crate) struct Inner {
     server_stop: Mutex<Option<oneshot::Sender<()>>>,
     server_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     proposals: tokio::sync::mpsc::UnboundedSender<(Command, Reply)>,
+    /// Set while this member (leading) proposes the NOSPACE alarm, so that the writes
+    /// refused meanwhile do not each propose it again.
+    raising_alarm: AtomicBool,
 }
 
 /// A replicated [`KvBackend`] member. Cheap to clone.
@@ -538,6 +557,35 @@ impl RaftStore {
     /// one-member cluster if `config.bootstrap` and the log is empty.
     pub async fn start(config: RaftConfig) -> StoreResult<RaftStore> {
         let rcfg = Arc::new(raft_config(&config)?);
+        if let Some(tls) = &config.tls {
+            if tls.member_id() != config.node_id {
+                return Err(StoreError::InvalidArgument(format!(
+                    "the member certificate is for member {} but this member is {}: issue one \
+                     for it with `lattice admin pki issue member --id {}`",
+                    tls.member_id(),
+                    config.node_id,
+                    config.node_id
+                )));
+            }
+        } else {
+            let plain_ok = crate::tls::is_loopback(config.raft_addr.ip())
+                && config
+                    .advertise_addr
+                    .as_deref()
+                    .is_none_or(crate::tls::is_loopback_endpoint);
+            if !plain_ok {
+                return Err(StoreError::InvalidArgument(format!(
+                    "the Raft port ({}{}) is not on a loopback address and has no TLS: give the \
+                     member its certificate and the cluster CA",
+                    config.raft_addr,
+                    config
+                        .advertise_addr
+                        .as_deref()
+                        .map(|a| format!(", advertised as {a}"))
+                        .unwrap_or_default()
+                )));
+            }
+        }
         // Bind first: a failure here leaves no file open.
         let listener = tokio::net::TcpListener::bind(config.raft_addr)
             .await
@@ -571,7 +619,7 @@ impl RaftStore {
             }
         };
 
-        let net = Arc::new(NetShared::default());
+        let net = Arc::new(NetShared::new(config.tls.as_ref().map(|t| t.raft_client())));
         // The leader replicates its appends while it writes them; applies here and the
         // commit index sent to followers wait for them to be durable here.
         log.enable_early_ack(config.node_id);
@@ -613,29 +661,43 @@ impl RaftStore {
             stopped_watch: tokio::sync::watch::Sender::new(false),
             server_stop: Mutex::new(None),
             server_task: Mutex::new(None),
+            raising_alarm: AtomicBool::new(false),
             config,
         });
 
         // The gRPC service.
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let tls = inner.config.tls.as_ref().map(|t| t.raft_server());
         let service = network::RaftService {
             raft: raft.clone(),
             net,
             inner: Arc::downgrade(&inner),
             stopped: inner.stopped_watch.subscribe(),
+            members_only: tls.is_some(),
         };
         let server = pb::raft_transport_server::RaftTransportServer::new(service)
             .max_decoding_message_size(network::MAX_MESSAGE)
             .max_encoding_message_size(network::MAX_MESSAGE);
         let task = tokio::spawn(async move {
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            let res = tonic::transport::Server::builder()
-                .add_service(server)
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = stop_rx.await;
-                })
-                .await;
+            let router = tonic::transport::Server::builder().add_service(server);
+            let stop = async {
+                let _ = stop_rx.await;
+            };
+            let res = match tls {
+                Some(tls) => {
+                    router
+                        .serve_with_incoming_shutdown(
+                            crate::tls::incoming(listener, tls, crate::tls::RAFT_PORT),
+                            stop,
+                        )
+                        .await
+                }
+                None => {
+                    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                        .with_nodelay(Some(true));
+                    router.serve_with_incoming_shutdown(incoming, stop).await
+                }
+            };
             if let Err(e) = res {
                 tracing::error!(error = %e, "raft gRPC server failed");
             }
@@ -644,6 +706,8 @@ impl RaftStore {
         *lock(&inner.server_task) = Some(task);
 
         let store = RaftStore { inner };
+        let quota = i64::try_from(store.inner.config.quota_bytes).unwrap_or(i64::MAX);
+        store.inner.sm.metrics.quota_bytes.set(quota);
         store.spawn_background();
 
         if store.inner.config.bootstrap {
@@ -769,6 +833,18 @@ impl RaftStore {
         }
     }
 
+    /// Whether `id` is a voter or a learner of the cluster as this member knows it.
+    pub fn knows_member(&self, id: u64) -> bool {
+        self.inner
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .is_some()
+    }
+
     /// Members as this member knows them (voters and learners, with addresses).
     pub async fn members(&self) -> StoreResult<Vec<Member>> {
         let m = self.inner.raft.metrics().borrow().clone();
@@ -846,12 +922,25 @@ impl RaftStore {
                     tracing::info!(node = self.id(), %seed, "joined the cluster");
                     return Ok(());
                 }
-                Err(CallError::NotSent(e)) if Instant::now() < deadline => {
+                // A refused TLS handshake does not pass by waiting (another CA, another
+                // member's certificate): fail at once, saying why.
+                Err(CallError::NotSent(e))
+                    if Instant::now() < deadline && !e.contains("certificate") =>
+                {
                     tracing::debug!(%seed, error = %e, "seed unreachable; retrying");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 Err(CallError::NotSent(e)) | Err(CallError::Unknown(e)) => {
-                    return Err(StoreError::NoLeader(format!("joining through {seed}: {e}")))
+                    let hint = if self.inner.config.tls.is_some() && e.contains("certificate") {
+                        " (every member needs the same cluster CA and a member certificate \
+                         from it: give this member the ca.crt and ca.key of the others before \
+                         its first start)"
+                    } else {
+                        ""
+                    };
+                    return Err(StoreError::NoLeader(format!(
+                        "joining through {seed}: {e}{hint}"
+                    )));
                 }
             }
         }
@@ -883,8 +972,16 @@ impl RaftStore {
 
     /// Ask the member at `peer` (any member's Raft address) to remove member `id`, from a
     /// process that is not a member itself (`lattice-server membership remove`).
-    pub async fn remove_member_via(peer: &str, id: u64, timeout: Duration) -> StoreResult<()> {
-        let net = NetShared::default();
+    ///
+    /// With TLS (`tls`: a member's [`crate::tls::MemberTls::raft_client`]) the member asked
+    /// holds the request to that certificate: only a member of the cluster may remove one.
+    pub async fn remove_member_via(
+        peer: &str,
+        id: u64,
+        timeout: Duration,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> StoreResult<()> {
+        let net = NetShared::new(tls);
         let data = postcard::to_allocvec(&ClientRequest::RemoveVia { id })
             .map_err(|e| StoreError::Backend(e.to_string()))?;
         match net.call(peer, Rpc::Forward, data, timeout).await {
@@ -1047,12 +1144,20 @@ impl RaftStore {
     /// different limits apply every entry alike.
     async fn propose(&self, cmd: Command) -> StoreResult<CommandResponse> {
         self.inner.sm.limits.check_command(&cmd)?;
-        match self.request(ClientRequest::Write(cmd)).await? {
-            ClientReply::Write(r, index) => {
+        match self.request(ClientRequest::Write(cmd)).await {
+            Ok(ClientReply::Write(r, index)) => {
                 self.wait_applied(index).await?;
                 Ok(r)
             }
-            other => Err(StoreError::Backend(format!("unexpected reply {other:?}"))),
+            Ok(other) => Err(StoreError::Backend(format!("unexpected reply {other:?}"))),
+            // Refused when applied (the alarm was raised), where no member's quota is known.
+            Err(StoreError::NoSpace { quota_bytes: 0 }) => {
+                self.inner.sm.metrics.nospace_refusals.inc();
+                Err(StoreError::NoSpace {
+                    quota_bytes: self.inner.config.quota_bytes,
+                })
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -1282,6 +1387,7 @@ impl Inner {
                 // (No `--max-txn-ops` check here: the member that received the write made
                 // it, against its own limit, before forwarding; see `RaftStore::propose`.)
                 self.check_leader()?;
+                self.check_quota(&cmd).await?;
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 self.proposals
                     .send((cmd, tx))
@@ -1420,6 +1526,53 @@ impl Inner {
                 Ok(ClientReply::Done)
             }
         }
+    }
+
+    /// The leader's quota check before it proposes a write ([`crate::quota`]): a write
+    /// that adds data is refused while the NOSPACE alarm is raised, and one that would
+    /// take the store beyond its quota raises the alarm (through the log, so that every
+    /// member holds it) and is refused.
+    async fn check_quota(&self, cmd: &Command) -> Result<(), WireError> {
+        let cost = crate::quota::cost(cmd);
+        if cost == 0 {
+            return Ok(());
+        }
+        let quota = self.config.quota_bytes;
+        let state = &self.sm.quota_state;
+        if state.nospace.load(Ordering::Relaxed) {
+            self.sm.metrics.nospace_refusals.inc();
+            return Err(WireError::NoSpace { quota_bytes: quota });
+        }
+        let size = state.size.load(Ordering::Relaxed);
+        if !crate::quota::exceeds(size, cost, quota) {
+            return Ok(());
+        }
+        self.sm.metrics.nospace_refusals.inc();
+        if !self.raising_alarm.swap(true, Ordering::SeqCst) {
+            tracing::warn!(
+                size,
+                quota,
+                write_bytes = cost,
+                "the store reached its size quota: raising the NOSPACE alarm; writes that \
+                 add data are refused until space is freed and the alarm disarmed"
+            );
+            let alarm = Command::Alarm {
+                action: AlarmAction::Activate,
+                alarm: Alarm {
+                    member: self.config.node_id,
+                    kind: AlarmKind::NoSpace,
+                },
+            };
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if self.proposals.send((alarm, tx)).is_ok() {
+                match tokio::time::timeout(self.config.request_timeout, rx).await {
+                    Ok(Ok(Ok(_))) => {}
+                    other => tracing::warn!(result = ?other, "raising the NOSPACE alarm failed"),
+                }
+            }
+            self.raising_alarm.store(false, Ordering::SeqCst);
+        }
+        Err(WireError::NoSpace { quota_bytes: quota })
     }
 
     fn check_leader(&self) -> Result<(), WireError> {
@@ -1600,10 +1753,34 @@ impl KvBackend for RaftStore {
         }
     }
 
+    async fn alarms(&self) -> StoreResult<Vec<Alarm>> {
+        self.check_stopped()?;
+        Ok(self.inner.sm.read().mvcc.alarms())
+    }
+
+    async fn alarm(&self, action: AlarmAction, alarm: Alarm) -> StoreResult<Vec<Alarm>> {
+        match self.propose(Command::Alarm { action, alarm }).await? {
+            CommandResponse::Alarms(changed) => {
+                tracing::info!(?action, %alarm, changed = changed.len(), "alarm request applied");
+                Ok(changed)
+            }
+            other => Err(StoreError::Backend(format!(
+                "unexpected response {other:?}"
+            ))),
+        }
+    }
+
     async fn status(&self) -> StoreResult<StoreStatus> {
         self.check_stopped()?;
         let rs = self.raft_status();
-        let compact = self.inner.sm.read().mvcc.compact_revision();
+        let (compact, size_in_use, alarms) = {
+            let st = self.inner.sm.read();
+            (
+                st.mvcc.compact_revision(),
+                st.mvcc.size_bytes(),
+                st.mvcc.alarms(),
+            )
+        };
         Ok(StoreStatus {
             version: env!("CARGO_PKG_VERSION").to_string(),
             revision: self.revision(),
@@ -1615,6 +1792,9 @@ impl KvBackend for RaftStore {
             raft_index: rs.last_log_index,
             raft_applied_index: rs.last_applied_index,
             is_learner: rs.learners.contains(&rs.id),
+            size_in_use: i64::try_from(size_in_use).unwrap_or(i64::MAX),
+            quota_bytes: i64::try_from(self.inner.config.quota_bytes).unwrap_or(i64::MAX),
+            alarms,
         })
     }
 }

@@ -43,6 +43,8 @@ use crate::metrics::RaftMetrics;
 
 /// Largest message on the Raft transport (snapshot chunks, entry batches).
 pub(crate) const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+/// How long connecting to a peer (and its TLS handshake) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Connections to peers, and the test-only partition switch.
 #[derive(Default)]
@@ -61,6 +63,9 @@ pub struct NetShared {
     pub(crate) commit_owed: AtomicU64,
     /// Signalled when `commit_owed` is raised.
     pub(crate) commit_owed_signal: tokio::sync::Notify,
+    /// Mutual TLS to peers (this member's certificate; peers must hold a member's).
+    /// `None`: plaintext, to loopback addresses only.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Why a call to a peer failed.
@@ -72,6 +77,15 @@ pub(crate) enum CallError {
 }
 
 impl NetShared {
+    /// Connections that use mutual TLS with `tls` (from
+    /// [`crate::tls::MemberTls::raft_client`]); `None`: plaintext, loopback only.
+    pub fn new(tls: Option<Arc<rustls::ClientConfig>>) -> Self {
+        Self {
+            tls,
+            ..Self::default()
+        }
+    }
+
     /// Test switch: while set, this member neither sends nor accepts Raft or forward
     /// traffic, as if a network partition isolated it.
     pub fn set_partitioned(&self, on: bool) {
@@ -126,14 +140,29 @@ impl NetShared {
         if let Some(c) = lock(&self.channels).get(addr) {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("bad peer address {addr}: {e}"))?
-            .connect_timeout(Duration::from_millis(500))
-            .tcp_nodelay(true);
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|e| format!("connecting to {addr}: {}", source_chain(&e)))?;
+        let channel = match &self.tls {
+            Some(tls) => crate::tls::connect(addr, tls.clone(), CONNECT_TIMEOUT)
+                .await
+                .map_err(|e| format!("connecting to {addr}: {}", source_chain(&*e)))?,
+            None => {
+                // Without TLS, Raft traffic (the whole store, replicated) never leaves the
+                // machine, whatever address the membership names.
+                if !crate::tls::is_loopback_endpoint(addr) {
+                    return Err(format!(
+                        "refusing to send Raft traffic in plaintext to {addr}, which is not a \
+                         loopback address: give this member TLS material (a member certificate \
+                         and the cluster CA)"
+                    ));
+                }
+                Endpoint::from_shared(format!("http://{addr}"))
+                    .map_err(|e| format!("bad peer address {addr}: {e}"))?
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .tcp_nodelay(true)
+                    .connect()
+                    .await
+                    .map_err(|e| format!("connecting to {addr}: {}", source_chain(&e)))?
+            }
+        };
         lock(&self.channels).insert(addr.to_string(), channel.clone());
         Ok(channel)
     }
@@ -612,12 +641,97 @@ pub(crate) fn clamp_commit(
 }
 
 /// The gRPC service a member serves to its peers.
+///
+/// With TLS (`members_only`) the handshake already admitted members only (see
+/// [`crate::tls`]); each request is then held to the member its certificate names:
+/// * a Raft message (AppendEntries, Vote, InstallSnapshot) must come from the member whose
+///   vote it carries, so no member speaks for another;
+/// * a forwarded request must come from a member of the cluster as this member knows it
+///   (a removed member's certificate stays valid until it expires, its forwarded writes
+///   and membership changes do not), except `Join`, which a new member sends before it is
+///   one, and only under the ID its certificate names.
 pub(crate) struct RaftService {
     pub(crate) raft: Raft<TypeConfig>,
     pub(crate) net: Arc<NetShared>,
     pub(crate) inner: Weak<Inner>,
     /// Turns true when the member stops (ends the forward streams it serves).
     pub(crate) stopped: tokio::sync::watch::Receiver<bool>,
+    /// Requests come over mutual TLS and must carry a member's certificate.
+    pub(crate) members_only: bool,
+}
+
+fn refused(why: String) -> tonic::Status {
+    tracing::warn!(reason = %why, "raft request refused");
+    tonic::Status::permission_denied(why)
+}
+
+impl RaftService {
+    /// The member ID the request's client certificate names: `None` without TLS (loopback
+    /// only), an error when TLS is on and the request carries no member's certificate.
+    fn peer<T>(&self, request: &tonic::Request<T>) -> Result<Option<u64>, tonic::Status> {
+        if !self.members_only {
+            return Ok(None);
+        }
+        match request
+            .extensions()
+            .get::<crate::tls::PeerInfo>()
+            .and_then(|p| p.identity.clone())
+        {
+            Some(lattice_pki::Identity::Member(id)) => Ok(Some(id)),
+            other => Err(refused(format!(
+                "the Raft port serves store members only, not {}",
+                other.map_or("a peer without a certificate".into(), |i| i.to_string())
+            ))),
+        }
+    }
+}
+
+/// A Raft message must come from the member whose vote it carries.
+fn check_sender(
+    peer: Option<u64>,
+    vote: &openraft::Vote<u64>,
+    what: &str,
+) -> Result<(), tonic::Status> {
+    match (peer, vote.leader_id().voted_for()) {
+        (None, _) => Ok(()),
+        (Some(p), Some(v)) if p == v => Ok(()),
+        (Some(p), v) => Err(refused(format!(
+            "member:{p} sent {what} on behalf of member {v:?}: a member speaks only for itself"
+        ))),
+    }
+}
+
+/// Whether `peer` may have `req` handled here (see [`RaftService`]).
+fn check_forward(
+    raft: &Raft<TypeConfig>,
+    peer: Option<u64>,
+    req: &ClientRequest,
+) -> Result<(), WireError> {
+    let Some(peer) = peer else { return Ok(()) };
+    if let ClientRequest::Join { id, .. } = req {
+        if *id != peer {
+            return Err(WireError::PermissionDenied(format!(
+                "member:{peer} may not join as member {id}: a member joins only under the ID \
+                 its certificate names"
+            )));
+        }
+        return Ok(());
+    }
+    let known = raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .get_node(&peer)
+        .is_some();
+    if known {
+        Ok(())
+    } else {
+        Err(WireError::PermissionDenied(format!(
+            "member:{peer} is not a member of this cluster (removed, or not joined yet): \
+             only members may forward requests or change the membership"
+        )))
+    }
 }
 
 fn bad_request(e: impl std::fmt::Display) -> tonic::Status {
@@ -650,8 +764,10 @@ impl RaftTransport for RaftService {
         request: tonic::Request<Payload>,
     ) -> Result<tonic::Response<Payload>, tonic::Status> {
         self.check()?;
+        let peer = self.peer(&request)?;
         let req: AppendEntriesRequest<TypeConfig> =
             postcard::from_bytes(&request.into_inner().data).map_err(bad_request)?;
+        check_sender(peer, &req.vote, "AppendEntries")?;
         encode(&self.raft.append_entries(req).await)
     }
 
@@ -665,43 +781,48 @@ impl RaftTransport for RaftService {
         request: tonic::Request<tonic::Streaming<Payload>>,
     ) -> Result<tonic::Response<Self::AppendStreamStream>, tonic::Status> {
         self.check()?;
+        let peer = self.peer(&request)?;
         let state = (
             Some(request.into_inner()),
             self.raft.clone(),
             self.net.clone(),
             self.inner.clone(),
         );
-        let answers = futures::stream::unfold(state, |(inbound, raft, net, inner)| async move {
-            let mut inbound = inbound?;
-            let data = match inbound.message().await {
-                Ok(Some(p)) => p.data,
-                Ok(None) | Err(_) => return None,
-            };
-            let refusal = if net.is_partitioned() {
-                Some(tonic::Status::unavailable(PARTITIONED))
-            } else if inner
-                .upgrade()
-                .is_none_or(|i| i.stopped.load(Ordering::SeqCst))
-            {
-                // A stopped member's server lets open streams finish before its connections
-                // close (graceful shutdown): end this one, so the leader reconnects (to
-                // whatever member serves this address next) rather than talk to the
-                // stopped one forever.
-                Some(tonic::Status::unavailable("member stopped"))
-            } else {
-                None
-            };
-            if let Some(refused) = refusal {
-                return Some((Err(refused), (None, raft, net, inner)));
-            }
-            let req: AppendEntriesRequest<TypeConfig> = match postcard::from_bytes(&data) {
-                Ok(req) => req,
-                Err(e) => return Some((Err(bad_request(e)), (None, raft, net, inner))),
-            };
-            let answer = encode(&raft.append_entries(req).await).map(|r| r.into_inner());
-            let next = if answer.is_ok() { Some(inbound) } else { None };
-            Some((answer, (next, raft, net, inner)))
-        });
+        let answers =
+            futures::stream::unfold(state, move |(inbound, raft, net, inner)| async move {
+                let mut inbound = inbound?;
+                let data = match inbound.message().await {
+                    Ok(Some(p)) => p.data,
+                    Ok(None) | Err(_) => return None,
+                };
+                let refusal = if net.is_partitioned() {
+                    Some(tonic::Status::unavailable(PARTITIONED))
+                } else if inner
+                    .upgrade()
+                    .is_none_or(|i| i.stopped.load(Ordering::SeqCst))
+                {
+                    // A stopped member's server lets open streams finish before its connections
+                    // close (graceful shutdown): end this one, so the leader reconnects (to
+                    // whatever member serves this address next) rather than talk to the
+                    // stopped one forever.
+                    Some(tonic::Status::unavailable("member stopped"))
+                } else {
+                    None
+                };
+                if let Some(refused) = refusal {
+                    return Some((Err(refused), (None, raft, net, inner)));
+                }
+                let req: AppendEntriesRequest<TypeConfig> = match postcard::from_bytes(&data) {
+                    Ok(req) => req,
+                    Err(e) => return Some((Err(bad_request(e)), (None, raft, net, inner))),
+                };
+                if let Err(refusal) = check_sender(peer, &req.vote, "AppendEntries") {
+                    return Some((Err(refusal), (None, raft, net, inner)));
+                }
+                let answer = encode(&raft.append_entries(req).await).map(|r| r.into_inner());
+                let next = if answer.is_ok() { Some(inbound) } else { None };
+                Some((answer, (next, raft, net, inner)))
+            });
         Ok(tonic::Response::new(Box::pin(answers)))
     }
 
@@ -710,8 +831,10 @@ impl RaftTransport for RaftService {
         request: tonic::Request<Payload>,
     ) -> Result<tonic::Response<Payload>, tonic::Status> {
         self.check()?;
+        let peer = self.peer(&request)?;
         let req: VoteRequest<u64> =
             postcard::from_bytes(&request.into_inner().data).map_err(bad_request)?;
+        check_sender(peer, &req.vote, "Vote")?;
         encode(&self.raft.vote(req).await)
     }
 
@@ -720,8 +843,10 @@ impl RaftTransport for RaftService {
         request: tonic::Request<Payload>,
     ) -> Result<tonic::Response<Payload>, tonic::Status> {
         self.check()?;
+        let peer = self.peer(&request)?;
         let req: InstallSnapshotRequest<TypeConfig> =
             postcard::from_bytes(&request.into_inner().data).map_err(bad_request)?;
+        check_sender(peer, &req.vote, "InstallSnapshot")?;
         encode(&self.raft.install_snapshot(req).await)
     }
 
@@ -730,11 +855,16 @@ impl RaftTransport for RaftService {
         request: tonic::Request<Payload>,
     ) -> Result<tonic::Response<Payload>, tonic::Status> {
         self.check()?;
+        let peer = self.peer(&request)?;
         let req: ClientRequest =
             postcard::from_bytes(&request.into_inner().data).map_err(bad_request)?;
-        let resp = match self.inner.upgrade() {
-            Some(inner) => super::RaftStore::handle_forward(inner, req).await,
-            None => Err(WireError::Stopped),
+        let resp = match (check_forward(&self.raft, peer, &req), self.inner.upgrade()) {
+            (Err(refusal), _) => {
+                tracing::warn!(?peer, error = ?refusal, "forwarded request refused");
+                Err(refusal)
+            }
+            (Ok(()), Some(inner)) => super::RaftStore::handle_forward(inner, req).await,
+            (Ok(()), None) => Err(WireError::Stopped),
         };
         encode(&resp)
     }
@@ -754,9 +884,11 @@ impl RaftTransport for RaftService {
             ));
         }
         self.check()?;
+        let peer = self.peer(&request)?;
         let mut inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<Payload, tonic::Status>>();
         let net = self.net.clone();
+        let raft = self.raft.clone();
         let weak = self.inner.clone();
         let mut stopped = self.stopped.clone();
         tokio::spawn(async move {
@@ -788,10 +920,18 @@ impl RaftTransport for RaftService {
                 };
                 let tx = tx.clone();
                 let req = postcard::from_bytes::<ClientRequest>(body);
+                let allowed = match &req {
+                    Ok(req) => check_forward(&raft, peer, req),
+                    Err(_) => Ok(()),
+                };
                 tokio::spawn(async move {
-                    let resp = match req {
-                        Ok(req) => super::RaftStore::handle_forward(inner, req).await,
-                        Err(e) => Err(WireError::InvalidArgument(format!(
+                    let resp = match (req, allowed) {
+                        (_, Err(refusal)) => {
+                            tracing::warn!(?peer, error = ?refusal, "forwarded request refused");
+                            Err(refusal)
+                        }
+                        (Ok(req), Ok(())) => super::RaftStore::handle_forward(inner, req).await,
+                        (Err(e), Ok(())) => Err(WireError::InvalidArgument(format!(
                             "undecodable forwarded request: {e}"
                         ))),
                     };
@@ -852,6 +992,194 @@ mod tests {
             };
             proptest::prop_assert_eq!(split_answer(&frame(id, Some(tag), &data)), Some((id, expected)));
         }
+    }
+
+    /// The Raft port's defences, each by the attack itself against a one-member cluster
+    /// over mutual TLS: a peer without a member certificate (none, an administrator's from
+    /// the same CA, a member's from another CA, or plaintext) can neither append entries,
+    /// nor vote, nor join; a member may join only as itself, speaks only for itself, and
+    /// forwards nothing unless it belongs to the cluster. Nothing of it reaches the state:
+    /// the term, the membership and the revision are as before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_raft_port_refuses_whoever_is_not_the_member_it_claims_to_be() {
+        use lattice_pki::{Ca, Identity, IssueRequest, Usage};
+        use openraft::Vote;
+
+        use crate::raft::pb::raft_transport_client::RaftTransportClient;
+        use crate::raft::ClientResult;
+        use crate::raft::{RaftConfig, RaftStore};
+        use crate::tls::MemberTls;
+        use crate::types::{PutRequest, TxnOp, TxnRequest};
+        use crate::KvBackend;
+
+        let ca = Ca::generate("cluster CA", Duration::from_secs(3600)).unwrap();
+        let issue = |ca: &Ca, id: Identity| {
+            ca.issue(&IssueRequest::new(id, Usage::ClientAndServer).name("127.0.0.1"))
+                .unwrap()
+        };
+        let m1 = issue(&ca, Identity::Member(1));
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = RaftConfig::new(1, dir.path(), "127.0.0.1:0".parse().unwrap());
+        cfg.bootstrap = true;
+        cfg.tls = Some(MemberTls::from_pem(ca.cert_pem(), &m1.cert_pem, &m1.key_pem).unwrap());
+        let store = RaftStore::start(cfg).await.unwrap();
+        store
+            .wait_for_leader(Duration::from_secs(10))
+            .await
+            .unwrap();
+        store
+            .put(PutRequest::new("/before", "attacks"))
+            .await
+            .unwrap();
+        let addr = store.local_addr().to_string();
+        let before = (store.raft_status(), store.revision());
+
+        let h2 = |mut c: rustls::ClientConfig| {
+            c.alpn_protocols = vec![b"h2".to_vec()];
+            Arc::new(c)
+        };
+        let as_client = |ca_pem: &str, who: Option<&lattice_pki::Issued>| {
+            h2(lattice_pki::client_config(
+                ca_pem,
+                who.map(|w| (w.cert_pem.as_str(), w.key_pem.as_str())),
+            )
+            .unwrap())
+        };
+        let vote = |term: u64, node: u64| {
+            postcard::to_allocvec(&VoteRequest::<u64> {
+                vote: Vote::new(term, node),
+                last_log_id: None,
+            })
+            .unwrap()
+        };
+        let append = |term: u64, node: u64| {
+            postcard::to_allocvec(&AppendEntriesRequest::<TypeConfig> {
+                vote: Vote::new_committed(term, node),
+                prev_log_id: None,
+                entries: vec![],
+                leader_commit: None,
+            })
+            .unwrap()
+        };
+        let forward = |req: &ClientRequest| postcard::to_allocvec(req).unwrap();
+        let join = |id: u64| ClientRequest::Join {
+            id,
+            addr: "127.0.0.1:9".into(),
+        };
+        // Every RPC of the attack, on one connection; how each one ended.
+        async fn attack(
+            addr: &str,
+            tls: Option<Arc<rustls::ClientConfig>>,
+            calls: Vec<(&'static str, Vec<u8>)>,
+        ) -> Vec<(&'static str, Result<Vec<u8>, tonic::Status>)> {
+            let channel = match tls {
+                Some(tls) => crate::tls::connect(addr, tls, Duration::from_secs(2)).await,
+                None => tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                    .unwrap()
+                    .connect()
+                    .await
+                    .map_err(Into::into),
+            };
+            let mut out = Vec::new();
+            let Ok(channel) = channel else {
+                return calls
+                    .into_iter()
+                    .map(|(n, _)| (n, Err(tonic::Status::unavailable("no connection"))))
+                    .collect();
+            };
+            let mut client = RaftTransportClient::new(channel);
+            for (name, data) in calls {
+                let req = Payload { data };
+                let res = match name {
+                    "vote" => client.vote(req).await,
+                    "append" => client.append_entries(req).await,
+                    _ => client.forward(req).await,
+                };
+                out.push((name, res.map(|r| r.into_inner().data)));
+            }
+            out
+        }
+
+        let other_ca = Ca::generate("another CA", Duration::from_secs(3600)).unwrap();
+        let admin = issue(&ca, Identity::Admin("ops".into()));
+        let foreign_member = issue(&other_ca, Identity::Member(9));
+        let strangers: Vec<(&str, Option<Arc<rustls::ClientConfig>>)> = vec![
+            (
+                "no client certificate",
+                Some(as_client(ca.cert_pem(), None)),
+            ),
+            (
+                "an administrator's certificate",
+                Some(as_client(ca.cert_pem(), Some(&admin))),
+            ),
+            (
+                "a member certificate from another CA",
+                Some(as_client(ca.cert_pem(), Some(&foreign_member))),
+            ),
+            ("plaintext", None),
+        ];
+        for (who, tls) in strangers {
+            let calls = vec![
+                ("vote", vote(100, 9)),
+                ("append", append(100, 9)),
+                ("forward", forward(&join(9))),
+            ];
+            for (rpc, res) in attack(&addr, tls, calls).await {
+                assert!(res.is_err(), "{who}: {rpc} got through");
+            }
+        }
+
+        // A genuine member certificate, of a member that is not in the cluster.
+        let m5 = issue(&ca, Identity::Member(5));
+        let tls = Some(as_client(ca.cert_pem(), Some(&m5)));
+        let put = ClientRequest::Write(crate::mvcc::Command::Txn(TxnRequest {
+            success: vec![TxnOp::Put(PutRequest::new("/attack", "x"))],
+            ..Default::default()
+        }));
+        let calls = vec![
+            ("vote", vote(100, 6)),
+            ("append", append(100, 1)),
+            ("forward", forward(&join(6))),
+            ("forward", forward(&put)),
+            ("forward", forward(&ClientRequest::Remove { id: 1 })),
+        ];
+        let results = attack(&addr, tls, calls).await;
+        for (i, (rpc, res)) in results.into_iter().enumerate() {
+            match (i, res) {
+                (0 | 1, Err(status)) => {
+                    assert_eq!(
+                        status.code(),
+                        tonic::Code::PermissionDenied,
+                        "{rpc}: {status}"
+                    );
+                    assert!(
+                        status.message().contains("speaks only for itself"),
+                        "{status}"
+                    );
+                }
+                (2..=4, Ok(bytes)) => {
+                    let answer: ClientResult = postcard::from_bytes(&bytes).unwrap();
+                    let Err(WireError::PermissionDenied(why)) = answer else {
+                        panic!("forwarded request #{i} not refused: {answer:?}");
+                    };
+                    let expected = if i == 2 {
+                        "only under the ID"
+                    } else {
+                        "not a member"
+                    };
+                    assert!(why.contains(expected), "{why}");
+                }
+                (i, other) => panic!("call #{i} ({rpc}): {other:?}"),
+            }
+        }
+
+        let after = (store.raft_status(), store.revision());
+        assert_eq!(after.0.term, before.0.term, "no vote counted");
+        assert_eq!(after.0.voters, before.0.voters);
+        assert!(after.0.learners.is_empty());
+        assert_eq!(after.1, before.1, "nothing written");
+        assert!(store.is_leader());
+        store.shutdown().await;
     }
 
     #[test]

@@ -203,6 +203,26 @@ pub(crate) struct SmShared {
     snapshot_seq: AtomicU64,
     pub(crate) db_size: AtomicI64,
     pub(crate) metrics: StoreMetrics,
+    /// The engine's size and whether its NOSPACE alarm is raised, as of the last apply
+    /// (read on every write's path by the leader's quota check, without the state lock).
+    pub(crate) quota_state: QuotaState,
+}
+
+/// The engine's quota figures, published after each apply.
+#[derive(Default)]
+pub(crate) struct QuotaState {
+    pub(crate) size: AtomicU64,
+    pub(crate) nospace: std::sync::atomic::AtomicBool,
+}
+
+impl QuotaState {
+    pub(crate) fn set(&self, mvcc: &Mvcc) {
+        self.size.store(mvcc.size_bytes(), Ordering::Relaxed);
+        self.nospace.store(
+            mvcc.has_alarm(crate::types::AlarmKind::NoSpace),
+            Ordering::Relaxed,
+        );
+    }
 }
 
 fn encode_meta(last_applied: &Option<LogId<u64>>, membership: &Membership) -> StoreResult<Vec<u8>> {
@@ -238,7 +258,10 @@ impl SmShared {
         let applied_index = tokio::sync::watch::Sender::new(last_applied.map_or(0, |l| l.index));
         metrics.applied_revision.set(mvcc.revision());
         metrics.db_size_bytes.set(persist.size_bytes());
+        let quota_state = QuotaState::default();
+        quota_state.set(&mvcc);
         Ok(Arc::new(SmShared {
+            quota_state,
             metrics,
             published: AtomicI64::new(mvcc.revision()),
             db_size: AtomicI64::new(persist.size_bytes()),
@@ -327,6 +350,7 @@ impl SmShared {
         if fresh == 0 {
             return Ok((responses, applied, revision));
         }
+        self.quota_state.set(&st.mvcc);
         let meta = encode_meta(&st.last_applied, &st.membership)?;
         let compact = st.mvcc.compact_revision();
         // Take the file before letting go of the state: whoever reads the state after this
@@ -426,6 +450,12 @@ impl SmShared {
     fn publish(&self, applied: &[Applied], revision: i64) {
         crate::embedded::track_lease_deadlines(&mut lock(&self.deadlines), applied);
         self.metrics.applied_revision.set(revision);
+        let size = self.quota_state.size.load(Ordering::Relaxed);
+        self.metrics
+            .size_in_use_bytes
+            .set(i64::try_from(size).unwrap_or(i64::MAX));
+        let nospace = self.quota_state.nospace.load(Ordering::Relaxed);
+        self.metrics.alarm_nospace.set(i64::from(nospace));
         let revisions: Vec<(i64, Arc<[Event]>)> =
             applied.iter().filter_map(|a| a.revision.clone()).collect();
         let mut hub = lock(&self.hub);
@@ -456,7 +486,7 @@ impl SmShared {
             Some(file) => file.sync().map_err(|e| e.to_string())?,
             None => return Err("state.redb is closed".into()),
         }
-        let data = postcard::to_allocvec(&backup).map_err(|e| e.to_string())?;
+        let data = backup.encode().map_err(|e| e.to_string())?;
         let seq = self.snapshot_seq.fetch_add(1, Ordering::Relaxed);
         let snapshot_id = match &last_applied {
             Some(l) => format!("{}-{}-{seq}", l.leader_id.term, l.index),
@@ -591,7 +621,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), SErr> {
         let data = snapshot.into_inner();
-        let backup: Backup = postcard::from_bytes(&data)
+        let backup = Backup::decode(&data)
             .map_err(|e| sm_write_err(format!("snapshot undecodable: {e}")))?;
         let raft_meta =
             encode_meta(&meta.last_log_id, &meta.last_membership).map_err(sm_write_err)?;
@@ -621,6 +651,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .collect();
         {
             let mut st = self.shared.write();
+            self.shared.quota_state.set(&mvcc);
             st.mvcc = mvcc;
             st.last_applied = meta.last_log_id;
             st.membership = meta.last_membership.clone();
