@@ -9,7 +9,8 @@
 #   libprotobuf-dev    google/protobuf/*.proto (descriptor.proto, struct.proto) for the same
 #   etcd-server        /usr/bin/etcd, the real etcd used by lattice-store's tests
 #   etcd-client        /usr/bin/etcdctl, drives the etcd gRPC facade in tests
-#   prometheus         promtool, checks the /metrics exposition
+#   prometheus         promtool (checks the /metrics exposition) and prometheus (the
+#                      autoscaler tests read metrics from a real one)
 #   curl               readiness polling in hack/ scripts
 #   zsh, fish          the CLI's completion scripts are loaded by the real shells in tests
 #   procps             /bin/kill, which the CLI's tests run (bash's builtin hides a missing one)

@@ -1,6 +1,8 @@
-# Shared by hack/bench-store.sh and hack/bench-store-ab.sh (sourced, not run): starting
-# Lattice clusters, waiting for members, finding a cluster's leader, medians. Callers
-# keep the PIDs they start in the array `pids` and kill them on exit.
+# shellcheck shell=bash
+# Shared by hack/bench-store.sh, hack/bench-store-ab.sh and hack/bench-replication-floor.sh
+# (sourced, not run): starting Lattice clusters, waiting for members, finding a cluster's
+# leader, medians. Callers keep the PIDs they start in the array `pids` and kill them on
+# exit, and set `B` to the directory of the built binaries (lattice_build's LATTICE_BIN).
 
 # Wait until the etcd v3 endpoint answers `endpoint health` (up to 30 s).
 wait_healthy() {
@@ -74,7 +76,7 @@ raft_timing() {
 
 # One round of sequential puts: `seq_round <name> <endpoint> <puts>` prints its puts/s.
 seq_round() {
-  target/release/lattice-bench --name "$1" --endpoint "$2" --puts "$3" --seq-only |
+  "$B/lattice-bench" --name "$1" --endpoint "$2" --puts "$3" --seq-only |
     sed -n "s/^RESULT $1_seq_puts_per_s=//p"
 }
 
@@ -106,5 +108,5 @@ alternate_rounds() {
   echo "RESULT $1_seq_puts_per_s=$ma"
   echo "RESULT $3_seq_puts_per_s=$mb"
   echo "RESULT $7=$(awk -v a="$ma" -v b="$mb" 'BEGIN { printf "%.3f", b / a }')"
-  echo "RESULT $7_pairs_median=$(printf '%s\n' "${pairs[@]}" | median)"
+  echo "RESULT $7_pairs_median=$(printf '%s\n' "${pairs[@]}" | median "%.3f")"
 }

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Path of a workspace binary (`target/debug/NAME`, or `$LATTICE_BIN_DIR/NAME` — the
-/// benchmarks point it at `target/release`), failing with a hint when missing.
+/// Path of a workspace binary (`target/debug/NAME`, or `$LATTICE_BIN_DIR/NAME` to run
+/// another profile's build, e.g. `target/dist`), failing with a hint when missing.
 pub fn bin(name: &str) -> PathBuf {
     let dir = match std::env::var_os("LATTICE_BIN_DIR") {
         Some(d) => PathBuf::from(d),
@@ -19,7 +19,7 @@ pub fn bin(name: &str) -> PathBuf {
     let path = dir.join(name);
     assert!(
         path.exists(),
-        "{} is missing: build the binaries first (`cargo build --workspace --bins`, as hack/test.sh does)",
+        "{} is missing: build the binaries first (`hack/build.sh dev`, as hack/test.sh does)",
         path.display()
     );
     path

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by every hack/ script that builds Lattice (not run): one package and feature set
 # for all of them, so that a script finds what the one before it built and compiles
 # nothing again.
@@ -25,5 +26,6 @@ lattice_build() {
   export PROTOC="${PROTOC:-$(command -v protoc)}"
   echo "==> cargo build --profile $profile --workspace --bins --examples" >&2
   cargo build --profile "$profile" --workspace --bins --examples >&2
+  # shellcheck disable=SC2034 # read by the scripts that source this file
   LATTICE_BIN="${CARGO_TARGET_DIR:-target}/$dir"
 }
