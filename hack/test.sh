@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it (.ci/run calls this script).
-# Installs the Debian packages the tests need (idempotently), then: format check, clippy,
-# build of every binary (the e2e tests start them), and every test in the workspace.
+# Installs every tool the tests start (hack/install-deps.sh, idempotent: Debian packages
+# and kubectl), then: format check, clippy, build of every binary and example (the e2e
+# tests start the binaries), and every test in the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
