@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Resource API benchmark: a release `lattice-server --dev` (embedded store, fsync on every
-# commit) driven over HTTP by target/release/lattice-api-bench on loopback. Prints
+# Resource API benchmark: a `lattice-server --dev` of the dist profile (embedded store, fsync on every
+# commit) driven over HTTP by lattice-api-bench on loopback. Prints
 # `RESULT name=value` lines: creates/s with 16 clients, create/get/list p50/p99, watch
 # event latency with 1,000 watchers, and server memory per 100,000 stored allocations.
 #
 # The machines' disks swing by 3x from day to day, so the same run first measures Debian's
 # etcd 3.4 (/usr/bin/etcd, fsync on every commit too) with the same number of clients
-# doing plain 256-byte puts (target/release/lattice-bench --concurrent-clients) on the same
+# doing plain 256-byte puts (lattice-bench --concurrent-clients) on the same
 # filesystem, and prints `creates_ratio_vs_etcd_puts` (Lattice creates/s / etcd puts/s;
 # the target is >= 2.0).
 #
@@ -17,12 +17,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hack/install-deps.sh >/dev/null
-export PROTOC="${PROTOC:-$(command -v protoc)}"
-echo "==> building release binaries"
-cargo build --release -q -p lattice-server -p lattice-e2e --bins
-release="${CARGO_TARGET_DIR:-target}/release"
-server="${BENCH_SERVER:-$release/lattice-server}"
-api_client="${BENCH_API_CLIENT:-$release/lattice-api-bench}"
+# shellcheck source=hack/lib/build.sh
+. hack/lib/build.sh
+lattice_build dist
+B=$LATTICE_BIN
+server="${BENCH_SERVER:-$B/lattice-server}"
+api_client="${BENCH_API_CLIENT:-$B/lattice-api-bench}"
 clients="${BENCH_CLIENTS:-16}"
 seconds="${BENCH_SECONDS:-10}"
 
@@ -52,7 +52,7 @@ for _ in $(seq 150); do
 done
 ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:23891 endpoint health >/dev/null || { cat "$work/etcd.log"; exit 1; }
 echo "==> etcd: $clients clients doing plain puts for ${seconds}s"
-"$release/lattice-bench" --name etcd --endpoint 127.0.0.1:23891 \
+"$B/lattice-bench" --name etcd --endpoint 127.0.0.1:23891 \
   --concurrent-clients "$clients" --seconds "$seconds" | tee -a "$out"
 # etcd is done before Lattice starts: the two never share the disk's time.
 kill "$etcd_pid" 2>/dev/null || true

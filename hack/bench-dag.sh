@@ -8,7 +8,7 @@
 #  2. the DAG controller in-process on an embedded store: from a predecessor's terminal
 #     status write to its successor's release, over a BENCH_DAG_STEPS-step chain
 #     (release_p99_ms; target < 5 ms);
-#  3. end to end on a local cluster started with `lattice up --detach` (release
+#  3. end to end on a local cluster started with `lattice up --detach` (dist
 #     lattice-server --dev + BENCH_DAG_AGENTS agents, default 4; stopped with
 #     `lattice down`): a BENCH_DAG_STEPS-step chain and a BENCH_DAG_STEPS-wide
 #     fan-out/fan-in (root, BENCH_DAG_STEPS workers, join; the bench raises the cluster's
@@ -19,35 +19,35 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hack/install-deps.sh >/dev/null
-export PROTOC="${PROTOC:-$(command -v protoc)}"
 STEPS=${BENCH_DAG_STEPS:-1000}
-echo "==> building release binaries"
-cargo build --release -q -p lattice-dag --bin lattice-dag-bench
-cargo build --release -q -p lattice-server -p lattice-agent -p lattice-cli -p lattice-e2e --bins
+# shellcheck source=hack/lib/build.sh
+. hack/lib/build.sh
+lattice_build dist
+B=$LATTICE_BIN
 
 echo "==> engine"
-target/release/lattice-dag-bench
+"$B/lattice-dag-bench"
 echo "==> API server admission of a 10,000-step DAG"
-target/release/lattice-dag-e2e-bench admission --steps 10000
+"$B/lattice-dag-e2e-bench" admission --steps 10000
 echo "==> controller, in-process, $STEPS-step chain"
-target/release/lattice-dag-e2e-bench in-process --steps "$STEPS"
+"$B/lattice-dag-e2e-bench" in-process --steps "$STEPS"
 
-# Part 3 on a cluster `lattice up --detach` starts (release lattice-server --dev and
-# BENCH_DAG_AGENTS agents, found next to target/release/lattice); `lattice down` stops it.
+# Part 3 on a cluster `lattice up --detach` starts (lattice-server --dev and
+# BENCH_DAG_AGENTS agents, found next to $B/lattice); `lattice down` stops it.
 agents=${BENCH_DAG_AGENTS:-4}
 api=${BENCH_DAG_API_ADDR:-127.0.0.1:28680}
 work=$(mktemp -d)
 data="$work/up"
 cleanup() {
   if [ -e "$data/up.json" ]; then
-    target/release/lattice down --data-dir "$data" >/dev/null 2>&1 || true
+    "$B/lattice" down --data-dir "$data" >/dev/null 2>&1 || true
   fi
   rm -rf "$work"
 }
 trap cleanup EXIT
 echo "==> cluster: lattice up --detach --agents $agents, $STEPS-step chain and $STEPS-wide fan-out"
 up_started=$(date +%s.%N)
-if ! target/release/lattice up --detach --agents "$agents" --data-dir "$data" \
+if ! "$B/lattice" up --detach --agents "$agents" --data-dir "$data" \
     --api-addr "$api" --timeout 120 >"$work/up.out" 2>"$work/up.err"; then
   cat "$work/up.out" "$work/up.err" >&2
   for f in "$data"/logs/*; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 30 "$f" >&2; }; done
@@ -58,5 +58,8 @@ awk -v a="$(date +%s.%N)" -v b="$up_started" 'BEGIN { printf "RESULT dag_cluster
 # `lattice up` prints `export LATTICE_API_URL=...` and `export LATTICE_TOKEN_FILE=...`.
 url=$(sed -n 's/^export LATTICE_API_URL=//p' "$work/up.out")
 token_file=$(sed -n 's/^export LATTICE_TOKEN_FILE=//p' "$work/up.out")
-[ -n "$url" ] && [ -s "$token_file" ] || { echo "lattice up printed no API URL or token file" >&2; exit 1; }
-target/release/lattice-dag-e2e-bench cluster --url "$url" --token-file "$token_file" --steps "$STEPS"
+if [ -z "$url" ] || [ ! -s "$token_file" ]; then
+  echo "lattice up printed no API URL or token file" >&2
+  exit 1
+fi
+"$B/lattice-dag-e2e-bench" cluster --url "$url" --token-file "$token_file" --steps "$STEPS"

@@ -6,16 +6,17 @@
 # budget); prints `RESULT` lines: submit rate, first-submit-to-all-done time and jobs/s per
 # system, `e2e_throughput_ratio_vs_slurm` (jobs/s over jobs/s), and the agent's RSS and CPU
 # time per heartbeat.
-# Needs root (network namespace for Slurm) and slurm-wlm (installed if missing).
+# Needs root (network namespace for Slurm) and slurm-wlm (hack/install-deps.sh --peers
+# installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-hack/install-deps.sh >/dev/null
-command -v slurmctld >/dev/null || { echo "==> installing slurm-wlm"; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm >/dev/null; }
-export PROTOC="${PROTOC:-$(command -v protoc)}"
+hack/install-deps.sh --peers >/dev/null
+# shellcheck source=hack/lib/build.sh
+. hack/lib/build.sh
 JOBS=${BENCH_JOBS:-1000}
 SLURM_JOBS=${BENCH_SLURM_JOBS:-300}
-echo "==> building release binaries"
-cargo build --release -q -p lattice-server -p lattice-agent -p lattice-e2e --bins
+lattice_build dist
+B=$LATTICE_BIN
 
 work=$(mktemp -d)
 chmod 755 "$work"   # munged (user munge) must reach its socket under it
@@ -30,8 +31,8 @@ trap cleanup EXIT
 
 # ---------------------------------------------------------------- Lattice
 api=127.0.0.1:28580
-echo "==> Lattice: lattice-server --dev + 4 agents (release), $JOBS jobs"
-target/release/lattice-server --dev --data-dir "$work/server" --api-addr "$api" \
+echo "==> Lattice: lattice-server --dev + 4 agents (dist profile), $JOBS jobs"
+"$B/lattice-server" --dev --data-dir "$work/server" --api-addr "$api" \
   --tls-addr off --etcd-addr off >"$work/server.log" 2>&1 &
 server=$!; pids+=("$server")
 for _ in $(seq 300); do
@@ -48,7 +49,7 @@ curl -fsS -X PATCH -H "Authorization: Bearer $token" -H "Content-Type: applicati
 cgroups=(); [ "$(id -u)" -eq 0 ] || cgroups=(--no-cgroups)
 agent_pids=()
 for i in 1 2 3 4; do
-  LATTICE_AGENT_TOKEN=$token target/release/lattice-agent --node-id "node-0$i" \
+  LATTICE_AGENT_TOKEN=$token "$B/lattice-agent" --node-id "node-0$i" \
     --api-url "http://$api" --state-dir "$work/agents/node-0$i" "${cgroups[@]}" \
     --topology-group $(( (i - 1) / 2 )) --unknown-user agent >"$work/agent-$i.log" 2>&1 &
   agent_pids+=($!); pids+=($!)
@@ -70,7 +71,7 @@ ns1=$(cpu_ns "$a0"); sv1=$(cpu_ns "$server")
 echo "RESULT agent_rss_mib=$(awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$a0/status")"
 echo "RESULT agent_cpu_ms_per_heartbeat=$(awk -v a="$ns0" -v b="$ns1" 'BEGIN {printf "%.3f", (b-a)/1e6/6}')"
 echo "RESULT server_cpu_ms_per_interval_4_agents=$(awk -v a="$sv0" -v b="$sv1" 'BEGIN {printf "%.3f", (b-a)/1e6/6}')"
-lat=$(target/release/lattice-e2e-bench --url "http://$api" --token-file "$work/server/admin.token" \
+lat=$("$B/lattice-e2e-bench" --url "http://$api" --token-file "$work/server/admin.token" \
   --jobs "$JOBS" --clients 16 --prefix lattice)
 echo "$lat"
 lattice_rate=$(echo "$lat" | sed -n 's/^RESULT lattice_jobs_per_s=//p')

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Heartbeat load on the control plane (the seed's "10,000 node agents reporting: < 1% CPU
-# on quorum"): a release `lattice-server --dev` and target/release/lattice-heartbeat-bench,
+# on quorum"): a `lattice-server --dev` of the dist profile and lattice-heartbeat-bench,
 # which holds one heartbeat stream per simulated agent open (what lattice-agent does) and
 # beats on each every interval, spread evenly. Prints `RESULT name=value` lines: the
 # server's CPU (all threads, utime + stime) in % of one core with the streams beating, the
@@ -11,9 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hack/install-deps.sh >/dev/null
-export PROTOC="${PROTOC:-$(command -v protoc)}"
-echo "==> building release binaries"
-cargo build --release -q -p lattice-server -p lattice-agent -p lattice-e2e --bins
+# shellcheck source=hack/lib/build.sh
+. hack/lib/build.sh
+lattice_build dist
+B=$LATTICE_BIN
 
 # One socket per simulated agent on both sides.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -36,7 +37,7 @@ trap cleanup EXIT
 
 api=127.0.0.1:28490
 echo "==> starting lattice-server --dev on $api"
-RUST_LOG=warn target/release/lattice-server --dev --data-dir "$work/data" --api-addr "$api" \
+RUST_LOG=warn "$B/lattice-server" --dev --data-dir "$work/data" --api-addr "$api" \
   --tls-addr off --etcd-addr off >"$work/server.log" 2>&1 &
 pid=$!
 for _ in $(seq 300); do
@@ -48,12 +49,12 @@ done
 echo "==> one real lattice-agent (10s heartbeat interval)"
 cgroups=(); [ "$(id -u)" -eq 0 ] || cgroups=(--no-cgroups)  # only root can make them
 LATTICE_AGENT_TOKEN=$(cat "$work/data/admin.token") RUST_LOG=warn \
-  target/release/lattice-agent --node-id real-agent-0 --api-url "http://$api" "${cgroups[@]}" \
+  "$B/lattice-agent" --node-id real-agent-0 --api-url "http://$api" "${cgroups[@]}" \
   --state-dir "$work/agent" --heartbeat-interval 10s >"$work/agent.log" 2>&1 &
 agent=$!
 
 echo "==> ${BENCH_AGENTS:-10000} simulated agents, one beat per ${BENCH_INTERVAL:-10}s each; ${BENCH_SECONDS:-60}s windows"
-target/release/lattice-heartbeat-bench --url "http://$api" \
+"$B/lattice-heartbeat-bench" --url "http://$api" \
   --token-file "$work/data/admin.token" --server-pid "$pid" \
   --agents "${BENCH_AGENTS:-10000}" --interval "${BENCH_INTERVAL:-10}" \
   --measure-s "${BENCH_SECONDS:-60}" --agent-pid "$agent" --agent-interval 10

@@ -19,11 +19,11 @@ cd "$(dirname "$0")/.."
 # shellcheck source=hack/store-bench-lib.sh
 . hack/store-bench-lib.sh
 BENCH_TLS=${BENCH_TLS:-0}
+# shellcheck source=hack/lib/build.sh
+. hack/lib/build.sh
 hack/install-deps.sh >/dev/null
-export PROTOC="${PROTOC:-$(command -v protoc)}"
-echo "==> building release binaries"
-cargo build --release -q -p lattice-server -p lattice-e2e --bins
-cargo build --release -q -p lattice-store --example replication-floor
+lattice_build dist
+B=$LATTICE_BIN
 
 work=$(mktemp -d)
 pids=()
@@ -31,7 +31,7 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 bench_pki_setup "$work/pki"
 
-floor=target/release/examples/replication-floor
+floor=$B/examples/replication-floor
 for i in 2 3; do
   "$floor" follower "127.0.0.1:2795$i" "$work/floor-$i" >"$work/floor-$i.log" 2>&1 &
   pids+=($!)
@@ -44,7 +44,7 @@ done
   >"$work/floor-1.log" 2>&1 &
 pids+=($!)
 wait_healthy 127.0.0.1:25891 || { cat "$work"/floor-*.log >&2; exit 1; }
-start_lattice_cluster target/release/lattice-server "$work/lattice3" 3 28180 25790 27900
+start_lattice_cluster "$B/lattice-server" "$work/lattice3" 3 28180 25790 27900
 lattice=$(leader_of 127.0.0.1:25791,127.0.0.1:25792,127.0.0.1:25793)
 echo "==> Lattice's leader: $lattice; the floor's: 127.0.0.1:25891"
 

@@ -7,7 +7,9 @@
 # Knobs: BENCH_OBJECTS, BENCH_RATE, BENCH_SECONDS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "==> cargo build --release -p lattice-runtime --example bench_runtime" >&2
-cargo build --release -q -p lattice-runtime --example bench_runtime >&2
-echo "==> target/release/examples/bench_runtime" >&2
-target/release/examples/bench_runtime
+hack/install-deps.sh >/dev/null
+# shellcheck source=hack/lib/build.sh
+. hack/lib/build.sh
+lattice_build dist
+echo "==> $LATTICE_BIN/examples/bench_runtime" >&2
+"$LATTICE_BIN/examples/bench_runtime"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Scheduler benchmarks, printing RESULT lines:
-#  1. one lattice-scheduler cycle (the pure core), release mode: cycle_<pending>x<nodes>_ms =
+#  1. one lattice-scheduler cycle (the pure core), dist profile: cycle_<pending>x<nodes>_ms =
 #     median wall time of Scheduler::cycle over 7 runs on a synthetic cluster (128-node
 #     dragonfly groups, 2 GPU types, CXL class, 3 conformance fingerprints, 70 % busy),
 #     hpc-backfill configuration. Targets: cycle_1000x10000_ms < 50,
@@ -13,12 +13,13 @@
 #     last binding transaction committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PROTOC="${PROTOC:-$(command -v protoc)}"
+hack/install-deps.sh >/dev/null
+# shellcheck source=hack/lib/build.sh
+. hack/lib/build.sh
 NODES=${BENCH_PLACE_NODES:-2000}
-echo "==> cargo build --release -p lattice-scheduler -p lattice-e2e" >&2
-cargo build --release -p lattice-scheduler --bin bench-scheduler >&2
-cargo build --release -p lattice-e2e --bin lattice-placement-bench >&2
-echo "==> target/release/bench-scheduler" >&2
-target/release/bench-scheduler
-echo "==> target/release/lattice-placement-bench --nodes $NODES --allocations $NODES" >&2
-target/release/lattice-placement-bench --nodes "$NODES" --allocations "$NODES"
+lattice_build dist
+B=$LATTICE_BIN
+echo "==> $B/bench-scheduler" >&2
+"$B/bench-scheduler"
+echo "==> $B/lattice-placement-bench --nodes $NODES --allocations $NODES" >&2
+"$B/lattice-placement-bench" --nodes "$NODES" --allocations "$NODES"

@@ -15,9 +15,9 @@
 # 1/1.061).
 #
 # Knobs (environment):
-#   AB_A_SERVER, AB_B_SERVER  lattice-server binaries (default target/release/lattice-server,
+#   AB_A_SERVER, AB_B_SERVER  lattice-server binaries (default target/dist/lattice-server,
 #                 rebuilt from the tree whenever an arm uses it); build the other arm into a
-#                 copy first
+#                 copy first (hack/build.sh dist, then copy target/dist/lattice-server)
 #   AB_A_ENV, AB_B_ENV  `NAME=value ...` environment for that arm's members
 #   AB_A_FLAGS, AB_B_FLAGS  extra lattice-server flags for that arm (e.g. "--store-threads 0")
 #   AB_MEMBERS    members per cluster, 1 or 3 (default 3)
@@ -30,12 +30,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=hack/store-bench-lib.sh
 . hack/store-bench-lib.sh
+# shellcheck source=hack/lib/build.sh
+. hack/lib/build.sh
 hack/install-deps.sh >/dev/null
-export PROTOC="${PROTOC:-$(command -v protoc)}"
-if [ ! -x target/release/lattice-bench ] ||
+# Both arms given and the client built: the tree is not built (it may hold an arm's change).
+B=${CARGO_TARGET_DIR:-target}/dist
+if [ ! -x "$B/lattice-bench" ] ||
   { [ -z "${AB_A_SERVER:-}" ] || [ -z "${AB_B_SERVER:-}" ]; }; then
-  echo "==> building release binaries"
-  cargo build --release -q -p lattice-server -p lattice-e2e --bins
+  lattice_build dist
 fi
 members=${AB_MEMBERS:-3}
 case "$members" in 1 | 3) ;; *) echo "AB_MEMBERS must be 1 or 3" >&2; exit 2 ;; esac
@@ -46,9 +48,9 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 bench_pki_setup "$work/pki"
 
-start_lattice_cluster "${AB_A_SERVER:-target/release/lattice-server}" "$work/a" "$members" \
+start_lattice_cluster "${AB_A_SERVER:-$B/lattice-server}" "$work/a" "$members" \
   25180 25790 25900 "${AB_A_ENV:-}" "${AB_A_FLAGS:-}"
-start_lattice_cluster "${AB_B_SERVER:-target/release/lattice-server}" "$work/b" "$members" \
+start_lattice_cluster "${AB_B_SERVER:-$B/lattice-server}" "$work/b" "$members" \
   26180 26790 26900 "${AB_B_ENV:-}" "${AB_B_FLAGS:-}"
 case "${AB_VIA:-leader}" in
   leader) pick=leader_of ;;

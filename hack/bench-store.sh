@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2086 # BENCH_*ARGS and the load targets are word lists, split on purpose
 # Store benchmark: Lattice's embedded store and Debian's etcd 3.4 side by side on loopback,
-# same client (target/release/lattice-bench, etcd-client), same load, equal durability
+# same client (lattice-bench, on etcd-client), same load, equal durability
 # (both fsync every commit before answering), and equal security: by default both serve
 # mutual TLS on their client and peer ports with certificates of one CA (`lattice admin
 # pki`), the client presenting an administrator's certificate, as production runs.
@@ -29,11 +30,9 @@
 #                 follower has applied them. Prints `etcd3_via_follower_seq_puts_per_s`,
 #                 `lattice3_via_follower_seq_puts_per_s` (the means),
 #                 `put3_via_follower_ratio_vs_etcd` and its `_pairs_median`.
-#   BENCH_LATTICE_SERVER  binary to run instead of target/release/lattice-server, taking
-#                 the same store flags (e.g. target/release/examples/raft-member from
-#                 `cargo build --release -p lattice-store --example raft-member`: the store
-#                 and its etcd port alone, plaintext: with BENCH_TLS=0); the release build
-#                 is then skipped
+#   BENCH_LATTICE_SERVER  binary to run instead of target/dist/lattice-server, taking
+#                 the same store flags (e.g. target/dist/examples/raft-member: the store
+#                 and its etcd port alone, plaintext: with BENCH_TLS=0)
 #
 # Over Lattice's 3-member paired rounds it also prints, from the members' metrics, where a
 # sequential put goes: `lattice3_commit_ms_mean` (the leader's proposal to answer),
@@ -44,13 +43,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=hack/store-bench-lib.sh
 . hack/store-bench-lib.sh
+# shellcheck source=hack/lib/build.sh
+. hack/lib/build.sh
 hack/install-deps.sh >/dev/null
-export PROTOC="${PROTOC:-$(command -v protoc)}"
-lattice_server="${BENCH_LATTICE_SERVER:-target/release/lattice-server}"
-if [ -z "${BENCH_LATTICE_SERVER:-}" ]; then
-  echo "==> building release binaries"
-  cargo build --release -q -p lattice-server -p lattice-e2e --bins
-fi
+lattice_build dist
+B=$LATTICE_BIN
+lattice_server="${BENCH_LATTICE_SERVER:-$B/lattice-server}"
 
 work=$(mktemp -d)
 pids=()
@@ -87,7 +85,7 @@ if [ "${BENCH_ONLY_3:-}" != 1 ]; then
   for target in "etcd 127.0.0.1:23791" "lattice 127.0.0.1:23792"; do
     set -- $target
     echo "==> load against $1"
-    target/release/lattice-bench --name "$1" --endpoint "$2" "${bench_tls_flags[@]}" ${BENCH_ARGS:-} | tee -a "$out"
+    "$B/lattice-bench" --name "$1" --endpoint "$2" "${bench_tls_flags[@]}" ${BENCH_ARGS:-} | tee -a "$out"
   done
 fi
 
@@ -114,7 +112,7 @@ if [ "${BENCH_SKIP_3:-}" != 1 ]; then
   for target in "etcd3 $etcd3_ep" "lattice3 $lattice3_ep"; do
     set -- $target
     echo "==> load against $1 (3 members)"
-    target/release/lattice-bench --name "$1" --endpoint "$2" "${bench_tls_flags[@]}" ${BENCH_3_ARGS:---puts-only} ${BENCH_ARGS:-} | tee -a "$out"
+    "$B/lattice-bench" --name "$1" --endpoint "$2" "${bench_tls_flags[@]}" ${BENCH_3_ARGS:---puts-only} ${BENCH_ARGS:-} | tee -a "$out"
   done
 fi
 
@@ -133,7 +131,7 @@ seq_rounds() { # <etcd name> <etcd endpoint> <lattice name> <lattice endpoint>
     for t in "${order[@]}"; do
       read -r name endpoint <<<"$t"
       # (The rounds' own figures go to stderr: stdout is the list of ratios.)
-      target/release/lattice-bench --name "r${r}_$name" --endpoint "$endpoint" --seq-only \
+      "$B/lattice-bench" --name "r${r}_$name" --endpoint "$endpoint" --seq-only \
         "${bench_tls_flags[@]}" ${BENCH_ARGS:-} | tee -a "$out" >&2
     done
     ratios="$ratios,$(ratio "r${r}_$3_seq_puts_per_s" "r${r}_$1_seq_puts_per_s")"

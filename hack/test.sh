@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it (.ci/run calls this script).
-# Installs the Debian packages the tests need (idempotently), then: format check, clippy,
-# build of every binary (the e2e tests start them), and every test in the workspace.
+# Installs every tool the tests start (hack/install-deps.sh, idempotent: Debian packages
+# and kubectl), then: format check, clippy, build of every binary and example (the e2e
+# tests start the binaries), and every test in the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "==> installing test dependencies (hack/install-deps.sh)"
 hack/install-deps.sh
+# shellcheck source=hack/lib/build.sh
+. hack/lib/build.sh
 export PROTOC="${PROTOC:-$(command -v protoc)}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # No incremental caches: a one-shot run gains nothing from them and they cost gigabytes of
@@ -22,8 +25,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "==> cargo clippy -p lattice-agent --features nvidia (the NVML path builds without a GPU)"
 cargo clippy -p lattice-agent --all-targets --features nvidia -- -D warnings
 
-echo "==> building binaries for the end-to-end tests"
-cargo build --workspace --bins
+# The binaries the end-to-end tests start, built with the same dependency features as the
+# tests below (hack/lib/build.sh), so `cargo test` compiles only the test targets on top.
+lattice_build dev
 
 echo "==> cargo test --workspace"
 cargo test --workspace --no-fail-fast -- --test-threads="${LATTICE_TEST_THREADS:-2}"

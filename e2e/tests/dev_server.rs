@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use lattice_e2e::{bin, free_port, Server};
+use lattice_e2e::{bin, free_port, kubectl as kubectl_bin, Server};
 
 fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
@@ -102,7 +102,7 @@ fn kubeconfig(server: &Server) -> std::path::PathBuf {
 }
 
 fn kubectl(server: &Server, cfg: &Path) -> Command {
-    let mut c = Command::new("kubectl");
+    let mut c = Command::new(kubectl_bin());
     c.env("KUBECONFIG", cfg)
         .env("HOME", server.data_dir.join("home"))
         .env("KUBECACHEDIR", server.data_dir.join("kubecache"))

@@ -1,8 +1,7 @@
 //! `raft-member`: one replicated store member (Raft + the etcd v3 port) and nothing else,
 //! started with the same flags `lattice-server` takes for its store, so the store can be
-//! benchmarked (`BENCH_LATTICE_SERVER=target/release/examples/raft-member
-//! hack/bench-store.sh`) without building the whole server and without its controllers
-//! writing in the background.
+//! benchmarked alone (`BENCH_LATTICE_SERVER=target/dist/examples/raft-member
+//! hack/bench-store.sh`), without the server's controllers writing in the background.
 //!
 //! ```text
 //! raft-member --data-dir DIR --etcd-addr HOST:PORT --raft-addr HOST:PORT --node-id N
