@@ -106,7 +106,7 @@ pub async fn attach(
             &user,
             &Attributes::kind(Verb::Connect, k, Some(&ns))
                 .named(Some(&name))
-                .sub(Some("attach")),
+                .subresource(Some("attach")),
         )?;
         let obj = inner.resources.get(k, Some(&ns), &name).await?;
         Ok::<_, ApiError>((user, obj))
@@ -157,7 +157,7 @@ async fn finish(
             &user,
             &Attributes::kind(Verb::Connect, k, Some(at("/metadata/namespace")))
                 .named(Some(at("/metadata/name")))
-                .sub(Some("attach")),
+                .subresource(Some("attach")),
         )?;
         admit_connect(&inner.resources, &user, &obj, Connect::Attach).await?;
         let req = Request::parse(uri)?;

@@ -122,7 +122,7 @@ impl<'a> Attributes<'a> {
     }
 
     /// ... its `subresource`.
-    pub fn sub(mut self, subresource: Option<&'a str>) -> Self {
+    pub fn subresource(mut self, subresource: Option<&'a str>) -> Self {
         self.subresource = subresource;
         self
     }
@@ -372,7 +372,7 @@ mod tests {
         let alloc = kind("Allocation");
         let put_status = Attributes::kind(Verb::Update, alloc, Some("t1"))
             .named(Some("a"))
-            .sub(Some("status"));
+            .subresource(Some("status"));
         let e = authorize(&person(Role::Readonly, &["t1"]), &put_status).unwrap_err();
         assert_eq!(e.code, 403);
         for who in [person(Role::User, &["t1"]), person(Role::Admin, &["*"])] {
@@ -389,7 +389,7 @@ mod tests {
         // Reading status is anyone's with read access.
         let get = Attributes::kind(Verb::Get, alloc, Some("t1"))
             .named(Some("a"))
-            .sub(Some("status"));
+            .subresource(Some("status"));
         authorize(&person(Role::User, &["t1"]), &get).unwrap();
     }
 
@@ -441,10 +441,10 @@ mod tests {
         no(Attributes::kind(Verb::Get, nodes, None).named(Some("n2")));
         ok(Attributes::kind(Verb::Patch, nodes, None)
             .named(Some("n1"))
-            .sub(Some("status")));
+            .subresource(Some("status")));
         no(Attributes::kind(Verb::Patch, nodes, None)
             .named(Some("n2"))
-            .sub(Some("status")));
+            .subresource(Some("status")));
         // Its Node's spec is the admins'.
         no(Attributes::kind(Verb::Patch, nodes, None).named(Some("n1")));
         no(Attributes::kind(Verb::Delete, nodes, None).named(Some("n1")));
@@ -460,10 +460,10 @@ mod tests {
         no(Attributes::kind(Verb::Patch, allocs, Some("t1")).named(Some("a")));
         no(Attributes::kind(Verb::Update, allocs, Some("t1"))
             .named(Some("a"))
-            .sub(Some("status")));
+            .subresource(Some("status")));
         ok(Attributes::kind(Verb::Update, allocs, Some("t1"))
             .named(Some("a"))
-            .sub(Some("report")));
+            .subresource(Some("report")));
         // Leases: its heartbeat Lease only.
         let leases = kind("Lease");
         ok(Attributes::kind(Verb::Update, leases, Some(NODE_LEASE_NAMESPACE)).named(Some("n1")));

@@ -52,7 +52,7 @@ pub async fn job_token(
             &user,
             &Attributes::kind(Verb::Get, k, params.get("tenant"))
                 .named(Some(&id))
-                .sub(Some("token")),
+                .subresource(Some("token")),
         )?;
         if !(user.role == Role::Node || user.is_system()) {
             return Err(ApiError::forbidden(

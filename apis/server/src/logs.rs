@@ -154,7 +154,7 @@ async fn serve(
         &user,
         &Attributes::kind(Verb::Connect, allocations, Some(ns))
             .named(Some(name))
-            .sub(Some("log")),
+            .subresource(Some("log")),
     )?;
     let params = match Query::<Vec<(String, String)>>::try_from_uri(uri) {
         Ok(Query(v)) => v,

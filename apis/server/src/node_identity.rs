@@ -564,7 +564,8 @@ pub async fn renew(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bo
         let user = crate::routes::authenticate(&inner, &headers).await?;
         authz::authorize(
             &user,
-            &Attributes::other(Verb::Create, resource::NODE_CERTIFICATES).sub(Some("renew")),
+            &Attributes::other(Verb::Create, resource::NODE_CERTIFICATES)
+                .subresource(Some("renew")),
         )?;
         let node = user
             .node_name()

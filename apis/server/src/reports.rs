@@ -58,7 +58,7 @@ async fn serve(
         &user,
         &Attributes::kind(Verb::Update, k, Some(ns))
             .named(Some(name))
-            .sub(Some(REPORT_SUBRESOURCE)),
+            .subresource(Some(REPORT_SUBRESOURCE)),
     )?;
     let b = read_body(inner, headers, body).await?;
     let r: NodeReport = serde_json::from_slice(&b).map_err(|e| {

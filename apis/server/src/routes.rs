@@ -280,7 +280,7 @@ async fn dispatch(
     };
     let mut attrs = Attributes::kind(authz_verb, t.kind, t.namespace.as_deref())
         .named(t.name.as_deref())
-        .sub(t.subresource.as_deref());
+        .subresource(t.subresource.as_deref());
     if let Some(sel) = &list_selectors {
         attrs = attrs.fields(&sel.fields);
     }

@@ -48,7 +48,7 @@ async fn cluster_with(node_cert_validity: Duration) -> Cluster {
         ApiConfig {
             jwt_secret: SECRET.to_vec(),
             auth: true,
-            ca: Some(pki.ca.clone()),
+            ca: pki.ca.clone(),
             node_cert_validity,
             agent_tls: Some(Arc::new(pki.agent_client_config().unwrap())),
             ..Default::default()
@@ -76,7 +76,7 @@ async fn cluster_with(node_cert_validity: Duration) -> Cluster {
     let c = Cluster {
         http,
         https,
-        ca: pki.ca.clone(),
+        ca: pki.ca.clone().expect("the CA key is here"),
         store,
         client: reqwest::Client::new(),
         _dir: dir,

@@ -929,7 +929,7 @@ async fn node_identity(
                 .client
                 .create(&ni::revoke_path(name), &json!({}), &WriteOptions::default())
                 .await
-                .map_err(|e| CliError::from_client(&format!("revoke node {name}"), e))?;
+                .map_err(|e| CliError::from_client(format!("revoke node {name}"), e))?;
             let n = v["revoked"].as_array().map_or(0, Vec::len);
             writeln!(
                 out,

@@ -543,7 +543,7 @@ async fn open(inner: &Inner, node: &str, uri: &Uri, headers: &HeaderMap) -> ApiR
         &user,
         &Attributes::kind(Verb::Update, nodes, None)
             .named(Some(node))
-            .sub(Some("heartbeat")),
+            .subresource(Some("heartbeat")),
     )?;
     let kind = lease_kind()?;
     let params = Params::from_uri(uri)?;
