@@ -95,6 +95,9 @@ pub struct UserInfo {
     pub cert: Option<CertRef>,
     /// For a job token: the allocation it acts for.
     pub bound_to: Option<BoundAllocation>,
+    /// For a bearer token: when it expires (seconds since the epoch). Certificates carry
+    /// theirs in [`cert`](Self::cert).
+    pub expires: Option<u64>,
 }
 
 /// The user name of a node's agent: `system:node:<name>`.
@@ -103,6 +106,19 @@ pub const NODE_USER_PREFIX: &str = "system:node:";
 pub const CONTROLLERS_USER: &str = "system:controllers";
 
 impl UserInfo {
+    /// When the credential this caller authenticated with stops working (a token's
+    /// expiry, a certificate's notAfter); `None`: never (in-process callers).
+    pub fn credential_ends(&self) -> Option<std::time::SystemTime> {
+        let token = self
+            .expires
+            .map(|s| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s));
+        let cert = self.cert.as_ref().map(|c| c.not_after);
+        match (token, cert) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// The agent of node `name`.
     pub fn node(name: &str) -> Self {
         Self {
@@ -258,6 +274,7 @@ impl JwtAuthenticator {
             tenants,
             role: c.role,
             bound_to: c.alloc,
+            expires: Some(c.exp),
             ..Default::default()
         };
         let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
@@ -342,7 +359,7 @@ pub fn mint_token(
 
 /// A job token is good while its allocation exists (the same one: its uid) and has not
 /// ended: it dies with the job.
-async fn job_token_alive(inner: &crate::Inner, user: UserInfo) -> ApiResult<UserInfo> {
+pub(crate) async fn job_token_alive(inner: &crate::Inner, user: UserInfo) -> ApiResult<UserInfo> {
     let Some(b) = &user.bound_to else {
         return Ok(user);
     };

@@ -186,7 +186,7 @@ pub async fn cert_user(inner: &Inner, cert: &CertInfo) -> ApiResult<UserInfo> {
             tenants: None,
             role: Role::Admin,
             cert: cert_ref,
-            bound_to: None,
+            ..Default::default()
         }),
         _ => Err(ApiError::unauthorized(format!(
             "the client certificate {:?} is not an API client's (nodes, controllers and \

@@ -125,7 +125,20 @@ pub async fn serve_watch(
 
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
     let timeout = params.timeout.unwrap_or(inner.config.default_watch_timeout);
-    let deadline = Instant::now() + timeout;
+    let mut deadline = Instant::now() + timeout;
+    // A watch does not outlive the credential it was opened with: it ends when the token
+    // or certificate expires, and (checked every RECHECK) when the certificate is revoked
+    // or the job token's allocation ends.
+    let caller = crate::auth::request_user();
+    if let Some(ends) = caller.as_ref().and_then(|u| u.credential_ends()) {
+        let left = ends
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        deadline = deadline.min(Instant::now() + left);
+    }
+    let recheck_caller = caller
+        .clone()
+        .filter(|u| u.cert.is_some() || u.bound_to.is_some());
     let bookmark_every = inner.config.bookmark_interval;
     inner
         .metrics
@@ -164,11 +177,21 @@ pub async fn serve_watch(
         }
         let mut tick = tokio::time::interval_at(Instant::now() + bookmark_every, bookmark_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut recheck = tokio::time::interval_at(Instant::now() + RECHECK, RECHECK);
+        recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tx.closed() => break,
                 _ = stop.changed() => break,
                 _ = tokio::time::sleep_until(deadline) => break,
+                _ = recheck.tick(), if recheck_caller.is_some() => {
+                    if let Some(u) = &recheck_caller {
+                        if !credential_live(&_guard.inner, u).await {
+                            tracing::info!(user = %u.name, "watch ended: its credential was revoked or its job ended");
+                            break;
+                        }
+                    }
+                }
                 _ = tick.tick(), if params.bookmarks => {
                     let b = bookmark(kind, last, false);
                     if !send(&tx, event_line(kind, "BOOKMARK", &b, None), deadline).await {
@@ -216,6 +239,31 @@ pub async fn serve_watch(
         HeaderValue::from_static("no-cache, private"),
     );
     Ok(resp)
+}
+
+/// How often a watch opened with a certificate or a job token checks that it still holds.
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// Whether `user`'s credential still holds: its certificate not revoked, its job token's
+/// allocation still running. An error reading either ends the watch too (the client
+/// watches again and is authenticated afresh).
+async fn credential_live(inner: &Arc<Inner>, user: &crate::auth::UserInfo) -> bool {
+    if let Some(c) = &user.cert {
+        match inner
+            .revocations
+            .is_revoked(&inner.resources.backend, &c.serial)
+            .await
+        {
+            Ok(false) => {}
+            _ => return false,
+        }
+    }
+    if user.bound_to.is_some() {
+        return crate::auth::job_token_alive(inner, user.clone())
+            .await
+            .is_ok();
+    }
+    true
 }
 
 fn guard_counter(inner: &Inner, kind: &str) -> prometheus_client::metrics::counter::Counter {

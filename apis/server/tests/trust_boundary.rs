@@ -1039,3 +1039,74 @@ async fn preemption_class_and_sensitivity_are_the_tenants_contract() {
         assert_eq!(code, 403, "{v}");
     }
 }
+
+/// A watch ends with its credential: when a token expires, and when a node's certificate
+/// is revoked (within the watch's recheck), however long a `timeoutSeconds` it asked for.
+#[tokio::test]
+async fn watches_end_with_their_credential() {
+    let c = cluster().await;
+    let admin = token("ops", &["*"], Role::Admin);
+    let ends_within = |client: reqwest::Client, url: String| async move {
+        let t0 = std::time::Instant::now();
+        let r = client.get(url).send().await.expect("the watch");
+        let status = r.status().as_u16();
+        let _ = r.bytes().await;
+        (status, t0.elapsed())
+    };
+    // A token that lives 2 s, watching for 60.
+    let short = mint_token(
+        SECRET,
+        "alice",
+        &["t1".to_string()],
+        Role::User,
+        Duration::from_secs(2),
+    );
+    let client = reqwest::Client::builder()
+        .default_headers({
+            let mut h = reqwest::header::HeaderMap::new();
+            h.insert(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {short}").parse().unwrap(),
+            );
+            h
+        })
+        .build()
+        .unwrap();
+    let (code, took) = tokio::time::timeout(
+        Duration::from_secs(20),
+        ends_within(
+            client,
+            format!(
+                "{}{API}/namespaces/t1/allocations?watch=true&timeoutSeconds=60",
+                c.http
+            ),
+        ),
+    )
+    .await
+    .expect("a watch outlived its token by far");
+    assert_eq!(code, 200);
+    assert!(took < Duration::from_secs(10), "{took:?}");
+
+    // A node's watch of its allocations, then its certificate revoked.
+    let n1 = c.node("n1").await;
+    let url = format!(
+        "{}{API}/allocations?watch=true&timeoutSeconds=60&fieldSelector=status.assignedNodes%3Dn1",
+        n1.base
+    );
+    let watching = tokio::spawn(ends_within(n1.client.clone(), url));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !watching.is_finished(),
+        "the node's watch ended before the revocation"
+    );
+    let (code, v) = c
+        .send(&admin, "POST", "/v1/admin/nodes/n1/revoke", None)
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let (code, took) = tokio::time::timeout(Duration::from_secs(20), watching)
+        .await
+        .expect("a watch outlived its revoked certificate")
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(took < Duration::from_secs(15), "{took:?}");
+}
