@@ -68,6 +68,7 @@ pub async fn collection(
                     .resources
                     .list(k, tenant.as_deref(), &ListOptions::default())
                     .await?;
+                let list = crate::redact::redact(Some(&user), k, list);
                 Ok(json_response(StatusCode::OK, &list))
             }
             Method::POST if matches!(plural.as_str(), "allocations" | "dags") => {
@@ -332,6 +333,7 @@ pub async fn item(
         match method {
             Method::GET => {
                 allow(&user, Verb::Get, k, ns.as_deref(), Some(name_of(&obj)))?;
+                let obj = crate::redact::redact(Some(&user), k, obj);
                 Ok(json_response(StatusCode::OK, &obj))
             }
             Method::DELETE if matches!(plural.as_str(), "allocations" | "dags") => {

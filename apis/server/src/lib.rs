@@ -47,6 +47,7 @@ pub mod parse;
 pub mod patch;
 pub mod quota;
 pub mod ranges;
+pub mod redact;
 pub mod reports;
 pub mod resources;
 pub mod routes;

@@ -292,6 +292,7 @@ async fn dispatch(
     let tbl = table::wants_table(accept(headers))
         .then(|| IncludeObject::parse(params.get("includeObject")));
     let ok = |v: Value| -> ApiResult<Response> {
+        let v = crate::redact::redact(Some(&user), kind, v);
         let v = match tbl {
             Some(inc) if *method == Method::GET => table::to_table(kind, &v, inc),
             _ => v,

@@ -136,6 +136,7 @@ pub async fn serve_watch(
             .unwrap_or_default();
         deadline = deadline.min(Instant::now() + left);
     }
+    let redacted = crate::redact::applies(caller.as_ref(), kind);
     let recheck_caller = caller
         .clone()
         .filter(|u| u.cert.is_some() || u.bound_to.is_some());
@@ -163,6 +164,7 @@ pub async fn serve_watch(
         let sent = guard_counter(&_guard.inner, kind.kind);
         let tbl = params.table;
         for obj in &initial {
+            let obj = &crate::redact::redact(caller.as_ref(), kind, obj.clone());
             if !send(&tx, event_line(kind, "ADDED", obj, tbl), deadline).await {
                 return;
             }
@@ -210,8 +212,13 @@ pub async fn serve_watch(
                         }
                         if let Some((ty, obj)) = classify(&c, &params.selectors) {
                             let line = match tbl {
-                                None => c.line(ty),
-                                Some(_) => event_line(kind, ty, obj, tbl),
+                                None if !redacted => c.line(ty),
+                                _ => event_line(
+                                    kind,
+                                    ty,
+                                    &crate::redact::redact(caller.as_ref(), kind, obj.clone()),
+                                    tbl,
+                                ),
                             };
                             if !send(&tx, line, deadline).await {
                                 break;

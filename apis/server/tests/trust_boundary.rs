@@ -1110,3 +1110,80 @@ async fn watches_end_with_their_credential() {
     assert_eq!(code, 200);
     assert!(took < Duration::from_secs(15), "{took:?}");
 }
+
+/// A person outside the owning tenant sees that a node is taken, not by whose work: on
+/// get, list, Table, watch and the `/v1` routes.
+#[tokio::test]
+async fn people_see_that_a_node_is_taken_not_by_whom() {
+    let c = cluster().await;
+    let admin = token("ops", &["*"], Role::Admin);
+    let (code, n) = c
+        .send(
+            &admin,
+            "POST",
+            &format!("{API}/nodes"),
+            Some(json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Node",
+                        "metadata": {"name": "n1"}, "spec": {}})),
+        )
+        .await;
+    assert_eq!(code, 201, "{n}");
+    let mut n = n;
+    n["status"] = json!({"owner": {"tenant": "t2", "allocation": "secret-project",
+                                   "user": "carol"},
+                         "allocations": ["secret-project"]});
+    let (code, v) = c
+        .send(
+            &token_system(),
+            "PUT",
+            &format!("{API}/nodes/n1/status"),
+            Some(n),
+        )
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let alice = token("alice", &["t1"], Role::User);
+    let carol = token("carol", &["t2"], Role::User);
+    for path in [
+        format!("{API}/nodes/n1"),
+        format!("{API}/nodes"),
+        "/v1/nodes".to_string(),
+        "/v1/nodes/n1".to_string(),
+    ] {
+        let (code, v) = c.send(&alice, "GET", &path, None).await;
+        assert_eq!(code, 200, "{path}: {v}");
+        let text = v.to_string();
+        assert!(
+            !text.contains("secret-project") && !text.contains("carol"),
+            "{path} shows t2's work to alice: {text}"
+        );
+        let (code, v) = c.send(&carol, "GET", &path, None).await;
+        assert_eq!(code, 200, "{path}: {v}");
+        assert!(v.to_string().contains("secret-project"), "{path}: {v}");
+    }
+    for (accept, url) in [
+        (
+            "application/json",
+            format!("{}{API}/nodes?watch=true&timeoutSeconds=1", c.http),
+        ),
+        (
+            "application/json;as=Table;g=meta.k8s.io;v=v1",
+            format!("{}{API}/nodes", c.http),
+        ),
+    ] {
+        let text = c
+            .client
+            .get(url)
+            .bearer_auth(&alice)
+            .header("accept", accept)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(text.contains("n1"), "{text}");
+        assert!(
+            !text.contains("secret-project") && !text.contains("carol"),
+            "{text}"
+        );
+    }
+}
