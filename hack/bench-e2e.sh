@@ -31,9 +31,10 @@ trap cleanup EXIT
 
 # ---------------------------------------------------------------- Lattice
 api=127.0.0.1:28580
+tls=127.0.0.1:28581
 echo "==> Lattice: lattice-server --dev + 4 agents (dist profile), $JOBS jobs"
 "$B/lattice-server" --dev --data-dir "$work/server" --api-addr "$api" \
-  --tls-addr off --etcd-addr off >"$work/server.log" 2>&1 &
+  --tls-addr "$tls" --etcd-addr off >"$work/server.log" 2>&1 &
 server=$!; pids+=("$server")
 for _ in $(seq 300); do
   curl -fsS "http://$api/readyz" >/dev/null 2>&1 && [ -s "$work/server/admin.token" ] && break
@@ -49,8 +50,13 @@ curl -fsS -X PATCH -H "Authorization: Bearer $token" -H "Content-Type: applicati
 cgroups=(); [ "$(id -u)" -eq 0 ] || cgroups=(--no-cgroups)
 agent_pids=()
 for i in 1 2 3 4; do
-  LATTICE_AGENT_TOKEN=$token "$B/lattice-agent" --node-id "node-0$i" \
-    --api-url "http://$api" --state-dir "$work/agents/node-0$i" "${cgroups[@]}" \
+  # Each agent enrolls with a single-use bootstrap token and talks mutual TLS, as in production.
+  mkdir -p "$work/agents/node-0$i"
+  LATTICE_TOKEN=$token "$B/lattice" --api-url "http://$api" \
+    admin node bootstrap-token --node "node-0$i" --ttl 10m | tail -1 >"$work/agents/node-0$i.token"
+  "$B/lattice-agent" --node-id "node-0$i" --ca-file "$work/server/pki/ca.crt" \
+    --bootstrap-token-file "$work/agents/node-0$i.token" \
+    --api-url "https://$tls" --state-dir "$work/agents/node-0$i" "${cgroups[@]}" \
     --topology-group $(( (i - 1) / 2 )) --unknown-user agent >"$work/agent-$i.log" 2>&1 &
   agent_pids+=($!); pids+=($!)
 done

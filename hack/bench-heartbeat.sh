@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Heartbeat load on the control plane (the seed's "10,000 node agents reporting: < 1% CPU
 # on quorum"): a `lattice-server --dev` of the dist profile and lattice-heartbeat-bench,
-# which holds one heartbeat stream per simulated agent open (what lattice-agent does) and
-# beats on each every interval, spread evenly. Prints `RESULT name=value` lines: the
+# which holds one heartbeat stream per simulated agent open (what lattice-agent does: over
+# mutual TLS, each simulated agent with a node certificate of its own from the server's CA)
+# and beats on each every interval, spread evenly. Prints `RESULT name=value` lines: the
 # server's CPU (all threads, utime + stime) in % of one core with the streams beating, the
 # idle baseline, heartbeats/s and CPU per heartbeat; and the RSS and CPU per heartbeat
 # interval of one real, idle lattice-agent running beside them.
@@ -36,9 +37,10 @@ cleanup() {
 trap cleanup EXIT
 
 api=127.0.0.1:28490
-echo "==> starting lattice-server --dev on $api"
+tls=127.0.0.1:28491
+echo "==> starting lattice-server --dev on $api (HTTPS $tls)"
 RUST_LOG=warn "$B/lattice-server" --dev --data-dir "$work/data" --api-addr "$api" \
-  --tls-addr off --etcd-addr off >"$work/server.log" 2>&1 &
+  --tls-addr "$tls" --etcd-addr off >"$work/server.log" 2>&1 &
 pid=$!
 for _ in $(seq 300); do
   curl -fsS "http://$api/readyz" >/dev/null 2>&1 && [ -s "$work/data/admin.token" ] && break
@@ -46,15 +48,17 @@ for _ in $(seq 300); do
 done
 { curl -fsS "http://$api/readyz" >/dev/null && [ -s "$work/data/admin.token" ]; } || { cat "$work/server.log"; exit 1; }
 
-echo "==> one real lattice-agent (10s heartbeat interval)"
+echo "==> one real lattice-agent (10s heartbeat interval), enrolled with a bootstrap token"
 cgroups=(); [ "$(id -u)" -eq 0 ] || cgroups=(--no-cgroups)  # only root can make them
-LATTICE_AGENT_TOKEN=$(cat "$work/data/admin.token") RUST_LOG=warn \
-  "$B/lattice-agent" --node-id real-agent-0 --api-url "http://$api" "${cgroups[@]}" \
+LATTICE_TOKEN=$(cat "$work/data/admin.token") "$B/lattice" --api-url "http://$api" \
+  admin node bootstrap-token --node real-agent-0 --ttl 10m | tail -1 >"$work/bootstrap-token"
+RUST_LOG=warn "$B/lattice-agent" --node-id real-agent-0 --api-url "https://$tls" "${cgroups[@]}" \
+  --ca-file "$work/data/pki/ca.crt" --bootstrap-token-file "$work/bootstrap-token" \
   --state-dir "$work/agent" --heartbeat-interval 10s >"$work/agent.log" 2>&1 &
 agent=$!
 
 echo "==> ${BENCH_AGENTS:-10000} simulated agents, one beat per ${BENCH_INTERVAL:-10}s each; ${BENCH_SECONDS:-60}s windows"
-"$B/lattice-heartbeat-bench" --url "http://$api" \
+"$B/lattice-heartbeat-bench" --url "http://$api" --tls-addr "$tls" --pki-dir "$work/data/pki" \
   --token-file "$work/data/admin.token" --server-pid "$pid" \
   --agents "${BENCH_AGENTS:-10000}" --interval "${BENCH_INTERVAL:-10}" \
   --measure-s "${BENCH_SECONDS:-60}" --agent-pid "$agent" --agent-interval 10

@@ -136,6 +136,21 @@ pub async fn admit_connect(
     if caller.is_system() {
         return Ok(());
     }
+    if let Some(b) = &caller.bound_to {
+        // A job's token: the logs of its own job's steps, nothing else.
+        let step_of = obj.pointer("/spec/stepOf").and_then(Value::as_str);
+        let in_ns = obj.pointer("/metadata/namespace").and_then(Value::as_str);
+        if !(matches!(what, Connect::Logs)
+            && step_of == Some(b.name.as_str())
+            && in_ns == Some(b.ns.as_str()))
+        {
+            return Err(ApiError::forbidden(format!(
+                "a job's token reads only the output of its own job's steps (allocation {}/{}'s); \
+                 use your own credentials",
+                b.ns, b.name
+            )));
+        }
+    }
     let kind = crate::routes::kind_by_plural("allocations")
         .ok_or_else(|| ApiError::internal("allocations not registered"))?;
     let owner = obj

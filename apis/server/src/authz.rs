@@ -202,14 +202,27 @@ pub fn authorize(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
 
 /// Users and readonly users.
 fn person(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
-    if user.bound_to.is_some() && a.verb == Verb::Connect {
+    if let (Some(b), Verb::Connect) = (&user.bound_to, a.verb) {
         // A job's token does what commands in a job do (submit, start steps, list,
-        // cancel); it reads no output and opens no sessions, not even its user's.
-        return Err(deny(
-            user,
-            a,
-            "a job's token does not read output or open sessions; use your own credentials",
-        ));
+        // cancel, and `srun` showing its own steps' output); it reads no other output and
+        // opens no sessions, not even its user's. (The object check, that the allocation
+        // is a step of the job's, is the log route's.)
+        let own_step = a.resource == "allocations"
+            && a.subresource == Some("log")
+            && a.namespace == Some(b.ns.as_str())
+            && a.name.is_some_and(|n| {
+                n.strip_prefix(b.name.as_str())
+                    .and_then(|rest| rest.strip_prefix('.'))
+                    .is_some_and(|step| !step.is_empty())
+            });
+        if !own_step {
+            return Err(deny(
+                user,
+                a,
+                "a job's token reads only the output of its own job's steps and opens no \
+                 sessions; use your own credentials",
+            ));
+        }
     }
     if user.role == Role::Readonly && !a.verb.is_read() {
         return Err(deny(user, a, "the readonly role may only read"));
@@ -365,6 +378,40 @@ mod tests {
             role,
             ..Default::default()
         }
+    }
+
+    /// A job's token: `srun` shows its own steps' output; nothing else is read or opened.
+    #[test]
+    fn a_job_token_reads_only_its_own_steps_output() {
+        let alloc = kind("Allocation");
+        let job = UserInfo {
+            bound_to: Some(crate::auth::BoundAllocation {
+                ns: "t1".into(),
+                name: "train".into(),
+                uid: "u1".into(),
+            }),
+            ..person(Role::User, &["t1"])
+        };
+        let log = |ns: &'static str, name: &'static str| {
+            Attributes::kind(Verb::Connect, alloc, Some(ns))
+                .named(Some(name))
+                .subresource(Some("log"))
+        };
+        assert!(authorize(&job, &log("t1", "train.0")).is_ok());
+        assert!(authorize(&job, &log("t1", "train.12")).is_ok());
+        for refused in [
+            log("t1", "train"),
+            log("t1", "train."),
+            log("t1", "trainee.0"),
+            log("t1", "other.0"),
+            log("t2", "train.0"),
+        ] {
+            assert!(authorize(&job, &refused).is_err(), "{:?}", refused.name);
+        }
+        let attach = Attributes::kind(Verb::Connect, alloc, Some("t1"))
+            .named(Some("train.0"))
+            .subresource(Some("attach"));
+        assert!(authorize(&job, &attach).is_err());
     }
 
     #[test]

@@ -9,8 +9,12 @@
 //! With `--agent-pid`, the RSS and CPU per heartbeat interval of a real idle
 //! `lattice-agent` are measured over the same window.
 //!
+//! Each simulated agent has a node identity of its own, as a real one does: a certificate
+//! for `node:sim-NNNNN` issued from the cluster CA in `--pki-dir`, shown on a TLS
+//! connection to `--tls-addr` (mutual TLS, what the API server authorizes a heartbeat by).
+//!
 //! Prints `RESULT` lines; `hack/bench-heartbeat.sh` runs it. The streams are raw HTTP/1.1
-//! on plain sockets so that the simulator itself stays cheap.
+//! over TLS so that the simulator itself stays cheap.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,13 +24,21 @@ use anyhow::Context;
 use clap::Parser;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 
 #[derive(Parser)]
 struct Args {
-    /// API base URL (`http://HOST:PORT`).
+    /// API base URL (`http://HOST:PORT`, the server's loopback listener) for its metrics.
     #[arg(long)]
     url: String,
-    /// File with the bearer token.
+    /// The server's HTTPS address (`HOST:PORT`), where the heartbeat streams go.
+    #[arg(long)]
+    tls_addr: String,
+    /// The server's PKI directory: its CA (`ca.crt`, `ca.key`) issues each simulated
+    /// agent's certificate.
+    #[arg(long)]
+    pki_dir: std::path::PathBuf,
+    /// File with an administrator's bearer token (for the metrics).
     #[arg(long)]
     token_file: std::path::PathBuf,
     /// PID of the lattice-server whose CPU is measured.
@@ -68,13 +80,30 @@ fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok((utime + stime) / 100.0)
 }
 
+/// The TLS client of simulated agent `node`: its own certificate from the cluster CA.
+fn node_tls(ca: &lattice_pki::Ca, node: &str) -> anyhow::Result<tokio_rustls::TlsConnector> {
+    let issued = ca.issue(&lattice_pki::IssueRequest::new(
+        lattice_pki::Identity::Node(node.to_string()),
+        lattice_pki::Usage::ClientAndServer,
+    ))?;
+    let config =
+        lattice_pki::client_config(ca.cert_pem(), Some((&issued.cert_pem, &issued.key_pem)))?;
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
 /// Open one stream: send the upgrade request and wait for `101 Switching Protocols`.
-async fn open(addr: &str, host: &str, token: &str, node: &str) -> anyhow::Result<TcpStream> {
-    let mut s = TcpStream::connect(addr).await?;
-    s.set_nodelay(true)?;
+async fn open(
+    addr: &str,
+    tls: tokio_rustls::TlsConnector,
+    node: &str,
+) -> anyhow::Result<TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let name = rustls_pki_types::ServerName::try_from("localhost")?;
+    let mut s = tls.connect(name, tcp).await?;
     let head = format!(
         "POST /apis/lattice.dev/v1alpha1/nodes/{node}/heartbeat?sequence=1 HTTP/1.1\r\n\
-         Host: {host}\r\nAuthorization: Bearer {token}\r\nConnection: Upgrade\r\n\
+         Host: localhost\r\nConnection: Upgrade\r\n\
          Upgrade: lattice-heartbeat/1\r\nContent-Length: 0\r\n\r\n"
     );
     s.write_all(head.as_bytes()).await?;
@@ -103,11 +132,10 @@ async fn main() -> anyhow::Result<()> {
     let token = std::fs::read_to_string(&args.token_file)?
         .trim()
         .to_string();
-    let host = args
-        .url
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string();
+    let ca = Arc::new(
+        lattice_pki::Ca::load(&args.pki_dir)
+            .with_context(|| format!("the cluster CA in {}", args.pki_dir.display()))?,
+    );
     let metrics_url = format!("{}/metrics", args.url.trim_end_matches('/'));
     let http = reqwest::Client::new();
     let server_beats = || async {
@@ -142,10 +170,11 @@ async fn main() -> anyhow::Result<()> {
         use futures::StreamExt;
         let mut opening = futures::stream::iter(0..args.agents)
             .map(|i| {
-                let (host, token) = (host.clone(), token.clone());
+                let (addr, ca) = (args.tls_addr.clone(), ca.clone());
                 async move {
                     let node = format!("sim-{i:05}");
-                    open(&host, &host, &token, &node)
+                    let tls = node_tls(&ca, &node)?;
+                    open(&addr, tls, &node)
                         .await
                         .with_context(|| format!("opening the stream of {node}"))
                 }
@@ -179,7 +208,7 @@ async fn main() -> anyhow::Result<()> {
                 tick.tick().await;
                 seq += 1;
                 let line = format!("{seq}\n");
-                if s.write_all(line.as_bytes()).await.is_err() {
+                if s.write_all(line.as_bytes()).await.is_err() || s.flush().await.is_err() {
                     failed.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
