@@ -12,13 +12,19 @@
 # are exactly those of `cargo test --workspace`.
 #
 #   lattice_build PROFILE   builds that selection with PROFILE and sets LATTICE_BIN to the
-#                           directory of its binaries (examples in $LATTICE_BIN/examples)
+#                           directory of its binaries (examples in $LATTICE_BIN/examples);
+#                           LATTICE_BENCH_PROFILE replaces the dist profile the benchmarks ask for
 #
 # Profiles (Cargo.toml): `dev` for the tests (hack/test.sh), `release` for the quickstart
 # and users, `dist` (fat LTO, one codegen unit) for every benchmark and for distribution.
 
 lattice_build() {
   local profile=$1 dir
+  # LATTICE_BENCH_PROFILE=release runs a benchmark on the quicker release build (its
+  # figures then say so): the dist profile's fat LTO takes a long while on 2 cores.
+  if [ "$profile" = dist ] && [ -n "${LATTICE_BENCH_PROFILE:-}" ]; then
+    profile=$LATTICE_BENCH_PROFILE
+  fi
   case "$profile" in
     dev) dir=debug ;;
     *) dir=$profile ;;
