@@ -200,6 +200,23 @@ pub fn authorize(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
     }
 }
 
+/// Whether a field selector on nodes names owners only inside the caller's tenants: it has
+/// no `status.owner.*` requirement, or it requires `status.owner.tenant=<theirs>`.
+fn owner_selector_is_own(user: &UserInfo, a: &Attributes) -> bool {
+    let Some(sel) = a.field_selector else {
+        return true;
+    };
+    let on_owner = sel
+        .requirements
+        .iter()
+        .any(|r| r.field.starts_with("status.owner."));
+    !on_owner
+        || sel
+            .requirements
+            .iter()
+            .any(|r| r.field == "status.owner.tenant" && r.equal && user.in_tenant(&r.value))
+}
+
 /// Users and readonly users.
 fn person(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
     if let (Some(b), Verb::Connect) = (&user.bound_to, a.verb) {
@@ -226,6 +243,15 @@ fn person(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
     }
     if user.role == Role::Readonly && !a.verb.is_read() {
         return Err(deny(user, a, "the readonly role may only read"));
+    }
+    if a.resource == "nodes" && !user.all_tenants() && !owner_selector_is_own(user, a) {
+        // Who owns a node is hidden from people outside the owning tenant (see
+        // `crate::redact`); selecting on it would tell them anyway.
+        return Err(deny(
+            user,
+            a,
+            "selecting nodes by status.owner needs status.owner.tenant=<one of your tenants>",
+        ));
     }
     if a.is_status_write() {
         return Err(deny(user, a, STATUS_IS_SYSTEMS));
@@ -377,6 +403,41 @@ mod tests {
             tenants: Some(tenants.iter().map(|t| t.to_string()).collect()),
             role,
             ..Default::default()
+        }
+    }
+
+    /// Selecting nodes by owner would reveal whose work runs where: only inside one's tenant.
+    #[test]
+    fn people_select_nodes_by_owner_only_inside_their_tenants() {
+        let nodes = kind("Node");
+        let alice = person(Role::User, &["t1"]);
+        let sel = |s: &str| {
+            crate::selectors::FieldSelector::parse(
+                s,
+                &[
+                    "status.owner.tenant",
+                    "status.owner.allocation",
+                    "status.state",
+                ],
+            )
+            .expect("selector")
+        };
+        let allowed = |s: &str| {
+            let f = sel(s);
+            authorize(
+                &alice,
+                &Attributes::kind(Verb::List, nodes, None).fields(&f),
+            )
+            .is_ok()
+        };
+        for ok in [
+            "status.state=Ready",
+            "status.owner.tenant=t1,status.owner.allocation=a",
+        ] {
+            assert!(allowed(ok), "{ok}");
+        }
+        for no in ["status.owner.allocation=secret", "status.owner.tenant=t2"] {
+            assert!(!allowed(no), "{no}");
         }
     }
 
