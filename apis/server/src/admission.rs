@@ -18,7 +18,8 @@
 //!   within its tenant's `maxNodes`.
 
 use lattice_apis::lifecycle::{NODES_FINALIZER, PREEMPT_ANNOTATION};
-use lattice_apis::{Allocation, KindInfo, Node, Tenant, VCluster};
+use lattice_apis::{AllocationSpec, KindInfo, Node, Tenant, VCluster};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::auth::{Role, UserInfo, USER_ANNOTATION};
@@ -53,8 +54,8 @@ fn invalid(kind: &KindInfo, obj: &Value, field: &str, why: String) -> ApiError {
     ApiError::invalid(kind.kind, name_of(obj), vec![(field.to_string(), why)])
 }
 
-fn decode<T: serde::de::DeserializeOwned>(kind: &KindInfo, v: &Value) -> ApiResult<T> {
-    serde_json::from_value(v.clone())
+fn decode<'v, T: Deserialize<'v>>(kind: &KindInfo, v: &'v Value) -> ApiResult<T> {
+    T::deserialize(v)
         .map_err(|e| ApiError::internal(format!("a stored {} does not decode: {e}", kind.kind)))
 }
 
@@ -554,10 +555,17 @@ async fn allocation(
     old: Option<&Value>,
     new: &Value,
 ) -> ApiResult<()> {
-    let a: Allocation = serde_json::from_value(new.clone())
-        .map_err(|e| ApiError::bad_request(format!("not an allocation: {e}")))?;
-    let before: Option<Allocation> = old.and_then(|o| serde_json::from_value(o.clone()).ok());
-    let ns = a.metadata.namespace_str().to_string();
+    // The spec alone: admission judges nothing else, and the object was validated whole
+    // before it came here.
+    let spec_of = |o: &Value| AllocationSpec::deserialize(o.get("spec").unwrap_or(&Value::Null));
+    let spec =
+        spec_of(new).map_err(|e| ApiError::bad_request(format!("not an allocation: {e}")))?;
+    let before = old.and_then(|o| spec_of(o).ok());
+    let ns = new
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     let check = SpecCheck {
         res,
         caller,
@@ -566,7 +574,7 @@ async fn allocation(
         ns: &ns,
         field: "spec",
     };
-    check.spec(&a.spec, before.as_ref().map(|b| &b.spec)).await
+    check.spec(&spec, before.as_ref()).await
 }
 
 /// A person's Dag: each task's allocation is held to what an allocation would be (the
@@ -579,10 +587,9 @@ async fn dag(
     old: Option<&Value>,
     new: &Value,
 ) -> ApiResult<()> {
-    let d: lattice_apis::Dag = serde_json::from_value(new.clone())
+    let d = lattice_apis::Dag::deserialize(new)
         .map_err(|e| ApiError::bad_request(format!("not a dag: {e}")))?;
-    let before: Option<lattice_apis::Dag> =
-        old.and_then(|o| serde_json::from_value(o.clone()).ok());
+    let before = old.and_then(|o| lattice_apis::Dag::deserialize(o).ok());
     let ns = d.metadata.namespace_str().to_string();
     let defaults_vc = d.spec.defaults.as_ref().and_then(|x| x.vcluster.clone());
     for (i, task) in d.spec.allocations.iter().enumerate() {
@@ -689,8 +696,7 @@ impl SpecCheck<'_> {
         if let Some(vc_name) = spec.vcluster.as_ref().filter(|v| !v.is_empty()) {
             let vk = crate::routes::kind_by_plural("vclusters")
                 .ok_or_else(|| ApiError::internal("vclusters not registered"))?;
-            if let Ok(v) = self.res.get(vk, Some(ns), vc_name).await {
-                let vc: VCluster = decode(vk, &v)?;
+            if let Some(vc) = self.res.typed::<VCluster>(vk, Some(ns), vc_name).await? {
                 if let Some(max) = vc.spec.max_walltime.as_deref() {
                     let limit = lattice_apis::duration::parse_duration(max).ok();
                     let asked = spec.lifecycle.walltime_seconds();
@@ -736,10 +742,7 @@ impl SpecCheck<'_> {
         }
         let tk = crate::routes::kind_by_plural("tenants")
             .ok_or_else(|| ApiError::internal("tenants not registered"))?;
-        let tenant: Option<Tenant> = match self.res.get(tk, None, ns).await {
-            Ok(t) => Some(decode(tk, &t)?),
-            Err(_) => None,
-        };
+        let tenant = self.res.typed::<Tenant>(tk, None, ns).await?;
         // What the tenant's contract grants: how high a class, and sensitive work at all.
         let quota = tenant
             .as_ref()
@@ -817,9 +820,9 @@ async fn tenant_admin(
         .unwrap_or_default();
     let tk = crate::routes::kind_by_plural("tenants")
         .ok_or_else(|| ApiError::internal("tenants not registered"))?;
-    let admins: Vec<String> = match res.get(tk, None, ns).await {
-        Ok(t) => decode::<Tenant>(tk, &t)?.spec.admins,
-        Err(_) => Vec::new(),
+    let admins: Vec<String> = match res.typed::<Tenant>(tk, None, ns).await? {
+        Some(t) => t.spec.admins.clone(),
+        None => Vec::new(),
     };
     if caller.role == Role::User && admins.iter().any(|a| a == &caller.name) {
         return Ok(());

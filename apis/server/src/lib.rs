@@ -158,6 +158,7 @@ impl Inner {
                 heartbeat::reader::Reader::start(
                     self.resources.backend.clone(),
                     self.metrics.clone(),
+                    self.revocations.clone(),
                     self.shutting_down.subscribe(),
                     self.config.heartbeat_ttl.max(Duration::from_secs(1)),
                 )

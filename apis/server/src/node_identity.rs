@@ -197,10 +197,10 @@ pub async fn cert_user(inner: &Inner, cert: &CertInfo) -> ApiResult<UserInfo> {
 }
 
 /// The revoked serials, kept in memory from a watch of the store.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Revocations {
     shared: Arc<RevokedSet>,
-    started: OnceLock<()>,
+    started: Arc<OnceLock<()>>,
 }
 
 #[derive(Default)]

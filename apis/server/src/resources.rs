@@ -99,6 +99,28 @@ pub struct Resources {
     trusted: bool,
     /// Per-tenant object-count quotas checked on create ([`crate::quota`]).
     quotas: Option<Arc<crate::quota::Counts>>,
+    /// Decoded copies of the objects admission reads on every write ([`Self::typed`]).
+    typed: Arc<TypedCache>,
+}
+
+/// Most entries [`TypedCache`] holds before it starts over: admission reads Tenants and
+/// vClusters, a few thousand at most on the largest site.
+const TYPED_CACHE_ENTRIES: usize = 8192;
+
+/// Decoded objects by store key, each valid for as long as the key's `mod_revision` is
+/// the one it was decoded at: admission reads the caller's Tenant and vCluster on every
+/// write, and decoding them each time cost more than the rest of admission together.
+#[derive(Default)]
+struct TypedCache {
+    map: std::sync::Mutex<std::collections::HashMap<Bytes, TypedEntry>>,
+}
+
+type TypedEntry = (i64, Arc<dyn std::any::Any + Send + Sync>);
+
+impl TypedCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Bytes, TypedEntry>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 enum WriteOutcome {
@@ -120,7 +142,43 @@ impl Resources {
             caller: None,
             trusted: false,
             quotas: None,
+            typed: Arc::default(),
         }
+    }
+
+    /// The object `ns/name` of `kind` decoded as `T`, for the server's own checks (no
+    /// caller's read rules apply): the current version, decoded once per version.
+    pub(crate) async fn typed<T>(
+        &self,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        name: &str,
+    ) -> ApiResult<Option<Arc<T>>>
+    where
+        T: serde::de::DeserializeOwned + Send + Sync + 'static,
+    {
+        let key = object_key(kind, ns, name);
+        let Some(kv) = self.backend.get(key.clone()).await? else {
+            return Ok(None);
+        };
+        let hit = self
+            .typed
+            .lock()
+            .get(&key)
+            .filter(|(rev, _)| *rev == kv.mod_revision)
+            .and_then(|(_, v)| v.clone().downcast::<T>().ok());
+        if let Some(v) = hit {
+            return Ok(Some(v));
+        }
+        let v: Arc<T> = Arc::new(serde_json::from_slice(&kv.value).map_err(|e| {
+            ApiError::internal(format!("a stored {} does not decode: {e}", kind.kind))
+        })?);
+        let mut map = self.typed.lock();
+        if map.len() >= TYPED_CACHE_ENTRIES {
+            map.clear();
+        }
+        map.insert(key, (kv.mod_revision, v.clone()));
+        Ok(Some(v))
     }
 
     /// Check creates against the tenants' object-count quotas kept by `quotas`.

@@ -231,6 +231,104 @@ pub struct TlsListener {
     ready: mpsc::Receiver<(TlsStream<tokio::net::TcpStream>, SocketAddr)>,
 }
 
+/// One TLS connection as hyper sees it. The stream sits in a [`TlsSlot`] that a handler
+/// can take it from once hyper has handed the connection over (an upgrade): heartbeat
+/// streams leave tokio for the heartbeat reader thread, TLS state and all.
+pub struct TlsConn {
+    slot: TlsSlot,
+}
+
+/// Where a [`TlsConn`]'s stream is, until a handler takes it.
+#[derive(Clone, Default)]
+pub struct TlsSlot(Arc<std::sync::Mutex<Option<TlsStream<tokio::net::TcpStream>>>>);
+
+impl std::fmt::Debug for TlsSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TlsSlot")
+    }
+}
+
+impl TlsSlot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<TlsStream<tokio::net::TcpStream>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Take the stream out: from then on hyper's side of the connection reads and
+    /// writes nothing. Only for a connection hyper has handed over.
+    pub fn take(&self) -> Option<TlsStream<tokio::net::TcpStream>> {
+        self.lock().take()
+    }
+}
+
+fn handed_over() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "the connection was handed over",
+    )
+}
+
+/// Run `f` on the stream, or fail when it was taken.
+fn with_stream<T>(
+    conn: &TlsConn,
+    f: impl FnOnce(
+        std::pin::Pin<&mut TlsStream<tokio::net::TcpStream>>,
+    ) -> std::task::Poll<std::io::Result<T>>,
+) -> std::task::Poll<std::io::Result<T>> {
+    match conn.slot.lock().as_mut() {
+        Some(s) => f(std::pin::Pin::new(s)),
+        None => std::task::Poll::Ready(Err(handed_over())),
+    }
+}
+
+impl tokio::io::AsyncRead for TlsConn {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        with_stream(&self, |s| s.poll_read(cx, buf))
+    }
+}
+
+impl tokio::io::AsyncWrite for TlsConn {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        with_stream(&self, |s| s.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        with_stream(&self, |s| s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.slot
+            .lock()
+            .as_ref()
+            .is_some_and(tokio::io::AsyncWrite::is_write_vectored)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        with_stream(&self, |s| s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        with_stream(&self, |s| s.poll_shutdown(cx))
+    }
+}
+
 impl TlsListener {
     pub fn new(listener: TcpListener, config: rustls::ServerConfig) -> std::io::Result<Self> {
         let local_addr = listener.local_addr()?;
@@ -284,32 +382,40 @@ pub struct TlsConnInfo {
     pub peer: SocketAddr,
     /// The verified client certificate, if any.
     pub cert: Option<lattice_pki::CertInfo>,
+    /// The connection's stream, for a handler that takes the connection over.
+    pub slot: TlsSlot,
 }
 
 impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
     for TlsConnInfo
 {
     fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
-        let cert = stream
-            .io()
-            .get_ref()
-            .1
-            .peer_certificates()
+        let slot = stream.io().slot.clone();
+        let cert = slot
+            .lock()
+            .as_ref()
+            .and_then(|s| s.get_ref().1.peer_certificates())
             .and_then(lattice_pki::peer_info);
         TlsConnInfo {
             peer: *stream.remote_addr(),
             cert,
+            slot,
         }
     }
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<tokio::net::TcpStream>;
+    type Io = TlsConn;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         match self.ready.recv().await {
-            Some(conn) => conn,
+            Some((stream, peer)) => (
+                TlsConn {
+                    slot: TlsSlot(Arc::new(std::sync::Mutex::new(Some(stream)))),
+                },
+                peer,
+            ),
             // The accept task only ends when this listener is dropped.
             None => std::future::pending().await,
         }

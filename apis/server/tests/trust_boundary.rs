@@ -843,6 +843,117 @@ async fn a_revoked_or_expired_node_certificate_is_refused() {
     let _ = &c.store;
 }
 
+/// The heartbeat metric's value.
+async fn heartbeats_counted(c: &Cluster) -> f64 {
+    let admin = token("ops", &["*"], Role::Admin);
+    let text = c
+        .client
+        .get(format!("{}/metrics", c.http))
+        .bearer_auth(admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("lattice_apiserver_heartbeats_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_tls_heartbeat_stream_ends_when_its_certificate_is_revoked() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The stream leaves hyper for the heartbeat reader thread with its TLS state: the
+    // reader decrypts the beats, and still ends the session on revocation.
+    let c = cluster().await;
+    let admin = token("ops", &["*"], Role::Admin);
+    let (code, t) = c
+        .send(
+            &admin,
+            "POST",
+            "/v1/admin/bootstrap-tokens",
+            Some(json!({"node": "n1"})),
+        )
+        .await;
+    assert_eq!(code, 201, "{t}");
+    let (code, cert, key) = enroll(&c, "n1", t["token"].as_str().unwrap()).await;
+    assert_eq!(code, 200, "{cert}");
+    let tls =
+        lattice_pki::client_config(c.ca.cert_pem(), Some((cert.as_str().unwrap(), &key))).unwrap();
+    let tcp = tokio::net::TcpStream::connect(c.https.trim_start_matches("https://"))
+        .await
+        .unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let mut s = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    s.write_all(
+        format!(
+            "POST {API}/nodes/n1/heartbeat?sequence=1 HTTP/1.1\r\nHost: localhost\r\n\
+             Connection: Upgrade\r\nUpgrade: lattice-heartbeat/1\r\nContent-Length: 0\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    s.flush().await.unwrap();
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "closed before answering");
+        got.extend_from_slice(&chunk[..n]);
+    }
+    let head = String::from_utf8_lossy(&got).to_string();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    // Beats arrive through the reader.
+    let before = heartbeats_counted(&c).await;
+    let mut seq = 2u64;
+    let mut counted = false;
+    for _ in 0..40 {
+        s.write_all(format!("{seq}\n").as_bytes()).await.unwrap();
+        s.flush().await.unwrap();
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if heartbeats_counted(&c).await > before {
+            counted = true;
+            break;
+        }
+    }
+    assert!(counted, "no heartbeat over TLS was counted");
+    // Revoked: the next renewal ends the session, and the agent is told why.
+    let (code, v) = c
+        .send(&admin, "POST", "/v1/admin/nodes/n1/revoke", None)
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let beat = async {
+        let mut rest = Vec::new();
+        loop {
+            if s.write_all(format!("{seq}\n").as_bytes()).await.is_err() || s.flush().await.is_err()
+            {
+                break;
+            }
+            seq += 1;
+            match tokio::time::timeout(Duration::from_millis(300), s.read(&mut chunk)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => rest.extend_from_slice(&chunk[..n]),
+                Err(_) => {}
+            }
+        }
+        String::from_utf8_lossy(&rest).to_string()
+    };
+    let farewell = tokio::time::timeout(Duration::from_secs(10), beat)
+        .await
+        .expect("the stream outlived its revoked certificate");
+    assert!(
+        farewell.contains("Unauthorized") && farewell.contains("revoked"),
+        "{farewell}"
+    );
+}
+
 #[tokio::test]
 async fn renewal_waits_for_half_the_lifetime() {
     // A stolen key cannot mint a stream of fresh certificates.

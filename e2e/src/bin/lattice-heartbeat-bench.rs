@@ -96,17 +96,20 @@ async fn open(
     addr: &str,
     tls: tokio_rustls::TlsConnector,
     node: &str,
+    first: u64,
 ) -> anyhow::Result<TlsStream<TcpStream>> {
     let tcp = TcpStream::connect(addr).await?;
     tcp.set_nodelay(true)?;
     let name = rustls_pki_types::ServerName::try_from("localhost")?;
     let mut s = tls.connect(name, tcp).await?;
     let head = format!(
-        "POST /apis/lattice.dev/v1alpha1/nodes/{node}/heartbeat?sequence=1 HTTP/1.1\r\n\
+        "POST /apis/lattice.dev/v1alpha1/nodes/{node}/heartbeat?sequence={first} HTTP/1.1\r\n\
          Host: localhost\r\nConnection: Upgrade\r\n\
          Upgrade: lattice-heartbeat/1\r\nContent-Length: 0\r\n\r\n"
     );
     s.write_all(head.as_bytes()).await?;
+    // TLS keeps what the socket did not take at once until a flush.
+    s.flush().await?;
     let mut buf = Vec::with_capacity(512);
     let mut chunk = [0u8; 512];
     loop {
@@ -163,7 +166,11 @@ async fn main() -> anyhow::Result<()> {
     let idle = (cpu_seconds(args.server_pid)? - c0) / measure.as_secs_f64();
     println!("RESULT heartbeat_idle_server_cpu_pct={:.3}", idle * 100.0);
 
-    // Open every stream (each one is a Lease write and a store-lease grant).
+    // Open every stream (each one is a Lease write and a store-lease grant). Sequences
+    // start at the clock's milliseconds, above any an earlier run against this server used.
+    let first = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64;
     let t_open = Instant::now();
     let mut streams = Vec::with_capacity(args.agents);
     {
@@ -174,8 +181,10 @@ async fn main() -> anyhow::Result<()> {
                 async move {
                     let node = format!("sim-{i:05}");
                     let tls = node_tls(&ca, &node)?;
-                    open(&addr, tls, &node)
+                    tokio::time::timeout(Duration::from_secs(30), open(&addr, tls, &node, first))
                         .await
+                        .map_err(|_| anyhow::anyhow!("no answer in 30 s"))
+                        .and_then(|r| r)
                         .with_context(|| format!("opening the stream of {node}"))
                 }
             })
@@ -203,7 +212,7 @@ async fn main() -> anyhow::Result<()> {
         let offset = interval.mul_f64(i as f64 / n as f64);
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval_at(start + offset, interval);
-            let mut seq: u64 = 1;
+            let mut seq: u64 = first;
             loop {
                 tick.tick().await;
                 seq += 1;

@@ -12,10 +12,11 @@
 //! fsync). When the agent goes quiet for the TTL the store deletes the Lease object, and
 //! the node lifecycle controller sees the deletion as "heartbeat lost".
 //!
-//! Upgraded plain-TCP connections are handed to one [`reader`] thread that sleeps between
-//! ticks and reads every connection that has data in one batch (epoll), so a heartbeat
-//! costs a `read` and a little parsing instead of a wake-up of its own; renewals go to one
-//! task in batches. Connections that are not plain TCP (HTTPS) are read by a task each.
+//! Upgraded connections are handed to one [`reader`] thread that sleeps between ticks and
+//! reads every connection that has data in one batch (epoll), so a heartbeat costs a
+//! `read` and a little parsing instead of a wake-up of its own; renewals go to one task in
+//! batches. HTTPS connections go with their TLS state (the reader decrypts); a task reads
+//! a connection only when the reader cannot be started.
 //!
 //! * Sequence numbers must increase: the opening `?sequence=N` must be above the one the
 //!   Lease carries and the last one this server saw for the node (409 otherwise: a
@@ -155,6 +156,10 @@ async fn accept(inner: &Arc<Inner>, node: &str, req: &mut Request) -> ApiResult<
         .extensions()
         .get::<ConnectInfo<ConnFd>>()
         .map(|c| c.0 .0);
+    let tls = req
+        .extensions()
+        .get::<ConnectInfo<crate::tls::TlsConnInfo>>()
+        .map(|c| c.0.slot.clone());
     let on_upgrade = hyper::upgrade::on(req);
     let inner2 = inner.clone();
     let mut state = Stream::new(node.to_string(), lease, first, inner.heartbeats.cell(node));
@@ -162,7 +167,7 @@ async fn accept(inner: &Arc<Inner>, node: &str, req: &mut Request) -> ApiResult<
     state.credential = crate::auth::request_user().and_then(|u| u.cert);
     tokio::spawn(async move {
         match on_upgrade.await {
-            Ok(upgraded) => hand_over(inner2, upgraded, fd, state).await,
+            Ok(upgraded) => hand_over(inner2, upgraded, fd, tls, state).await,
             Err(e) => tracing::debug!(node = %state.node, error = %e, "heartbeat upgrade failed"),
         }
     });
@@ -177,11 +182,13 @@ async fn accept(inner: &Arc<Inner>, node: &str, req: &mut Request) -> ApiResult<
     Ok(resp)
 }
 
-/// Give an upgraded connection to the reader thread (plain TCP), or read it here.
+/// Give an upgraded connection to the reader thread (plain TCP, or TLS with its state),
+/// or read it here.
 async fn hand_over(
     inner: Arc<Inner>,
     upgraded: hyper::upgrade::Upgraded,
     fd: Option<std::os::fd::RawFd>,
+    tls: Option<crate::tls::TlsSlot>,
     mut state: Stream,
 ) {
     let mut upgraded = hyper_util::rt::TokioIo::new(upgraded);
@@ -196,6 +203,28 @@ async fn hand_over(
             let _ = upgraded.write_all(&farewell("BadRequest", e)).await;
             return;
         }
+    }
+    if let (Some(slot), Some(reader)) = (&tls, inner.heartbeat_reader()) {
+        // hyper is done with the connection (it handed it over): the TLS stream leaves
+        // it for the reader thread, which decrypts in its batches.
+        let Some(mut stream) = slot.take() else {
+            tracing::warn!(node = %state.node, "a heartbeat connection's TLS stream was already taken");
+            return;
+        };
+        drop(upgraded);
+        // Whatever TLS records are still buffered (the 101's) go out first.
+        if let Err(e) = stream.flush().await {
+            tracing::debug!(node = %state.node, error = %e, "heartbeat connection lost while handing it over");
+            return;
+        }
+        let (tcp, conn) = stream.into_inner();
+        match tcp.into_std() {
+            Ok(tcp) => reader.add_tls(tcp, conn, state),
+            Err(e) => {
+                tracing::warn!(node = %state.node, error = %e, "cannot hand a heartbeat connection to the reader")
+            }
+        }
+        return;
     }
     if let (Some(fd), Some(reader)) = (fd, inner.heartbeat_reader()) {
         // SAFETY: `fd` is this connection's socket, open for as long as `upgraded` lives

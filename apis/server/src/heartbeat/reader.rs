@@ -24,7 +24,9 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use tokio::sync::mpsc;
 
 use super::{end_session, farewell, Renewal, Stream};
+use crate::auth::CertRef;
 use crate::metrics::Metrics;
+use crate::node_identity::Revocations;
 
 /// How long the reader sleeps between batches.
 pub const TICK: Duration = Duration::from_millis(500);
@@ -32,12 +34,12 @@ pub const TICK: Duration = Duration::from_millis(500);
 const SWEEP: Duration = Duration::from_secs(1);
 
 enum Cmd {
-    Add(TcpStream, Stream),
+    Add(TcpStream, Option<Box<rustls::ServerConnection>>, Stream),
     End(u64, &'static str, String),
 }
 
 enum RenewMsg {
-    Add(u64, Renewal),
+    Add(u64, Renewal, Option<CertRef>),
     Renew(Vec<u64>),
     Forget(u64),
 }
@@ -52,6 +54,7 @@ impl Reader {
     pub(crate) fn start(
         backend: Arc<dyn KvBackend>,
         metrics: Arc<Metrics>,
+        revocations: Revocations,
         shutting_down: tokio::sync::watch::Receiver<bool>,
         ttl: Duration,
     ) -> std::io::Result<Reader> {
@@ -69,26 +72,128 @@ impl Reader {
         std::thread::Builder::new()
             .name("heartbeat-reader".into())
             .spawn(move || thread.run(rx, shutting_down))?;
-        tokio::spawn(renewer(backend, metrics, renew_rx, cmds.clone()));
+        tokio::spawn(renewer(
+            backend,
+            metrics,
+            revocations,
+            renew_rx,
+            cmds.clone(),
+        ));
         Ok(Reader { cmds })
     }
 
-    /// Hand over an upgraded connection.
+    /// Hand over an upgraded plain-TCP connection.
     pub(crate) fn add(&self, tcp: TcpStream, stream: Stream) {
-        if let Err(std_mpsc::SendError(Cmd::Add(mut tcp, _))) =
-            self.cmds.send(Cmd::Add(tcp, stream))
+        self.send(tcp, None, stream);
+    }
+
+    /// Hand over an upgraded TLS connection: its socket and its TLS state.
+    pub(crate) fn add_tls(&self, tcp: TcpStream, tls: rustls::ServerConnection, stream: Stream) {
+        self.send(tcp, Some(Box::new(tls)), stream);
+    }
+
+    fn send(&self, tcp: TcpStream, tls: Option<Box<rustls::ServerConnection>>, stream: Stream) {
+        if let Err(std_mpsc::SendError(Cmd::Add(tcp, tls, _))) =
+            self.cmds.send(Cmd::Add(tcp, tls, stream))
         {
-            let _ = tcp.write_all(&farewell(
-                "ShuttingDown",
-                "the API server is shutting down; reconnect",
-            ));
+            let mut conn = Conn {
+                tcp,
+                tls,
+                stream: Stream::new(String::new(), 0, 0, Arc::default()),
+            };
+            conn.farewell("ShuttingDown", "the API server is shutting down; reconnect");
         }
     }
 }
 
 struct Conn {
     tcp: TcpStream,
+    /// The TLS state of an HTTPS connection (`None`: plain TCP).
+    tls: Option<Box<rustls::ServerConnection>>,
     stream: Stream,
+}
+
+impl Conn {
+    /// Best effort: the last line into an idle socket's send buffer (TLS: then its
+    /// `close_notify`).
+    fn farewell(&mut self, reason: &str, message: &str) {
+        let line = farewell(reason, message);
+        match self.tls.as_mut() {
+            None => {
+                let _ = self.tcp.write_all(&line);
+            }
+            Some(tls) => {
+                let _ = tls.writer().write_all(&line);
+                tls.send_close_notify();
+                while tls.wants_write() {
+                    if tls.write_tls(&mut self.tcp).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Read everything the socket has into `out` (plaintext, for TLS); `Err` ends the
+    /// session with a reason and message.
+    fn drain(
+        tcp: &mut TcpStream,
+        tls: Option<&mut rustls::ServerConnection>,
+        buf: &mut [u8],
+        out: &mut dyn FnMut(&[u8]) -> Result<(), (&'static str, String)>,
+    ) -> Result<(), (&'static str, String)> {
+        let Some(tls) = tls else {
+            loop {
+                match tcp.read(buf) {
+                    Ok(0) => return Err(("Closed", String::new())),
+                    Ok(n) => {
+                        out(&buf[..n])?;
+                        // A short read drained the socket; more data is a new edge.
+                        if n < buf.len() {
+                            return Ok(());
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(("Closed", e.to_string())),
+                }
+            }
+        };
+        let result = 'socket: loop {
+            // Plaintext rustls holds already (some may have come with the hand-over).
+            loop {
+                match tls.reader().read(buf) {
+                    // The peer's close_notify.
+                    Ok(0) => break 'socket Err(("Closed", String::new())),
+                    Ok(n) => {
+                        if let Err(end) = out(&buf[..n]) {
+                            break 'socket Err(end);
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) => break 'socket Err(("Closed", e.to_string())),
+                }
+            }
+            match tls.read_tls(tcp) {
+                Ok(0) => break Err(("Closed", String::new())),
+                Ok(_) => {
+                    if let Err(e) = tls.process_new_packets() {
+                        break Err(("BadRequest", format!("TLS: {e}")));
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break Ok(()),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => break Err(("Closed", e.to_string())),
+            }
+        };
+        // TLS may owe the peer records of its own (a key update's answer).
+        while tls.wants_write() {
+            if tls.write_tls(tcp).is_err() {
+                break;
+            }
+        }
+        result
+    }
 }
 
 struct Thread {
@@ -115,7 +220,7 @@ impl Thread {
             let stopping = shutting_down.has_changed().is_err() || *shutting_down.borrow();
             loop {
                 match cmds.try_recv() {
-                    Ok(Cmd::Add(tcp, stream)) => self.add(tcp, stream),
+                    Ok(Cmd::Add(tcp, tls, stream)) => self.add(tcp, tls, stream),
                     Ok(Cmd::End(id, reason, message)) => self.end(id, reason, &message),
                     Err(std_mpsc::TryRecvError::Empty) => break,
                     Err(std_mpsc::TryRecvError::Disconnected) => {
@@ -168,7 +273,7 @@ impl Thread {
         }
     }
 
-    fn add(&mut self, tcp: TcpStream, stream: Stream) {
+    fn add(&mut self, tcp: TcpStream, tls: Option<Box<rustls::ServerConnection>>, stream: Stream) {
         let id = self.next_id;
         self.next_id += 1;
         let registered = tcp.set_nonblocking(true).and_then(|()| {
@@ -190,8 +295,17 @@ impl Thread {
         }
         self.metrics.heartbeat_streams.inc();
         let renewal = Renewal::new(&stream.node, stream.lease, self.ttl);
-        let _ = self.renew_tx.send(RenewMsg::Add(id, renewal));
-        self.conns.insert(id, Conn { tcp, stream });
+        let _ = self
+            .renew_tx
+            .send(RenewMsg::Add(id, renewal, stream.credential.clone()));
+        self.conns.insert(id, Conn { tcp, tls, stream });
+        // Bytes that came with the hand-over (TLS: records already decrypted, or read
+        // into its buffer) raise no edge of their own.
+        let mut renew = Vec::new();
+        self.read(id, &mut [0u8; 4096], &mut renew);
+        if !renew.is_empty() {
+            let _ = self.renew_tx.send(RenewMsg::Renew(renew));
+        }
     }
 
     /// Read everything a connection has; queue its renewal.
@@ -199,31 +313,14 @@ impl Thread {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
-        let mut end: Option<(&'static str, String)> = None;
-        loop {
-            match conn.tcp.read(buf) {
-                Ok(0) => {
-                    end = Some(("Closed", String::new()));
-                    break;
-                }
-                Ok(n) => {
-                    if let Err(e) = conn.stream.lines.feed(&buf[..n], &mut conn.stream.beats) {
-                        end = Some(("BadRequest", e.to_string()));
-                        break;
-                    }
-                    // A short read drained the socket; more data is a new edge.
-                    if n < buf.len() {
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    end = Some(("Closed", e.to_string()));
-                    break;
-                }
-            }
-        }
+        let stream = &mut conn.stream;
+        let end = Conn::drain(&mut conn.tcp, conn.tls.as_deref_mut(), buf, &mut |bytes| {
+            stream
+                .lines
+                .feed(bytes, &mut stream.beats)
+                .map_err(|e| ("BadRequest", e.to_string()))
+        })
+        .err();
         conn.stream.beats.flush(&self.metrics);
         if conn.stream.beats.take_renewal() {
             renew.push(id);
@@ -240,8 +337,7 @@ impl Thread {
         let _ = self.epoll.delete(conn.tcp.as_fd());
         end_session(&self.metrics, &conn.stream, reason, message);
         if reason != "Closed" {
-            // Best effort: a few bytes into an idle socket's send buffer.
-            let _ = conn.tcp.write_all(&farewell(reason, message));
+            conn.farewell(reason, message);
         }
         let _ = self.renew_tx.send(RenewMsg::Forget(id));
     }
@@ -259,18 +355,26 @@ impl Thread {
 async fn renewer(
     backend: Arc<dyn KvBackend>,
     metrics: Arc<Metrics>,
+    revocations: Revocations,
     mut rx: mpsc::UnboundedReceiver<RenewMsg>,
     cmds: std_mpsc::Sender<Cmd>,
 ) {
     let mut renewals: HashMap<u64, Renewal> = HashMap::new();
+    // The client certificates TLS sessions were opened with: a session ends when its
+    // certificate expires or is revoked.
+    let mut credentials: HashMap<u64, CertRef> = HashMap::new();
     let mut leases = Vec::new();
     while let Some(msg) = rx.recv().await {
         match msg {
-            RenewMsg::Add(id, renewal) => {
+            RenewMsg::Add(id, renewal, credential) => {
                 renewals.insert(id, renewal);
+                if let Some(c) = credential {
+                    credentials.insert(id, c);
+                }
             }
             RenewMsg::Forget(id) => {
                 renewals.remove(&id);
+                credentials.remove(&id);
             }
             RenewMsg::Renew(mut ids) => {
                 ids.retain(|id| renewals.contains_key(id));
@@ -288,12 +392,17 @@ async fn renewer(
                     let Some(r) = renewals.get_mut(&id) else {
                         continue;
                     };
-                    let verdict = match r.renewed(outcome, &metrics) {
+                    let credential = match credentials.get(&id) {
+                        Some(c) => credential_check(c, &revocations, &backend).await,
+                        None => Ok(()),
+                    };
+                    let verdict = match credential.and_then(|()| r.renewed(outcome, &metrics)) {
                         Ok(()) => r.check(backend.as_ref()).await,
                         Err(end) => Err(end),
                     };
                     if let Err((reason, message)) = verdict {
                         renewals.remove(&id);
+                        credentials.remove(&id);
                         if cmds.send(Cmd::End(id, reason, message)).is_err() {
                             return;
                         }
@@ -302,4 +411,22 @@ async fn renewer(
             }
         }
     }
+}
+
+/// A TLS session's certificate still holds: not expired, not revoked.
+async fn credential_check(
+    c: &CertRef,
+    revocations: &Revocations,
+    backend: &Arc<dyn KvBackend>,
+) -> Result<(), (&'static str, String)> {
+    if c.not_after <= std::time::SystemTime::now() {
+        return Err((
+            "Unauthorized",
+            "the node certificate expired; renew it and reconnect".into(),
+        ));
+    }
+    if matches!(revocations.is_revoked(backend, &c.serial).await, Ok(true)) {
+        return Err(("Unauthorized", "the node certificate was revoked".into()));
+    }
+    Ok(())
 }
