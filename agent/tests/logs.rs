@@ -181,9 +181,11 @@ async fn the_agent_serves_logs_only_to_the_api_server() {
             identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
         )
         .unwrap();
+        // A request that hangs is a failure to report, not a test run that never ends.
         reqwest::Client::builder()
             .use_preconfigured_tls(tls)
             .resolve(name, addr)
+            .timeout(std::time::Duration::from_secs(20))
             .build()
             .unwrap()
     };
@@ -196,7 +198,15 @@ async fn the_agent_serves_logs_only_to_the_api_server() {
             )),
         }
     };
-    let plain = got(reqwest::get(format!("http://{addr}/logs/default/secret")).await).await;
+    let plain_client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let plain = got(plain_client
+        .get(format!("http://{addr}/logs/default/secret"))
+        .send()
+        .await)
+    .await;
     assert!(
         plain.as_ref().is_none_or(|(_, b)| !b.contains("s3cr3t")),
         "{plain:?}"

@@ -254,9 +254,30 @@ impl TlsSlot {
     }
 
     /// Take the stream out: from then on hyper's side of the connection reads and
-    /// writes nothing. Only for a connection hyper has handed over.
-    pub fn take(&self) -> Option<TlsStream<tokio::net::TcpStream>> {
+    /// writes nothing. Only for a connection hyper has handed over (an upgrade).
+    pub(crate) fn take(&self) -> Option<TlsStream<tokio::net::TcpStream>> {
         self.lock().take()
+    }
+
+    fn downgrade(&self) -> WeakTlsSlot {
+        WeakTlsSlot(Arc::downgrade(&self.0))
+    }
+}
+
+/// A [`TlsSlot`] that does not keep the connection open: what a request carries.
+#[derive(Clone, Default)]
+pub struct WeakTlsSlot(std::sync::Weak<std::sync::Mutex<Option<TlsStream<tokio::net::TcpStream>>>>);
+
+impl std::fmt::Debug for WeakTlsSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WeakTlsSlot")
+    }
+}
+
+impl WeakTlsSlot {
+    /// The slot, while hyper's connection holds it.
+    pub(crate) fn upgrade(&self) -> Option<TlsSlot> {
+        self.0.upgrade().map(TlsSlot)
     }
 }
 
@@ -382,15 +403,16 @@ pub struct TlsConnInfo {
     pub peer: SocketAddr,
     /// The verified client certificate, if any.
     pub cert: Option<lattice_pki::CertInfo>,
-    /// The connection's stream, for a handler that takes the connection over.
-    pub slot: TlsSlot,
+    /// The connection's stream, for the heartbeat handler that takes the connection
+    /// over once it is upgraded.
+    pub(crate) slot: WeakTlsSlot,
 }
 
 impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
     for TlsConnInfo
 {
     fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
-        let slot = stream.io().slot.clone();
+        let slot = &stream.io().slot;
         let cert = slot
             .lock()
             .as_ref()
@@ -399,7 +421,7 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsL
         TlsConnInfo {
             peer: *stream.remote_addr(),
             cert,
-            slot,
+            slot: slot.downgrade(),
         }
     }
 }

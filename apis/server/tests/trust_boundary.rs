@@ -862,23 +862,23 @@ async fn heartbeats_counted(c: &Cluster) -> f64 {
         .unwrap_or(0.0)
 }
 
-#[tokio::test]
-async fn a_tls_heartbeat_stream_ends_when_its_certificate_is_revoked() {
+/// Enroll `node` and open its heartbeat stream over mutual TLS, as the agent does.
+async fn tls_heartbeat(
+    c: &Cluster,
+    node: &str,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    // The stream leaves hyper for the heartbeat reader thread with its TLS state: the
-    // reader decrypts the beats, and still ends the session on revocation.
-    let c = cluster().await;
     let admin = token("ops", &["*"], Role::Admin);
     let (code, t) = c
         .send(
             &admin,
             "POST",
             "/v1/admin/bootstrap-tokens",
-            Some(json!({"node": "n1"})),
+            Some(json!({"node": node})),
         )
         .await;
     assert_eq!(code, 201, "{t}");
-    let (code, cert, key) = enroll(&c, "n1", t["token"].as_str().unwrap()).await;
+    let (code, cert, key) = enroll(c, node, t["token"].as_str().unwrap()).await;
     assert_eq!(code, 200, "{cert}");
     let tls =
         lattice_pki::client_config(c.ca.cert_pem(), Some((cert.as_str().unwrap(), &key))).unwrap();
@@ -892,7 +892,7 @@ async fn a_tls_heartbeat_stream_ends_when_its_certificate_is_revoked() {
         .unwrap();
     s.write_all(
         format!(
-            "POST {API}/nodes/n1/heartbeat?sequence=1 HTTP/1.1\r\nHost: localhost\r\n\
+            "POST {API}/nodes/{node}/heartbeat?sequence=1 HTTP/1.1\r\nHost: localhost\r\n\
              Connection: Upgrade\r\nUpgrade: lattice-heartbeat/1\r\nContent-Length: 0\r\n\r\n"
         )
         .as_bytes(),
@@ -909,6 +909,68 @@ async fn a_tls_heartbeat_stream_ends_when_its_certificate_is_revoked() {
     }
     let head = String::from_utf8_lossy(&got).to_string();
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    s
+}
+
+/// Everything the server sends until it closes the stream (or `secs` pass).
+async fn read_to_end(
+    s: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    secs: u64,
+) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(secs), s.read_to_end(&mut rest)).await;
+    String::from_utf8_lossy(&rest).to_string()
+}
+
+#[tokio::test]
+async fn a_node_flooding_its_heartbeat_stream_is_cut_off_and_others_still_beat() {
+    use tokio::io::AsyncWriteExt;
+    // One reader thread serves every node's stream: a compromised node that floods its
+    // own must not starve the others' renewals.
+    let c = cluster().await;
+    let mut flood = tls_heartbeat(&c, "n1").await;
+    let mut honest = tls_heartbeat(&c, "n2").await;
+    let before = heartbeats_counted(&c).await;
+    let blob = "1\n".repeat(32 * 1024); // replays: counted as nothing, 64 KiB each write
+    let flooding = async {
+        for _ in 0..64 {
+            if flood.write_all(blob.as_bytes()).await.is_err() || flood.flush().await.is_err() {
+                break;
+            }
+        }
+        read_to_end(&mut flood, 10).await
+    };
+    let beating = async {
+        for seq in 2..14u64 {
+            honest
+                .write_all(format!("{seq}\n").as_bytes())
+                .await
+                .unwrap();
+            honest.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    let (farewell, ()) = tokio::join!(flooding, beating);
+    assert!(
+        farewell.contains("BadRequest") && farewell.contains("one short line per interval"),
+        "{farewell}"
+    );
+    assert!(
+        heartbeats_counted(&c).await >= before + 5.0,
+        "the honest node's beats were not read while another flooded"
+    );
+}
+
+#[tokio::test]
+async fn a_tls_heartbeat_stream_ends_when_its_certificate_is_revoked() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The stream leaves hyper for the heartbeat reader thread with its TLS state: the
+    // reader decrypts the beats, and still ends the session on revocation.
+    let c = cluster().await;
+    let admin = token("ops", &["*"], Role::Admin);
+    let mut s = tls_heartbeat(&c, "n1").await;
+    let mut chunk = [0u8; 1024];
     // Beats arrive through the reader.
     let before = heartbeats_counted(&c).await;
     let mut seq = 2u64;

@@ -21,9 +21,10 @@ pub fn state(n: &Value) -> &str {
     s(n, "/status/state").unwrap_or("Unknown")
 }
 
-/// True when an allocation owns the node.
+/// True when an allocation owns the node. Work of another tenant shows as an empty
+/// `status.owner` (the server hides whose it is): taken all the same.
 pub fn allocated(n: &Value) -> bool {
-    s(n, "/status/owner/allocation").is_some()
+    n.pointer("/status/owner").is_some_and(Value::is_object)
         || n.pointer("/status/allocations")
             .and_then(Value::as_array)
             .is_some_and(|a| !a.is_empty())
@@ -459,6 +460,27 @@ pub async fn node(
             let n = get_node(ctx, &a.id).await?;
             print_one(ctx, &n, out)?;
             Ok(0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_taken_by_another_tenant_is_not_idle() {
+        // What the server shows a person outside the owning tenant.
+        let hidden = json!({"status": {"state": "Ready", "owner": {}}});
+        assert!(allocated(&hidden));
+        let mine = json!({"status": {"state": "Ready",
+            "owner": {"tenant": "t1", "allocation": "a1"}}});
+        assert!(allocated(&mine));
+        for free in [
+            json!({"status": {"state": "Ready"}}),
+            json!({"status": {"state": "Ready", "owner": null, "allocations": []}}),
+        ] {
+            assert!(!allocated(&free), "{free}");
         }
     }
 }

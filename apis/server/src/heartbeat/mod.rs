@@ -160,6 +160,7 @@ async fn accept(inner: &Arc<Inner>, node: &str, req: &mut Request) -> ApiResult<
         .extensions()
         .get::<ConnectInfo<crate::tls::TlsConnInfo>>()
         .map(|c| c.0.slot.clone());
+    // (Weak: upgraded only once hyper hands the connection over.)
     let on_upgrade = hyper::upgrade::on(req);
     let inner2 = inner.clone();
     let mut state = Stream::new(node.to_string(), lease, first, inner.heartbeats.cell(node));
@@ -188,23 +189,32 @@ async fn hand_over(
     inner: Arc<Inner>,
     upgraded: hyper::upgrade::Upgraded,
     fd: Option<std::os::fd::RawFd>,
-    tls: Option<crate::tls::TlsSlot>,
+    tls: Option<crate::tls::WeakTlsSlot>,
     mut state: Stream,
 ) {
     let mut upgraded = hyper_util::rt::TokioIo::new(upgraded);
     // Bytes hyper read past the request head (an agent should wait for the 101, but
     // nothing it sent may be lost): read what is there without waiting.
+    // All of it (bounded: an agent sends a line per interval, not a stream of bytes
+    // before its answer).
     let mut early = [0u8; 512];
-    if let Some(Ok(n)) = futures::FutureExt::now_or_never(upgraded.read(&mut early)) {
-        if n == 0 {
-            return;
-        }
-        if let Err(e) = state.lines.feed(&early[..n], &mut state.beats) {
-            let _ = upgraded.write_all(&farewell("BadRequest", e)).await;
-            return;
+    for _ in 0..16 {
+        match futures::FutureExt::now_or_never(upgraded.read(&mut early)) {
+            Some(Ok(0)) => return,
+            Some(Ok(n)) => {
+                if let Err(e) = state.lines.feed(&early[..n], &mut state.beats) {
+                    let _ = upgraded.write_all(&farewell("BadRequest", e)).await;
+                    return;
+                }
+            }
+            Some(Err(_)) => return,
+            None => break,
         }
     }
-    if let (Some(slot), Some(reader)) = (&tls, inner.heartbeat_reader()) {
+    if let (Some(slot), Some(reader)) = (
+        tls.as_ref().and_then(crate::tls::WeakTlsSlot::upgrade),
+        inner.heartbeat_reader(),
+    ) {
         // hyper is done with the connection (it handed it over): the TLS stream leaves
         // it for the reader thread, which decrypts in its batches.
         let Some(mut stream) = slot.take() else {

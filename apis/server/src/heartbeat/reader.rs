@@ -32,6 +32,22 @@ use crate::node_identity::Revocations;
 pub const TICK: Duration = Duration::from_millis(500);
 /// How often idle sessions are looked for.
 const SWEEP: Duration = Duration::from_secs(1);
+/// Most bytes one connection may deliver in one tick. An agent sends one short line per
+/// interval; a connection that floods would otherwise keep the one reader thread from
+/// every other node's heartbeats (and from the renewals and the idle sweep), so it ends.
+const MAX_BYTES_PER_TICK: usize = 64 * 1024;
+
+fn flooding() -> End {
+    (
+        "BadRequest",
+        format!(
+            "a heartbeat stream carries one short line per interval; this one sent more than \
+             {} KiB within {} ms",
+            MAX_BYTES_PER_TICK / 1024,
+            TICK.as_millis()
+        ),
+    )
+}
 
 enum Cmd {
     Add(TcpStream, Option<Box<rustls::ServerConnection>>, Stream),
@@ -106,6 +122,9 @@ impl Reader {
     }
 }
 
+/// Why a session ends: the reason and message of its farewell.
+type End = (&'static str, String);
+
 struct Conn {
     tcp: TcpStream,
     /// The TLS state of an HTTPS connection (`None`: plain TCP).
@@ -140,13 +159,19 @@ impl Conn {
         tcp: &mut TcpStream,
         tls: Option<&mut rustls::ServerConnection>,
         buf: &mut [u8],
-        out: &mut dyn FnMut(&[u8]) -> Result<(), (&'static str, String)>,
-    ) -> Result<(), (&'static str, String)> {
+        out: &mut dyn FnMut(&[u8]) -> Result<(), End>,
+    ) -> Result<(), End> {
+        let mut budget = MAX_BYTES_PER_TICK;
+        let mut spend = |n: usize| -> Result<(), End> {
+            budget = budget.checked_sub(n).ok_or_else(flooding)?;
+            Ok(())
+        };
         let Some(tls) = tls else {
             loop {
                 match tcp.read(buf) {
                     Ok(0) => return Err(("Closed", String::new())),
                     Ok(n) => {
+                        spend(n)?;
                         out(&buf[..n])?;
                         // A short read drained the socket; more data is a new edge.
                         if n < buf.len() {
@@ -176,7 +201,10 @@ impl Conn {
             }
             match tls.read_tls(tcp) {
                 Ok(0) => break Err(("Closed", String::new())),
-                Ok(_) => {
+                Ok(n) => {
+                    if let Err(end) = spend(n) {
+                        break Err(end);
+                    }
                     if let Err(e) = tls.process_new_packets() {
                         break Err(("BadRequest", format!("TLS: {e}")));
                     }
@@ -378,25 +406,45 @@ async fn renewer(
             }
             RenewMsg::Renew(mut ids) => {
                 ids.retain(|id| renewals.contains_key(id));
+                // Certificates first, all of the batch at once (a store read each while
+                // the revocation set is not in sync): a session whose certificate no
+                // longer holds gets no renewal.
+                let verdicts = futures::future::join_all(ids.iter().map(|id| async {
+                    match credentials.get(id) {
+                        Some(c) => credential_check(c, &revocations, &backend).await,
+                        None => Ok(()),
+                    }
+                }))
+                .await;
+                let mut renew = Vec::with_capacity(ids.len());
+                for (id, verdict) in ids.into_iter().zip(verdicts) {
+                    match verdict {
+                        Ok(()) => renew.push(id),
+                        Err((reason, message)) => {
+                            renewals.remove(&id);
+                            credentials.remove(&id);
+                            if cmds.send(Cmd::End(id, reason, message)).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
                 leases.clear();
                 leases.extend(
-                    ids.iter()
+                    renew
+                        .iter()
                         .filter_map(|id| renewals.get(id).map(Renewal::lease)),
                 );
                 let outcomes: Vec<Result<Option<i64>, String>> =
                     match backend.lease_keep_alive_many(&leases).await {
                         Ok(ttls) => ttls.into_iter().map(Ok).collect(),
-                        Err(e) => ids.iter().map(|_| Err(e.to_string())).collect(),
+                        Err(e) => renew.iter().map(|_| Err(e.to_string())).collect(),
                     };
-                for (id, outcome) in ids.into_iter().zip(outcomes) {
+                for (id, outcome) in renew.into_iter().zip(outcomes) {
                     let Some(r) = renewals.get_mut(&id) else {
                         continue;
                     };
-                    let credential = match credentials.get(&id) {
-                        Some(c) => credential_check(c, &revocations, &backend).await,
-                        None => Ok(()),
-                    };
-                    let verdict = match credential.and_then(|()| r.renewed(outcome, &metrics)) {
+                    let verdict = match r.renewed(outcome, &metrics) {
                         Ok(()) => r.check(backend.as_ref()).await,
                         Err(end) => Err(end),
                     };
@@ -418,7 +466,7 @@ async fn credential_check(
     c: &CertRef,
     revocations: &Revocations,
     backend: &Arc<dyn KvBackend>,
-) -> Result<(), (&'static str, String)> {
+) -> Result<(), End> {
     if c.not_after <= std::time::SystemTime::now() {
         return Err((
             "Unauthorized",
