@@ -284,7 +284,9 @@ async fn selector_transitions() {
 async fn slow_watcher_falls_out_with_410_error_event() {
     let s = Arc::new(
         start_with(ApiConfig {
-            watch_cache_size: 16,
+            // Small, so that the watcher that never reads falls out; not so small that
+            // the one that reads falls out too when the machine is busy (15 writers).
+            watch_cache_size: 64,
             ..Default::default()
         })
         .await,
