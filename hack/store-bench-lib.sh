@@ -22,6 +22,12 @@ bench_pki_setup() {
     "$cli" admin pki issue member --id "$((100 + i))" --ip 127.0.0.1 --dir "$1" >/dev/null
   done
   "$cli" admin pki issue admin --name bench --dir "$1" >/dev/null
+  # Every Lattice member is an API server too: with the CA key kept elsewhere it needs an
+  # API server certificate of its own in its --pki-dir.
+  "$cli" admin pki issue apiserver --name localhost --ip 127.0.0.1 --dir "$1" >/dev/null
+  for i in 1 2 3; do
+    cp "$1/apiserver/apiserver.crt" "$1/apiserver/apiserver.key" "$1/member-$i/"
+  done
   scheme=https
   bench_pki=$1
   export ETCDCTL_CACERT="$1/admin-bench/ca.crt" ETCDCTL_CERT="$1/admin-bench/admin.crt" \
