@@ -55,8 +55,17 @@ lattice_tls_flags() {
   fi
 }
 
-# `host:port,...` with the scheme in front of each.
-with_scheme() { echo "$1" | sed "s#\([^,]*\)#$scheme://\1#g"; }
+# `host:port,...` with the scheme in front of each (TLS); plaintext endpoints stay bare:
+# etcdctl 3.4 dials an `http://` endpoint with that whole URL as the HTTP/2 `:authority`
+# for some calls (`endpoint status`), which a strict HTTP/2 server (hyper, Lattice's)
+# refuses with PROTOCOL_ERROR, and a bare `host:port` means plaintext to etcdctl anyway.
+with_scheme() {
+  if [ "$scheme" = https ]; then
+    echo "$1" | sed "s#\([^,]*\)#$scheme://\1#g"
+  else
+    echo "$1"
+  fi
+}
 
 # Wait until the etcd v3 endpoint answers `endpoint health` (up to 30 s).
 wait_healthy() {
