@@ -537,17 +537,8 @@ where
         state.beats.flush(&metrics);
         if state.beats.take_renewal() {
             if let Some(c) = &state.credential {
-                if c.not_after <= std::time::SystemTime::now() {
-                    break (
-                        "Unauthorized",
-                        "the node certificate expired; renew it and reconnect".into(),
-                    );
-                }
-                if matches!(
-                    inner.revocations.is_revoked(&backend, &c.serial).await,
-                    Ok(true)
-                ) {
-                    break ("Unauthorized", "the node certificate was revoked".into());
+                if let Err(end) = credential_check(c, &inner.revocations, &backend).await {
+                    break end;
                 }
             }
             if let Err(end) = renewal.renew(backend.as_ref(), &metrics).await {
@@ -560,6 +551,25 @@ where
         let _ = io.write_all(&farewell(reason, &message)).await;
         let _ = io.shutdown().await;
     }
+}
+
+/// A TLS session's certificate still holds: not expired, not revoked (checked before
+/// each renewal, by a session task and by the reader's renewer alike).
+pub(crate) async fn credential_check(
+    c: &crate::auth::CertRef,
+    revocations: &crate::node_identity::Revocations,
+    backend: &Arc<dyn lattice_store::KvBackend>,
+) -> Result<(), (&'static str, String)> {
+    if c.not_after <= std::time::SystemTime::now() {
+        return Err((
+            "Unauthorized",
+            "the node certificate expired; renew it and reconnect".into(),
+        ));
+    }
+    if matches!(revocations.is_revoked(backend, &c.serial).await, Ok(true)) {
+        return Err(("Unauthorized", "the node certificate was revoked".into()));
+    }
+    Ok(())
 }
 
 /// Bookkeeping when a session ends (either kind).

@@ -23,7 +23,7 @@ use lattice_store::KvBackend;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use tokio::sync::mpsc;
 
-use super::{end_session, farewell, Renewal, Stream};
+use super::{credential_check, end_session, farewell, Renewal, Stream};
 use crate::auth::CertRef;
 use crate::metrics::Metrics;
 use crate::node_identity::Revocations;
@@ -459,22 +459,4 @@ async fn renewer(
             }
         }
     }
-}
-
-/// A TLS session's certificate still holds: not expired, not revoked.
-async fn credential_check(
-    c: &CertRef,
-    revocations: &Revocations,
-    backend: &Arc<dyn KvBackend>,
-) -> Result<(), End> {
-    if c.not_after <= std::time::SystemTime::now() {
-        return Err((
-            "Unauthorized",
-            "the node certificate expired; renew it and reconnect".into(),
-        ));
-    }
-    if matches!(revocations.is_revoked(backend, &c.serial).await, Ok(true)) {
-        return Err(("Unauthorized", "the node certificate was revoked".into()));
-    }
-    Ok(())
 }
