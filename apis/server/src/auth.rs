@@ -393,7 +393,7 @@ pub(crate) async fn job_token_alive(inner: &crate::Inner, user: UserInfo) -> Api
 /// dependency symbols and mutexes by it, and the CLI's `--all-mine` filters on it, so the
 /// server does not take a caller's word for it: see [`admit_user_on_create`] and
 /// [`admit_user_on_update`].
-pub const USER_ANNOTATION: &str = "lattice.dev/user";
+pub use lattice_apis::wellknown::USER_ANNOTATION;
 
 /// The field path of [`USER_ANNOTATION`] in `Status` causes.
 const USER_FIELD: &str = "metadata.annotations[lattice.dev/user]";

@@ -35,6 +35,7 @@ pub mod compactor;
 pub mod discovery;
 pub mod errors;
 pub mod heartbeat;
+pub mod in_process;
 pub mod intent;
 pub mod job_token;
 pub mod limits;

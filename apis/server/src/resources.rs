@@ -1106,10 +1106,10 @@ async fn backoff(attempt: usize) {
 
 /// Finalizer of a foreground deletion: the garbage collector deletes the object's
 /// dependents first, then removes it.
-pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+pub use lattice_apis::wellknown::FOREGROUND_FINALIZER;
 /// Finalizer of an orphaning deletion: the garbage collector removes the object from
 /// its dependents' `ownerReferences` (they survive), then removes it.
-pub const ORPHAN_FINALIZER: &str = "orphan";
+pub use lattice_apis::wellknown::ORPHAN_FINALIZER;
 
 /// `DeleteOptions.propagationPolicy`: what happens to the dependents of a deleted
 /// object (objects whose `ownerReferences` name it).
