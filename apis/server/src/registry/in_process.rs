@@ -14,12 +14,12 @@ use lattice_client::{
 use lattice_store::{KeyRange, KvBackend, StoreError, WatchRequest};
 use serde_json::Value;
 
-use crate::errors::ApiError;
-use crate::objects::list_prefix;
-use crate::patch::PatchType;
-use crate::resources::{self, ListOptions, Resources, WriteOptions};
-use crate::selectors::{FieldSelector, LabelSelector, Selectors};
-use crate::watch_cache::{self, convert_event, Change};
+use crate::registry::errors::ApiError;
+use crate::registry::objects::list_prefix;
+use crate::registry::patch::PatchType;
+use crate::registry::resources::{self, ListOptions, Resources, WriteOptions};
+use crate::registry::selectors::{FieldSelector, LabelSelector, Selectors};
+use crate::registry::watch_cache::{self, convert_event, Change};
 
 /// A [`Client`] whose verbs are calls into the registry over `backend`: what the
 /// controllers built into `lattice-server` use.
