@@ -339,12 +339,12 @@ tokio::task_local! {
 
 /// Runs `f` in a scope where the caller of the request can be recorded (see
 /// [`record_request_user`]) and read back by every verb (see [`request_user`]).
-pub async fn with_request_scope<F: std::future::Future>(f: F) -> F::Output {
+pub(crate) async fn with_request_scope<F: std::future::Future>(f: F) -> F::Output {
     REQUEST_USER.scope(RefCell::new(None), f).await
 }
 
 /// Record the caller of the request being served (no-op outside [`authn`]'s scope).
-pub fn record_request_user(user: &UserInfo) {
+pub(crate) fn record_request_user(user: &UserInfo) {
     let _ = REQUEST_USER.try_with(|u| *u.borrow_mut() = Some(user.clone()));
 }
 
