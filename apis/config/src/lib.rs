@@ -147,7 +147,8 @@ fn file_settings(
             cmd.get_name()
         ),
     };
-    let file = ConfigFile::load(&path, cmd).map_err(|e| clap::Error::raw(e.kind(), e))?;
+    let file =
+        ConfigFile::load(&path, cmd).map_err(|e| clap::Error::raw(e.kind(), format!("{e}\n")))?;
     let mut settings = Vec::new();
     for s in &file.settings {
         let given = matches!(
