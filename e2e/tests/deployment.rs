@@ -382,3 +382,68 @@ fn containerfile_builds_what_the_workspace_has() {
         .unwrap();
     assert_eq!(entry, "[\"/usr/local/bin/lattice-server\"]");
 }
+
+/// A server started the way the unit starts it, `--config FILE`, with one setting from
+/// the environment and one from the command line over the file's.
+#[test]
+fn a_server_takes_its_settings_from_flag_environment_and_file_in_that_order() {
+    use lattice_e2e::free_port;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let [file_api, env_api, file_etcd, flag_etcd] = [(); 4].map(|_| free_port());
+    let config = dir.path().join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data-dir = {data:?}\napi-addr = \"127.0.0.1:{file_api}\"\n\
+             etcd-addr = \"127.0.0.1:{file_etcd}\"\ntls-addr = \"off\"\n\
+             store-plaintext-loopback = true\n"
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
+    let mut child = Command::new(lattice_e2e::bin("lattice-server"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--etcd-addr", &format!("127.0.0.1:{flag_etcd}")])
+        .env("LATTICE_API_ADDR", format!("127.0.0.1:{env_api}"))
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let up = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+    let start = Instant::now();
+    while !(up(env_api) && up(flag_etcd) && data.join("admin.token").exists()) {
+        let exited = child.try_wait().unwrap().is_some();
+        if exited || start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!(
+                "the server did not come up on the environment's and the flag's addresses:\n{}",
+                std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (api_from_file, etcd_from_file) = (up(file_api), up(file_etcd));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        !api_from_file,
+        "the file's api-addr won over LATTICE_API_ADDR"
+    );
+    assert!(!etcd_from_file, "the file's etcd-addr won over --etcd-addr");
+
+    // A key that is no flag stops it at start, naming the file, the line and the key.
+    std::fs::write(&config, "data-dir = \"/x\"\ndata_dir = \"/y\"\n").unwrap();
+    let out = Command::new(lattice_e2e::bin("lattice-server"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("server.toml:2: unknown key `data_dir`") && stderr.contains("`data-dir`"),
+        "{stderr}"
+    );
+}
