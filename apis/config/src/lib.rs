@@ -400,8 +400,13 @@ fn first_sentence(arg: &Arg) -> String {
         .or(arg.get_help())
         .map(|h| h.to_string())
         .unwrap_or_default();
-    let end = help.find(". ").map(|i| i + 1).unwrap_or(help.len());
-    help[..end].replace('\n', " ")
+    let help = help.replace('\n', " ");
+    // A sentence ends at a full stop before a capital ("e.g. http://..." goes on).
+    let end = help
+        .match_indices(". ")
+        .find(|(i, _)| help[i + 2..].starts_with(|c: char| c.is_uppercase()))
+        .map_or(help.len(), |(i, _)| i + 1);
+    help[..end].to_string()
 }
 
 /// The key nearest `name` when it is near enough to be a slip (`data_dir`, `data-dri`).

@@ -239,3 +239,24 @@ fn every_long_flag_is_a_key() {
         ]
     );
 }
+
+#[test]
+fn the_hint_is_the_first_sentence_of_the_help() {
+    #[derive(Parser, Debug)]
+    struct Url {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The base URL, e.g. http://prometheus:9090. Without it nothing is queried.
+        #[arg(long, value_parser = clap::value_parser!(u8))]
+        url: Option<u8>,
+    }
+    let f = Fixture::new();
+    let file = f.file("url = \"x\"\n");
+    let e = try_parse_from::<Url, _, _>(["url", "--config", &file])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("(URL): The base URL, e.g. http://prometheus:9090.\n"),
+        "{e}"
+    );
+}
