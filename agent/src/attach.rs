@@ -180,10 +180,7 @@ async fn redeem(ctx: &Ctx, secret: &str) -> Result<AttachTicket, (StatusCode, St
     let code = resp.status();
     let body = resp.bytes().await.unwrap_or_default();
     if !code.is_success() {
-        let msg = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
-            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+        let msg = crate::api::error_message(code.as_u16(), &body);
         let code = if code == StatusCode::FORBIDDEN {
             StatusCode::FORBIDDEN
         } else {

@@ -33,7 +33,7 @@ use crate::policy::USER_ANNOTATION;
 
 /// Annotation on a bound job step: its allocation's attempt (written by the step
 /// controller when it binds the step).
-pub const STEP_PARENT_ATTEMPT_ANNOTATION: &str = "lattice.dev/step-parent-attempt";
+pub use lattice_apis::wellknown::STEP_PARENT_ATTEMPT_ANNOTATION;
 
 /// The outcome of [`verify`].
 #[derive(Debug, Clone, PartialEq, Eq)]

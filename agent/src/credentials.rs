@@ -82,14 +82,13 @@ async fn request_token(ctx: &Ctx, alloc: &Allocation) -> Result<Option<String>, 
     let req = ctx.api.http.post(url).timeout(Duration::from_secs(10));
     let resp = req.send().await.map_err(|e| e.to_string())?;
     let code = resp.status();
-    let body: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
+    let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
     if !code.is_success() {
-        let msg = body
-            .get("message")
-            .and_then(|m| m.as_str())
-            .unwrap_or_default();
+        let msg = crate::api::error_message(code.as_u16(), &bytes);
         return Err(format!("{code}: {msg}"));
     }
+    let body: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("the API server's token answer does not decode: {e}"))?;
     Ok(body.get("token").and_then(|t| t.as_str()).map(String::from))
 }
 

@@ -11,19 +11,19 @@ use std::path::Path;
 use lattice_apis::Allocation;
 
 /// Annotation with the task count (`LATTICE_NPROCS`, `SLURM_NTASKS`).
-pub const NTASKS_ANNOTATION: &str = "lattice.dev/ntasks";
+pub use lattice_apis::wellknown::NTASKS_ANNOTATION;
 /// Annotation with the tasks per node (`SLURM_NTASKS_PER_NODE`; with the node count, the
 /// task count when [`NTASKS_ANNOTATION`] is absent).
-pub const NTASKS_PER_NODE_ANNOTATION: &str = "lattice.dev/ntasks-per-node";
+pub use lattice_apis::wellknown::NTASKS_PER_NODE_ANNOTATION;
 /// Annotation `"true"`: set `SLURM_*` for this allocation even without `--slurm-env`
 /// (written by `lattice submit` for sites with `compat.set_slurm_env: true`).
-pub const SET_SLURM_ENV_ANNOTATION: &str = "lattice.dev/set-slurm-env";
+pub use lattice_apis::wellknown::SET_SLURM_ENV_ANNOTATION;
 /// Annotation with the submission directory (`LATTICE_SUBMIT_DIR`).
-pub const SUBMIT_DIR_ANNOTATION: &str = "lattice.dev/submit-dir";
-/// Label with the index of a task-group member (`LATTICE_TASK_INDEX`).
-pub const TASK_INDEX_LABEL: &str = "lattice.dev/task-index";
+pub use lattice_apis::wellknown::SUBMIT_DIR_ANNOTATION;
 /// Label with the task group's name (`LATTICE_TASK_GROUP_ID`).
-pub const TASK_GROUP_LABEL: &str = "lattice.dev/task-group";
+pub use lattice_apis::wellknown::TASK_GROUP_LABEL;
+/// Label with the index of a task-group member (`LATTICE_TASK_INDEX`).
+pub use lattice_apis::wellknown::TASK_INDEX_LABEL;
 
 /// Variables inherited from the agent's own environment.
 pub const INHERITED: [&str; 4] = ["PATH", "HOME", "USER", "LANG"];

@@ -146,7 +146,8 @@ pub async fn run(ctx: Arc<Ctx>) {
 async fn stream(ctx: &Ctx, http: &reqwest::Client, seq: &mut Sequence) -> Result<String, String> {
     let first = seq.take(ctx).map_err(|e| e.to_string())?;
     let url = ctx.api.url(&format!(
-        "/apis/lattice.dev/v1alpha1/nodes/{}/heartbeat?sequence={first}",
+        "/apis/{}/nodes/{}/heartbeat?sequence={first}",
+        lattice_apis::wellknown::API_VERSION,
         ctx.cfg.node
     ));
     let req = http
@@ -161,11 +162,8 @@ async fn stream(ctx: &Ctx, http: &reqwest::Client, seq: &mut Sequence) -> Result
     };
     if resp.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
         let code = resp.status();
-        let body = resp.text().await.unwrap_or_default();
-        let msg = serde_json::from_str::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
-            .unwrap_or(body);
+        let body = resp.bytes().await.unwrap_or_default();
+        let msg = crate::api::error_message(code.as_u16(), &body);
         // The server knows a higher sequence (e.g. the state file was lost): jump past it.
         if code == reqwest::StatusCode::CONFLICT {
             if let Some(n) = msg

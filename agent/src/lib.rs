@@ -31,12 +31,15 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod api;
 pub mod attach;
 pub mod binding;
 pub mod cgroup;
 pub mod config;
+pub mod context;
 pub mod credentials;
 pub mod discovery;
+pub mod dispatcher;
 pub mod env;
 pub mod files;
 pub mod heartbeat;

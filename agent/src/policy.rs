@@ -28,7 +28,7 @@ use crate::config::UnknownUser;
 use crate::runtime::RunAs;
 
 /// Annotation naming the local user to run as.
-pub const USER_ANNOTATION: &str = "lattice.dev/user";
+pub use lattice_apis::wellknown::USER_ANNOTATION;
 
 /// Why the agent does not start a run: a node reason and a message for the allocation.
 #[derive(Debug, Clone, PartialEq, Eq)]

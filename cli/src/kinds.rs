@@ -14,7 +14,7 @@ use crate::errors::CliError;
 /// The API group of the built-in kinds.
 pub const GROUP: &str = "lattice.dev";
 /// The group/version of the built-in kinds.
-pub const GROUP_VERSION: &str = "lattice.dev/v1alpha1";
+pub use lattice_apis::wellknown::API_VERSION as GROUP_VERSION;
 
 /// A printer column.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -327,6 +327,7 @@ async fn dispatch(
             None => None,
         },
         insecure: settings.insecure,
+        user_agent: Some(client::USER_AGENT.to_string()),
     };
     let client = Client::with_tls(&settings.api_url, settings.token.clone(), &tls)
         .map_err(|e| CliError::from_client("set up the HTTP client", e))?;

@@ -8,10 +8,16 @@
 //! * Discovery, OpenAPI v3, Table output, `Status` errors, JWT auth, `/metrics`,
 //!   `/healthz`, `/readyz`, and the seed's `/v1/...` Intent API.
 //!
-//! Modules: [`routes`] (paths and dispatch), [`resources`] (verbs over the store),
-//! [`selectors`], [`apply`] (SSA), [`patch`], [`watch_cache`], [`watch`], [`auth`],
-//! [`table`], [`discovery`], [`openapi`], [`errors`], [`metrics`], [`intent`],
-//! [`logs`] (allocation logs proxied from the node agents).
+//! Two layers:
+//!
+//! * [`registry`]: the verbs over the store, with no HTTP in it — resources, admission,
+//!   server-side apply, patches, selectors, the watch cache, quotas, authorization,
+//!   redaction, the caller's identity, the cluster settings, and the in-process
+//!   transport the built-in controllers use. Its modules are re-exported at the root.
+//! * HTTP: [`routes`] (paths and dispatch), [`auth`] (tokens and certificates),
+//!   [`watch`], [`table`], [`discovery`], [`openapi`], [`errors`] (a `Status` answer),
+//!   [`intent`] (the `/v1` routes), [`logs`] and [`attach`] (proxied to the node agents),
+//!   [`heartbeat`], [`node_identity`], [`tls`], [`limits`], [`metrics`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,12 +30,9 @@ use axum::routing::{any, get, post};
 use axum::Router;
 use lattice_store::KvBackend;
 
-pub mod admission;
 pub mod agents;
-pub mod apply;
 pub mod attach;
 pub mod auth;
-pub mod authz;
 pub mod cluster_config;
 pub mod compactor;
 pub mod discovery;
@@ -41,21 +44,20 @@ pub mod limits;
 pub mod logs;
 pub mod metrics;
 pub mod node_identity;
-pub mod objects;
 pub mod openapi;
-pub mod parse;
-pub mod patch;
-pub mod quota;
 pub mod ranges;
-pub mod redact;
+pub mod registry;
 pub mod reports;
-pub mod resources;
 pub mod routes;
-pub mod selectors;
 pub mod table;
 pub mod tls;
 pub mod watch;
-pub mod watch_cache;
+
+// The registry's modules at the crate's root, where callers have always found them.
+pub use registry::{
+    admission, apply, authz, in_process, objects, parse, patch, quota, redact, resources,
+    selectors, watch_cache,
+};
 
 pub use auth::{mint_token, Authenticator, JwtAuthenticator, Role, UserInfo};
 pub use errors::{ApiError, ApiResult};

@@ -96,9 +96,7 @@ pub struct Target {
     pub subresource: Option<String>,
 }
 
-pub fn kind_by_plural(plural: &str) -> Option<&'static KindInfo> {
-    lattice_apis::kinds().iter().find(|k| k.plural == plural)
-}
+pub use crate::registry::objects::kind_by_plural;
 
 pub fn parse_target(rest: &str) -> ApiResult<Target> {
     let segs: Vec<&str> = rest.trim_matches('/').split('/').collect();

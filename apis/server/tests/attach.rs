@@ -21,7 +21,7 @@ use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
 use tokio_tungstenite::tungstenite::Message;
 
 const SECRET: &[u8] = b"attach-test-secret";
-const USER: &str = "lattice.dev/user";
+use lattice_apis::wellknown::USER_ANNOTATION as USER;
 
 fn token(sub: &str, role: Role) -> String {
     let tenants = match role {

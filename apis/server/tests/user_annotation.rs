@@ -16,7 +16,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 const SECRET: &[u8] = b"user-annotation-test-secret";
-const USER: &str = "lattice.dev/user";
+use lattice_apis::wellknown::USER_ANNOTATION as USER;
 
 fn token(sub: &str, role: Role) -> String {
     let tenants = match role {

@@ -75,6 +75,7 @@ pub mod resource;
 pub mod schemas;
 pub mod steps;
 pub mod validation;
+pub mod wellknown;
 
 pub use kinds::allocation::{
     Allocation, AllocationPhase, AllocationSpec, AllocationStatus, Checkpoint, CheckpointStrategy,

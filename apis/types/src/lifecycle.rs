@@ -54,13 +54,13 @@ pub struct NodeReport {
     pub report: NodeTaskState,
 }
 
-/// Annotation the scheduler sets on a preemption victim (value: the preemptor's name).
-pub const PREEMPT_ANNOTATION: &str = "lattice.dev/preempt-requested";
 /// Finalizer the scheduler puts on every allocation it binds: a deleted allocation stays
 /// (with `deletionTimestamp`, treated as a cancel) until every node it ran on has
 /// confirmed that its processes are gone ([`processes_gone`]), so its nodes cannot be
 /// handed to someone else while it is still in its SIGTERM grace period.
-pub const NODES_FINALIZER: &str = "lattice.dev/nodes";
+pub use crate::wellknown::NODES_FINALIZER;
+/// Annotation the scheduler sets on a preemption victim (value: the preemptor's name).
+pub use crate::wellknown::PREEMPT_ANNOTATION;
 
 /// Allocation `status.reason` codes (the seed's wording, snake_case).
 pub mod reason {
@@ -142,7 +142,7 @@ pub mod node_reason {
 /// Annotation `"first"`: the script runs on the first assigned node only, as a Slurm
 /// batch script does (`sbatch`, or a script with `#SBATCH` directives); the other nodes
 /// hold the allocation (for `srun`/`lattice launch` steps) until the script ends.
-pub const BATCH_HOST_ANNOTATION: &str = "lattice.dev/batch-host";
+pub use crate::wellknown::BATCH_HOST_ANNOTATION;
 
 /// Whether `node` is a node of `a` that holds rather than runs the script (see
 /// [`BATCH_HOST_ANNOTATION`]).

@@ -12,13 +12,13 @@ use crate::validation::{validate_dns1123_label, Errors};
 
 /// Annotation set by `lattice cancel` / `DELETE /v1/allocations/{id}`: the
 /// controllers stop the work and finish the object as Cancelled, keeping it for history.
-pub const CANCEL_REQUESTED_ANNOTATION: &str = "lattice.dev/cancel-requested";
+pub use crate::wellknown::CANCEL_REQUESTED_ANNOTATION;
 /// Finalizer that makes the checkpoint broker run before an allocation is deleted.
-pub const CHECKPOINT_FINALIZER: &str = "lattice.dev/checkpoint";
+pub use crate::wellknown::CHECKPOINT_FINALIZER;
 /// Label put on every Allocation a Dag creates, naming the Dag.
-pub const DAG_LABEL: &str = "lattice.dev/dag";
+pub use crate::wellknown::DAG_LABEL;
 /// Label put on every Allocation a Dag creates, naming its task.
-pub const DAG_TASK_LABEL: &str = "lattice.dev/dag-task";
+pub use crate::wellknown::DAG_TASK_LABEL;
 
 /// A point in time, serialized as an RFC 3339 string (`2026-03-05T10:00:12Z`).
 pub type Time = DateTime<Utc>;

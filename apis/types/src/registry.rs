@@ -13,7 +13,7 @@ pub const GROUP: &str = "lattice.dev";
 /// API version of all Lattice kinds.
 pub const VERSION: &str = "v1alpha1";
 /// `apiVersion` of all Lattice kinds.
-pub const API_VERSION: &str = "lattice.dev/v1alpha1";
+pub use crate::wellknown::API_VERSION;
 /// Namespace for objects that belong to no tenant: Leases of cluster
 /// components and node heartbeats, Events about Nodes and Tenants.
 pub const SYSTEM_NAMESPACE: &str = "lattice-system";

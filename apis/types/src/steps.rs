@@ -16,17 +16,19 @@ use crate::kinds::allocation::{
 use crate::meta::OwnerReference;
 use crate::resource::Resource;
 
-/// Label on a step naming its allocation (to list an allocation's steps).
-pub const STEP_OF_LABEL: &str = "lattice.dev/step-of";
 /// Annotation with the task count (as `lattice submit --ntasks` writes it).
-pub const NTASKS_ANNOTATION: &str = "lattice.dev/ntasks";
+pub use crate::wellknown::NTASKS_ANNOTATION;
 /// Annotation with the tasks per node.
-pub const NTASKS_PER_NODE_ANNOTATION: &str = "lattice.dev/ntasks-per-node";
+pub use crate::wellknown::NTASKS_PER_NODE_ANNOTATION;
+/// Label on a step naming its allocation (to list an allocation's steps).
+pub use crate::wellknown::STEP_OF_LABEL;
 /// Annotation naming the submitting user.
-pub const USER_ANNOTATION: &str = "lattice.dev/user";
+pub use crate::wellknown::USER_ANNOTATION;
 /// Annotations a step copies from its allocation.
-pub const INHERITED_ANNOTATIONS: [&str; 2] =
-    ["lattice.dev/set-slurm-env", "lattice.dev/submit-dir"];
+pub const INHERITED_ANNOTATIONS: [&str; 2] = [
+    crate::wellknown::SET_SLURM_ENV_ANNOTATION,
+    crate::wellknown::SUBMIT_DIR_ANNOTATION,
+];
 
 /// What to run: the body of `POST /v1/allocations/{id}/tasks`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -209,7 +211,7 @@ pub fn step_allocation(
         parent
             .metadata
             .annotations
-            .get("lattice.dev/submit-dir")
+            .get(crate::wellknown::SUBMIT_DIR_ANNOTATION)
             .cloned()
     });
     if let Some(job) = parent.spec.tags.get("name") {

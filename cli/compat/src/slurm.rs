@@ -669,9 +669,17 @@ pub fn slurm_duration(secs: u64) -> String {
 /// The user who submitted an allocation, from well-known annotations/labels.
 pub fn alloc_user(a: &Value) -> String {
     for path in [
-        ["metadata", "annotations", "lattice.dev/user"],
-        ["metadata", "annotations", "lattice.dev/submitted-by"],
-        ["metadata", "labels", "lattice.dev/user"],
+        [
+            "metadata",
+            "annotations",
+            lattice_apis::wellknown::USER_ANNOTATION,
+        ],
+        [
+            "metadata",
+            "annotations",
+            lattice_apis::wellknown::SUBMITTED_BY_ANNOTATION,
+        ],
+        ["metadata", "labels", lattice_apis::wellknown::USER_LABEL],
         ["spec", "tags", "user"],
     ] {
         if let Some(u) = st(a, &path) {

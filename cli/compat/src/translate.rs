@@ -13,35 +13,35 @@ use crate::values::*;
 
 /// Annotation keys written by the translator.
 pub mod annotations {
-    /// Slurm `--output` (download path hint for `lattice logs`).
-    pub const OUTPUT: &str = "lattice.dev/output";
-    /// Slurm `--error` (download path hint).
-    pub const ERROR: &str = "lattice.dev/error";
-    /// Task count (`--ntasks`), used by launchers and `SLURM_NTASKS`.
-    pub const NTASKS: &str = "lattice.dev/ntasks";
-    /// `--ntasks-per-node`, used by launchers.
-    pub const NTASKS_PER_NODE: &str = "lattice.dev/ntasks-per-node";
-    /// Directory the submission was made from (`SLURM_SUBMIT_DIR`).
-    pub const SUBMIT_DIR: &str = "lattice.dev/submit-dir";
     /// `"first"`: the script runs on the first node only, as Slurm runs a batch script
     /// (set for submissions with `#SBATCH` directives or sbatch options).
-    pub const BATCH_HOST: &str = "lattice.dev/batch-host";
-    /// The dependency option as written.
-    pub const DEPENDENCY: &str = "lattice.dev/dependency";
-    /// The constraint as written, when it could only be approximated.
-    pub const CONSTRAINT: &str = "lattice.dev/constraint";
-    /// The Slurm partition as written.
-    pub const PARTITION: &str = "lattice.dev/slurm-partition";
-    /// The Slurm QOS as written.
-    pub const QOS: &str = "lattice.dev/slurm-qos";
-    /// The Slurm account as written.
-    pub const ACCOUNT: &str = "lattice.dev/slurm-account";
+    pub use lattice_apis::wellknown::BATCH_HOST_ANNOTATION as BATCH_HOST;
     /// Slurm `--comment`.
-    pub const COMMENT: &str = "lattice.dev/comment";
-    /// Site config `set_slurm_env: true`: agents also set `SLURM_*`.
-    pub const SET_SLURM_ENV: &str = "lattice.dev/set-slurm-env";
+    pub use lattice_apis::wellknown::COMMENT_ANNOTATION as COMMENT;
+    /// The constraint as written, when it could only be approximated.
+    pub use lattice_apis::wellknown::CONSTRAINT_ANNOTATION as CONSTRAINT;
+    /// The dependency option as written.
+    pub use lattice_apis::wellknown::DEPENDENCY_ANNOTATION as DEPENDENCY;
+    /// Slurm `--error` (download path hint).
+    pub use lattice_apis::wellknown::ERROR_ANNOTATION as ERROR;
     /// Label: which front-end produced the manifest (`sbatch` or `lattice`).
-    pub const FRONTEND: &str = "lattice.dev/frontend";
+    pub use lattice_apis::wellknown::FRONTEND_ANNOTATION as FRONTEND;
+    /// Task count (`--ntasks`), used by launchers and `SLURM_NTASKS`.
+    pub use lattice_apis::wellknown::NTASKS_ANNOTATION as NTASKS;
+    /// `--ntasks-per-node`, used by launchers.
+    pub use lattice_apis::wellknown::NTASKS_PER_NODE_ANNOTATION as NTASKS_PER_NODE;
+    /// Slurm `--output` (download path hint for `lattice logs`).
+    pub use lattice_apis::wellknown::OUTPUT_ANNOTATION as OUTPUT;
+    /// Site config `set_slurm_env: true`: agents also set `SLURM_*`.
+    pub use lattice_apis::wellknown::SET_SLURM_ENV_ANNOTATION as SET_SLURM_ENV;
+    /// The Slurm account as written.
+    pub use lattice_apis::wellknown::SLURM_ACCOUNT_ANNOTATION as ACCOUNT;
+    /// The Slurm partition as written.
+    pub use lattice_apis::wellknown::SLURM_PARTITION_ANNOTATION as PARTITION;
+    /// The Slurm QOS as written.
+    pub use lattice_apis::wellknown::SLURM_QOS_ANNOTATION as QOS;
+    /// Directory the submission was made from (`SLURM_SUBMIT_DIR`).
+    pub use lattice_apis::wellknown::SUBMIT_DIR_ANNOTATION as SUBMIT_DIR;
 }
 
 /// sbatch client-side options found in the script or on the command line.

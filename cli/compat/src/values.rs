@@ -11,7 +11,7 @@ pub const MAX_WALLTIME_SECS: u64 = 366 * 24 * 3600;
 /// for durations).
 pub const MAX_DURATION_SECS: u64 = 366 * 24 * 3600;
 /// Most tasks one task group may expand to (as the API server enforces).
-pub const MAX_TASKS: u64 = 100_000;
+pub use lattice_apis::wellknown::MAX_TASKS;
 
 const TIME_HINT: &str = "use minutes (\"30\"), MM:SS, HH:MM:SS (\"72:00:00\"), D-HH, D-HH:MM, D-HH:MM:SS (\"1-12:00:00\"), UNLIMITED, or Lattice's \"24h\" / \"30m\" / \"1h30m\"";
 

@@ -226,10 +226,10 @@ pub async fn run(
     Ok(0)
 }
 
-/// Annotation with the submission's `--output` path (download hint).
-pub const OUTPUT_ANNOTATION: &str = "lattice.dev/output";
 /// Annotation with the submission's `--error` path (download hint).
-pub const ERROR_ANNOTATION: &str = "lattice.dev/error";
+pub use lattice_apis::wellknown::ERROR_ANNOTATION;
+/// Annotation with the submission's `--output` path (download hint).
+pub use lattice_apis::wellknown::OUTPUT_ANNOTATION;
 /// Slurm's default output file name.
 pub const DEFAULT_OUTPUT: &str = "slurm-%j.out";
 
@@ -256,8 +256,8 @@ pub fn expand_filename(pattern: &str, a: &serde_json::Value) -> String {
         .and_then(serde_json::Value::as_str)
         .unwrap_or(id);
     let user = ann(workload::USER_ANNOTATION).unwrap_or("unknown");
-    let index = label("lattice.dev/task-index");
-    let group = label("lattice.dev/task-group").unwrap_or(id);
+    let index = label(lattice_apis::wellknown::TASK_INDEX_LABEL);
+    let group = label(lattice_apis::wellknown::TASK_GROUP_LABEL).unwrap_or(id);
     let first_node = a
         .pointer("/status/assignedNodes/0")
         .and_then(serde_json::Value::as_str)
@@ -371,7 +371,7 @@ pub async fn download(
     // Only the submitter's own paths are followed anywhere.
     let me = ctx.user();
     let trusted = me.is_some() && hint(workload::USER_ANNOTATION) == me;
-    let base = hint("lattice.dev/submit-dir")
+    let base = hint(lattice_apis::wellknown::SUBMIT_DIR_ANNOTATION)
         .filter(|_| trusted)
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| ctx.cwd.clone());

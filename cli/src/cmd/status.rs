@@ -31,7 +31,7 @@ pub struct Query {
 }
 
 /// Label the task-group controller puts on per-task allocations (value: the parent).
-pub const TASK_GROUP_LABEL: &str = "lattice.dev/task-group";
+pub use lattice_apis::wellknown::TASK_GROUP_LABEL;
 
 impl Query {
     pub fn from_status(ctx: &Ctx, a: &StatusArgs) -> Result<Query, CliError> {

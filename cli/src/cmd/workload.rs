@@ -12,9 +12,9 @@ use crate::Ctx;
 pub const DASH: &str = "—";
 
 /// Annotation naming the submitting user.
-pub const USER_ANNOTATION: &str = "lattice.dev/user";
+pub use lattice_apis::wellknown::USER_ANNOTATION;
 /// Label naming the submitting user (for server-side selection).
-pub const USER_LABEL: &str = "lattice.dev/user";
+pub use lattice_apis::wellknown::USER_ANNOTATION as USER_LABEL;
 
 fn prefix() -> String {
     format!("/apis/{GROUP_VERSION}")

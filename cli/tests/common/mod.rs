@@ -18,7 +18,7 @@ use lattice_cli::config::Env;
 use lattice_cli::kinds::{Catalog, Column, KindMeta};
 use lattice_cli::{RunOptions, Shutdown};
 
-pub const GV: &str = "lattice.dev/v1alpha1";
+pub use lattice_apis::wellknown::API_VERSION as GV;
 pub const PREFIX: &str = "/apis/lattice.dev/v1alpha1";
 
 /// The fixed "now" of every test: ages are computed against it.

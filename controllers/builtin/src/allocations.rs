@@ -118,11 +118,11 @@ use lattice_store::{KeyRange, KvBackend, RangeRequest, TxnOp, TxnOpResponse, Txn
 
 /// Annotation with the reason of a cancellation made by a controller (e.g. a DAG's
 /// failure propagation); users' cancels have none.
-pub const CANCEL_REASON_ANNOTATION: &str = "lattice.dev/cancel-reason";
+pub use lattice_apis::wellknown::CANCEL_REASON_ANNOTATION;
 /// Condition set when every dependency holds.
 pub const DEPENDENCIES_MET: &str = "DependenciesMet";
 /// Annotation naming the submitting user (scope of `singleton` and of `user` symbols).
-pub const USER_ANNOTATION: &str = "lattice.dev/user";
+pub use lattice_apis::wellknown::USER_ANNOTATION;
 /// `spec.tags` key holding the job name (Slurm `--job-name`), used by `singleton`.
 pub const JOB_NAME_TAG: &str = "name";
 /// Reason of an allocation cancelled because it declares a dependency its user may not

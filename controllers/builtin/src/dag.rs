@@ -57,11 +57,11 @@ use crate::metrics::ControllerMetrics;
 use crate::scheduler::adapter::{HOLD_ANNOTATION, TASK_INDEX_LABEL};
 
 /// Label: the Dag an allocation belongs to.
-pub const DAG_LABEL: &str = "lattice.dev/dag";
+pub use lattice_apis::wellknown::DAG_LABEL;
 /// Label: the step of the Dag.
-pub const DAG_STEP_LABEL: &str = "lattice.dev/dag-step";
+pub use lattice_apis::wellknown::DAG_STEP_LABEL;
 /// Label: the task group (parent) an element belongs to.
-pub const TASK_GROUP_LABEL: &str = "lattice.dev/task-group";
+pub use lattice_apis::wellknown::TASK_GROUP_LABEL;
 /// Status reason of a step held because `spec.maxParallel` steps are released.
 pub const WAITING_FOR_MAX_PARALLEL: &str = "waiting_for_max_parallel";
 
@@ -1113,7 +1113,10 @@ async fn create_step(
         );
         meta.labels.insert(TASK_INDEX_LABEL.into(), i.to_string());
     }
-    for k in ["lattice.dev/user", "lattice.dev/submit-dir"] {
+    for k in [
+        lattice_apis::wellknown::USER_ANNOTATION,
+        lattice_apis::wellknown::SUBMIT_DIR_ANNOTATION,
+    ] {
         if let Some(v) = dag.metadata.annotations.get(k) {
             meta.annotations.insert(k.into(), v.clone());
         }

@@ -40,7 +40,7 @@
 //! # async fn demo(backend: std::sync::Arc<dyn lattice_store::KvBackend>) {
 //! use std::sync::Arc;
 //! use lattice_runtime::{AlwaysLeader, Client, ControllerHost};
-//! let mut host = ControllerHost::new(Client::in_process(backend.clone()), Arc::new(AlwaysLeader::new()));
+//! let mut host = ControllerHost::new(lattice_apiserver::in_process::client(backend.clone()), Arc::new(AlwaysLeader::new()));
 //! let metrics = lattice_controllers::register_all(&mut host, backend, lattice_controllers::Config::default());
 //! # let _ = metrics;
 //! tokio::spawn(host.run(std::future::pending()));

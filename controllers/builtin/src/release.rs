@@ -298,7 +298,12 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Err
         if node_hours > 0.0 {
             let user = alloc
                 .as_ref()
-                .and_then(|a| a.metadata.annotations.get("lattice.dev/user").cloned())
+                .and_then(|a| {
+                    a.metadata
+                        .annotations
+                        .get(lattice_apis::wellknown::USER_ANNOTATION)
+                        .cloned()
+                })
                 .unwrap_or_else(|| "unknown".into());
             let period = t.obj.spec.budget_period();
             usage.charge(

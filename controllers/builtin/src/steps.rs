@@ -29,7 +29,7 @@ use crate::objects::{decode, key_of, read_raw, GuardedWrite};
 
 /// Annotation on a bound step: the attempt of its allocation it was bound to (a requeued
 /// allocation's new attempt does not run the old steps).
-pub const STEP_PARENT_ATTEMPT_ANNOTATION: &str = "lattice.dev/step-parent-attempt";
+pub use lattice_apis::wellknown::STEP_PARENT_ATTEMPT_ANNOTATION;
 
 /// Reasons written by this controller.
 pub mod reason {

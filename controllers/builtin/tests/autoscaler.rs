@@ -15,7 +15,7 @@ use lattice_controllers::autoscaler::{
     self, AutoscalerConfig, MetricSource, PrometheusSource, NO_SOURCE_MESSAGE,
 };
 use lattice_controllers::ControllerMetrics;
-use lattice_runtime::{AlwaysLeader, Client, ControllerHost, PostParams, ResourceExt};
+use lattice_runtime::{AlwaysLeader, ControllerHost, PostParams, ResourceExt};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -62,7 +62,7 @@ impl Drop for HostTask {
 /// Only the autoscaler, on the test's store.
 fn start_autoscaler(env: &Env, source: Arc<FakeSource>) -> HostTask {
     let mut host = ControllerHost::new(
-        Client::in_process(env.backend.clone()),
+        lattice_apiserver::in_process::client(env.backend.clone()),
         Arc::new(AlwaysLeader::new()),
     );
     autoscaler::register(

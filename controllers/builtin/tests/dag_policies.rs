@@ -13,7 +13,7 @@ use lattice_apis::{lifecycle, AllocationPhase, Dag};
 use lattice_runtime::{Api, ListParams, PostParams, ResourceExt};
 use serde_json::json;
 
-const CANCEL_REASON: &str = "lattice.dev/cancel-reason";
+use lattice_apis::wellknown::CANCEL_REASON_ANNOTATION as CANCEL_REASON;
 
 fn step(name: &str, deps: serde_json::Value) -> serde_json::Value {
     json!({"name": name, "dependsOn": deps,

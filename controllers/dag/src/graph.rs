@@ -11,7 +11,7 @@ use crate::deps::{is_ident_char, Condition, ParseError};
 use crate::taskgroup::{parse_task_group_with_limit, TaskGroupSpec, DEFAULT_MAX_ELEMENTS};
 
 /// `apiVersion` of the manifest form.
-pub const API_VERSION: &str = "lattice.dev/v1alpha1";
+pub use lattice_apis::wellknown::API_VERSION;
 /// Default maximum number of steps (allocations) in one DAG.
 pub const DEFAULT_MAX_DAG_SIZE: usize = 1000;
 

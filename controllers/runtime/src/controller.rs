@@ -22,7 +22,7 @@
 //!
 //! let dir = tempfile::tempdir()?;
 //! let store = lattice_store::EmbeddedStore::open(dir.path(), Default::default()).await?;
-//! let client = Client::in_process(Arc::new(store));
+//! let client = lattice_apiserver::in_process::client(Arc::new(store));
 //! let factory = InformerFactory::new(client.clone());
 //!
 //! let api: Api<Allocation> = Api::namespaced(client.clone(), "ml-team");

@@ -47,11 +47,11 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use lattice_apis::wellknown::{FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
 use lattice_apis::{
     Allocation, Dag, Event, KindInfo, Lease, NetworkDomain, Node, OwnerReference, Resource, Tenant,
     VCluster,
 };
-use lattice_apiserver::resources::{FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
 use serde_json::{json, Value};
 
 use crate::api::{Api, DeleteResult};

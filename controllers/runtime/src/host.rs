@@ -6,7 +6,7 @@
 //! use std::sync::Arc;
 //! use lattice_runtime::{gc, AlwaysLeader, Client, ControllerHost};
 //!
-//! let mut host = ControllerHost::new(Client::in_process(backend), Arc::new(AlwaysLeader::new()));
+//! let mut host = ControllerHost::new(lattice_apiserver::in_process::client(backend), Arc::new(AlwaysLeader::new()));
 //! gc::register(&mut host);
 //! let mut registry = prometheus_client::registry::Registry::default();
 //! host.register_metrics(&mut registry);

@@ -10,7 +10,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`client`], [`api`] | [`Api<K>`] over two transports: HTTP (any process) and in-process (built-in controllers) |
+//! | [`client`], [`api`] | re-exported from `lattice-client`: [`Api<K>`] over a [`Transport`] (HTTP here; in-process inside `lattice-server`) |
 //! | [`watcher`] | list, then watch; resume, bookmarks, relist on 410, backoff, [`watcher::Health`] |
 //! | [`reflector`] | the cache of `Arc<K>`, indexed by owner uid, assigned node and label |
 //! | [`informer`] | one list+watch per (kind, selector) per process, shared |
@@ -31,7 +31,7 @@
 //! // over the network.
 //! let dir = tempfile::tempdir()?;
 //! let store = lattice_store::EmbeddedStore::open(dir.path(), Default::default()).await?;
-//! let client = Client::in_process(Arc::new(store));
+//! let client = lattice_apiserver::in_process::client(Arc::new(store));
 //!
 //! let api: Api<Allocation> = Api::namespaced(client, "ml-team");
 //! let mut a = Allocation::default();
@@ -45,12 +45,9 @@
 
 #![warn(missing_docs)]
 
-pub mod api;
 pub mod backoff;
-pub mod client;
 pub mod conditions;
 pub mod controller;
-pub mod error;
 pub mod events;
 pub mod finalizer;
 pub mod gc;
@@ -59,23 +56,23 @@ pub mod informer;
 pub mod leader;
 pub mod metrics;
 pub mod reflector;
-pub mod resource;
 pub mod scheduler;
 pub mod wait;
 pub mod watcher;
 
-pub use api::{Api, DeleteResult, ObjectList, WatchEvent};
-pub use backoff::Backoff;
-pub use client::{
-    Client, DeleteParams, HttpTransport, InProcessTransport, ListParams, Patch, PatchParams,
-    PostParams, Preconditions, PropagationPolicy, Transport, WatchParams,
+// The client (`lattice-client`), re-exported: a controller needs one import.
+pub use lattice_client::{api, client, error, resource};
+pub use lattice_client::{
+    Api, Client, DeleteParams, DeleteResult, Error, ErrorResponse, HttpTransport, ListParams,
+    ObjectList, ObjectRef, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
+    ResourceExt, Result, Transport, WatchEvent, WatchParams,
 };
+
+pub use backoff::Backoff;
 pub use controller::{Action, Controller, ErrorContext};
-pub use error::{Error, ErrorResponse, Result};
 pub use host::{ControllerHost, HostContext, Readiness};
 pub use informer::{InformerFactory, InformerParams, SharedInformer};
 pub use lattice_apis::Resource;
 pub use leader::{AlwaysLeader, LeaderElector, LeaderGate, LeaseConfig, LeaseLock};
 pub use metrics::RuntimeMetrics;
-pub use resource::{ObjectRef, ResourceExt};
 pub use wait::await_condition;

@@ -23,9 +23,9 @@ use lattice_store::{EmbeddedStore, KvBackend, StoreConfig};
 use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(10);
-const FOREGROUND: &str = "foregroundDeletion";
-const ORPHAN: &str = "orphan";
-const HOLD: &str = "lattice.dev/hold";
+use lattice_apis::wellknown::FOREGROUND_FINALIZER as FOREGROUND;
+use lattice_apis::wellknown::HOLD_ANNOTATION as HOLD;
+use lattice_apis::wellknown::ORPHAN_FINALIZER as ORPHAN;
 
 /// A host running only the garbage collector, ready.
 async fn start_gc(env: &Env) {

@@ -11,10 +11,11 @@ use async_trait::async_trait;
 use common::*;
 use futures::StreamExt;
 use lattice_apis::{Allocation, KindInfo};
+use lattice_apiserver::in_process::InProcessTransport;
 use lattice_runtime::client::{RawWatchStream, Transport};
 use lattice_runtime::{
-    Action, Api, Client, Controller, DeleteParams, InProcessTransport, InformerFactory, ListParams,
-    Patch, PatchParams, PostParams, ResourceExt, WatchParams,
+    Action, Api, Client, Controller, DeleteParams, InformerFactory, ListParams, Patch, PatchParams,
+    PostParams, ResourceExt, WatchParams,
 };
 use lattice_store::{EmbeddedStore, KvBackend, StoreConfig};
 use serde_json::Value;

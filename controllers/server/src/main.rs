@@ -629,7 +629,7 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
         None => Arc::new(lattice_runtime::AlwaysLeader::new()),
     };
     let mut host = lattice_runtime::ControllerHost::new(
-        lattice_runtime::Client::in_process(backend.clone()),
+        lattice_apiserver::in_process::client(backend.clone()),
         gate,
     );
     lattice_runtime::gc::register(&mut host);

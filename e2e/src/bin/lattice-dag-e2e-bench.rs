@@ -192,13 +192,13 @@ async fn in_process(n: usize) -> anyhow::Result<()> {
     use futures::StreamExt;
     use lattice_apis::{Allocation, AllocationPhase, Dag};
     use lattice_runtime::{
-        AlwaysLeader, Api, Client, ControllerHost, PostParams, ResourceExt, WatchEvent, WatchParams,
+        AlwaysLeader, Api, ControllerHost, PostParams, ResourceExt, WatchEvent, WatchParams,
     };
     use std::collections::HashMap;
     let dir = tempfile::tempdir()?;
     let store = lattice_store::EmbeddedStore::open(dir.path(), Default::default()).await?;
     let backend: Arc<dyn lattice_store::KvBackend> = Arc::new(store);
-    let client = Client::in_process(backend.clone());
+    let client = lattice_apiserver::in_process::client(backend.clone());
     let mut host = ControllerHost::new(client.clone(), Arc::new(AlwaysLeader::new()));
     let _m = lattice_controllers::register_all(&mut host, backend, Default::default());
     tokio::spawn(host.run(std::future::pending()));
@@ -211,7 +211,10 @@ async fn in_process(n: usize) -> anyhow::Result<()> {
     tokio::spawn(async move {
         while let Some(ev) = events.next().await {
             if let Ok(WatchEvent::Added(a) | WatchEvent::Modified(a)) = ev {
-                let released = !a.metadata.annotations.contains_key("lattice.dev/hold");
+                let released = !a
+                    .metadata
+                    .annotations
+                    .contains_key(lattice_apis::wellknown::HOLD_ANNOTATION);
                 let done = a.status.as_ref().map(|s| s.phase) == Some(AllocationPhase::Completed);
                 if tx
                     .send((a.name_any().to_string(), released, done, Instant::now()))

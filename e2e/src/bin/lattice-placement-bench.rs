@@ -16,8 +16,8 @@ use futures::StreamExt;
 use lattice_apis::meta::{now, ObjectMeta};
 use lattice_apis::{Allocation, AllocationPhase, Lease, Node, Tenant, VCluster};
 use lattice_runtime::{
-    AlwaysLeader, Api, Client, ControllerHost, Patch, PatchParams, PostParams, ResourceExt,
-    WatchEvent, WatchParams,
+    AlwaysLeader, Api, ControllerHost, Patch, PatchParams, PostParams, ResourceExt, WatchEvent,
+    WatchParams,
 };
 use serde_json::json;
 
@@ -47,7 +47,7 @@ async fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let store = lattice_store::EmbeddedStore::open(dir.path(), Default::default()).await?;
     let backend: Arc<dyn lattice_store::KvBackend> = Arc::new(store);
-    let client = Client::in_process(backend.clone());
+    let client = lattice_apiserver::in_process::client(backend.clone());
 
     // The cluster: a tenant, its vCluster, Ready nodes with live Leases.
     let mut t = Tenant {

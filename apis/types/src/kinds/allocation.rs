@@ -26,12 +26,12 @@ pub const DEFAULT_MAX_REQUEUE: u32 = 3;
 /// Upper bound of `spec.requeue.maxRequeue` ("max 100, validated at submission").
 pub const MAX_MAX_REQUEUE: u32 = 100;
 /// Most tasks one task group may expand to.
-pub const MAX_TASKS: u64 = 100_000;
+pub use crate::wellknown::MAX_TASKS;
 /// Most nodes one allocation may ask for.
 pub const MAX_NODES: u32 = 100_000;
 /// Label of a job-array element: its index (`$LATTICE_TASK_INDEX`). An element may
 /// carry its array's `corresponding` dependencies (evaluated for its own index).
-pub const TASK_INDEX_LABEL: &str = "lattice.dev/task-index";
+pub use crate::wellknown::TASK_INDEX_LABEL;
 
 /// An allocation: what to run, on how many nodes, for how long, and how it
 /// may be preempted, requeued and checkpointed.

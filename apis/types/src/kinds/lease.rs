@@ -11,14 +11,14 @@ use crate::validation::{check_len, Errors};
 
 /// Namespace of the node agents' heartbeat Leases (one per node, named after it).
 pub const NODE_LEASE_NAMESPACE: &str = "lattice-node-lease";
+/// On a node heartbeat Lease: the agent's heartbeat sequence number when the object
+/// was last written (it never goes back, not even across agent restarts).
+pub use crate::wellknown::HEARTBEAT_SEQUENCE_ANNOTATION;
 /// On a node heartbeat Lease written by the API server's heartbeat stream: the store
 /// lease (decimal ID) the object is attached to. The store deletes the object when the
 /// agent's heartbeats stop for the lease's TTL, so the object's existence is the
 /// node's liveness; nobody renews it by writing.
-pub const STORE_LEASE_ANNOTATION: &str = "lattice.dev/store-lease";
-/// On a node heartbeat Lease: the agent's heartbeat sequence number when the object
-/// was last written (it never goes back, not even across agent restarts).
-pub const HEARTBEAT_SEQUENCE_ANNOTATION: &str = "lattice.dev/heartbeat-sequence";
+pub use crate::wellknown::STORE_LEASE_ANNOTATION;
 
 /// A lease.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

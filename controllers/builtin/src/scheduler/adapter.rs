@@ -17,9 +17,9 @@ use lattice_scheduler::{
 
 /// Annotation that keeps an allocation out of the queue (value: why). The DAG controller
 /// holds steps whose dependencies are not satisfied yet.
-pub const HOLD_ANNOTATION: &str = "lattice.dev/hold";
+pub use lattice_apis::wellknown::HOLD_ANNOTATION;
 /// Label of a task-group element: its index.
-pub const TASK_INDEX_LABEL: &str = "lattice.dev/task-index";
+pub use lattice_apis::wellknown::TASK_INDEX_LABEL;
 
 /// Default walltime when neither the allocation nor its vCluster sets one (bounded work).
 pub const DEFAULT_WALLTIME_S: u64 = 3600;

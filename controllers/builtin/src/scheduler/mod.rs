@@ -1113,7 +1113,10 @@ mod tests {
             .await
             .unwrap();
         let backend: Arc<dyn KvBackend> = Arc::new(store);
-        let shared = Arc::new(shared_over(backend.clone(), Client::in_process(backend)));
+        let shared = Arc::new(shared_over(
+            backend.clone(),
+            lattice_apiserver::in_process::client(backend),
+        ));
         let n = 300;
         shared.reasons.push(
             (0..n)
@@ -1155,7 +1158,7 @@ mod tests {
             .await
             .unwrap();
         let backend: Arc<dyn KvBackend> = Arc::new(store);
-        let client = Client::in_process(backend.clone());
+        let client = lattice_apiserver::in_process::client(backend.clone());
         let api: Api<Allocation> = Api::namespaced(client.clone(), "t1");
         let mut created = Vec::new();
         for i in 0..150 {
@@ -1265,7 +1268,7 @@ mod tests {
                 }
                 None
             }));
-        let client = Client::in_process(backend.clone());
+        let client = lattice_apiserver::in_process::client(backend.clone());
         let api: Api<Allocation> = Api::namespaced(client.clone(), "t1");
         let mut created = Vec::new();
         for i in 0..64 {

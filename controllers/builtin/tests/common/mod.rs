@@ -51,7 +51,7 @@ pub async fn env() -> Env {
         .await
         .expect("open store");
     let backend: Arc<dyn KvBackend> = Arc::new(store);
-    let client = Client::in_process(backend.clone());
+    let client = lattice_apiserver::in_process::client(backend.clone());
     Env {
         backend,
         client,
@@ -64,7 +64,7 @@ impl Env {
     /// Start a controller host (another "scheduler replica" when called twice).
     pub fn start_controllers(&mut self, config: lattice_controllers::Config) {
         let mut host = ControllerHost::new(
-            Client::in_process(self.backend.clone()),
+            lattice_apiserver::in_process::client(self.backend.clone()),
             Arc::new(AlwaysLeader::new()),
         );
         lattice_runtime::gc::register(&mut host);
@@ -322,7 +322,8 @@ pub async fn beat(client: &Client, node: &str) {
 // Shared by controllers.rs, dag_policies.rs and dependency_options.rs
 // ---------------------------------------------------------------------------------------
 
-pub const HOLD: &str = "lattice.dev/hold";
+#[allow(unused_imports)] // not every test binary holds work
+pub use lattice_apis::wellknown::HOLD_ANNOTATION as HOLD;
 
 /// Keep every node's heartbeat fresh.
 pub fn heartbeats(env: &Env, nodes: &[&str]) -> tokio::task::JoinHandle<()> {

@@ -10,10 +10,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use lattice_apis::{Allocation, KindInfo};
+use lattice_apiserver::in_process::InProcessTransport;
 use lattice_runtime::client::{RawWatchStream, Transport};
 use lattice_runtime::{
-    Backoff, Client, DeleteParams, InProcessTransport, InformerFactory, ListParams, Patch,
-    PatchParams, PostParams, WatchParams,
+    Backoff, Client, DeleteParams, InformerFactory, ListParams, Patch, PatchParams, PostParams,
+    WatchParams,
 };
 use lattice_store::{EmbeddedStore, KvBackend, StoreConfig};
 use serde_json::{json, Value};

@@ -2,7 +2,7 @@
 //! request asks, described as [`Attributes`] (verb, resource, subresource, tenant, name,
 //! field selector) before it reads a body; the verbs over the store then ask the
 //! object-level questions that need the stored object ([`node_may_see`],
-//! [`crate::admission`]).
+//! [`crate::registry::admission`]).
 //!
 //! Who may do what (a person's role comes from their credentials; see `docs/security.md`):
 //!
@@ -23,9 +23,9 @@ use lattice_apis::kinds::lease::NODE_LEASE_NAMESPACE;
 use lattice_apis::KindInfo;
 use serde_json::Value;
 
-use crate::auth::{Role, UserInfo};
-use crate::errors::{ApiError, ApiResult};
-use crate::selectors::FieldSelector;
+use crate::registry::errors::{ApiError, ApiResult};
+use crate::registry::identity::{Role, UserInfo};
+use crate::registry::selectors::FieldSelector;
 
 /// What a request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,7 +246,7 @@ fn person(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
     }
     if a.resource == "nodes" && !user.all_tenants() && !owner_selector_is_own(user, a) {
         // Who owns a node is hidden from people outside the owning tenant (see
-        // `crate::redact`); selecting on it would tell them anyway.
+        // `crate::registry::redact`); selecting on it would tell them anyway.
         return Err(deny(
             user,
             a,
@@ -383,7 +383,7 @@ pub fn node_read(user: &UserInfo, kind: &KindInfo, obj: &Value) -> ApiResult<()>
         return Err(ApiError::not_found(
             kind.kind,
             kind.plural,
-            crate::objects::name_of(obj),
+            crate::registry::objects::name_of(obj),
         ));
     }
     Ok(())
@@ -412,7 +412,7 @@ mod tests {
         let nodes = kind("Node");
         let alice = person(Role::User, &["t1"]);
         let sel = |s: &str| {
-            crate::selectors::FieldSelector::parse(
+            crate::registry::selectors::FieldSelector::parse(
                 s,
                 &[
                     "status.owner.tenant",
@@ -446,7 +446,7 @@ mod tests {
     fn a_job_token_reads_only_its_own_steps_output() {
         let alloc = kind("Allocation");
         let job = UserInfo {
-            bound_to: Some(crate::auth::BoundAllocation {
+            bound_to: Some(crate::registry::identity::BoundAllocation {
                 ns: "t1".into(),
                 name: "train".into(),
                 uid: "u1".into(),

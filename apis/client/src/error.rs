@@ -86,20 +86,11 @@ impl Error {
         matches!(self, Error::Api(r) if r.code == 422 && r.message.contains("patch"))
     }
 
-    pub(crate) fn decode(what: &str, e: impl fmt::Display) -> Self {
+    /// A [`Error::Decode`] of `what`.
+    pub fn decode(what: &str, e: impl fmt::Display) -> Self {
         Error::Decode {
             what: what.to_string(),
             message: e.to_string(),
         }
-    }
-}
-
-impl From<lattice_apiserver::ApiError> for Error {
-    fn from(e: lattice_apiserver::ApiError) -> Self {
-        Error::Api(ErrorResponse {
-            code: e.code,
-            reason: e.reason.to_string(),
-            message: e.message,
-        })
     }
 }

@@ -9,7 +9,7 @@
 
 use serde_json::Value;
 
-use crate::auth::{Role, UserInfo};
+use crate::registry::identity::{Role, UserInfo};
 use lattice_apis::KindInfo;
 
 /// Whether `user` gets [`redact`]ed objects of `kind` at all.

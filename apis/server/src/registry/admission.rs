@@ -1,6 +1,6 @@
-//! The object-level half of the authorizer ([`crate::authz`] decides on what a request
+//! The object-level half of the authorizer ([`crate::registry::authz`] decides on what a request
 //! asks; this decides on what it would write, with the stored objects at hand). Called by
-//! every write verb of [`crate::resources::Resources`] once the object to store is known
+//! every write verb of [`crate::registry::resources::Resources`] once the object to store is known
 //! and before it is committed, for every caller but the trusted in-process controllers:
 //!
 //! * a node writes the status of its own Node only, and of it only the fields an agent
@@ -22,10 +22,10 @@ use lattice_apis::{AllocationSpec, KindInfo, Node, Tenant, VCluster};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::auth::{Role, UserInfo, USER_ANNOTATION};
-use crate::errors::{ApiError, ApiResult};
-use crate::objects::name_of;
-use crate::resources::Resources;
+use crate::registry::errors::{ApiError, ApiResult};
+use crate::registry::identity::{Role, UserInfo, USER_ANNOTATION};
+use crate::registry::objects::name_of;
+use crate::registry::resources::Resources;
 
 /// Annotations only the system writes.
 const SYSTEM_ANNOTATIONS: [&str; 1] = [PREEMPT_ANNOTATION];
@@ -152,7 +152,7 @@ pub async fn admit_connect(
             )));
         }
     }
-    let kind = crate::routes::kind_by_plural("allocations")
+    let kind = crate::registry::objects::kind_by_plural("allocations")
         .ok_or_else(|| ApiError::internal("allocations not registered"))?;
     let owner = obj
         .pointer("/metadata/annotations")
@@ -663,7 +663,7 @@ impl SpecCheck<'_> {
         }
         if let Some(parent) = &spec.step_of {
             if changed(&|x| x.step_of.clone().unwrap_or_default()) {
-                let ak = crate::routes::kind_by_plural("allocations")
+                let ak = crate::registry::objects::kind_by_plural("allocations")
                     .ok_or_else(|| ApiError::internal("allocations not registered"))?;
                 let p = self.res.get(ak, Some(ns), parent).await.map_err(|_| {
                     invalid(
@@ -694,7 +694,7 @@ impl SpecCheck<'_> {
             }
         }
         if let Some(vc_name) = spec.vcluster.as_ref().filter(|v| !v.is_empty()) {
-            let vk = crate::routes::kind_by_plural("vclusters")
+            let vk = crate::registry::objects::kind_by_plural("vclusters")
                 .ok_or_else(|| ApiError::internal("vclusters not registered"))?;
             if let Some(vc) = self.res.typed::<VCluster>(vk, Some(ns), vc_name).await? {
                 if let Some(max) = vc.spec.max_walltime.as_deref() {
@@ -740,7 +740,7 @@ impl SpecCheck<'_> {
                 }
             }
         }
-        let tk = crate::routes::kind_by_plural("tenants")
+        let tk = crate::registry::objects::kind_by_plural("tenants")
             .ok_or_else(|| ApiError::internal("tenants not registered"))?;
         let tenant = self.res.typed::<Tenant>(tk, None, ns).await?;
         // What the tenant's contract grants: how high a class, and sensitive work at all.
@@ -818,7 +818,7 @@ async fn tenant_admin(
         .pointer("/metadata/namespace")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let tk = crate::routes::kind_by_plural("tenants")
+    let tk = crate::registry::objects::kind_by_plural("tenants")
         .ok_or_else(|| ApiError::internal("tenants not registered"))?;
     let admins: Vec<String> = match res.typed::<Tenant>(tk, None, ns).await? {
         Some(t) => t.spec.admins.clone(),
@@ -879,7 +879,7 @@ async fn vcluster(
         .and_then(Value::as_str)
         .unwrap_or_default();
     let me = format!("{ns}/{}", name_of(new));
-    let nk = crate::routes::kind_by_plural("nodes")
+    let nk = crate::registry::objects::kind_by_plural("nodes")
         .ok_or_else(|| ApiError::internal("nodes not registered"))?;
     for n in homes(new).iter().filter(|n| !before.contains(n)) {
         // A tenant admin may list a node an administrator already gave this vCluster on

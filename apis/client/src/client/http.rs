@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::error::Error;
+use crate::rest::{describe_transport_error, ApiStatus, WatchLine};
 
 /// Talks to a `lattice-server` over HTTP(S).
 #[derive(Clone, Debug)]
@@ -41,12 +42,13 @@ impl HttpTransport {
         tls: Option<rustls::ClientConfig>,
     ) -> Result<Self> {
         let mut b = reqwest::Client::builder()
+            .user_agent(crate::rest::USER_AGENT)
             .connect_timeout(Duration::from_secs(5))
             .pool_max_idle_per_host(32);
         if let Some(tls) = tls {
             b = b.use_preconfigured_tls(tls);
         }
-        let http = b.build().map_err(|e| Error::Transport(e.to_string()))?;
+        let http = b.build().map_err(transport)?;
         Ok(Self {
             base: base_url.trim_end_matches('/').to_string(),
             token,
@@ -95,10 +97,7 @@ impl HttpTransport {
     }
 
     async fn send(&self, rb: RequestBuilder) -> Result<Response> {
-        let resp = rb
-            .send()
-            .await
-            .map_err(|e| Error::Transport(e.to_string()))?;
+        let resp = rb.send().await.map_err(transport)?;
         if resp.status().is_success() {
             return Ok(resp);
         }
@@ -109,40 +108,23 @@ impl HttpTransport {
 
     async fn json(&self, rb: RequestBuilder) -> Result<Value> {
         let resp = self.send(rb).await?;
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| Error::Transport(e.to_string()))?;
+        let bytes = resp.bytes().await.map_err(transport)?;
         serde_json::from_slice(&bytes).map_err(|e| Error::decode("response", e))
     }
 }
 
 /// Turn an error body into an [`ErrorResponse`] (a `Status`, or plain text).
 fn status_error(code: u16, body: &str) -> ErrorResponse {
-    match serde_json::from_str::<Value>(body) {
-        Ok(v) if v.get("kind").and_then(Value::as_str) == Some("Status") => ErrorResponse {
-            code: v
-                .get("code")
-                .and_then(Value::as_u64)
-                .and_then(|c| u16::try_from(c).ok())
-                .unwrap_or(code),
-            reason: v
-                .get("reason")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-            message: v
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-        },
-        _ => ErrorResponse {
-            code,
-            reason: String::new(),
-            message: body.chars().take(500).collect(),
-        },
+    let s = ApiStatus::from_body(code, body);
+    ErrorResponse {
+        code: s.code,
+        reason: s.reason,
+        message: s.message,
     }
+}
+
+fn transport(e: reqwest::Error) -> Error {
+    Error::Transport(describe_transport_error(&e))
 }
 
 fn selector_query(label: &Option<String>, field: &Option<String>) -> Vec<(&'static str, String)> {
@@ -154,16 +136,6 @@ fn selector_query(label: &Option<String>, field: &Option<String>) -> Vec<(&'stat
         q.push(("fieldSelector", f.clone()));
     }
     q
-}
-
-/// One NDJSON watch line. Deserialised into this (rather than a `Value` that the
-/// object is then cloned out of) so the object is parsed once and moved, not copied.
-#[derive(serde::Deserialize)]
-struct WatchLine {
-    #[serde(rename = "type", default)]
-    ty: String,
-    #[serde(default)]
-    object: Value,
 }
 
 /// Parse one NDJSON watch line.
@@ -257,10 +229,7 @@ impl Transport for HttpTransport {
                     match body.next().await {
                         Some(Ok(chunk)) => buf.extend_from_slice(chunk.chunk()),
                         Some(Err(e)) => {
-                            return Some((
-                                Err(Error::Transport(e.to_string())),
-                                (body, buf, scanned, true),
-                            ))
+                            return Some((Err(transport(e)), (body, buf, scanned, true)))
                         }
                         None => {
                             // A last line without a newline.

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::errors::{ApiError, ApiResult};
+use crate::registry::errors::{ApiError, ApiResult};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchType {
@@ -39,8 +39,10 @@ impl PatchType {
 pub fn apply_patch(target: &Value, kind: PatchType, body: &[u8]) -> ApiResult<Value> {
     match kind {
         PatchType::Merge => {
-            let p: Value = crate::parse::value(body, crate::parse::Format::Json)
-                .map_err(|e| e.into_api(|m| format!("the merge patch is not valid JSON: {m}")))?;
+            let p: Value =
+                crate::registry::parse::value(body, crate::registry::parse::Format::Json).map_err(
+                    |e| e.into_api(|m| format!("the merge patch is not valid JSON: {m}")),
+                )?;
             if !p.is_object() {
                 return Err(ApiError::bad_request("a merge patch must be a JSON object"));
             }
@@ -50,7 +52,7 @@ pub fn apply_patch(target: &Value, kind: PatchType, body: &[u8]) -> ApiResult<Va
         }
         PatchType::Json => {
             let invalid = |m: &str| format!("the JSON patch is invalid: {m}");
-            let p = crate::parse::value(body, crate::parse::Format::Json)
+            let p = crate::registry::parse::value(body, crate::registry::parse::Format::Json)
                 .map_err(|e| e.into_api(invalid))?;
             let p: json_patch::Patch = serde_json::from_value(p)
                 .map_err(|e| ApiError::bad_request(invalid(&e.to_string())))?;

@@ -38,9 +38,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde_json::{json, Value};
 
-use crate::auth::{Role, UserInfo};
-use crate::errors::{ApiError, ApiResult};
-use crate::objects::REGISTRY_PREFIX;
+use crate::registry::errors::{ApiError, ApiResult};
+use crate::registry::identity::{Role, UserInfo};
+use crate::registry::objects::REGISTRY_PREFIX;
 
 /// The server's default limit per tenant for each counted kind (0: no limit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

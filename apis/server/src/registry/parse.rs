@@ -38,7 +38,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
-use crate::errors::ApiError;
+use crate::registry::errors::ApiError;
 
 mod yaml;
 

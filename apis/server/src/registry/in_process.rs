@@ -6,16 +6,37 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::StreamExt;
 use lattice_apis::KindInfo;
-use lattice_apiserver::objects::list_prefix;
-use lattice_apiserver::patch::PatchType;
-use lattice_apiserver::resources::{self, ListOptions, Resources, WriteOptions};
-use lattice_apiserver::selectors::{FieldSelector, LabelSelector, Selectors};
-use lattice_apiserver::watch_cache::{self, convert_event, Change};
+use lattice_client::{
+    Client, DeleteParams, Error, ErrorResponse, ListParams, Patch, PatchParams, PostParams,
+    PropagationPolicy, RawWatchEvent, RawWatchStream, Result, StoredEvent, StoredEventType,
+    Transport, WatchParams,
+};
 use lattice_store::{KeyRange, KvBackend, StoreError, WatchRequest};
 use serde_json::Value;
 
-use super::*;
-use crate::error::Error;
+use crate::registry::errors::ApiError;
+use crate::registry::objects::list_prefix;
+use crate::registry::patch::PatchType;
+use crate::registry::resources::{self, ListOptions, Resources, WriteOptions};
+use crate::registry::selectors::{FieldSelector, LabelSelector, Selectors};
+use crate::registry::watch_cache::{self, convert_event, Change};
+
+/// A [`Client`] whose verbs are calls into the registry over `backend`: what the
+/// controllers built into `lattice-server` use.
+pub fn client(backend: Arc<dyn KvBackend>) -> Client {
+    Client::new(Arc::new(InProcessTransport::new(backend)))
+}
+
+/// The client's form of an API error: the `Status` the HTTP API would answer.
+impl From<ApiError> for Error {
+    fn from(e: ApiError) -> Self {
+        Error::Api(ErrorResponse {
+            code: e.code,
+            reason: e.reason.to_string(),
+            message: e.message,
+        })
+    }
+}
 
 /// Calls [`Resources`] directly: admission, generation, server-side apply and
 /// finalizer handling are exactly the HTTP API's, with no HTTP in between.
@@ -178,7 +199,7 @@ impl Transport for InProcessTransport {
                     "too old resource version: {from} (compacted at {compact_revision})"
                 ))))
             }
-            Err(e) => return Err(lattice_apiserver::ApiError::from(e).into()),
+            Err(e) => return Err(ApiError::from(e).into()),
         };
         let initial = futures::stream::iter(
             initial

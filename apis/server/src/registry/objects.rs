@@ -5,7 +5,7 @@ use lattice_apis::KindInfo;
 use lattice_store::KeyValue;
 use serde_json::{Map, Value};
 
-use crate::errors::{ApiError, ApiResult};
+use crate::registry::errors::{ApiError, ApiResult};
 
 pub const GROUP: &str = "lattice.dev";
 pub const REGISTRY_PREFIX: &str = "/registry/lattice.dev/";
@@ -222,8 +222,11 @@ pub fn parse_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
         return Err(ApiError::bad_request("the request body is empty"));
     }
     // Bounded: aliases and nesting cannot make the value outgrow the body (413 / 400).
-    crate::parse::value(body, crate::parse::Format::of_content_type(content_type))
-        .map_err(crate::parse::BodyError::into_default_api)
+    crate::registry::parse::value(
+        body,
+        crate::registry::parse::Format::of_content_type(content_type),
+    )
+    .map_err(crate::registry::parse::BodyError::into_default_api)
 }
 
 /// Run the kind's admission (strict parse, defaults, validation), as a 422 on failure.
@@ -249,6 +252,11 @@ pub fn admit(kind: &KindInfo, obj: Value) -> ApiResult<Value> {
             errs.0.into_iter().map(|e| (e.path, e.message)).collect(),
         )),
     }
+}
+
+/// The kind served under `plural` (`allocations`, `vclusters`, ...).
+pub fn kind_by_plural(plural: &str) -> Option<&'static lattice_apis::KindInfo> {
+    lattice_apis::kinds().iter().find(|k| k.plural == plural)
 }
 
 #[cfg(test)]

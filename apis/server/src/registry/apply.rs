@@ -16,7 +16,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde_json::{json, Map, Value};
 
-use crate::objects::now_rfc3339;
+use crate::registry::objects::now_rfc3339;
 
 const MANAGED_META: &[&str] = &["labels", "annotations", "finalizers", "ownerReferences"];
 
@@ -600,7 +600,7 @@ fn entry_value(e: &Entry) -> Option<Value> {
 
 pub fn write_entries(obj: &mut Value, entries: &[Entry]) {
     let arr: Vec<Value> = entries.iter().filter_map(entry_value).collect();
-    if let Some(m) = crate::objects::meta_mut(obj) {
+    if let Some(m) = crate::registry::objects::meta_mut(obj) {
         if arr.is_empty() {
             m.remove("managedFields");
         } else {
@@ -888,7 +888,7 @@ fn write_scope(obj: &mut Value, slots: Vec<Slot>, entries: &[Entry]) {
             }
         }
     }
-    if let Some(m) = crate::objects::meta_mut(obj) {
+    if let Some(m) = crate::registry::objects::meta_mut(obj) {
         if arr.is_empty() {
             m.remove("managedFields");
         } else {

@@ -24,10 +24,10 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 use tokio::task::AbortHandle;
 
-use crate::errors::{ApiError, ApiResult};
 use crate::metrics::Metrics;
-use crate::objects::{decode, list_prefix};
-use crate::selectors::Selectors;
+use crate::registry::errors::{ApiError, ApiResult};
+use crate::registry::objects::{decode, list_prefix};
+use crate::registry::selectors::Selectors;
 
 /// How often watchers that were left out of changes learn how far the cache got.
 pub const PROGRESS_EVERY: Duration = Duration::from_millis(100);
@@ -765,7 +765,7 @@ impl Source {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::selectors::LabelSelector;
+    use crate::registry::selectors::LabelSelector;
     use serde_json::json;
 
     fn kind() -> &'static KindInfo {

@@ -15,12 +15,12 @@ use lattice_store::{
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::apply;
-use crate::auth::{self, UserInfo};
-use crate::errors::{ApiError, ApiResult};
-use crate::objects::*;
-use crate::patch::{apply_patch, PatchType};
-use crate::selectors::Selectors;
+use crate::registry::apply;
+use crate::registry::errors::{ApiError, ApiResult};
+use crate::registry::identity::{self, UserInfo};
+use crate::registry::objects::*;
+use crate::registry::patch::{apply_patch, PatchType};
+use crate::registry::selectors::Selectors;
 
 /// How many times a PATCH or DELETE re-reads and retries after losing a compare race.
 const MAX_RETRIES: usize = 32;
@@ -97,8 +97,8 @@ pub struct Resources {
     /// The server's own writes, trusted whoever the request is from (see
     /// [`trusted`](Self::trusted)).
     trusted: bool,
-    /// Per-tenant object-count quotas checked on create ([`crate::quota`]).
-    quotas: Option<Arc<crate::quota::Counts>>,
+    /// Per-tenant object-count quotas checked on create ([`crate::registry::quota`]).
+    quotas: Option<Arc<crate::registry::quota::Counts>>,
     /// Decoded copies of the objects admission reads on every write ([`Self::typed`]).
     typed: Arc<TypedCache>,
 }
@@ -182,15 +182,15 @@ impl Resources {
     }
 
     /// Check creates against the tenants' object-count quotas kept by `quotas`.
-    pub fn with_quotas(mut self, quotas: Arc<crate::quota::Counts>) -> Self {
+    pub fn with_quotas(mut self, quotas: Arc<crate::registry::quota::Counts>) -> Self {
         self.quotas = Some(quotas);
         self
     }
 
     /// These verbs on behalf of an authenticated caller: writes of `Allocation`s and
     /// `Dag`s follow the caller's rules for the `lattice.dev/user` annotation
-    /// ([`auth::admit_user_on_create`], [`auth::admit_user_on_update`]). Without it the
-    /// caller is the HTTP request's ([`auth::request_user`]), and outside a request
+    /// ([`identity::admit_user_on_create`], [`identity::admit_user_on_update`]). Without it the
+    /// caller is the HTTP request's ([`identity::request_user`]), and outside a request
     /// (in-process callers such as the built-in controllers) the writes are trusted.
     pub fn acting_as(&self, user: &UserInfo) -> Self {
         Self {
@@ -215,7 +215,7 @@ impl Resources {
         if self.trusted {
             return None;
         }
-        self.caller.clone().or_else(auth::request_user)
+        self.caller.clone().or_else(identity::request_user)
     }
 
     /// The administrator's limit on tasks per `Dag` (default
@@ -238,7 +238,7 @@ impl Resources {
         if kind.kind != "Dag" || subresource == Some("status") {
             return Ok(self.max_dag_size);
         }
-        crate::cluster_config::max_dag_size(&*self.backend, self.max_dag_size).await
+        crate::registry::settings::max_dag_size(&*self.backend, self.max_dag_size).await
     }
 
     /// Admission checks that depend on the server's configuration (the kinds' own
@@ -279,7 +279,7 @@ impl Resources {
         }
     }
 
-    /// The caller's object-level rules ([`crate::admission`]) for storing `new` over
+    /// The caller's object-level rules ([`crate::registry::admission`]) for storing `new` over
     /// `old`; trusted in-process callers pass.
     async fn admit_caller(
         &self,
@@ -289,7 +289,9 @@ impl Resources {
         subresource: Option<&str>,
     ) -> ApiResult<Value> {
         match self.caller() {
-            Some(c) => crate::admission::admit_write(self, &c, kind, old, new, subresource).await,
+            Some(c) => {
+                crate::registry::admission::admit_write(self, &c, kind, old, new, subresource).await
+            }
             None => Ok(new),
         }
     }
@@ -318,7 +320,7 @@ impl Resources {
         match self.read(&key).await? {
             Some((v, _)) => {
                 if let Some(c) = self.caller() {
-                    crate::authz::node_read(&c, kind, &v)?;
+                    crate::registry::authz::node_read(&c, kind, &v)?;
                     if let (Some(me), "Tenant") = (c.node_name(), kind.kind) {
                         self.node_reads_tenant(me, kind, name).await?;
                     }
@@ -332,7 +334,7 @@ impl Resources {
     /// A node reads the Tenant of the work its Node is owned by (its run-as policy), no
     /// other: a 404 otherwise.
     async fn node_reads_tenant(&self, me: &str, kind: &KindInfo, name: &str) -> ApiResult<()> {
-        let nodes = crate::routes::kind_by_plural("nodes")
+        let nodes = crate::registry::objects::kind_by_plural("nodes")
             .ok_or_else(|| ApiError::internal("nodes not registered"))?;
         let owner = match self.read(&object_key(nodes, None, me)).await? {
             Some((n, _)) => n
@@ -554,7 +556,7 @@ impl Resources {
         }
         // After the managed fields: a `lattice.dev/user` the server fills in belongs to
         // no field manager, so a later apply that omits it keeps it.
-        auth::admit_user_on_create(self.caller().as_ref(), kind, &mut obj)?;
+        identity::admit_user_on_create(self.caller().as_ref(), kind, &mut obj)?;
         let dag_limit = self.dag_limit(kind, None).await?;
         self.admit_configured(kind, &obj, None, dag_limit)?;
         let obj = admit(kind, obj)?;
@@ -704,7 +706,7 @@ impl Resources {
             }
             r
         };
-        auth::admit_user_on_update(self.caller().as_ref(), kind, old, &result)?;
+        identity::admit_user_on_update(self.caller().as_ref(), kind, old, &result)?;
         if is_terminating(old) {
             let old_f = finalizers(old);
             if finalizers(&result).iter().any(|f| !old_f.contains(f)) {
@@ -1003,9 +1005,9 @@ impl Resources {
             let Some((old, old_rev)) = self.read(&key).await? else {
                 return Err(ApiError::not_found(kind.kind, kind.plural, name));
             };
-            auth::admit_owner(self.caller().as_ref(), kind, &old)?;
+            identity::admit_owner(self.caller().as_ref(), kind, &old)?;
             if let Some(c) = self.caller() {
-                crate::admission::admit_delete(self, &c, kind, &old).await?;
+                crate::registry::admission::admit_delete(self, &c, kind, &old).await?;
             }
             if let Some(uid) = &preconditions.uid {
                 let actual = meta_str(&old, "uid").unwrap_or("");
@@ -1106,10 +1108,10 @@ async fn backoff(attempt: usize) {
 
 /// Finalizer of a foreground deletion: the garbage collector deletes the object's
 /// dependents first, then removes it.
-pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+pub use lattice_apis::wellknown::FOREGROUND_FINALIZER;
 /// Finalizer of an orphaning deletion: the garbage collector removes the object from
 /// its dependents' `ownerReferences` (they survive), then removes it.
-pub const ORPHAN_FINALIZER: &str = "orphan";
+pub use lattice_apis::wellknown::ORPHAN_FINALIZER;
 
 /// `DeleteOptions.propagationPolicy`: what happens to the dependents of a deleted
 /// object (objects whose `ownerReferences` name it).

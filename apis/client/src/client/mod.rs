@@ -1,11 +1,13 @@
-//! The untyped client: a [`Transport`] trait with two implementations, and the
-//! parameter types shared by every verb.
+//! The untyped client: a [`Transport`] trait, and the parameter types shared by every
+//! verb.
 //!
-//! * [`HttpTransport`]: any process, Kubernetes paths, bearer token, NDJSON watch.
-//! * [`InProcessTransport`]: built-in controllers inside `lattice-server`; calls
-//!   `lattice_apiserver::resources::Resources` directly (the same admission,
-//!   generation, server-side apply and finalizer code as the HTTP API) and watches
-//!   the store, so there is no HTTP and no serialisation round trip per request.
+//! * [`HttpTransport`]: any process, Kubernetes paths, bearer token or client
+//!   certificate, NDJSON watch.
+//! * `lattice_apiserver::in_process::InProcessTransport`: built-in controllers inside
+//!   `lattice-server` call the registry directly (the same admission, generation,
+//!   server-side apply and finalizer code as the HTTP API) and watch the store, so
+//!   there is no HTTP and no serialisation round trip per request. It lives with the
+//!   server, so that nothing that links this crate links the server.
 //!
 //! Typed access goes through [`Api`](crate::Api), which wraps a [`Client`].
 
@@ -20,10 +22,8 @@ use serde_json::Value;
 use crate::error::{ErrorResponse, Result};
 
 mod http;
-mod in_process;
 
 pub use http::HttpTransport;
-pub use in_process::InProcessTransport;
 
 /// Parameters of a list.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -84,14 +84,16 @@ pub enum Patch {
 }
 
 impl Patch {
-    pub(crate) fn content_type(&self) -> &'static str {
+    /// The request's `Content-Type`.
+    pub fn content_type(&self) -> &'static str {
         match self {
             Patch::Merge(_) => "application/merge-patch+json",
             Patch::Json(_) => "application/json-patch+json",
             Patch::Apply(_) => "application/apply-patch+yaml",
         }
     }
-    pub(crate) fn body(&self) -> &Value {
+    /// The patch document.
+    pub fn body(&self) -> &Value {
         match self {
             Patch::Merge(v) | Patch::Json(v) | Patch::Apply(v) => v,
         }
@@ -325,7 +327,8 @@ impl RawWatchEvent {
 /// A raw watch stream.
 pub type RawWatchStream = BoxStream<'static, Result<RawWatchEvent>>;
 
-/// The verbs, over JSON. Implemented by [`HttpTransport`] and [`InProcessTransport`];
+/// The verbs, over JSON. Implemented by [`HttpTransport`] and the server's in-process
+/// transport;
 /// tests wrap one to count calls or inject faults.
 #[async_trait]
 pub trait Transport: Send + Sync + 'static {
@@ -415,11 +418,6 @@ impl Client {
         Ok(Self::new(Arc::new(HttpTransport::with_tls(
             base_url, None, tls,
         )?)))
-    }
-
-    /// In-process client over a store backend.
-    pub fn in_process(backend: Arc<dyn lattice_store::KvBackend>) -> Self {
-        Self::new(Arc::new(InProcessTransport::new(backend)))
     }
 
     /// The transport.
