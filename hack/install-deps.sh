@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install every tool Lattice's build and tests start, from package registries only.
 # Idempotent: a Debian package is installed only when its command (or marker file) is
-# missing, `apt-get update` runs only if something must be installed, and kubectl is
-# fetched only when .tools/bin/kubectl is not the pinned release.
+# missing, `apt-get update` runs only if something must be installed, kubectl is
+# fetched only when .tools/bin/kubectl is not the pinned release, and the chart tools only
+# when .tools/chart-venv does not hold hack/chart-tools.txt's pins.
 #
 #   gcc                a C compiler for mimalloc (lattice-server's allocator) and the linker
 #   protobuf-compiler  protoc, needed by etcd-client's build script (lattice-store)
@@ -21,7 +22,11 @@
 #                      (where the machine binds memory and pids to cgroup v1)
 #   procps             /bin/kill, which the CLI's tests run (bash's builtin hides a missing one)
 #   python3-venv       a Python virtual environment to install kubectl from PyPI (below)
+#   systemd            systemd-analyze: the tests verify the service units (manifests/deploy/systemd)
 #   kubectl            not a Debian package: see install_kubectl
+#   helm-python-sdk, kubernetes-validate
+#                      render and validate the Helm chart (hack/check-chart.sh): see
+#                      install_chart_tools
 #
 # `hack/install-deps.sh --peers` also installs what the benchmarks run beside Lattice and
 # the tests do not need: Slurm 22.05 (slurm-wlm, with munge).
@@ -50,6 +55,7 @@ PACKAGES=(
   "qemu-system-x86_64 qemu-system-x86"
   "/boot/vmlinuz-* linux-image-amd64"
   "/bin/busybox busybox-static"
+  "systemd-analyze systemd"
 )
 if [ "${1:-}" = --peers ]; then
   PACKAGES+=(
@@ -153,6 +159,30 @@ install_kubectl() {
   echo "install-deps: $link -> kubectl v$KUBECTL_VERSION (SHA-256 $binary_sha)"
 }
 
+# The Helm chart's checks (hack/check-chart.sh): Helm has no Debian package, and the chart is
+# rendered by Helm's own engine from PyPI's helm-python-sdk (Helm's Go SDK in a shared
+# library, called through ctypes; no helm binary) and validated offline by
+# kubernetes-validate (the Kubernetes API's JSON Schemas). Both, with every dependency,
+# pinned by version and hash in hack/chart-tools.txt, in a virtual environment of their
+# own under .tools/, reinstalled only when that file changes.
+install_chart_tools() {
+  local venv=.tools/chart-venv req=hack/chart-tools.txt stamp
+  stamp=$(sha256sum <"$req" | cut -d' ' -f1)
+  if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.requirements-sha256" 2>/dev/null)" = "$stamp" ]; then
+    echo "install-deps: $venv has $req's pins, skipping"
+    return
+  fi
+  echo "install-deps: installing helm-python-sdk and kubernetes-validate ($req) into $venv"
+  rm -rf "$venv"
+  mkdir -p .tools
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --require-hashes -r "$req"
+  "$venv/bin/python" -c 'import helm_python, kubernetes_validate; print("install-deps: Helm SDK", helm_python.helm_sdk_version())'
+  echo "$stamp" >"$venv/.requirements-sha256"
+}
+
 install_debian_packages
 install_kubectl
+install_chart_tools
 echo "install-deps: done"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it (.ci/run calls this script).
-# Installs every tool the tests start (hack/install-deps.sh, idempotent: Debian packages
-# and kubectl), then: format check, clippy, build of every binary and example (the e2e
-# tests start the binaries), and every test in the workspace.
+# Installs every tool the tests start (hack/install-deps.sh, idempotent: Debian packages,
+# kubectl and the Helm chart's tools), then: format check, clippy, build of every binary
+# and example (the e2e tests start the binaries), the Helm chart's rendering and
+# validation, and every test in the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +29,11 @@ cargo clippy -p lattice-agent --all-targets --features nvidia -- -D warnings
 # The binaries the end-to-end tests start, built with the same dependency features as the
 # tests below (hack/lib/build.sh), so `cargo test` compiles only the test targets on top.
 lattice_build dev
+
+# The Helm chart, rendered and validated offline; its config files checked against the
+# flags of the binaries just built.
+echo "==> hack/check-chart.sh"
+LATTICE_BIN="$LATTICE_BIN" hack/check-chart.sh
 
 echo "==> cargo test --workspace"
 cargo test --workspace --no-fail-fast -- --test-threads="${LATTICE_TEST_THREADS:-2}"

@@ -1,6 +1,8 @@
 //! Command line and the validated agent configuration.
 //!
-//! `lattice-agent --node-id n1 --state-dir /var/lib/lattice` runs the agent;
+//! `lattice-agent --node-id n1 --state-dir /var/lib/lattice` runs the agent (or
+//! `lattice-agent --config /etc/lattice/agent.toml`: the same flags from a file, see
+//! `lattice-config`);
 //! `lattice-agent shim ...` (hidden) is the per-workload supervisor the agent execs
 //! itself as (see [`crate::shim`]).
 
@@ -40,8 +42,13 @@ pub enum Command {
 /// Flags of the agent proper.
 #[derive(Debug, Args)]
 pub struct AgentArgs {
+    /// A TOML file of settings: the long flags without `--` as keys (`node-id = "n1"`,
+    /// `features = ["gpu", "nvme_scratch"]`, `slurm-env = true`). A flag on the command
+    /// line wins over its environment variable, which wins over the file.
+    #[arg(long, env = "LATTICE_AGENT_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
     /// This node's name (the `Node` object and the heartbeat `Lease`), e.g. `x1000c0s0b0n0`.
-    #[arg(long, required = true)]
+    #[arg(long, required = true, env = "LATTICE_NODE_ID")]
     pub node_id: Option<String>,
     /// API server base URL.
     #[arg(long, env = "LATTICE_API_URL", default_value = "http://127.0.0.1:8080")]
@@ -53,99 +60,119 @@ pub struct AgentArgs {
     /// File holding a bootstrap token from `lattice admin node bootstrap-token`, spent on
     /// this node's certificate at the first start (the environment variable
     /// LATTICE_BOOTSTRAP_TOKEN wins). Not needed once the node has its certificate.
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_BOOTSTRAP_TOKEN_FILE")]
     pub bootstrap_token_file: Option<PathBuf>,
     /// Where the agent keeps its state file, scratch directories and logs.
-    #[arg(long, required = true)]
+    #[arg(long, required = true, env = "LATTICE_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
     /// Address of the agent's own HTTP endpoint (logs, metrics); port 0 picks one. The
     /// bound address is published in `Node.status.agent.address`.
-    #[arg(long, default_value = "127.0.0.1:0")]
+    #[arg(long, default_value = "127.0.0.1:0", env = "LATTICE_LISTEN")]
     pub listen: SocketAddr,
     /// Address to publish instead of the bound one (when listening on 0.0.0.0).
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_ADVERTISE_ADDRESS")]
     pub advertise_address: Option<String>,
     /// How often a heartbeat is sent on the heartbeat stream, e.g. `10s`, `500ms`.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration, env = "LATTICE_HEARTBEAT_INTERVAL")]
     pub heartbeat_interval: Duration,
     /// Time between SIGTERM and SIGKILL when the agent stops a workload.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_duration, env = "LATTICE_GRACE_PERIOD")]
     pub grace_period: Duration,
     /// CPU cores to report (default: discovered).
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_CPU_CORES")]
     pub cpu_cores: Option<u32>,
     /// Memory in GB to report (default: discovered).
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_MEMORY_GB")]
     pub memory_gb: Option<u64>,
     /// Report this many (fake) GPUs instead of discovering them.
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_GPU_COUNT")]
     pub gpu_count: Option<u32>,
     /// GPU model reported with --gpu-count, e.g. `GH200`.
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_GPU_TYPE")]
     pub gpu_type: Option<String>,
     /// Interconnect layout of the --gpu-count GPUs: nvswitch (all pairs, a NIC per two
     /// GPUs), nvlink-pairs, or pcie (one NIC, near half the GPUs).
-    #[arg(long, value_enum, default_value_t = crate::topology::FakeLayout::Nvswitch)]
+    #[arg(long, value_enum, default_value_t = crate::topology::FakeLayout::Nvswitch, env = "LATTICE_GPU_TOPOLOGY")]
     pub gpu_topology: crate::topology::FakeLayout,
     /// Node features (spec.features at registration), e.g. `nvme_scratch,gpu`.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', env = "LATTICE_FEATURES")]
     pub features: Vec<String>,
     /// Dragonfly group (spec.topologyGroup at registration).
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_TOPOLOGY_GROUP")]
     pub topology_group: Option<u32>,
     /// Also set the SLURM_* environment variables in workloads.
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_SLURM_ENV")]
     pub slurm_env: bool,
     /// An allocation whose user (`lattice.dev/user`) has no account on this node, when the
     /// agent runs as root: `refuse` it (it fails, saying so) or run it as the `agent`'s own
     /// user (single-user dev clusters such as `lattice up`) — for a root agent that is
     /// root, which the --min-uid rule allows only where the tenant's
     /// spec.runAs.allowUsers lists "root".
-    #[arg(long, value_enum, default_value_t = UnknownUser::Refuse)]
+    #[arg(long, value_enum, default_value_t = UnknownUser::Refuse, env = "LATTICE_UNKNOWN_USER")]
     pub unknown_user: UnknownUser,
     /// Lowest uid a job may run as. Jobs as uid 0, or below this (system and service
     /// accounts), run only when the allocation's Tenant lists the account in
     /// spec.runAs.allowUsers.
-    #[arg(long, default_value_t = 1000, value_name = "UID")]
+    #[arg(
+        long,
+        default_value_t = 1000,
+        value_name = "UID",
+        env = "LATTICE_MIN_UID"
+    )]
     pub min_uid: u32,
     /// The API URL commands inside jobs use (`LATTICE_API_URL` in workloads) [default:
     /// --api-url].
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", env = "LATTICE_JOB_API_URL")]
     pub job_api_url: Option<String>,
     /// The `lattice` CLI that `srun`, `sbatch`, `squeue`, ... on a job's PATH run; `off`
     /// for none [default: `lattice` beside this binary, if there].
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", env = "LATTICE_LATTICE_CLI")]
     pub lattice_cli: Option<PathBuf>,
     /// Bytes of live log tail kept in memory per allocation.
-    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    #[arg(long, default_value_t = 8 * 1024 * 1024, env = "LATTICE_LOG_BUFFER_BYTES")]
     pub log_buffer_bytes: usize,
     /// Where the cgroup hierarchies are mounted (cgroup v2, v1 or both); each run gets
     /// `lattice/<node>/<instance>/<uid>-<attempt>` groups in them, limited to the node's
     /// allocatable share.
-    #[arg(long, default_value = crate::cgroup::DEFAULT_ROOT, value_name = "DIR")]
+    #[arg(long, default_value = crate::cgroup::DEFAULT_ROOT, value_name = "DIR", env = "LATTICE_CGROUP_ROOT")]
     pub cgroup_root: PathBuf,
     /// Run workloads without cgroups: no memory, CPU, pids or device limits (for a
     /// laptop; warned at start). Without it the agent refuses to start where it cannot
     /// use cgroups.
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_NO_CGROUPS")]
     pub no_cgroups: bool,
     /// What allocations may not use of the node, kept for the system:
     /// `memory=<bytes>[Ki|Mi|Gi|Ti|K|M|G|T],cpu=<cores or millicores>,pids=<n>`, e.g.
     /// `memory=2Gi,cpu=1,pids=1024`. Each allocation is limited to the node's capacity
     /// less this.
-    #[arg(long, default_value = "", value_name = "LIST")]
+    #[arg(
+        long,
+        default_value = "",
+        value_name = "LIST",
+        env = "LATTICE_SYSTEM_RESERVED"
+    )]
     pub system_reserved: String,
     /// The node's capacity in processes and threads, before --system-reserved [default:
     /// the kernel's pid_max or threads-max, whichever is lower].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "LATTICE_MAX_PIDS")]
     pub max_pids: Option<u64>,
     /// This node's GPUs among the GPU device nodes found in --device-dir (`nvidiaN`,
     /// `dri/renderD<128+N>`): `all`, `none`, or indexes such as `0,1` (several nodes on
     /// one machine). Jobs cannot open the others.
-    #[arg(long, default_value = "all", value_name = "all|none|LIST")]
+    #[arg(
+        long,
+        default_value = "all",
+        value_name = "all|none|LIST",
+        env = "LATTICE_GPU_DEVICES"
+    )]
     pub gpu_devices: String,
     /// Where GPU device nodes are looked for.
-    #[arg(long, default_value = "/dev", value_name = "DIR")]
+    #[arg(
+        long,
+        default_value = "/dev",
+        value_name = "DIR",
+        env = "LATTICE_DEVICE_DIR"
+    )]
     pub device_dir: PathBuf,
 }
 
@@ -452,5 +479,109 @@ mod tests {
             Some(Command::Shim(s)) => assert_eq!(s.command, vec!["/bin/echo", "a b", "--c"]),
             None => panic!("no shim"),
         }
+    }
+
+    /// The long flags `lattice-agent --help` shows.
+    fn help_flags() -> std::collections::BTreeSet<String> {
+        use clap::CommandFactory;
+        let help = Cli::command().render_long_help().to_string();
+        help.lines()
+            .filter_map(|l| {
+                let l = l.trim_start();
+                let l = l
+                    .strip_prefix("-h, ")
+                    .or(l.strip_prefix("-V, "))
+                    .unwrap_or(l);
+                let flag = l.strip_prefix("--")?;
+                let end = flag
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                    .unwrap_or(flag.len());
+                Some(flag[..end].to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_flag_is_a_config_key_with_its_environment_variable() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        let mut flags = help_flags();
+        for not_a_key in ["help", "version", "config"] {
+            assert!(flags.remove(not_a_key), "--{not_a_key} missing from --help");
+        }
+        let keys: std::collections::BTreeSet<String> = lattice_config::keys(&cmd)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        assert!(
+            keys.contains("node-id") && keys.contains("device-dir"),
+            "{keys:?}"
+        );
+        assert_eq!(flags, keys);
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            let expected = match long {
+                "help" | "version" => continue,
+                // LATTICE_CONFIG is the CLI's config file.
+                "config" => "LATTICE_AGENT_CONFIG".to_string(),
+                _ => format!("LATTICE_{}", long.to_uppercase().replace('-', "_")),
+            };
+            assert_eq!(
+                arg.get_env().and_then(|e| e.to_str()),
+                Some(expected.as_str()),
+                "--{long}"
+            );
+        }
+    }
+
+    #[test]
+    fn config_file_under_the_command_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.toml");
+        std::fs::write(
+            &file,
+            "node-id = \"n1\"\nstate-dir = \"/x\"\nfeatures = [\"a\", \"b\"]\n\
+             slurm-env = true\nmin-uid = 500\nheartbeat-interval = \"2s\"\n",
+        )
+        .unwrap();
+        let file = file.to_str().unwrap();
+        let cli: Cli =
+            lattice_config::try_parse_from(["lattice-agent", "--config", file, "--node-id", "n2"])
+                .unwrap();
+        let c = Config::from_args(cli.agent).unwrap();
+        assert_eq!(c.node, "n2");
+        assert_eq!(c.state_dir, PathBuf::from("/x"));
+        assert_eq!(c.features, ["a", "b"]);
+        assert!(c.slurm_env);
+        assert_eq!(c.min_uid, 500);
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(2));
+        std::fs::write(dir.path().join("agent.toml"), "unknown-user = \"nobody\"\n").unwrap();
+        let e = lattice_config::try_parse_from::<Cli, _, _>(["lattice-agent", "--config", file])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("agent.toml:1: `unknown-user = \"nobody\"`"),
+            "{e}"
+        );
+        assert!(e.contains("is not one of refuse, agent"), "{e}");
+    }
+
+    /// The example under manifests/deploy/ stays valid as the flags change.
+    #[test]
+    fn example_config_file_is_valid() {
+        let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../manifests/deploy/agent.toml");
+        let cli: Cli = lattice_config::try_parse_from([
+            "lattice-agent".as_ref(),
+            "--config".as_ref(),
+            file.as_os_str(),
+            "--node-id".as_ref(),
+            "node-07".as_ref(),
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.agent.state_dir,
+            Some(PathBuf::from("/var/lib/lattice-agent"))
+        );
+        assert_eq!(cli.agent.api_url, "https://lattice.example.org:8443");
     }
 }

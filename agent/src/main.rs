@@ -1,10 +1,9 @@
 //! `lattice-agent`: the Lattice node agent (see the crate docs and README).
 
-use clap::Parser;
 use lattice_agent::config::{Cli, Command, Config};
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = lattice_config::parse();
     if let Some(Command::Shim(args)) = cli.command {
         // The shim stays small: no runtime, no tracing; diagnostics go to stderr.
         let code = lattice_agent::shim::run(args);

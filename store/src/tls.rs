@@ -167,7 +167,7 @@ impl MemberTls {
                     serial = %info.serial,
                     days_left = left.as_secs() / 86_400,
                     "the member certificate expires soon: issue a new one and rotate it in \
-                     (docs/operations.md, \"Certificates for store members\")"
+                     (docs/operations/certificates.md, \"Certificates for store members\")"
                 );
             }
         }

@@ -13,66 +13,66 @@ const Q: ObjectQuotas = ObjectQuotas::DEFAULT;
 pub struct ApiLimitArgs {
     /// Requests per second each user (roles user and readonly) may make, sustained (a
     /// token bucket per identity; 429 with Retry-After past it).
-    #[arg(long, default_value_t = D.users.requests_per_second)]
+    #[arg(long, default_value_t = D.users.requests_per_second, env = "LATTICE_USER_QPS")]
     user_qps: u32,
     /// Requests a user may make at once after a quiet spell (the bucket's size).
-    #[arg(long, default_value_t = D.users.burst)]
+    #[arg(long, default_value_t = D.users.burst, env = "LATTICE_USER_BURST")]
     user_burst: u32,
     /// Requests of one user being served at once (watches, log streams and attach apart).
-    #[arg(long, default_value_t = D.users.max_in_flight)]
+    #[arg(long, default_value_t = D.users.max_in_flight, env = "LATTICE_USER_MAX_IN_FLIGHT")]
     user_max_in_flight: u32,
     /// Watches one user may hold open.
-    #[arg(long, default_value_t = D.users.max_watches)]
+    #[arg(long, default_value_t = D.users.max_watches, env = "LATTICE_USER_MAX_WATCHES")]
     user_max_watches: u32,
     /// Requests per second each administrator may make, sustained.
-    #[arg(long, default_value_t = D.admins.requests_per_second)]
+    #[arg(long, default_value_t = D.admins.requests_per_second, env = "LATTICE_ADMIN_QPS")]
     admin_qps: u32,
     /// An administrator's bucket size.
-    #[arg(long, default_value_t = D.admins.burst)]
+    #[arg(long, default_value_t = D.admins.burst, env = "LATTICE_ADMIN_BURST")]
     admin_burst: u32,
     /// Requests of one administrator being served at once.
-    #[arg(long, default_value_t = D.admins.max_in_flight)]
+    #[arg(long, default_value_t = D.admins.max_in_flight, env = "LATTICE_ADMIN_MAX_IN_FLIGHT")]
     admin_max_in_flight: u32,
     /// Watches one administrator may hold open.
-    #[arg(long, default_value_t = D.admins.max_watches)]
+    #[arg(long, default_value_t = D.admins.max_watches, env = "LATTICE_ADMIN_MAX_WATCHES")]
     admin_max_watches: u32,
     /// Requests per second each node agent may make, sustained (heartbeat streams are
     /// never limited).
-    #[arg(long, default_value_t = D.nodes.requests_per_second)]
+    #[arg(long, default_value_t = D.nodes.requests_per_second, env = "LATTICE_NODE_QPS")]
     node_qps: u32,
     /// A node agent's bucket size.
-    #[arg(long, default_value_t = D.nodes.burst)]
+    #[arg(long, default_value_t = D.nodes.burst, env = "LATTICE_NODE_BURST")]
     node_burst: u32,
     /// Requests of one node agent being served at once.
-    #[arg(long, default_value_t = D.nodes.max_in_flight)]
+    #[arg(long, default_value_t = D.nodes.max_in_flight, env = "LATTICE_NODE_MAX_IN_FLIGHT")]
     node_max_in_flight: u32,
     /// Watches one node agent may hold open.
-    #[arg(long, default_value_t = D.nodes.max_watches)]
+    #[arg(long, default_value_t = D.nodes.max_watches, env = "LATTICE_NODE_MAX_WATCHES")]
     node_max_watches: u32,
     /// Attach sessions one identity may hold open (the seed's 5).
-    #[arg(long, default_value_t = D.max_attach_sessions)]
+    #[arg(long, default_value_t = D.max_attach_sessions, env = "LATTICE_MAX_ATTACH_SESSIONS")]
     max_attach_sessions: u32,
     /// Log streams one identity may hold open (the seed's 10).
-    #[arg(long, default_value_t = D.max_log_streams)]
+    #[arg(long, default_value_t = D.max_log_streams, env = "LATTICE_MAX_LOG_STREAMS")]
     max_log_streams: u32,
     /// Allocations one tenant may hold (a Tenant's spec.objectQuotas.allocations
     /// overrides it).
-    #[arg(long, default_value_t = Q.allocations)]
+    #[arg(long, default_value_t = Q.allocations, env = "LATTICE_TENANT_MAX_ALLOCATIONS")]
     tenant_max_allocations: u64,
     /// DAGs one tenant may hold.
-    #[arg(long, default_value_t = Q.dags)]
+    #[arg(long, default_value_t = Q.dags, env = "LATTICE_TENANT_MAX_DAGS")]
     tenant_max_dags: u64,
     /// Events one tenant may hold.
-    #[arg(long, default_value_t = Q.events)]
+    #[arg(long, default_value_t = Q.events, env = "LATTICE_TENANT_MAX_EVENTS")]
     tenant_max_events: u64,
     /// Leases one tenant may hold.
-    #[arg(long, default_value_t = Q.leases)]
+    #[arg(long, default_value_t = Q.leases, env = "LATTICE_TENANT_MAX_LEASES")]
     tenant_max_leases: u64,
     /// vClusters one tenant may hold.
-    #[arg(long, default_value_t = Q.vclusters)]
+    #[arg(long, default_value_t = Q.vclusters, env = "LATTICE_TENANT_MAX_VCLUSTERS")]
     tenant_max_vclusters: u64,
     /// Network domains one tenant may hold (objects; maxNetworkDomains bounds their VNIs).
-    #[arg(long, default_value_t = Q.network_domains)]
+    #[arg(long, default_value_t = Q.network_domains, env = "LATTICE_TENANT_MAX_NETWORK_DOMAINS")]
     tenant_max_network_domains: u64,
 }
 

@@ -7,6 +7,7 @@
 //! lattice-server --data-dir /var/lib/lattice --tls-addr 0.0.0.0:8443 --etcd-addr 0.0.0.0:2379 \
 //!   --pki-dir /etc/lattice/pki               # the cluster CA: API, store ports, node certificates
 //! lattice-server --backend etcd --etcd-endpoints http://10.0.0.5:2379
+//! lattice-server --config /etc/lattice/server.toml   # the same flags from a file (lattice-config)
 //! lattice-server backup create --data-dir D FILE | backup verify FILE | restore --data-dir NEW FILE
 //! ```
 
@@ -68,6 +69,12 @@ const EMBEDDED_MAX_TXN_OPS: usize = 4096;
 struct Args {
     #[command(subcommand)]
     command: Option<Cmd>,
+    /// A TOML file of settings: the long flags without `--` as keys (`data-dir =
+    /// "/var/lib/lattice"`, `tls-san = ["a", "b"]`, `bootstrap = true`). A flag on the
+    /// command line wins over its environment variable, which wins over the file. Not read
+    /// by the subcommands.
+    #[arg(long, env = "LATTICE_SERVER_CONFIG", value_name = "PATH")]
+    config: Option<PathBuf>,
     #[command(flatten)]
     serve: ServeArgs,
 }
@@ -76,7 +83,7 @@ struct Args {
 struct ServeArgs {
     /// Single member, all defaults: creates tenant and vCluster `default` and writes an
     /// admin token to <data-dir>/admin.token.
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_DEV")]
     dev: bool,
     /// Where the store keeps its files (default ./.lattice-dev with --dev).
     #[arg(long, env = "LATTICE_DATA_DIR")]
@@ -88,7 +95,7 @@ struct ServeArgs {
     api_addr: SocketAddr,
     /// Let --api-addr listen off loopback (behind a TLS-terminating proxy on the same
     /// trusted network, say); warned at start.
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_ALLOW_PLAINTEXT_API")]
     allow_plaintext_api: bool,
     /// HTTPS API listen address ("off" disables). kubectl needs it: client-go sends bearer
     /// tokens only over TLS. Without --tls-cert-file a private CA and certificate are
@@ -96,10 +103,10 @@ struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8443", env = "LATTICE_TLS_ADDR")]
     tls_addr: String,
     /// PEM certificate chain for the HTTPS listener.
-    #[arg(long, requires = "tls_key_file")]
+    #[arg(long, requires = "tls_key_file", env = "LATTICE_TLS_CERT_FILE")]
     tls_cert_file: Option<PathBuf>,
     /// PEM private key for the HTTPS listener.
-    #[arg(long, requires = "tls_cert_file")]
+    #[arg(long, requires = "tls_cert_file", env = "LATTICE_TLS_KEY_FILE")]
     tls_key_file: Option<PathBuf>,
     /// Where the cluster CA (ca.crt, ca.key) and this server's certificates live
     /// [default: <data-dir>/pki]: the API's serving certificate (apiserver.crt,
@@ -113,32 +120,37 @@ struct ServeArgs {
     pki_dir: Option<PathBuf>,
     /// Extra names (DNS names or IP addresses) this server's certificate is for, beside
     /// localhost, 127.0.0.1 and ::1; repeat for several.
-    #[arg(long = "tls-san", value_name = "NAME")]
+    #[arg(long = "tls-san", value_name = "NAME", env = "LATTICE_TLS_SAN")]
     tls_sans: Vec<String>,
     /// Lifetime of the node certificates this server signs; agents renew at two thirds.
-    #[arg(long, default_value = "30d", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "30d", value_parser = parse_duration_arg, env = "LATTICE_NODE_CERT_VALIDITY")]
     node_cert_validity: Duration,
     /// etcd v3 gRPC listen address (etcdctl and etcd clients work against it); "off" disables.
     #[arg(long, default_value = "127.0.0.1:2379", env = "LATTICE_ETCD_ADDR")]
     etcd_addr: String,
     /// Storage backend.
-    #[arg(long, value_enum, default_value_t = Backend::Embedded)]
+    #[arg(long, value_enum, default_value_t = Backend::Embedded, env = "LATTICE_BACKEND")]
     backend: Backend,
     /// Replicate the embedded store with Raft: this member's Raft listen address. Without
     /// it the embedded store is a single durable member.
     #[arg(long, env = "LATTICE_RAFT_ADDR")]
     raft_addr: Option<SocketAddr>,
     /// Address other members use to reach this one (default: the bound --raft-addr).
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_RAFT_ADVERTISE_ADDR")]
     raft_advertise_addr: Option<String>,
     /// This member's ID in the Raft cluster; never reuse a removed member's ID.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, env = "LATTICE_NODE_ID")]
     node_id: u64,
     /// First member only, once: form a new cluster (harmless on restart).
-    #[arg(long, requires = "raft_addr")]
+    #[arg(long, requires = "raft_addr", env = "LATTICE_BOOTSTRAP")]
     bootstrap: bool,
     /// Join an existing cluster through any member's Raft address.
-    #[arg(long, requires = "raft_addr", conflicts_with = "bootstrap")]
+    #[arg(
+        long,
+        requires = "raft_addr",
+        conflicts_with = "bootstrap",
+        env = "LATTICE_JOIN"
+    )]
     join: Option<String>,
     /// Worker threads of the replicated store's own runtime: openraft's tasks, the Raft
     /// transport (client and server), the proposer and the etcd port run there, the API
@@ -152,21 +164,21 @@ struct ServeArgs {
     store_threads: usize,
     /// A Raft member snapshots its state (and purges its log) after this many log entries
     /// since the last snapshot, like etcd's `--snapshot-count`.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 100_000, env = "LATTICE_SNAPSHOT_ENTRIES")]
     snapshot_entries: u64,
     /// Endpoints of the external etcd cluster (with --backend etcd), comma separated.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', env = "LATTICE_ETCD_ENDPOINTS")]
     etcd_endpoints: Vec<String>,
     /// With --backend etcd: the CA certificate that signed the etcd servers' certificates
     /// (TLS to etcd; with --etcd-certfile and --etcd-keyfile, mutual TLS).
-    #[arg(long, requires_all = ["etcd_certfile", "etcd_keyfile"])]
+    #[arg(long, requires_all = ["etcd_certfile", "etcd_keyfile"], env = "LATTICE_ETCD_CAFILE")]
     etcd_cafile: Option<PathBuf>,
     /// With --backend etcd: the client certificate presented to etcd (for a Lattice store,
     /// an API server's, `system:apiserver`, or an administrator's).
-    #[arg(long, requires = "etcd_cafile")]
+    #[arg(long, requires = "etcd_cafile", env = "LATTICE_ETCD_CERTFILE")]
     etcd_certfile: Option<PathBuf>,
     /// With --backend etcd: the client certificate's key.
-    #[arg(long, requires = "etcd_cafile")]
+    #[arg(long, requires = "etcd_cafile", env = "LATTICE_ETCD_KEYFILE")]
     etcd_keyfile: Option<PathBuf>,
     #[command(flatten)]
     store_tls: store_tls::StoreTlsArgs,
@@ -175,16 +187,16 @@ struct ServeArgs {
     /// compacted included; a write that would go beyond it raises the NOSPACE alarm and
     /// writes that add data are refused (507 from the API) until space is freed and the
     /// alarm disarmed (`etcdctl alarm disarm`).
-    #[arg(long, default_value = "2Gi", value_parser = parse_bytes_arg)]
+    #[arg(long, default_value = "2Gi", value_parser = parse_bytes_arg, env = "LATTICE_QUOTA_BACKEND_BYTES")]
     quota_backend_bytes: u64,
     /// HS256 secret for API tokens (default: generated once into <data-dir>/jwt.secret).
     #[arg(long, env = "LATTICE_JWT_SECRET_FILE")]
     jwt_secret_file: Option<PathBuf>,
     /// Largest key the store accepts, in bytes.
-    #[arg(long, default_value_t = Limits::default().max_key_bytes)]
+    #[arg(long, default_value_t = Limits::default().max_key_bytes, env = "LATTICE_MAX_KEY_BYTES")]
     max_key_bytes: usize,
     /// Largest value the store accepts, in bytes.
-    #[arg(long, default_value_t = Limits::default().max_value_bytes)]
+    #[arg(long, default_value_t = Limits::default().max_value_bytes, env = "LATTICE_MAX_VALUE_BYTES")]
     max_value_bytes: usize,
     /// Most operations (compares + ops) in one store transaction. Binding an allocation
     /// of N nodes is one transaction of 2N+4 operations, so the embedded store's default
@@ -193,30 +205,30 @@ struct ServeArgs {
     /// default, 128, when omitted) so the scheduler splits its batches to fit. In a
     /// replicated store each member checks it on the transactions it receives, before they
     /// are proposed (never when they are applied), so members may use different values.
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_MAX_TXN_OPS")]
     max_txn_ops: Option<usize>,
     /// A node whose agent has sent no heartbeat for this long goes Degraded (no new
     /// work; running work continues); also the TTL of the store lease behind each
     /// agent's heartbeat stream.
-    #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "30s", value_parser = parse_duration_arg, env = "LATTICE_HEARTBEAT_TIMEOUT")]
     heartbeat_timeout: Duration,
     /// A Degraded node goes Down after this further grace period; its allocations are
     /// requeued or failed per their requeue policy.
-    #[arg(long, default_value = "60s", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "60s", value_parser = parse_duration_arg, env = "LATTICE_NODE_GRACE_PERIOD")]
     node_grace_period: Duration,
     /// Grace period of sensitive nodes.
-    #[arg(long, default_value = "5m", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "5m", value_parser = parse_duration_arg, env = "LATTICE_SENSITIVE_GRACE_PERIOD")]
     sensitive_grace_period: Duration,
     /// Largest DAG accepted (steps, the seed's `scheduling.max_dag_size`): the API server
     /// rejects a larger Dag at admission (422 on spec.allocations), and the DAG
     /// controller applies the same limit.
-    #[arg(long, default_value_t = lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE)]
+    #[arg(long, default_value_t = lattice_apis::kinds::dag::DEFAULT_MAX_DAG_SIZE, env = "LATTICE_MAX_DAG_SIZE")]
     max_dag_size: usize,
     /// How often the store's history is compacted (to the revision of one interval
     /// earlier, so that at least this much history stays watchable; kube-apiserver's
     /// `--etcd-compaction-interval`). 0 turns it off (then something else must compact,
     /// or memory grows with every write).
-    #[arg(long, default_value = "5m", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "5m", value_parser = parse_duration_arg, env = "LATTICE_COMPACTION_INTERVAL")]
     compaction_interval: Duration,
     /// Prometheus (or compatible TSDB) base URL the autoscaler queries for reactive
     /// allocations' metrics, e.g. http://prometheus:9090. A bare metric name N is queried
@@ -350,7 +362,7 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let args: Args = lattice_config::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -978,3 +990,6 @@ async fn wait_for_signal() {
         _ = term.recv() => {}
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -24,18 +24,18 @@ use lattice_store::tls::{is_loopback, is_loopback_endpoint, MemberTls};
 pub struct StoreTlsArgs {
     /// The cluster CA certificate the store ports trust (instead of <pki-dir>/ca.crt;
     /// with --member-cert-file and --member-key-file).
-    #[arg(long, requires_all = ["member_cert_file", "member_key_file"])]
+    #[arg(long, requires_all = ["member_cert_file", "member_key_file"], env = "LATTICE_CA_CERT_FILE")]
     pub ca_cert_file: Option<PathBuf>,
     /// This member's certificate, `member:<node-id>` (instead of <pki-dir>/member.crt).
-    #[arg(long, requires = "ca_cert_file")]
+    #[arg(long, requires = "ca_cert_file", env = "LATTICE_MEMBER_CERT_FILE")]
     pub member_cert_file: Option<PathBuf>,
     /// This member's private key (instead of <pki-dir>/member.key).
-    #[arg(long, requires = "ca_cert_file")]
+    #[arg(long, requires = "ca_cert_file", env = "LATTICE_MEMBER_KEY_FILE")]
     pub member_key_file: Option<PathBuf>,
     /// Serve the etcd and Raft ports without TLS. Allowed only when every store address
     /// (listen and advertised) is a loopback one; for tests and one-machine setups (any
     /// local user can then read and write the whole store).
-    #[arg(long)]
+    #[arg(long, env = "LATTICE_STORE_PLAINTEXT_LOOPBACK")]
     pub store_plaintext_loopback: bool,
 }
 
