@@ -569,7 +569,13 @@ mod tests {
     /// The example under manifests/deploy/ stays valid as the flags change.
     #[test]
     fn example_config_file_is_valid() {
-        let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../manifests/deploy/agent.toml");
+        let example =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../manifests/deploy/agent.toml");
+        // A copy in a directory of the test's own: run as root, the agent takes its config
+        // only from a path nobody else may write, and a checkout's directories may be looser.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.toml");
+        std::fs::copy(&example, &file).unwrap();
         let cli: Cli = lattice_config::try_parse_from([
             "lattice-agent".as_ref(),
             "--config".as_ref(),

@@ -223,9 +223,47 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Refuses `path` unless it and every directory above it (symbolic links resolved) are
+/// owned by root and not writable by group or others. A directory with the sticky bit
+/// (`/tmp`) passes: nobody else may rename or remove the root-owned entry below it.
+pub fn only_root_writes(path: &Path) -> Result<(), ConfigError> {
+    use std::os::unix::fs::MetadataExt;
+    let io = |message: String| ConfigError {
+        path: path.to_path_buf(),
+        line: None,
+        message,
+        kind: ErrorKind::Io,
+    };
+    let real =
+        std::fs::canonicalize(path).map_err(|e| io(format!("cannot read the config file: {e}")))?;
+    for p in real.ancestors() {
+        let m =
+            std::fs::metadata(p).map_err(|e| io(format!("cannot inspect {}: {e}", p.display())))?;
+        let sticky_dir = m.is_dir() && m.mode() & 0o1000 != 0;
+        if m.uid() != 0 || (m.mode() & 0o022 != 0 && !sticky_dir) {
+            return Err(io(format!(
+                "{} is owned by uid {} with mode {:o}: a daemon running as root takes its \
+                 config only from files and directories that root owns and nobody else may \
+                 write (chown root {0}; chmod go-w {0})",
+                p.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl ConfigFile {
     /// Read `path` and check every key and value against `cmd`'s flags.
+    ///
+    /// A daemon running as root (the agent) takes its file only from root: the file and
+    /// every directory above it must be owned by root and writable by nobody else, or
+    /// whoever could write it would choose, for instance, the uid floor of jobs.
     pub fn load(path: &Path, cmd: &Command) -> Result<Self, ConfigError> {
+        if nix::unistd::geteuid().is_root() {
+            only_root_writes(path)?;
+        }
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             path: path.to_path_buf(),
             line: None,

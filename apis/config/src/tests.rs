@@ -260,3 +260,36 @@ fn the_hint_is_the_first_sentence_of_the_help() {
         "{e}"
     );
 }
+
+#[test]
+fn a_root_daemon_takes_its_file_only_from_root() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.toml");
+    std::fs::write(&path, "node-id = \"n1\"\n").unwrap();
+    let set = |mode: u32| {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    // Writable by others: whoever could write it would choose a root daemon's settings.
+    set(0o666);
+    let e = only_root_writes(&path).unwrap_err();
+    assert!(e.to_string().contains("chmod go-w"), "{e}");
+    set(0o620);
+    assert!(only_root_writes(&path).is_err());
+    // A group- or world-writable directory above it is as bad as the file.
+    set(0o644);
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = only_root_writes(&path).unwrap_err();
+    assert!(
+        e.to_string().contains(&dir.path().display().to_string()),
+        "{e}"
+    );
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    if nix::unistd::geteuid().is_root() {
+        // Root's file in root's directory (under the sticky /tmp): taken.
+        only_root_writes(&path).unwrap();
+    } else {
+        // Not root's: refused whatever its mode.
+        assert!(only_root_writes(&path).is_err());
+    }
+}

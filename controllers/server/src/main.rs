@@ -139,7 +139,7 @@ struct ServeArgs {
     #[arg(long, env = "LATTICE_RAFT_ADVERTISE_ADDR")]
     raft_advertise_addr: Option<String>,
     /// This member's ID in the Raft cluster; never reuse a removed member's ID.
-    #[arg(long, default_value_t = 1, env = "LATTICE_NODE_ID")]
+    #[arg(long, default_value_t = 1, env = "LATTICE_RAFT_NODE_ID")]
     node_id: u64,
     /// First member only, once: form a new cluster (harmless on restart).
     #[arg(long, requires = "raft_addr", env = "LATTICE_BOOTSTRAP")]

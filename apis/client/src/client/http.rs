@@ -14,11 +14,21 @@ use crate::error::Error;
 use crate::rest::{describe_transport_error, ApiStatus, WatchLine};
 
 /// Talks to a `lattice-server` over HTTP(S).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct HttpTransport {
     base: String,
     token: Option<String>,
     http: reqwest::Client,
+}
+
+/// Never the token itself: a transport printed in a log must not hand out its credential.
+impl std::fmt::Debug for HttpTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpTransport")
+            .field("base", &self.base)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
 }
 
 impl HttpTransport {
@@ -349,6 +359,14 @@ impl Transport for HttpTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_output_hides_the_token() {
+        let t = HttpTransport::new("http://127.0.0.1:1", Some("s3cr3t-token".into())).unwrap();
+        let shown = format!("{t:?}");
+        assert!(!shown.contains("s3cr3t-token"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
 
     #[test]
     fn parses_watch_lines_and_status_errors() {
