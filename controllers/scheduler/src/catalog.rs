@@ -189,10 +189,8 @@ impl NodeCatalog {
     pub fn filter(&self, class: u32, job: &PendingJob) -> FilterOutcome {
         let k = &self.classes[class as usize].key;
         let c = &job.constraints;
-        for f in crate::filter::FILTERS {
-            if let Err(why) = f.feasible(job, k) {
-                return why;
-            }
+        if let Err(why) = crate::filter::run(job, k) {
+            return why;
         }
         match k.home {
             None => FilterOutcome::Feasible { borrowed: false },

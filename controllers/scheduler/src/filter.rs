@@ -8,7 +8,7 @@
 //! last and is not in the list: it does not only say yes or no, it also says whether the
 //! class is borrowed ([`crate::catalog::NodeCatalog::filter`]).
 //!
-//! Adding a filter is one `impl Filter` and one line in [`FILTERS`] (with a
+//! Adding a filter is one `impl Filter` and one line in the `filters!` list (with a
 //! [`FilterOutcome`] variant that says why). Filters that need a site's own data run
 //! out of process instead, as scheduler extenders of the live controller.
 
@@ -23,15 +23,31 @@ pub trait Filter: Sync {
     fn feasible(&self, job: &PendingJob, class: &ClassKey) -> Result<(), FilterOutcome>;
 }
 
-/// Every filter, in the order they run.
-pub static FILTERS: &[&dyn Filter] = &[
-    &Schedulable,
-    &SensitiveIsolation,
-    &GpuType,
-    &GpuCount,
-    &Features,
-    &Memory,
-    &UnifiedMemory,
+/// The one list of filters, in the order they run: it defines both [`FILTERS`] (names,
+/// docs, tests) and [`run`], which calls the same filters in the same order without
+/// dynamic dispatch (the cycle calls it once per job × node class, so each call inlines).
+macro_rules! filters {
+    ($($filter:expr),* $(,)?) => {
+        /// Every filter, in the order they run.
+        pub static FILTERS: &[&dyn Filter] = &[$(&$filter),*];
+
+        /// [`FILTERS`] in order: the first that says no, else `Ok`.
+        #[inline]
+        pub(crate) fn run(job: &PendingJob, class: &ClassKey) -> Result<(), FilterOutcome> {
+            $($filter.feasible(job, class)?;)*
+            Ok(())
+        }
+    };
+}
+
+filters![
+    Schedulable,
+    SensitiveIsolation,
+    GpuType,
+    GpuCount,
+    Features,
+    Memory,
+    UnifiedMemory,
 ];
 
 /// The node is Ready (not draining, drained or down).

@@ -11,6 +11,7 @@ impl ScoreTerm for Backlog {
     fn aliases(&self) -> &'static [&'static str] {
         &["w6"]
     }
+    #[inline]
     fn score(&self, i: &ScoreInput<'_>) -> f64 {
         i.backlog
     }

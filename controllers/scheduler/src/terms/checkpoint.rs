@@ -12,6 +12,7 @@ impl ScoreTerm for Checkpoint {
     fn aliases(&self) -> &'static [&'static str] {
         &["w8", "checkpoint"]
     }
+    #[inline]
     fn score(&self, i: &ScoreInput<'_>) -> f64 {
         score::f8_checkpoint(&i.job.checkpoint)
     }

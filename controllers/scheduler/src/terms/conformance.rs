@@ -12,6 +12,7 @@ impl ScoreTerm for Conformance {
     fn aliases(&self) -> &'static [&'static str] {
         &["w9"]
     }
+    #[inline]
     fn score(&self, i: &ScoreInput<'_>) -> f64 {
         score::f9_conformance(i.largest_conformance, i.job.nodes.min)
     }

@@ -12,6 +12,7 @@ impl ScoreTerm for DataReadiness {
     fn aliases(&self) -> &'static [&'static str] {
         &["w5", "dataReady", "data_readiness"]
     }
+    #[inline]
     fn score(&self, i: &ScoreInput<'_>) -> f64 {
         score::f5_data_readiness(i.job.data_readiness)
     }

@@ -12,6 +12,7 @@ impl ScoreTerm for Energy {
     fn aliases(&self) -> &'static [&'static str] {
         &["w7"]
     }
+    #[inline]
     fn score(&self, i: &ScoreInput<'_>) -> f64 {
         score::f7_energy(i.snap.energy_price)
     }

@@ -12,6 +12,7 @@ impl ScoreTerm for FairShare {
     fn aliases(&self) -> &'static [&'static str] {
         &["w3", "fair_share"]
     }
+    #[inline]
     fn score(&self, i: &ScoreInput<'_>) -> f64 {
         let (target, actual) = i
             .tenant

@@ -5,7 +5,8 @@
 //!
 //! [`REGISTRY`] is the one list of terms. Its order is the order of the sum (and of
 //! [`Components`]), so the seed's nine come first in the seed's order and a new term goes
-//! at the end. Adding a term is one file in this directory and one line in [`REGISTRY`];
+//! at the end. Adding a term is one file in this directory and one line in the `terms!`
+//! list below;
 //! its `name` is the weight name users write under `spec.weights` (the VCluster kind in
 //! `lattice-apis` lists the names it admits, and a test of `lattice-controllers` checks
 //! that the two lists agree).
@@ -52,17 +53,41 @@ pub trait ScoreTerm: Sync {
     fn score(&self, input: &ScoreInput<'_>) -> f64;
 }
 
-/// Every score term, in the order of the sum. Append new terms at the end.
-pub static REGISTRY: &[&dyn ScoreTerm] = &[
-    &priority::Priority,
-    &wait_time::WaitTime,
-    &fair_share::FairShare,
-    &topology::Topology,
-    &data_readiness::DataReadiness,
-    &backlog::Backlog,
-    &energy::Energy,
-    &checkpoint::Checkpoint,
-    &conformance::Conformance,
+/// The one list of score terms, in the order of the sum: it defines both [`REGISTRY`]
+/// (names, weights, [`Components`]) and [`weighted_sum`], which evaluates the same terms
+/// in the same order without dynamic dispatch (the cycle's hot path: once per job).
+macro_rules! terms {
+    ($($term:expr),* $(,)?) => {
+        /// Every score term, in the order of the sum.
+        pub static REGISTRY: &[&dyn ScoreTerm] = &[$(&$term),*];
+
+        /// `Σ wᵢ·fᵢ(job)` straight from the input, without collecting the components. Same
+        /// terms, same order, same arithmetic as [`Components::score`].
+        #[allow(unused_assignments)] // the index after the last term
+        pub fn weighted_sum(input: &ScoreInput<'_>, w: &CostWeights) -> f64 {
+            let w = w.values();
+            let mut i = 0;
+            let products = [$({
+                let p = $term.score(input) * w[i];
+                i += 1;
+                p
+            }),*];
+            products.into_iter().sum()
+        }
+    };
+}
+
+// Append new terms at the end (the order is the order of the sum).
+terms![
+    priority::Priority,
+    wait_time::WaitTime,
+    fair_share::FairShare,
+    topology::Topology,
+    data_readiness::DataReadiness,
+    backlog::Backlog,
+    energy::Energy,
+    checkpoint::Checkpoint,
+    conformance::Conformance,
 ];
 
 /// The registered term names, in registry order.
@@ -118,16 +143,6 @@ impl Components {
     pub fn score(&self, w: &CostWeights) -> f64 {
         self.0.iter().zip(w.values()).map(|(f, w)| f * w).sum()
     }
-}
-
-/// `Σ wᵢ·fᵢ(job)` straight from the input, without collecting the components: the cycle's
-/// hot path. Same terms, same order, same arithmetic as [`Components::score`].
-pub fn weighted_sum(input: &ScoreInput<'_>, w: &CostWeights) -> f64 {
-    REGISTRY
-        .iter()
-        .zip(w.values())
-        .map(|(t, w)| t.score(input) * w)
-        .sum()
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ impl ScoreTerm for Priority {
     fn aliases(&self) -> &'static [&'static str] {
         &["w1"]
     }
+    #[inline]
     fn score(&self, i: &ScoreInput<'_>) -> f64 {
         score::f1_priority(i.job.preemption_class, i.job.sensitive)
     }

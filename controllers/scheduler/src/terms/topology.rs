@@ -12,6 +12,7 @@ impl ScoreTerm for Topology {
     fn aliases(&self) -> &'static [&'static str] {
         &["w4"]
     }
+    #[inline]
     fn score(&self, i: &ScoreInput<'_>) -> f64 {
         let inter = score::f4_inter_node(i.groups_needed, i.groups_available);
         score::f4_topology(i.job.nodes.min, inter, i.intra_node)
