@@ -42,8 +42,8 @@ pub fn client() -> reqwest::Client {
 /// What the extenders decided for one cycle.
 #[derive(Debug, Default)]
 pub struct Verdict {
-    /// Nodes no job of the vCluster may use this cycle (by name), with the extender and
-    /// why, for the logs.
+    /// Nodes no job of the vCluster may use this cycle, by name (each extender's reasons
+    /// are logged at `debug`).
     pub filtered: HashSet<String>,
     /// Score terms, per pending job in the order of the `jobs` given to [`consult`].
     pub scores: ExternalScores,
@@ -99,9 +99,9 @@ fn job(a: &Allocation, j: &PendingJob) -> ExtenderJob {
     }
 }
 
-/// Ask every extender of `extenders` about `req` (the request without `filter`/`score`,
-/// set per extender), concurrently. `jobs` = `req.jobs.len()` of the cycle's pending jobs
-/// come first in the snapshot, in the same order.
+/// Ask every extender of `extenders` about `req` (its `filter`/`score` are set per
+/// extender), concurrently. `all_nodes`: every candidate node, sent or not (beyond the
+/// bound); `pending`: the snapshot's pending jobs, of which `req.jobs` are the first.
 pub async fn consult(
     http: &reqwest::Client,
     metrics: &SchedulerMetrics,

@@ -1,8 +1,9 @@
 //! `spec.extenders`: scheduler extenders, HTTP services the built-in scheduler asks once
 //! per cycle (the wire format is [`crate::extender`]).
 //!
-//! Whoever may write the VCluster (an administrator, not its tenants' users) configures
-//! them; the scheduler sends them no secrets (see [`crate::extender`] for what it sends).
+//! Only cluster administrators set or change them (the API server's admission refuses
+//! anyone else, tenant admins included); the scheduler sends them no secrets (see
+//! [`crate::extender`] for what it sends).
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
