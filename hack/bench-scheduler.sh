@@ -6,7 +6,9 @@
 #     hpc-backfill configuration. Targets: cycle_1000x10000_ms < 50,
 #     cycle_10000x100000_ms < 1000. Then cycle_growth_10x_ratio (10,000 x 100,000 over
 #     1,000 x 10,000) beside what O(pending x log nodes) allows, and the scaling curve as
-#     CURVE lines (pending at fixed nodes, nodes at fixed pending, both).
+#     CURVE lines (pending at fixed nodes, nodes at fixed pending, both). The plugins alone
+#     at 1,000 x 10,000: score_terms_1000x10000_ms (every registered score term of every
+#     job) and filters_1000x10000_ms (every registered filter, every job x node class).
 #  2. placements per second end to end through the store (lattice-placement-bench): the
 #     built-in controllers on an embedded fsync'ing store, BENCH_PLACE_NODES Ready nodes,
 #     as many one-node allocations created by 8 clients; from the first create until the

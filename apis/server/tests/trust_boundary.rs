@@ -473,6 +473,27 @@ async fn vclusters_and_home_nodes_are_not_a_users_to_take() {
         )
         .await;
     assert_eq!(code, 200, "{v}");
+    // Scheduler extenders are an administrator's to set, not a tenant admin's ...
+    let ext = json!({"spec": {"extenders": [{"name": "site", "url": "http://169.254.169.254/", "filter": true}]}});
+    let (code, v) = c
+        .send(&tadmin, "PATCH", &format!("{vcs}/mine"), Some(ext.clone()))
+        .await;
+    assert_eq!(code, 403, "{v}");
+    assert!(v.to_string().contains("spec.extenders"), "{v}");
+    let (code, v) = c
+        .send(&admin, "PATCH", &format!("{vcs}/mine"), Some(ext))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    // ... who may still change the rest of the vCluster.
+    let (code, v) = c
+        .send(
+            &tadmin,
+            "PATCH",
+            &format!("{vcs}/mine"),
+            Some(json!({"spec": {"description": "batch"}})),
+        )
+        .await;
+    assert_eq!(code, 200, "{v}");
     // maxWalltime holds at admission.
     let mut a = alloc("long");
     a["spec"]["vcluster"] = json!("mine");

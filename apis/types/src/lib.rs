@@ -64,6 +64,7 @@
 pub mod attach;
 pub mod cluster_config;
 pub mod duration;
+pub mod extender;
 pub mod intent;
 pub mod kinds;
 pub mod lifecycle;

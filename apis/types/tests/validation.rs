@@ -621,6 +621,24 @@ fn vcluster_defaults_from_scheduler_type() {
         json!({"metadata": {"name": "x", "namespace": "t"}, "spec": {"schedulerType": "hpc-backfill", "weights": {"energy": 1.5}}}),
     ));
     assert_eq!(p, "spec.weights.energy");
+    // A name that is not a weight is refused by name, with the names that exist.
+    let (p, m) = one_error(admit(
+        "VCluster",
+        json!({"metadata": {"name": "x", "namespace": "t"}, "spec": {"schedulerType": "hpc-backfill", "weights": {"speed": 0.5}}}),
+    ));
+    assert_eq!(p, "spec.weights.speed");
+    assert!(
+        m.contains("priority, waitTime, fairShare") && m.contains("checkpointEfficiency"),
+        "{m}"
+    );
+    // An extender's URL must be http(s), and the error says why.
+    let (p, m) = one_error(admit(
+        "VCluster",
+        json!({"metadata": {"name": "x", "namespace": "t"}, "spec": {"schedulerType": "hpc-backfill",
+            "extenders": [{"name": "site", "url": "ftp://x/", "filter": true}]}}),
+    ));
+    assert_eq!(p, "spec.extenders[0].url");
+    assert!(m.contains("use http:// or https://"), "{m}");
     let r = admit(
         "VCluster",
         json!({"metadata": {"name": "x", "namespace": "t"}, "spec": {"schedulerType": "sensitive-reservation", "borrowing": {"allowLend": true}}}),
@@ -695,7 +713,7 @@ fn weight_profiles_sum_to_one() {
         WeightProfile::Sensitive,
         WeightProfile::Interactive,
     ] {
-        let sum: f64 = p.weights().iter().sum();
+        let sum: f64 = p.weights().iter().map(|(_, w)| w).sum();
         assert!((sum - 1.0).abs() < 1e-9, "{p:?} sums to {sum}");
     }
 }

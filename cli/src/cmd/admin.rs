@@ -429,10 +429,10 @@ fn effective_weights(v: &Value) -> Vec<(String, f64, bool)> {
                 .and_then(|p| serde_json::from_value::<SchedulerType>(p.clone()).ok())
                 .map(|s| s.default_profile())
         });
-    let defaults = profile.map(|p| p.weights()).unwrap_or([0.0; 9]);
-    lattice_apis::kinds::vcluster::WEIGHT_NAMES
+    let defaults = profile.map(|p| p.weights()).unwrap_or_default();
+    lattice_apis::kinds::vcluster::WEIGHT_TERMS
         .iter()
-        .zip(defaults)
+        .map(|t| (t.name, defaults.get(t.name).unwrap_or(0.0)))
         .map(|(k, d)| {
             match v
                 .pointer(&format!("/spec/weights/{k}"))

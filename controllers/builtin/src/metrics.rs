@@ -49,6 +49,15 @@ pub struct ClaimLabel {
     pub result: &'static str,
 }
 
+/// `vcluster` and `extender` labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExtenderLabel {
+    /// `tenant/name`.
+    pub vcluster: String,
+    /// `spec.extenders[].name`.
+    pub extender: String,
+}
+
 /// `direction` label (`up`, `down`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirectionLabel {
@@ -82,6 +91,9 @@ pub struct SchedulerMetrics {
     cycles: Family<VClusterLabel, Counter>,
     reasons_queued: Gauge<i64, AtomicI64>,
     reasons_written: Counter,
+    extender_calls: Family<ExtenderLabel, Counter>,
+    extender_errors: Family<ExtenderLabel, Counter>,
+    extender_duration: Family<ExtenderLabel, Histogram, fn() -> Histogram>,
 }
 
 impl Default for SchedulerMetrics {
@@ -106,6 +118,9 @@ impl SchedulerMetrics {
             cycles: Family::default(),
             reasons_queued: Gauge::default(),
             reasons_written: Counter::default(),
+            extender_calls: Family::default(),
+            extender_errors: Family::default(),
+            extender_duration: Family::new_with_constructor(histogram as fn() -> Histogram),
         }
     }
 
@@ -185,6 +200,48 @@ impl SchedulerMetrics {
             "Pending reasons written onto allocations",
             self.reasons_written.clone(),
         );
+        r.register(
+            "extender_calls",
+            "Calls of scheduler extenders (spec.extenders), one per extender per cycle",
+            self.extender_calls.clone(),
+        );
+        r.register(
+            "extender_errors",
+            "Extender calls without a usable answer in time (refused, timed out, HTTP error, unreadable); the extender's failurePolicy then applies",
+            self.extender_errors.clone(),
+        );
+        r.register(
+            "extender_duration_seconds",
+            "Time of one extender call, answer read",
+            self.extender_duration.clone(),
+        );
+    }
+
+    /// Record one call of a scheduler extender (`ok`: a usable answer in time).
+    pub fn observe_extender(&self, vcluster: &str, extender: &str, took: Duration, ok: bool) {
+        let l = ExtenderLabel {
+            vcluster: vcluster.to_string(),
+            extender: extender.to_string(),
+        };
+        self.extender_calls.get_or_create(&l).inc();
+        if !ok {
+            self.extender_errors.get_or_create(&l).inc();
+        }
+        self.extender_duration
+            .get_or_create(&l)
+            .observe(took.as_secs_f64());
+    }
+
+    /// Calls and failed calls of a scheduler extender so far (for tests and status).
+    pub fn extender_counts(&self, vcluster: &str, extender: &str) -> (u64, u64) {
+        let l = ExtenderLabel {
+            vcluster: vcluster.to_string(),
+            extender: extender.to_string(),
+        };
+        (
+            self.extender_calls.get_or_create(&l).get(),
+            self.extender_errors.get_or_create(&l).get(),
+        )
     }
 
     /// Record one cycle.

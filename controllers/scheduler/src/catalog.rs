@@ -183,42 +183,14 @@ impl NodeCatalog {
         self.nodes.is_empty()
     }
 
-    /// Filter stack for one class: state → sensitive isolation → GPU type/count → features →
-    /// memory (CXL only on opt-in) → unified memory → ownership/borrowing.
+    /// The filters of [`crate::filter::FILTERS`] in order (state → sensitive isolation →
+    /// GPU type/count → features → memory (CXL only on opt-in) → unified memory), then
+    /// ownership/borrowing.
     pub fn filter(&self, class: u32, job: &PendingJob) -> FilterOutcome {
         let k = &self.classes[class as usize].key;
         let c = &job.constraints;
-        if !k.schedulable {
-            return FilterOutcome::NotSchedulable;
-        }
-        if k.sensitive_pool != job.sensitive {
-            return FilterOutcome::SensitiveIsolation;
-        }
-        if let Some(t) = &c.gpu_type {
-            if k.gpu_type.as_deref() != Some(t.as_str()) {
-                return FilterOutcome::GpuType;
-            }
-        }
-        if k.gpus < c.min_gpus_per_node {
-            return FilterOutcome::GpuCount;
-        }
-        if !c
-            .features
-            .iter()
-            .all(|f| k.features.binary_search(f).is_ok())
-        {
-            return FilterOutcome::Features;
-        }
-        let memory = if c.allow_cxl_memory {
-            k.memory_gb.saturating_add(k.cxl_memory_gb)
-        } else {
-            k.memory_gb
-        };
-        if memory < c.memory_gb_per_node {
-            return FilterOutcome::Memory;
-        }
-        if c.require_unified_memory && !k.unified_memory {
-            return FilterOutcome::UnifiedMemory;
+        if let Err(why) = crate::filter::run(job, k) {
+            return why;
         }
         match k.home {
             None => FilterOutcome::Feasible { borrowed: false },

@@ -12,8 +12,9 @@ use crate::plan::{
 use crate::predict::{Predictor, RunningEnds};
 use crate::preempt;
 use crate::profile::{BackfillOrder, Discipline, QueueOrder, SchedulerConfig, SchedulerKind};
-use crate::score::{self, Components};
+use crate::score;
 use crate::select::{self, BucketCount};
+use crate::terms::{self, Components, ScoreInput};
 
 const NEVER: Time = Time::MAX;
 
@@ -21,6 +22,45 @@ const NEVER: Time = Time::MAX;
 #[derive(Debug, Clone)]
 pub struct Scheduler {
     config: SchedulerConfig,
+    external: ExternalScores,
+}
+
+/// Score terms computed outside the core for one cycle (the live controller's scheduler
+/// extenders): each adds `weight × value` to `Score(j)` of the pending job at the same
+/// index of `ClusterSnapshot::pending`. Empty, the cycle's scores are exactly the
+/// registered terms' sum.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExternalScores {
+    terms: Vec<ExternalTerm>,
+}
+
+/// One external term.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExternalTerm {
+    /// Who computed it (for logs).
+    pub name: String,
+    pub weight: f64,
+    /// Per pending job (snapshot order); missing entries count 0.
+    pub values: Vec<f64>,
+}
+
+impl ExternalScores {
+    /// Add a term.
+    pub fn push(&mut self, term: ExternalTerm) {
+        self.terms.push(term);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.terms.is_empty()
+    }
+
+    /// `Σ weight × value` of the pending job at `index`.
+    fn sum(&self, index: usize) -> f64 {
+        self.terms
+            .iter()
+            .map(|t| t.weight * t.values.get(index).copied().unwrap_or(0.0))
+            .sum()
+    }
 }
 
 /// Free nodes of one class in one (group, fingerprint) bucket; popped lowest id first.
@@ -814,32 +854,43 @@ struct QuotaLedger {
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Self {
-        Scheduler { config }
+        Scheduler {
+            config,
+            external: ExternalScores::default(),
+        }
+    }
+
+    /// This cycle's external score terms (scheduler extenders).
+    pub fn with_external_scores(mut self, external: ExternalScores) -> Self {
+        self.external = external;
+        self
     }
 
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
     }
 
-    /// f₁..f₉ of every job in `snap.pending` against the current free index (no placement).
+    /// Every score term of every job in `snap.pending` against the current free index (no
+    /// placement), in registry order ([`terms::REGISTRY`]).
     pub fn components(&self, catalog: &NodeCatalog, snap: &ClusterSnapshot<'_>) -> Vec<Components> {
         let state = CycleState::new(catalog, snap, &Planning::WALLTIME);
         let f6 = backlog(snap);
         let mut cache = HashMap::new();
         snap.pending
             .iter()
-            .map(|j| self.job_components(&state, snap, j, f6, &mut cache))
+            .map(|j| Components::of(&self.score_input(&state, snap, j, f6, &mut cache)))
             .collect()
     }
 
-    fn job_components(
+    /// What the score terms read about `job`.
+    fn score_input<'s>(
         &self,
         state: &CycleState<'_>,
-        snap: &ClusterSnapshot<'_>,
-        job: &PendingJob,
+        snap: &'s ClusterSnapshot<'s>,
+        job: &'s PendingJob,
         f6: f64,
         cache: &mut HashMap<Vec<u32>, Inventory>,
-    ) -> Components {
+    ) -> ScoreInput<'s> {
         let feas = state.feasible(job);
         // Topology and conformance fitness are scored against the schedulable inventory the
         // job could use, not against the nodes free this instant: otherwise a blocked large
@@ -872,7 +923,6 @@ impl Scheduler {
                 })
                 .map(|p| p as u32 + 1)
         };
-        let inter = score::f4_inter_node(groups_needed, inv.group_sizes.len() as u32);
         let intra = feas
             .classes
             .iter()
@@ -885,24 +935,17 @@ impl Scheduler {
                 )
             })
             .fold(0.0, f64::max);
-        let largest = inv.largest_fp;
-        let tenant = snap.tenant(job.tenant);
-        let (target, actual) =
-            tenant.map_or((0.0, 0.0), |t| (t.quota.target_share, t.usage.actual_share));
-        Components([
-            score::f1_priority(job.preemption_class, job.sensitive),
-            score::f2_wait_time(
-                (snap.now - job.submit_time) as f64,
-                self.config.reference_wait_s,
-            ),
-            score::f3_fair_share(target, actual),
-            score::f4_topology(need, inter, intra),
-            score::f5_data_readiness(job.data_readiness),
-            f6,
-            score::f7_energy(snap.energy_price),
-            score::f8_checkpoint(&job.checkpoint),
-            score::f9_conformance(largest, need),
-        ])
+        ScoreInput {
+            job,
+            snap,
+            tenant: snap.tenant(job.tenant),
+            reference_wait_s: self.config.reference_wait_s,
+            backlog: f6,
+            groups_needed,
+            groups_available: inv.group_sizes.len() as u32,
+            intra_node: intra,
+            largest_conformance: inv.largest_fp,
+        }
     }
 
     /// Run one cycle. `catalog` must describe the nodes the snapshot's jobs refer to.
@@ -972,9 +1015,14 @@ impl Scheduler {
             let mut cache = HashMap::new();
             for o in &mut order {
                 let j = &snap.pending[o.1];
-                let c = self.job_components(&state, snap, j, f6, &mut cache);
+                let input = self.score_input(&state, snap, j, f6, &mut cache);
                 let budget = snap.tenant(j.tenant).and_then(|t| t.usage.budget_used);
-                o.0 = c.score(&cfg.weights) * score::budget_factor(budget);
+                let mut sum = terms::weighted_sum(&input, &cfg.weights);
+                // Only with extenders: without, the sum is the registered terms' alone.
+                if !self.external.is_empty() {
+                    sum += self.external.sum(o.1);
+                }
+                o.0 = sum * score::budget_factor(budget);
             }
         }
         if cfg.order == QueueOrder::Score {

@@ -7,8 +7,9 @@
 //! The cycle is a pipeline in the spirit of the Kubernetes scheduling framework and Nomad's
 //! iterator stack:
 //!
-//! 1. **order** — FIFO or `Score(j) = Σ wᵢ·fᵢ(j)` ([`score`], weights from a [`profile`]);
-//! 2. **filter** — per node *class* ([`catalog`]): state, sensitive isolation, GPU type and
+//! 1. **order** — FIFO or `Score(j) = Σ wᵢ·fᵢ(j)` (the score terms of [`terms`], weights
+//!    from a [`profile`]);
+//! 2. **filter** — per node *class* ([`catalog`], the filters of [`filter`]): state, sensitive isolation, GPU type and
 //!    count, features, memory (CXL on opt-in), unified memory, ownership/borrowing; hard
 //!    quotas (`max_nodes`, `max_concurrent_allocations`);
 //! 3. **select** — fewest dragonfly groups, then the largest conformance group ([`select`]);
@@ -38,6 +39,7 @@
 pub mod catalog;
 pub mod claim;
 pub mod cycle;
+pub mod filter;
 mod free_index;
 pub mod model;
 pub mod plan;
@@ -47,10 +49,11 @@ pub mod profile;
 pub mod score;
 pub mod select;
 pub mod sim;
+pub mod terms;
 
 pub use catalog::{FilterOutcome, NodeCatalog};
 pub use claim::ClaimVerdict;
-pub use cycle::Scheduler;
+pub use cycle::{ExternalScores, ExternalTerm, Scheduler};
 pub use model::*;
 pub use plan::{PendingExplanation, PendingReason, Plan, Proposal, ProposalKind, Reservation};
 pub use predict::{

@@ -4,57 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::predict::PredictionConfig;
-
-/// w₁..w₉ of `Score(j) = Σ wᵢ·fᵢ(j)`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct CostWeights {
-    pub priority: f64,
-    pub wait_time: f64,
-    pub fair_share: f64,
-    pub topology: f64,
-    pub data_readiness: f64,
-    pub backlog: f64,
-    pub energy: f64,
-    pub checkpoint: f64,
-    pub conformance: f64,
-}
-
-impl Default for CostWeights {
-    /// The seed's "balanced HPC" baseline (not identical to any named profile).
-    fn default() -> Self {
-        CostWeights::new([0.20, 0.20, 0.20, 0.15, 0.10, 0.05, 0.00, 0.00, 0.10])
-    }
-}
-
-impl CostWeights {
-    pub const fn new(w: [f64; 9]) -> Self {
-        CostWeights {
-            priority: w[0],
-            wait_time: w[1],
-            fair_share: w[2],
-            topology: w[3],
-            data_readiness: w[4],
-            backlog: w[5],
-            energy: w[6],
-            checkpoint: w[7],
-            conformance: w[8],
-        }
-    }
-    pub fn as_array(&self) -> [f64; 9] {
-        [
-            self.priority,
-            self.wait_time,
-            self.fair_share,
-            self.topology,
-            self.data_readiness,
-            self.backlog,
-            self.energy,
-            self.checkpoint,
-            self.conformance,
-        ]
-    }
-}
+pub use crate::terms::CostWeights;
 
 /// The seed's five named weight profiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,19 +28,19 @@ impl WeightProfile {
     pub fn weights(self) -> CostWeights {
         match self {
             WeightProfile::HpcBatch => {
-                CostWeights::new([0.15, 0.20, 0.20, 0.15, 0.10, 0.05, 0.00, 0.05, 0.10])
+                CostWeights::seed([0.15, 0.20, 0.20, 0.15, 0.10, 0.05, 0.00, 0.05, 0.10])
             }
             WeightProfile::MlTraining => {
-                CostWeights::new([0.10, 0.10, 0.10, 0.25, 0.15, 0.05, 0.05, 0.10, 0.10])
+                CostWeights::seed([0.10, 0.10, 0.10, 0.25, 0.15, 0.05, 0.05, 0.10, 0.10])
             }
             WeightProfile::Service => {
-                CostWeights::new([0.15, 0.05, 0.10, 0.05, 0.10, 0.05, 0.10, 0.10, 0.30])
+                CostWeights::seed([0.15, 0.05, 0.10, 0.05, 0.10, 0.05, 0.10, 0.10, 0.30])
             }
             WeightProfile::Sensitive => {
-                CostWeights::new([0.90, 0.00, 0.00, 0.00, 0.00, 0.00, 0.00, 0.00, 0.10])
+                CostWeights::seed([0.90, 0.00, 0.00, 0.00, 0.00, 0.00, 0.00, 0.00, 0.10])
             }
             WeightProfile::Interactive => {
-                CostWeights::new([0.10, 0.30, 0.10, 0.00, 0.05, 0.15, 0.00, 0.00, 0.30])
+                CostWeights::seed([0.10, 0.30, 0.10, 0.00, 0.05, 0.15, 0.00, 0.00, 0.30])
             }
         }
     }

@@ -1,8 +1,8 @@
 //! The seed's cost-function components f₁..f₉ and the composite `Score(j) = Σ wᵢ·fᵢ(j)`.
-//! Each component is a small pure function so it can be unit- and property-tested alone.
+//! Each component is a small pure function so it can be unit- and property-tested alone;
+//! the score terms of [`crate::terms`] call them.
 
 use crate::model::{CheckpointInfo, CheckpointMode};
-use crate::profile::CostWeights;
 
 /// f₁: static priority tier 0..=10 normalised to [0, 1]. Sensitive claims are class 10.
 pub fn f1_priority(preemption_class: u8, sensitive: bool) -> f64 {
@@ -125,24 +125,10 @@ pub fn budget_factor(budget_used: Option<f64>) -> f64 {
     }
 }
 
-/// All nine component values of one job.
-#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
-pub struct Components(pub [f64; 9]);
-
-impl Components {
-    pub fn score(&self, w: &CostWeights) -> f64 {
-        self.0
-            .iter()
-            .zip(w.as_array().iter())
-            .map(|(f, w)| f * w)
-            .sum()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::WeightProfile;
+    use crate::profile::{CostWeights, WeightProfile};
 
     #[test]
     fn components_match_seed_formulas() {
@@ -191,7 +177,7 @@ mod tests {
                 .collect();
             for (col, p) in WeightProfile::ALL.iter().enumerate() {
                 assert_eq!(
-                    p.weights().as_array()[row],
+                    p.weights().values()[row],
                     values[col],
                     "w{} of {p:?}",
                     row + 1
@@ -222,10 +208,10 @@ mod tests {
     #[test]
     fn profiles_sum_to_one() {
         for p in WeightProfile::ALL {
-            let s: f64 = p.weights().as_array().iter().sum();
+            let s: f64 = p.weights().values().iter().sum();
             assert!((s - 1.0).abs() < 1e-9, "{p:?} sums to {s}");
         }
-        let s: f64 = CostWeights::default().as_array().iter().sum();
+        let s: f64 = CostWeights::default().values().iter().sum();
         assert!((s - 1.0).abs() < 1e-9);
     }
 }

@@ -13,7 +13,9 @@
 //! * a job step (`spec.stepOf`) belongs to an allocation of the same user;
 //! * vClusters are their tenant's admins' (or admins'); which nodes are a vCluster's home
 //!   (`spec.homeNodes`) takes nodes from others, so only admins change it (a tenant admin
-//!   may list nodes that an admin made the vCluster's home on the Node);
+//!   may list nodes that an admin made the vCluster's home on the Node); its scheduler
+//!   extenders (`spec.extenders`) too: the scheduler calls them from the control plane
+//!   with the cluster's nodes, so only admins choose them;
 //! * limits: an allocation's walltime within its vCluster's `maxWalltime`, its nodes
 //!   within its tenant's `maxNodes`.
 
@@ -861,6 +863,27 @@ async fn vcluster(
     .await?;
     if caller.role == Role::Admin {
         return Ok(());
+    }
+    // The scheduler POSTs each cycle's jobs and the cluster's nodes to an extender, from
+    // inside the control plane: a tenant choosing the URL could read the node inventory or
+    // make the scheduler call anything it can reach. Unchanged extenders are fine (a tenant
+    // admin may edit the rest of a vCluster an administrator gave extenders).
+    let extenders = |v: Option<&Value>| -> Value {
+        match v.and_then(|v| v.pointer("/spec/extenders")) {
+            Some(Value::Array(a)) if !a.is_empty() => Value::Array(a.clone()),
+            _ => Value::Null,
+        }
+    };
+    if extenders(Some(new)) != extenders(old) {
+        return Err(forbidden(
+            kind,
+            new,
+            "spec.extenders",
+            format!(
+                "user {:?} cannot change a vCluster's scheduler extenders: the scheduler sends                  them the cluster's nodes and calls them from the control plane, so cluster                  administrators configure them",
+                caller.name
+            ),
+        ));
     }
     let homes = |v: &Value| -> Vec<String> {
         v.pointer("/spec/homeNodes")

@@ -135,7 +135,15 @@ pub fn scheduler_config(vc: &VCluster) -> SchedulerConfig {
     if let Some(p) = vc.spec.effective_profile() {
         weights.fill_from(p);
     }
-    cfg.weights = CostWeights::new(weights.to_array());
+    // By name: every admitted weight name is a registered score term (a test checks), and
+    // an unset one counts 0 as it always did.
+    let mut w = CostWeights::zero();
+    for (name, value) in weights.iter() {
+        if let Err(e) = w.set(name, value) {
+            tracing::warn!(vcluster = %vc.name_any(), error = %e, "weight ignored");
+        }
+    }
+    cfg.weights = w;
     if kind == SchedulerKind::HpcBackfill {
         apply_prediction(&mut cfg, vc);
         let depth = vc.spec.backfill_depth.unwrap_or(t.default_backfill_depth());
@@ -738,6 +746,38 @@ pub fn tenant_model(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The weight names the API admits are exactly the scheduling core's score terms, in
+    /// the same order, with the same aliases: a weight admitted is a weight used.
+    #[test]
+    fn admitted_weight_names_are_the_registered_terms() {
+        use lattice_apis::kinds::vcluster::WEIGHT_TERMS;
+        let core: Vec<(&str, Vec<&str>)> = lattice_scheduler::terms::REGISTRY
+            .iter()
+            .map(|t| (t.name(), t.aliases().to_vec()))
+            .collect();
+        assert_eq!(core.len(), WEIGHT_TERMS.len());
+        for ((name, aliases), api) in core.iter().zip(WEIGHT_TERMS) {
+            assert_eq!(*name, api.name);
+            for a in api.aliases {
+                assert!(aliases.contains(a), "{a} of {name}");
+            }
+        }
+    }
+
+    /// A vCluster's weights by name reach the core by name, unset ones from its profile.
+    #[test]
+    fn vcluster_weights_reach_the_core_by_name() {
+        let vc: VCluster = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "v", "namespace": "t"},
+            "spec": {"schedulerType": "hpc-backfill", "weights": {"w2": 0.9, "checkpoint": 0.4}},
+        }))
+        .expect("vcluster");
+        let cfg = scheduler_config(&vc);
+        assert_eq!(cfg.weights.get("waitTime"), Some(0.9));
+        assert_eq!(cfg.weights.get("checkpointEfficiency"), Some(0.4));
+        assert_eq!(cfg.weights.get("priority"), Some(0.15), "hpc-batch's w1");
+    }
 
     /// The seed (DAG failure handling): a requeued allocation "re-enters the scheduler
     /// queue with its original priority": its class and its wait since the original

@@ -9,6 +9,7 @@
 pub mod adapter;
 pub mod bind;
 pub mod claim;
+pub mod extender;
 pub mod grow;
 pub mod history;
 
@@ -58,6 +59,8 @@ pub struct Shared {
     reasons: ReasonQueue,
     /// Finished allocations' runtimes, refreshed in the background ([`history`]).
     history: Arc<history::HistoryCache>,
+    /// Asks the vClusters' scheduler extenders ([`extender`]).
+    http: reqwest::Client,
 }
 
 /// Run the scheduler until dropped (the controller host drops it on losing leadership).
@@ -92,6 +95,7 @@ pub async fn run(ctx: HostContext, backend: Arc<dyn KvBackend>, metrics: Schedul
         metrics,
         reasons: ReasonQueue::default(),
         history,
+        http: extender::client(),
     });
     let _reason_writer = AbortOnDrop(tokio::spawn(reason_writer(shared.clone())));
     ctx.set_ready(true);
@@ -215,6 +219,47 @@ async fn vcluster_loop(shared: Arc<Shared>, key: VClusterKey, notify: Arc<Notify
         }
         tokio::time::sleep_until((tokio::time::Instant::now() + DEBOUNCE).max(earliest)).await;
     }
+}
+
+/// One batched request per extender of `vc` for this cycle ([`extender`]): the queued
+/// allocations (scale-ups are not sent) and the Ready nodes.
+async fn ask_extenders(
+    shared: &Shared,
+    vc: &VCluster,
+    key: &VClusterKey,
+    queued: &[Arc<Allocation>],
+    pending: &[lattice_scheduler::PendingJob],
+    inv: &adapter::Inventory,
+) -> extender::Verdict {
+    let label = format!("{}/{}", key.0, key.1);
+    let jobs: Vec<(&Allocation, &lattice_scheduler::PendingJob)> =
+        queued.iter().map(Arc::as_ref).zip(pending).collect();
+    let node_objs: Vec<Option<Arc<Node>>> = inv
+        .names
+        .iter()
+        .map(|n| shared.nodes.get_named(None, n))
+        .collect();
+    let nodes: Vec<(&str, Option<&Node>, &lattice_scheduler::NodeView)> = inv
+        .views
+        .iter()
+        .filter(|v| v.state == lattice_scheduler::NodeState::Ready)
+        .map(|v| {
+            let i = v.id.0 as usize;
+            (inv.names[i].as_str(), node_objs[i].as_deref(), v)
+        })
+        .collect();
+    let all: Vec<String> = nodes.iter().map(|(n, _, _)| n.to_string()).collect();
+    let req = extender::request(&label, &jobs, &nodes);
+    extender::consult(
+        &shared.http,
+        &shared.metrics,
+        &label,
+        &vc.spec.extenders,
+        &req,
+        &all,
+        pending.len(),
+    )
+    .await
 }
 
 /// Figures of one cycle.
@@ -458,8 +503,30 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
     tenants.sort_by_key(|t| t.id);
     let mut config = adapter::scheduler_config(&vc);
     config.vcluster = Some(self_id);
+    let mut views = inv.views.clone();
+    let mut external = lattice_scheduler::ExternalScores::default();
+    if !vc.spec.extenders.is_empty() {
+        let verdict = ask_extenders(shared, &vc, key, &queued, &pending, &inv).await;
+        if let Some(why) = verdict.blocked {
+            // failurePolicy: fail — nothing of this vCluster is placed without it.
+            let items: Vec<(&Allocation, &str, String)> = queued
+                .iter()
+                .map(|a| (a.as_ref(), "extender_unavailable", why.clone()))
+                .collect();
+            explain_all(shared, &items).await;
+            stats.compute_time = begun.elapsed();
+            return Ok(stats);
+        }
+        for v in &mut views {
+            if verdict.filtered.contains(&inv.names[v.id.0 as usize]) {
+                // Not schedulable for this cycle of this vCluster; running work stays.
+                v.state = lattice_scheduler::NodeState::Drained;
+            }
+        }
+        external = verdict.scores;
+    }
     let started = Instant::now();
-    let catalog = NodeCatalog::new(inv.views.clone());
+    let catalog = NodeCatalog::new(views);
     let snap = ClusterSnapshot {
         now: now_s,
         running: &inv.running,
@@ -468,7 +535,9 @@ pub async fn cycle(shared: &Shared, key: &VClusterKey) -> anyhow::Result<CycleSt
         energy_price: 0.0,
         history: vc_history.map(|h| &h.history),
     };
-    let plan = Scheduler::new(config).cycle(&catalog, &snap);
+    let plan = Scheduler::new(config)
+        .with_external_scores(external)
+        .cycle(&catalog, &snap);
     stats.core_time = started.elapsed();
     stats.compute_time = begun.elapsed();
 
@@ -1061,6 +1130,7 @@ mod tests {
             metrics: SchedulerMetrics::default(),
             reasons: ReasonQueue::default(),
             history: Default::default(),
+            http: extender::client(),
         }
     }
 

@@ -160,6 +160,47 @@ fn bench(pending: usize, nodes: u32) -> (f64, usize) {
     (times[times.len() / 2], placed)
 }
 
+/// Median time of scoring every pending job with every registered score term
+/// (`Scheduler::components`: feasibility, inventory and the terms' dispatch), and of the
+/// filters alone (every registered filter, every job × node class).
+fn bench_plugins(pending: usize, nodes: u32) -> (f64, f64) {
+    let catalog = NodeCatalog::new(cluster(nodes));
+    let (running, jobs) = workload(pending, nodes, 42);
+    let snap = ClusterSnapshot {
+        now: 0,
+        running: &running,
+        pending: &jobs,
+        tenants: &[],
+        energy_price: 0.4,
+        history: None,
+    };
+    let scheduler = Scheduler::new(SchedulerConfig::for_kind(SchedulerKind::HpcBackfill));
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut score = Vec::new();
+    let mut filter = Vec::new();
+    for _ in 0..7 {
+        let t = Instant::now();
+        std::hint::black_box(scheduler.components(&catalog, &snap));
+        score.push(t.elapsed().as_secs_f64() * 1000.0);
+        let t = Instant::now();
+        let mut feasible = 0usize;
+        for j in &jobs {
+            for c in 0..catalog.classes().len() as u32 {
+                feasible += usize::from(matches!(
+                    catalog.filter(c, j),
+                    FilterOutcome::Feasible { .. }
+                ));
+            }
+        }
+        std::hint::black_box(feasible);
+        filter.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    (median(score), median(filter))
+}
+
 fn main() {
     let mut at = std::collections::HashMap::new();
     for (p, n) in [(500usize, 5_000u32), (1_000, 10_000), (10_000, 100_000)] {
@@ -168,6 +209,9 @@ fn main() {
         println!("RESULT cycle_{p}x{n}_ms={ms:.2}");
         at.insert((p, n), ms);
     }
+    let (score_ms, filter_ms) = bench_plugins(1_000, 10_000);
+    println!("RESULT score_terms_1000x10000_ms={score_ms:.2}");
+    println!("RESULT filters_1000x10000_ms={filter_ms:.3}");
     // Growth from 1,000 x 10,000 to 10,000 x 100,000 against what O(pending × log nodes)
     // allows (10 × log 100,000 / log 10,000 = 12.5).
     let ratio = at[&(10_000, 100_000)] / at[&(1_000, 10_000)];

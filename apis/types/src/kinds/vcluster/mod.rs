@@ -11,6 +11,12 @@ use crate::meta::{Condition, ObjectMeta, Time};
 use crate::resource::{impl_resource_meta, Resource};
 use crate::validation::{check_len, truncate, validate_dns1123_name, Errors};
 
+mod extender;
+mod weights;
+
+pub use extender::{Extender, ExtenderFailurePolicy};
+pub use weights::{known_weight_names, weight_term, WeightTerm, Weights, WEIGHT_TERMS};
+
 /// A vCluster.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -102,113 +108,23 @@ pub enum WeightProfile {
 }
 
 impl WeightProfile {
-    /// The profile's weights w₁..w₉.
-    pub fn weights(self) -> [f64; 9] {
+    /// The profile's weights (the seed's "Weight Profiles" table, [`WEIGHT_TERMS`]).
+    pub fn weights(self) -> Weights {
+        let column = self.column();
+        WEIGHT_TERMS
+            .iter()
+            .map(|t| (t.name, t.profiles[column]))
+            .collect()
+    }
+
+    /// The profile's column in [`WeightTerm::profiles`].
+    pub(crate) fn column(self) -> usize {
         match self {
-            Self::HpcBatch => [0.15, 0.20, 0.20, 0.15, 0.10, 0.05, 0.00, 0.05, 0.10],
-            Self::MlTraining => [0.10, 0.10, 0.10, 0.25, 0.15, 0.05, 0.05, 0.10, 0.10],
-            Self::Service => [0.15, 0.05, 0.10, 0.05, 0.10, 0.05, 0.10, 0.10, 0.30],
-            Self::Sensitive => [0.90, 0.00, 0.00, 0.00, 0.00, 0.00, 0.00, 0.00, 0.10],
-            Self::Interactive => [0.10, 0.30, 0.10, 0.00, 0.05, 0.15, 0.00, 0.00, 0.30],
-        }
-    }
-}
-
-/// Cost-function weights w₁..w₉ (`Score(j) = Σ wᵢ·fᵢ(j)`), each 0–1. Unset
-/// weights are filled from the profile. Aliases `w1`..`w9` are accepted.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Weights {
-    /// w₁: priority class.
-    #[serde(default, alias = "w1", skip_serializing_if = "Option::is_none")]
-    pub priority: Option<f64>,
-    /// w₂: wait time (anti-starvation).
-    #[serde(default, alias = "w2", skip_serializing_if = "Option::is_none")]
-    pub wait_time: Option<f64>,
-    /// w₃: fair-share deficit.
-    #[serde(default, alias = "w3", skip_serializing_if = "Option::is_none")]
-    pub fair_share: Option<f64>,
-    /// w₄: topology fitness.
-    #[serde(default, alias = "w4", skip_serializing_if = "Option::is_none")]
-    pub topology: Option<f64>,
-    /// w₅: data readiness.
-    #[serde(
-        default,
-        alias = "w5",
-        alias = "dataReady",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub data_readiness: Option<f64>,
-    /// w₆: backlog pressure.
-    #[serde(default, alias = "w6", skip_serializing_if = "Option::is_none")]
-    pub backlog: Option<f64>,
-    /// w₇: energy cost.
-    #[serde(default, alias = "w7", skip_serializing_if = "Option::is_none")]
-    pub energy: Option<f64>,
-    /// w₈: checkpoint efficiency.
-    #[serde(
-        default,
-        alias = "w8",
-        alias = "checkpoint",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub checkpoint_efficiency: Option<f64>,
-    /// w₉: conformance fitness.
-    #[serde(default, alias = "w9", skip_serializing_if = "Option::is_none")]
-    pub conformance: Option<f64>,
-}
-
-/// Field names of [`Weights`] in w₁..w₉ order.
-pub const WEIGHT_NAMES: [&str; 9] = [
-    "priority",
-    "waitTime",
-    "fairShare",
-    "topology",
-    "dataReadiness",
-    "backlog",
-    "energy",
-    "checkpointEfficiency",
-    "conformance",
-];
-
-impl Weights {
-    fn slots(&mut self) -> [&mut Option<f64>; 9] {
-        [
-            &mut self.priority,
-            &mut self.wait_time,
-            &mut self.fair_share,
-            &mut self.topology,
-            &mut self.data_readiness,
-            &mut self.backlog,
-            &mut self.energy,
-            &mut self.checkpoint_efficiency,
-            &mut self.conformance,
-        ]
-    }
-
-    /// The weights as an array in w₁..w₉ order (unset = 0).
-    pub fn to_array(&self) -> [f64; 9] {
-        [
-            self.priority,
-            self.wait_time,
-            self.fair_share,
-            self.topology,
-            self.data_readiness,
-            self.backlog,
-            self.energy,
-            self.checkpoint_efficiency,
-            self.conformance,
-        ]
-        .map(|w| w.unwrap_or(0.0))
-    }
-
-    /// Fill unset weights from `profile`.
-    pub fn fill_from(&mut self, profile: WeightProfile) {
-        let defaults = profile.weights();
-        for (slot, d) in self.slots().into_iter().zip(defaults) {
-            if slot.is_none() {
-                *slot = Some(d);
-            }
+            Self::HpcBatch => 0,
+            Self::MlTraining => 1,
+            Self::Service => 2,
+            Self::Sensitive => 3,
+            Self::Interactive => 4,
         }
     }
 }
@@ -379,9 +295,13 @@ pub struct VClusterSpec {
     /// (default from the scheduler type).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<WeightProfile>,
-    /// Cost-function weights; unset ones come from the profile.
+    /// Cost-function weights by name; unset ones come from the profile.
     #[serde(default)]
     pub weights: Weights,
+    /// Scheduler extenders: HTTP services the scheduler asks, once per cycle, which nodes
+    /// this vCluster's jobs may use and how to rank its queue (`docs/scheduling.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extenders: Vec<Extender>,
     /// Scheduling cycle interval, e.g. `15s` (default from the scheduler type).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cycle_interval: Option<String>,
@@ -503,8 +423,14 @@ impl Resource for VCluster {
                 "is required; use one of: hpc-backfill, service-binpack, sensitive-reservation, interactive-fifo",
             );
         }
-        let w = s.weights.to_array();
-        for (name, v) in WEIGHT_NAMES.iter().zip(w) {
+        let known = known_weight_names();
+        for name in s.weights.unknown() {
+            errs.push(
+                format!("spec.weights.{name}"),
+                format!("is not a weight; use one of: {known}"),
+            );
+        }
+        for (name, v) in s.weights.iter() {
             if !v.is_finite() || !(0.0..=1.0).contains(&v) {
                 errs.push(
                     format!("spec.weights.{name}"),
@@ -512,12 +438,17 @@ impl Resource for VCluster {
                 );
             }
         }
-        if s.scheduler_type.is_some() && w.iter().all(|v| *v == 0.0) {
+        // Unset counts as 0 here (defaulting has filled them from the profile by now).
+        let all_zero = WEIGHT_TERMS
+            .iter()
+            .all(|t| s.weights.get(t.name).unwrap_or(0.0) == 0.0);
+        if s.scheduler_type.is_some() && all_zero {
             errs.push(
                 "spec.weights",
                 "all weights are 0, so every allocation would score the same; set at least one weight or remove weights to use the profile",
             );
         }
+        extender::validate(&s.extenders, errs);
         for (field, v) in [
             ("spec.cycleInterval", &s.cycle_interval),
             (
