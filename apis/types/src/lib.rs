@@ -63,7 +63,6 @@
 
 pub mod attach;
 pub mod cluster_config;
-pub mod duration;
 pub mod intent;
 pub mod kinds;
 pub mod lifecycle;
@@ -74,8 +73,12 @@ pub mod registry;
 pub mod resource;
 pub mod schemas;
 pub mod steps;
+pub mod syntax;
 pub mod validation;
 pub mod wellknown;
+
+/// Durations (`24h`, `72:00:00`, ...): the grammar lives in [`syntax::duration`].
+pub use syntax::duration;
 
 pub use kinds::allocation::{
     Allocation, AllocationPhase, AllocationSpec, AllocationStatus, Checkpoint, CheckpointStrategy,

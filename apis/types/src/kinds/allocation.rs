@@ -29,6 +29,8 @@ pub const MAX_MAX_REQUEUE: u32 = 100;
 pub use crate::wellknown::MAX_TASKS;
 /// Most nodes one allocation may ask for.
 pub const MAX_NODES: u32 = 100_000;
+/// A parsed task index range (the grammar is [`crate::syntax::tasks`]).
+pub use crate::syntax::tasks::TaskRange;
 /// Label of a job-array element: its index (`$LATTICE_TASK_INDEX`). An element may
 /// carry its array's `corresponding` dependencies (evaluated for its own index).
 pub use crate::wellknown::TASK_INDEX_LABEL;
@@ -567,7 +569,20 @@ pub struct ExposedPort {
 }
 
 /// Dependency condition (the seed's table, plus Slurm/Flux `after`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum DependencyCondition {
     /// Run after the dependency completes successfully (default; Slurm/Flux `afterok`).
@@ -594,6 +609,9 @@ pub enum DependencyCondition {
 impl DependencyCondition {
     /// The allowed values, for messages.
     pub const ALLOWED: &'static str = "success, failure, any, corresponding, started, mutex";
+    /// The conditions of DAG edges and `--depends-on`, for messages (`started`, Slurm's
+    /// `after`, is for standalone allocations' `--dependency`).
+    pub const EDGE_ALLOWED: &'static str = "success, failure, any, corresponding, mutex";
 
     /// Parse a condition name (`success`, ...).
     pub fn parse(s: &str) -> Option<Self> {
@@ -632,6 +650,20 @@ impl DependencyCondition {
             Self::Mutex => "singleton",
         }
     }
+
+    /// Parse a Slurm/Flux spelling ([`slurm_name`](Self::slurm_name)).
+    pub fn from_slurm_name(s: &str) -> Option<Self> {
+        [
+            Self::Success,
+            Self::Failure,
+            Self::Any,
+            Self::Corresponding,
+            Self::Started,
+            Self::Mutex,
+        ]
+        .into_iter()
+        .find(|c| c.slurm_name() == s)
+    }
 }
 
 impl fmt::Display for DependencyCondition {
@@ -653,6 +685,13 @@ pub enum SymbolType {
 }
 
 impl SymbolType {
+    /// Parse `in` | `out` | `inout`.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::In, Self::Out, Self::Inout]
+            .into_iter()
+            .find(|t| t.as_str() == s)
+    }
+
     /// `in` | `out` | `inout`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -685,6 +724,13 @@ pub enum SymbolScope {
 }
 
 impl SymbolScope {
+    /// Parse `user` | `global`.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::User, Self::Global]
+            .into_iter()
+            .find(|t| t.as_str() == s)
+    }
+
     /// `user` | `global`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -754,7 +800,7 @@ pub struct Dependency {
 }
 
 /// Largest `taskIndex` (task ranges take at most 9 digits).
-pub const MAX_TASK_INDEX: u64 = 999_999_999;
+pub use crate::syntax::tasks::MAX_TASK_INDEX;
 
 /// What a [`Dependency`] waits for (a borrowed view).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -1349,113 +1395,6 @@ pub struct TaskGroup {
     /// Maximum tasks running at once (`%20` in `--task-group=0-99%20`). Default: unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<u32>,
-}
-
-/// A parsed task index range.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskRange {
-    /// Inclusive `(start, end, step)` segments.
-    pub segments: Vec<(u64, u64, u64)>,
-}
-
-impl TaskRange {
-    /// Parse `0-99`, `0-15:4`, `1,3,5-7`. The error explains the syntax.
-    pub fn parse(s: &str) -> Result<TaskRange, String> {
-        const SYNTAX: &str =
-            "use START-END (e.g. \"0-99\"), START-END:STEP (\"0-15:4\") or a comma list (\"1,3,5-7\")";
-        let t = s.trim();
-        if t.is_empty() {
-            return Err(format!("is empty; {SYNTAX}"));
-        }
-        if t.contains('%') {
-            return Err(format!(
-                "{t:?} contains '%': put the concurrency limit in spec.taskGroup.concurrency; {SYNTAX}"
-            ));
-        }
-        let mut segments = Vec::new();
-        for part in t.split(',') {
-            let part = part.trim();
-            let (range, step) = match part.split_once(':') {
-                Some((r, st)) => (r, parse_index(st).filter(|s| *s > 0)),
-                None => (part, Some(1)),
-            };
-            let step = step.ok_or_else(|| format!("{part:?} has an invalid step; {SYNTAX}"))?;
-            let (a, b) = match range.split_once('-') {
-                Some((a, b)) => (parse_index(a), parse_index(b)),
-                None => (parse_index(range), parse_index(range)),
-            };
-            let (a, b) = match (a, b) {
-                (Some(a), Some(b)) => (a, b),
-                _ => {
-                    return Err(format!(
-                        "{:?} is not a valid range; {SYNTAX}",
-                        truncate(part, 40)
-                    ))
-                }
-            };
-            if a > b {
-                return Err(format!(
-                    "{part:?}: start {a} is greater than end {b}; write it as \"{b}-{a}\""
-                ));
-            }
-            segments.push((a, b, step));
-        }
-        let r = TaskRange { segments };
-        let n = r.count();
-        if n > MAX_TASKS {
-            return Err(format!(
-                "{t:?} expands to {n} tasks, the limit is {MAX_TASKS}; split the task group"
-            ));
-        }
-        Ok(r)
-    }
-
-    /// Number of task indices (duplicates across segments counted once).
-    pub fn count(&self) -> u64 {
-        // Cheap upper bound first, to avoid expanding absurd ranges.
-        let bound: u64 = self
-            .segments
-            .iter()
-            .map(|(a, b, s)| b.saturating_sub(*a) / (*s).max(1) + 1)
-            .fold(0u64, u64::saturating_add);
-        if bound > MAX_TASKS {
-            return bound;
-        }
-        self.indices().len() as u64
-    }
-
-    /// Whether `i` is one of the indices (without expanding the range).
-    pub fn contains(&self, i: u64) -> bool {
-        self.segments
-            .iter()
-            .any(|&(a, b, s)| (a..=b).contains(&i) && (i - a) % s.max(1) == 0)
-    }
-
-    /// All indices in ascending order, deduplicated.
-    pub fn indices(&self) -> Vec<u64> {
-        let mut set = BTreeSet::new();
-        for &(a, b, s) in &self.segments {
-            // Segments are public: guard against hand-built zero steps.
-            let s = s.max(1);
-            let mut i = a;
-            while i <= b {
-                set.insert(i);
-                match i.checked_add(s) {
-                    Some(n) => i = n,
-                    None => break,
-                }
-            }
-        }
-        set.into_iter().collect()
-    }
-}
-
-fn parse_index(s: &str) -> Option<u64> {
-    let s = s.trim();
-    if s.is_empty() || s.len() > 9 || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
 }
 
 /// Checkpoint strategy.

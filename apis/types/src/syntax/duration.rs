@@ -72,8 +72,9 @@ fn parse_clock(t: &str) -> Option<u64> {
         .checked_add(m * 60 + s)
 }
 
-/// `1d2h3m4s` in any combination, each unit at most once, in that order.
-fn parse_units(t: &str) -> Option<u64> {
+/// `1d2h3m4s` in any combination, each unit at most once, in that order (lower-case
+/// units); `None` when `t` is not of that form or overflows.
+pub fn parse_units(t: &str) -> Option<u64> {
     let mut total: u64 = 0;
     let mut digits = String::new();
     let mut last_rank = 0u8;
@@ -104,7 +105,8 @@ fn parse_units(t: &str) -> Option<u64> {
     Some(total)
 }
 
-fn num(s: &str) -> Option<u64> {
+/// A run of at most 12 ASCII digits (what every field of a duration is).
+pub(crate) fn num(s: &str) -> Option<u64> {
     if s.is_empty() || s.len() > 12 || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
