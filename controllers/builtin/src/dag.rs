@@ -46,7 +46,7 @@ use lattice_apis::lifecycle::{self, CANCEL_ANNOTATION};
 use lattice_apis::meta::now;
 use lattice_apis::{Allocation, AllocationPhase, Dag, ObjectMeta};
 use lattice_dag::dispatch::{FailurePolicy, Policy};
-use lattice_dag::graph::{validate, DagDef, Limits};
+use lattice_dag::graph::{validate_dag, Limits};
 use lattice_dag::{Action as DagAction, CancelReason, Engine, Outcome, StepState};
 use lattice_runtime::reflector::Store;
 use lattice_runtime::{Action, Api, HostContext, Patch, PatchParams, PostParams, ResourceExt};
@@ -344,8 +344,6 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
                 Dirty::forget(&ctx.dirty, &uid);
                 return Ok(Action::await_change());
             }
-            let def = DagDef::from_value(&serde_json::to_value(dag.as_ref())?)
-                .map_err(|e| anyhow::anyhow!("{}: {} ({})", e.path, e.message, e.hint))?;
             // The size limit is admission's (the API server's `--max-dag-size`, or the
             // cluster setting `scheduling.max_dag_size` an administrator changes while
             // Dags run): a Dag in the store was admitted, whatever the limit is now.
@@ -353,7 +351,7 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
                 max_dag_size: usize::MAX,
                 ..ctx.limits
             };
-            let validated = match validate(&def, &limits) {
+            let validated = match validate_dag(&dag, &limits) {
                 Ok(v) => v,
                 Err(errs) => {
                     let msg = errs.to_string();
@@ -1173,16 +1171,7 @@ async fn create_step(
             .map(|t| {
                 t.depends_on
                     .iter()
-                    .map(|d| {
-                        format!(
-                            "{} ({})",
-                            d.ref_,
-                            serde_json::to_value(d.condition)
-                                .ok()
-                                .and_then(|v| v.as_str().map(String::from))
-                                .unwrap_or_default()
-                        )
-                    })
+                    .map(|d| format!("{} ({})", d.ref_, d.condition))
                     .collect()
             })
             .unwrap_or_default();

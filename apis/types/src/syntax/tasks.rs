@@ -160,10 +160,13 @@ pub fn parse_range_with_limit(
     let (list, at_once) = match t.split_once('%') {
         Some((l, c)) => {
             let pos = lead + l.len() + 1;
-            let n: u32 = c
-                .trim()
-                .parse()
-                .map_err(|_| RangeError::new(pos, c, RangeErrorKind::BadLimit))?;
+            let digits = c.trim();
+            let n: u32 = digits
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| digits.parse().ok())
+                .flatten()
+                .ok_or_else(|| RangeError::new(pos, c, RangeErrorKind::BadLimit))?;
             if n == 0 {
                 return Err(RangeError::new(pos, c, RangeErrorKind::ZeroLimit));
             }
@@ -300,15 +303,17 @@ impl TaskRange {
 }
 
 /// The normalized spelling: `A`, `A-B` or `A-B:S` per segment, joined by `,` (what
-/// [`TaskRange::parse`] reads back to the same segments).
+/// [`TaskRange::parse`] reads back to the same indices, and to the same segments when
+/// no single index carries a step).
 impl fmt::Display for TaskRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, &(a, b, s)) in self.segments.iter().enumerate() {
             if i > 0 {
                 f.write_str(",")?;
             }
+            // A single index needs no step (`3:2` is spelled `3`).
             match (a == b, s) {
-                (true, 1) => write!(f, "{a}")?,
+                (true, _) => write!(f, "{a}")?,
                 (_, 1) => write!(f, "{a}-{b}")?,
                 (_, s) => write!(f, "{a}-{b}:{s}")?,
             }
