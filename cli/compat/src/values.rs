@@ -3,6 +3,10 @@
 
 use serde::Serialize;
 
+use lattice_apis::syntax::tasks::{
+    parse_range_with_limit, RangeError, RangeErrorKind, MAX_TASK_INDEX,
+};
+
 use crate::error::ValueError;
 
 /// Longest walltime accepted (366 days, as the API server enforces).
@@ -158,95 +162,65 @@ impl ArraySpec {
 }
 
 /// Parse every `--array` form Slurm accepts: `0-15`, `0,6,16-32`, `0-15:4`,
-/// `0-15%4`, `1,3,5-7:2%10`.
+/// `0-15%4`, `1,3,5-7:2%10`. The grammar is the API's task range
+/// ([`lattice_apis::syntax::tasks`]): what this accepts, admission accepts.
 pub fn parse_array(s: &str) -> Result<ArraySpec, ValueError> {
-    let t = s.trim();
-    if t.is_empty() {
-        return Err(ValueError::new("the array index list is empty", ARRAY_HINT));
-    }
-    let (range, limit) = match t.split_once('%') {
-        Some((r, l)) => {
-            let l = digits(l.trim())
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| {
-                    ValueError::new(
-                        format!("the limit {l:?} after '%' is not a number"),
-                        ARRAY_HINT,
-                    )
-                })?;
-            if l == 0 {
-                return Err(ValueError::new(
-                    "the '%' limit must be at least 1",
-                    "write e.g. \"0-99%20\" to run at most 20 tasks at once, or drop the '%'",
-                ));
-            }
-            (r.trim(), Some(l))
-        }
-        None => (t, None),
-    };
-    if range.is_empty() {
-        return Err(ValueError::new("no indices before '%'", ARRAY_HINT));
-    }
-    let mut segments = Vec::new();
-    for part in range.split(',') {
-        let part = part.trim();
-        let bad = || {
-            ValueError::new(
-                format!("{part:?} is not an index, range or stepped range"),
-                ARRAY_HINT,
-            )
-        };
-        let (r, step) = match part.split_once(':') {
-            Some((r, st)) => (r, digits(st).ok_or_else(bad)?),
-            None => (part, 1),
-        };
-        if step == 0 {
-            return Err(ValueError::new(format!("{part:?} has step 0"), ARRAY_HINT));
-        }
-        let (a, b) = match r.split_once('-') {
-            Some((a, b)) => (digits(a).ok_or_else(bad)?, digits(b).ok_or_else(bad)?),
-            None => {
-                let a = digits(r).ok_or_else(bad)?;
-                (a, a)
-            }
-        };
-        if a > b {
-            return Err(ValueError::new(
-                format!("{part:?}: start {a} is greater than end {b}"),
-                format!("write it as \"{b}-{a}\""),
-            ));
-        }
-        if b >= 1_000_000_000 {
-            return Err(ValueError::new(
-                format!("index {b} is too large"),
-                "use indices below 1000000000",
-            ));
-        }
-        segments.push((a, b, step));
-    }
-    let bound: u64 = segments
-        .iter()
-        .map(|(a, b, s)| (b - a) / s + 1)
-        .fold(0u64, u64::saturating_add);
-    if bound > MAX_TASKS {
-        return Err(ValueError::new(
-            format!("{range:?} expands to {bound} tasks, the limit is {MAX_TASKS}"),
-            "split the array into several submissions",
-        ));
-    }
-    let normalized: Vec<String> = segments
-        .iter()
-        .map(|&(a, b, s)| match (a == b, s) {
-            (true, _) => a.to_string(),
-            (false, 1) => format!("{a}-{b}"),
-            (false, s) => format!("{a}-{b}:{s}"),
-        })
-        .collect();
+    let (range, limit) = parse_range_with_limit(s, MAX_TASKS).map_err(|e| array_error(s, e))?;
     Ok(ArraySpec {
-        range: normalized.join(","),
-        segments,
+        range: range.to_string(),
+        segments: range.segments,
         limit,
     })
+}
+
+/// A task-range error in `--array`'s words.
+fn array_error(s: &str, e: RangeError) -> ValueError {
+    let part = &e.entry;
+    match &e.kind {
+        RangeErrorKind::Empty => ValueError::new("the array index list is empty", ARRAY_HINT),
+        RangeErrorKind::LimitNotAllowed | RangeErrorKind::BadLimit => ValueError::new(
+            format!("the limit {part:?} after '%' is not a number"),
+            ARRAY_HINT,
+        ),
+        RangeErrorKind::ZeroLimit => ValueError::new(
+            "the '%' limit must be at least 1",
+            "write e.g. \"0-99%20\" to run at most 20 tasks at once, or drop the '%'",
+        ),
+        RangeErrorKind::EmptyEntry
+            if s.trim()
+                .split('%')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .is_empty() =>
+        {
+            ValueError::new("no indices before '%'", ARRAY_HINT)
+        }
+        RangeErrorKind::TooLarge {
+            what: "end" | "index",
+        } if e.text.parse::<u64>().is_ok() => ValueError::new(
+            format!("index {} is too large", e.text),
+            format!("use indices below {}", MAX_TASK_INDEX + 1),
+        ),
+        RangeErrorKind::EmptyEntry
+        | RangeErrorKind::NotANumber { .. }
+        | RangeErrorKind::TooLarge { .. } => ValueError::new(
+            format!("{part:?} is not an index, range or stepped range"),
+            ARRAY_HINT,
+        ),
+        RangeErrorKind::ZeroStep => ValueError::new(format!("{part:?} has step 0"), ARRAY_HINT),
+        RangeErrorKind::Reversed { start, end } => ValueError::new(
+            format!("{part:?}: start {start} is greater than end {end}"),
+            format!("write it as \"{end}-{start}\""),
+        ),
+        RangeErrorKind::TooMany { count, limit } => ValueError::new(
+            format!(
+                "{:?} expands to {count} tasks, the limit is {limit}",
+                s.trim().split('%').next().unwrap_or_default().trim()
+            ),
+            "split the array into several submissions",
+        ),
+    }
 }
 
 const NODES_HINT: &str = "use a count (\"4\") or a range MIN-MAX (\"2-8\")";
