@@ -726,3 +726,143 @@ pub fn parse_flux_dependency(input: &str) -> Result<DependencyExpr, ParseError> 
     d.to_dependency()
         .map_err(|m| ParseError::new("flux dependency", input, 0, m, FLUX_SCHEMES))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::allocation::{DependencyCondition, SymbolType};
+    use proptest::prelude::*;
+
+    const CONDITIONS: [DependencyCondition; 6] = [
+        DependencyCondition::Success,
+        DependencyCondition::Failure,
+        DependencyCondition::Any,
+        DependencyCondition::Corresponding,
+        DependencyCondition::Started,
+        DependencyCondition::Mutex,
+    ];
+
+    #[test]
+    fn every_spelling_of_a_condition_reads_back() {
+        for c in CONDITIONS {
+            assert_eq!(DependencyCondition::parse(c.as_str()), Some(c));
+            assert_eq!(
+                DependencyCondition::from_slurm_name(c.slurm_name()),
+                Some(c)
+            );
+            assert_eq!(c.to_string(), c.as_str());
+        }
+        for t in [SymbolType::In, SymbolType::Out, SymbolType::Inout] {
+            assert_eq!(SymbolType::parse(t.as_str()), Some(t));
+        }
+        for s in [SymbolScope::User, SymbolScope::Global] {
+            assert_eq!(SymbolScope::parse(s.as_str()), Some(s));
+        }
+    }
+
+    #[test]
+    fn a_parsed_string_is_the_manifest_entry_it_describes() {
+        let deps = parse_slurm_dependency("afterok:prep,after:warmup+5", None).expect("valid");
+        let api: Vec<crate::Dependency> = deps.into_iter().map(Into::into).collect();
+        assert_eq!(api[0], crate::Dependency::on("prep", Condition::Success));
+        assert_eq!(api[1].description(), "after:warmup+300s");
+        let sym: crate::Dependency = parse_flux_dependency("string:ckpt?type=inout")
+            .expect("valid")
+            .into();
+        assert_eq!(sym.description(), "string:ckpt?scope=user&type=inout");
+    }
+
+    fn ident() -> impl Strategy<Value = String> {
+        "[a-z0-9][a-z0-9._-]{0,10}"
+    }
+
+    /// A dependency that has a Flux RFC 26 spelling.
+    fn flux_expr() -> impl Strategy<Value = DependencyExpr> {
+        let after = (
+            ident(),
+            prop::sample::select(vec![
+                Condition::Started,
+                Condition::Any,
+                Condition::Success,
+                Condition::Failure,
+            ]),
+        )
+            .prop_map(|(t, c)| DependencyExpr::on(t, c));
+        let begin =
+            (0u64..4_000_000_000, 0u32..1000).prop_map(|(s, ms)| DependencyExpr::BeginTime {
+                epoch_seconds: s as f64 + f64::from(ms) / 1000.0,
+            });
+        let symbol = (
+            ident(),
+            prop::sample::select(vec![
+                SymbolAccess::In,
+                SymbolAccess::Out,
+                SymbolAccess::Inout,
+            ]),
+            prop::sample::select(vec![SymbolScope::User, SymbolScope::Global]),
+        )
+            .prop_map(|(name, access, scope)| DependencyExpr::Symbol {
+                name,
+                access,
+                scope,
+            });
+        prop_oneof![after, begin, symbol]
+    }
+
+    proptest! {
+        #[test]
+        fn depends_on_spelling_round_trips(
+            items in proptest::collection::vec((ident(), 0usize..6), 1..6)
+        ) {
+            // `started` has no `--depends-on` spelling (it is `--dependency=after:ID`).
+            let want: Vec<DependencyExpr> = items
+                .iter()
+                .map(|(id, c)| DependencyExpr::on(id.clone(), CONDITIONS[*c]))
+                .filter(|d| !matches!(d, DependencyExpr::Allocation { condition: Condition::Started, .. }))
+                .collect();
+            prop_assume!(!want.is_empty());
+            let text = want.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+            prop_assert_eq!(parse_depends_on(&text).expect("a rendered list parses"), want);
+        }
+
+        #[test]
+        fn flux_spelling_round_trips(d in flux_expr()) {
+            let flux = d.to_flux().expect("every generated dependency has a Flux form");
+            let uri = flux.to_uri();
+            prop_assert_eq!(&parse_flux_uri(&uri).expect("a rendered URI parses"), &flux);
+            prop_assert_eq!(parse_flux_dependency(&uri).expect("parses"), d);
+        }
+
+        #[test]
+        fn slurm_lists_read_as_written(
+            items in proptest::collection::vec(
+                (prop::sample::select(vec!["after", "afterok", "afternotok", "afterany", "aftercorr"]),
+                 proptest::collection::vec(("[0-9]{1,6}", proptest::option::of(0u64..10_000)), 1..4)),
+                1..4)
+        ) {
+            let mut text = Vec::new();
+            let mut want = Vec::new();
+            for (kind, ids) in &items {
+                let condition = Condition::from_slurm_name(kind).expect("a Slurm type");
+                let mut entry = kind.to_string();
+                for (id, delay) in ids {
+                    // Only `after` takes `+MINUTES` here.
+                    let delay = delay.filter(|_| *kind == "after");
+                    entry.push(':');
+                    entry.push_str(id);
+                    if let Some(m) = delay {
+                        entry.push_str(&format!("+{m}"));
+                    }
+                    want.push(DependencyExpr::Allocation {
+                        target: id.clone(),
+                        condition,
+                        delay_seconds: delay.map(|m| m * 60),
+                    });
+                }
+                text.push(entry);
+            }
+            let text = text.join(",");
+            prop_assert_eq!(parse_slurm_dependency(&text, None).expect("valid"), want);
+        }
+    }
+}

@@ -167,4 +167,22 @@ mod tests {
         assert_eq!(format_hms(259_200), "72:00:00");
         assert_eq!(format_hms(3_661), "01:01:01");
     }
+
+    proptest::proptest! {
+        #[test]
+        fn hms_spelling_round_trips(secs in 0u64..=MAX_DURATION_SECS) {
+            proptest::prop_assert_eq!(parse_duration(&format_hms(secs)), Ok(secs));
+        }
+
+        #[test]
+        fn unit_spelling_round_trips(d in 0u64..366, h in 0u64..24, m in 0u64..60, s in 0u64..60) {
+            let text: String = [(d, 'd'), (h, 'h'), (m, 'm'), (s, 's')]
+                .iter()
+                .filter(|(n, _)| *n > 0)
+                .map(|(n, u)| format!("{n}{u}"))
+                .collect();
+            proptest::prop_assume!(!text.is_empty());
+            proptest::prop_assert_eq!(parse_duration(&text), Ok(d * 86_400 + h * 3_600 + m * 60 + s));
+        }
+    }
 }
