@@ -727,57 +727,14 @@ impl CParser {
     }
 }
 
-/// A dependency condition (Lattice's names).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DepCondition {
-    /// `afterok` / `:success`.
-    #[default]
-    Success,
-    /// `afternotok` / `:failure`.
-    Failure,
-    /// `afterany` / `:any`.
-    Any,
-    /// `aftercorr` / `:corresponding`.
-    Corresponding,
-    /// `after`: the job has started (or ended after starting).
-    Started,
-}
+/// A dependency condition: the API's ([`lattice_apis::DependencyCondition`]; its
+/// `as_str` is the manifest name, `slurm_name` the Slurm type). A standalone job's edge
+/// never holds `Mutex` (Slurm `singleton` is [`DependencySpec`]'s own flag).
+pub use lattice_apis::DependencyCondition as DepCondition;
 
-impl DepCondition {
-    /// The name used in manifests.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DepCondition::Success => "success",
-            DepCondition::Failure => "failure",
-            DepCondition::Any => "any",
-            DepCondition::Corresponding => "corresponding",
-            DepCondition::Started => "started",
-        }
-    }
-
-    /// The Slurm type (`afterok`, ...).
-    pub fn slurm_name(self) -> &'static str {
-        match self {
-            DepCondition::Success => "afterok",
-            DepCondition::Failure => "afternotok",
-            DepCondition::Any => "afterany",
-            DepCondition::Corresponding => "aftercorr",
-            DepCondition::Started => "after",
-        }
-    }
-
-    fn from_api(c: lattice_apis::DependencyCondition) -> Option<Self> {
-        use lattice_apis::DependencyCondition as C;
-        Some(match c {
-            C::Success => DepCondition::Success,
-            C::Failure => DepCondition::Failure,
-            C::Any => DepCondition::Any,
-            C::Corresponding => DepCondition::Corresponding,
-            C::Started => DepCondition::Started,
-            C::Mutex => return None,
-        })
-    }
+/// The condition of an edge, `None` for a mutex (a DAG lock, not an edge).
+fn edge_condition(c: DepCondition) -> Option<DepCondition> {
+    (c != DepCondition::Mutex).then_some(c)
 }
 
 /// One dependency edge.
@@ -1167,7 +1124,7 @@ fn parse_slurm_item(
         else {
             continue;
         };
-        let Some(condition) = DepCondition::from_api(condition) else {
+        let Some(condition) = edge_condition(condition) else {
             spec.set_singleton(alternative);
             continue;
         };
@@ -1321,7 +1278,7 @@ pub fn parse_depends_on(s: &str) -> Result<DependencySpec, ValueError> {
         else {
             continue;
         };
-        let Some(condition) = DepCondition::from_api(condition) else {
+        let Some(condition) = edge_condition(condition) else {
             return Err(ValueError::new(
                 format!("{target}:mutex is a DAG lock"),
                 "for a standalone allocation write --dependency=singleton (one job of this name and user at a time)",
