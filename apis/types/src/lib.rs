@@ -40,6 +40,16 @@
 //! assert!(err.to_string().starts_with("spec.preemptionClass: must be between 0 and 10, got 12"));
 //! ```
 //!
+//! The string grammars users write — durations, task ranges, dependency strings — are
+//! defined once in [`syntax`]; every component that reads one calls it:
+//!
+//! ```
+//! use lattice_apis::syntax::{duration::parse_duration, tasks::TaskRange};
+//!
+//! assert_eq!(parse_duration("1h30m"), Ok(5_400));
+//! assert_eq!(TaskRange::parse("0-15:4").unwrap().indices(), vec![0, 4, 8, 12]);
+//! ```
+//!
 //! Typed use goes through [`Resource`] and [`resource::admit_typed`]:
 //!
 //! ```

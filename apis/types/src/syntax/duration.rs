@@ -5,8 +5,7 @@
 pub const DURATION_FORMATS: &str =
     "use e.g. \"24h\", \"1h30m\", \"90s\", \"2d\", \"72:00:00\" (HH:MM:SS), \"1-12:00:00\" (D-HH:MM:SS) or \"30\" (minutes)";
 
-/// Longest duration accepted (one year); anything longer is almost surely a typo.
-pub const MAX_DURATION_SECS: u64 = 366 * 24 * 3600;
+pub use crate::wellknown::MAX_DURATION_SECS;
 
 /// Parse a duration into whole seconds. The error says what is wrong (without a path).
 pub fn parse_duration(s: &str) -> Result<u64, String> {

@@ -23,8 +23,7 @@ use std::fmt;
 use crate::validation::truncate;
 use crate::wellknown::MAX_TASKS;
 
-/// Largest task index (ranges take at most 9 digits; Slurm's `ID_TASK` likewise).
-pub const MAX_TASK_INDEX: u64 = 999_999_999;
+pub use crate::wellknown::MAX_TASK_INDEX;
 
 /// How to write a range, for admission's messages.
 pub const RANGE_SYNTAX: &str =
