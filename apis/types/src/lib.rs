@@ -40,6 +40,16 @@
 //! assert!(err.to_string().starts_with("spec.preemptionClass: must be between 0 and 10, got 12"));
 //! ```
 //!
+//! The string grammars users write — durations, task ranges, dependency strings — are
+//! defined once in [`syntax`]; every component that reads one calls it:
+//!
+//! ```
+//! use lattice_apis::syntax::{duration::parse_duration, tasks::TaskRange};
+//!
+//! assert_eq!(parse_duration("1h30m"), Ok(5_400));
+//! assert_eq!(TaskRange::parse("0-15:4").unwrap().indices(), vec![0, 4, 8, 12]);
+//! ```
+//!
 //! Typed use goes through [`Resource`] and [`resource::admit_typed`]:
 //!
 //! ```
@@ -63,7 +73,6 @@
 
 pub mod attach;
 pub mod cluster_config;
-pub mod duration;
 pub mod extender;
 pub mod intent;
 pub mod kinds;
@@ -75,8 +84,12 @@ pub mod registry;
 pub mod resource;
 pub mod schemas;
 pub mod steps;
+pub mod syntax;
 pub mod validation;
 pub mod wellknown;
+
+/// Durations (`24h`, `72:00:00`, ...): the grammar lives in [`syntax::duration`].
+pub use syntax::duration;
 
 pub use kinds::allocation::{
     Allocation, AllocationPhase, AllocationSpec, AllocationStatus, Checkpoint, CheckpointStrategy,

@@ -15,6 +15,12 @@ pub const PREFIX: &str = "lattice.dev/";
 
 /// The most tasks one allocation (a job array) may have.
 pub const MAX_TASKS: u64 = 100_000;
+/// The largest task index (a range's indices take at most 9 digits; Slurm's `ID_TASK`
+/// likewise).
+pub const MAX_TASK_INDEX: u64 = 999_999_999;
+/// The longest duration the API takes (one year; anything longer is almost surely a
+/// typo): walltimes, delays, grace periods.
+pub const MAX_DURATION_SECS: u64 = 366 * 24 * 3600;
 
 // ---------------------------------------------------------------------------------
 // Identity

@@ -3,13 +3,17 @@
 
 use serde::Serialize;
 
+use lattice_apis::syntax::tasks::{
+    parse_range_with_limit, RangeError, RangeErrorKind, MAX_TASK_INDEX,
+};
+
 use crate::error::ValueError;
 
 /// Longest walltime accepted (366 days, as the API server enforces).
-pub const MAX_WALLTIME_SECS: u64 = 366 * 24 * 3600;
+pub use lattice_apis::syntax::duration::MAX_DURATION_SECS as MAX_WALLTIME_SECS;
 /// Longest dependency delay (`ID+MINUTES`) accepted (366 days, as the API server enforces
 /// for durations).
-pub const MAX_DURATION_SECS: u64 = 366 * 24 * 3600;
+pub use lattice_apis::syntax::duration::MAX_DURATION_SECS;
 /// Most tasks one task group may expand to (as the API server enforces).
 pub use lattice_apis::wellknown::MAX_TASKS;
 
@@ -36,14 +40,7 @@ impl Walltime {
 }
 
 /// `HH:MM:SS`, hours unbounded.
-pub fn format_hms(secs: u64) -> String {
-    format!(
-        "{:02}:{:02}:{:02}",
-        secs / 3600,
-        (secs / 60) % 60,
-        secs % 60
-    )
-}
+pub use lattice_apis::syntax::duration::format_hms;
 
 fn digits(s: &str) -> Option<u64> {
     if s.is_empty() || s.len() > 12 || !s.bytes().all(|b| b.is_ascii_digit()) {
@@ -119,36 +116,11 @@ fn slurm_time(t: &str) -> Option<u64> {
         .checked_add(s)
 }
 
-/// Lattice's `1d2h3m4s` (any subset, in that order).
+/// Lattice's `1d2h3m4s` (any subset, in that order): the API's duration units
+/// ([`lattice_apis::syntax::duration::parse_units`]), read case-insensitively as Slurm
+/// users write them (`1H30M`).
 fn unit_time(t: &str) -> Option<u64> {
-    let mut total: u64 = 0;
-    let mut num = String::new();
-    let mut last = 0u8;
-    let mut any = false;
-    for c in t.chars() {
-        if c.is_ascii_digit() {
-            num.push(c);
-            continue;
-        }
-        let (mult, rank) = match c.to_ascii_lowercase() {
-            'd' => (86_400u64, 1u8),
-            'h' => (3_600, 2),
-            'm' => (60, 3),
-            's' => (1, 4),
-            _ => return None,
-        };
-        if num.is_empty() || rank <= last {
-            return None;
-        }
-        last = rank;
-        total = total.checked_add(digits(&num)?.checked_mul(mult)?)?;
-        num.clear();
-        any = true;
-    }
-    if !num.is_empty() || !any {
-        return None;
-    }
-    Some(total)
+    lattice_apis::syntax::duration::parse_units(&t.to_ascii_lowercase())
 }
 
 const ARRAY_HINT: &str = "use START-END (\"0-99\"), a list (\"1,3,5-7\"), a step (\"0-15:4\") and an optional %LIMIT (\"0-99%20\")";
@@ -190,95 +162,65 @@ impl ArraySpec {
 }
 
 /// Parse every `--array` form Slurm accepts: `0-15`, `0,6,16-32`, `0-15:4`,
-/// `0-15%4`, `1,3,5-7:2%10`.
+/// `0-15%4`, `1,3,5-7:2%10`. The grammar is the API's task range
+/// ([`lattice_apis::syntax::tasks`]): what this accepts, admission accepts.
 pub fn parse_array(s: &str) -> Result<ArraySpec, ValueError> {
-    let t = s.trim();
-    if t.is_empty() {
-        return Err(ValueError::new("the array index list is empty", ARRAY_HINT));
-    }
-    let (range, limit) = match t.split_once('%') {
-        Some((r, l)) => {
-            let l = digits(l.trim())
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| {
-                    ValueError::new(
-                        format!("the limit {l:?} after '%' is not a number"),
-                        ARRAY_HINT,
-                    )
-                })?;
-            if l == 0 {
-                return Err(ValueError::new(
-                    "the '%' limit must be at least 1",
-                    "write e.g. \"0-99%20\" to run at most 20 tasks at once, or drop the '%'",
-                ));
-            }
-            (r.trim(), Some(l))
-        }
-        None => (t, None),
-    };
-    if range.is_empty() {
-        return Err(ValueError::new("no indices before '%'", ARRAY_HINT));
-    }
-    let mut segments = Vec::new();
-    for part in range.split(',') {
-        let part = part.trim();
-        let bad = || {
-            ValueError::new(
-                format!("{part:?} is not an index, range or stepped range"),
-                ARRAY_HINT,
-            )
-        };
-        let (r, step) = match part.split_once(':') {
-            Some((r, st)) => (r, digits(st).ok_or_else(bad)?),
-            None => (part, 1),
-        };
-        if step == 0 {
-            return Err(ValueError::new(format!("{part:?} has step 0"), ARRAY_HINT));
-        }
-        let (a, b) = match r.split_once('-') {
-            Some((a, b)) => (digits(a).ok_or_else(bad)?, digits(b).ok_or_else(bad)?),
-            None => {
-                let a = digits(r).ok_or_else(bad)?;
-                (a, a)
-            }
-        };
-        if a > b {
-            return Err(ValueError::new(
-                format!("{part:?}: start {a} is greater than end {b}"),
-                format!("write it as \"{b}-{a}\""),
-            ));
-        }
-        if b >= 1_000_000_000 {
-            return Err(ValueError::new(
-                format!("index {b} is too large"),
-                "use indices below 1000000000",
-            ));
-        }
-        segments.push((a, b, step));
-    }
-    let bound: u64 = segments
-        .iter()
-        .map(|(a, b, s)| (b - a) / s + 1)
-        .fold(0u64, u64::saturating_add);
-    if bound > MAX_TASKS {
-        return Err(ValueError::new(
-            format!("{range:?} expands to {bound} tasks, the limit is {MAX_TASKS}"),
-            "split the array into several submissions",
-        ));
-    }
-    let normalized: Vec<String> = segments
-        .iter()
-        .map(|&(a, b, s)| match (a == b, s) {
-            (true, _) => a.to_string(),
-            (false, 1) => format!("{a}-{b}"),
-            (false, s) => format!("{a}-{b}:{s}"),
-        })
-        .collect();
+    let (range, limit) = parse_range_with_limit(s, MAX_TASKS).map_err(|e| array_error(s, e))?;
     Ok(ArraySpec {
-        range: normalized.join(","),
-        segments,
+        range: range.to_string(),
+        segments: range.segments,
         limit,
     })
+}
+
+/// A task-range error in `--array`'s words.
+fn array_error(s: &str, e: RangeError) -> ValueError {
+    let part = &e.entry;
+    match &e.kind {
+        RangeErrorKind::Empty => ValueError::new("the array index list is empty", ARRAY_HINT),
+        RangeErrorKind::LimitNotAllowed | RangeErrorKind::BadLimit => ValueError::new(
+            format!("the limit {part:?} after '%' is not a number"),
+            ARRAY_HINT,
+        ),
+        RangeErrorKind::ZeroLimit => ValueError::new(
+            "the '%' limit must be at least 1",
+            "write e.g. \"0-99%20\" to run at most 20 tasks at once, or drop the '%'",
+        ),
+        RangeErrorKind::EmptyEntry
+            if s.trim()
+                .split('%')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .is_empty() =>
+        {
+            ValueError::new("no indices before '%'", ARRAY_HINT)
+        }
+        RangeErrorKind::TooLarge {
+            what: "end" | "index",
+        } if e.text.parse::<u64>().is_ok() => ValueError::new(
+            format!("index {} is too large", e.text),
+            format!("use indices below {}", MAX_TASK_INDEX + 1),
+        ),
+        RangeErrorKind::EmptyEntry
+        | RangeErrorKind::NotANumber { .. }
+        | RangeErrorKind::TooLarge { .. } => ValueError::new(
+            format!("{part:?} is not an index, range or stepped range"),
+            ARRAY_HINT,
+        ),
+        RangeErrorKind::ZeroStep => ValueError::new(format!("{part:?} has step 0"), ARRAY_HINT),
+        RangeErrorKind::Reversed { start, end } => ValueError::new(
+            format!("{part:?}: start {start} is greater than end {end}"),
+            format!("write it as \"{end}-{start}\""),
+        ),
+        RangeErrorKind::TooMany { count, limit } => ValueError::new(
+            format!(
+                "{:?} expands to {count} tasks, the limit is {limit}",
+                s.trim().split('%').next().unwrap_or_default().trim()
+            ),
+            "split the array into several submissions",
+        ),
+    }
 }
 
 const NODES_HINT: &str = "use a count (\"4\") or a range MIN-MAX (\"2-8\")";
@@ -785,57 +727,14 @@ impl CParser {
     }
 }
 
-/// A dependency condition (Lattice's names).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DepCondition {
-    /// `afterok` / `:success`.
-    #[default]
-    Success,
-    /// `afternotok` / `:failure`.
-    Failure,
-    /// `afterany` / `:any`.
-    Any,
-    /// `aftercorr` / `:corresponding`.
-    Corresponding,
-    /// `after`: the job has started (or ended after starting).
-    Started,
-}
+/// A dependency condition: the API's ([`lattice_apis::DependencyCondition`]; its
+/// `as_str` is the manifest name, `slurm_name` the Slurm type). A standalone job's edge
+/// never holds `Mutex` (Slurm `singleton` is [`DependencySpec`]'s own flag).
+pub use lattice_apis::DependencyCondition as DepCondition;
 
-impl DepCondition {
-    /// The name used in manifests.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DepCondition::Success => "success",
-            DepCondition::Failure => "failure",
-            DepCondition::Any => "any",
-            DepCondition::Corresponding => "corresponding",
-            DepCondition::Started => "started",
-        }
-    }
-
-    /// The Slurm type (`afterok`, ...).
-    pub fn slurm_name(self) -> &'static str {
-        match self {
-            DepCondition::Success => "afterok",
-            DepCondition::Failure => "afternotok",
-            DepCondition::Any => "afterany",
-            DepCondition::Corresponding => "aftercorr",
-            DepCondition::Started => "after",
-        }
-    }
-
-    fn from_dag(c: lattice_dag::deps::Condition) -> Option<Self> {
-        use lattice_dag::deps::Condition as C;
-        Some(match c {
-            C::Success => DepCondition::Success,
-            C::Failure => DepCondition::Failure,
-            C::Any => DepCondition::Any,
-            C::Corresponding => DepCondition::Corresponding,
-            C::Started => DepCondition::Started,
-            C::Mutex => return None,
-        })
-    }
+/// The condition of an edge, `None` for a mutex (a DAG lock, not an edge).
+fn edge_condition(c: DepCondition) -> Option<DepCondition> {
+    (c != DepCondition::Mutex).then_some(c)
 }
 
 /// One dependency edge.
@@ -1071,9 +970,9 @@ fn valid_job_id(id: &str) -> bool {
         })
 }
 
-/// A `lattice_dag` parse error as a [`ValueError`], its column shifted by `offset`
+/// A dependency-string parse error as a [`ValueError`], its column shifted by `offset`
 /// characters (the parser saw only one entry of the list).
-fn from_parse_error(e: lattice_dag::deps::ParseError, offset: usize) -> ValueError {
+fn from_parse_error(e: lattice_apis::syntax::deps::ParseError, offset: usize) -> ValueError {
     ValueError::new(
         format!("{} (at column {})", e.message, e.column() + offset),
         e.hint,
@@ -1103,7 +1002,7 @@ fn split_offsets(s: &str, sep: char) -> Vec<(usize, &str)> {
 /// Parse a `--dependency` value: Slurm's list (`afterok:1:2,afterany:3`, `after:4+10`,
 /// `singleton`, `?` for any-of) and Flux RFC 26's command-line forms (`afterok:ID`,
 /// `after:ID`, `begin-time:1767225600.5`, `string:NAME?type=in|out|inout&scope=user|global`),
-/// mixed freely with ','. Entries are parsed by `lattice_dag::deps`.
+/// mixed freely with ','. Entries are parsed by `lattice_apis::syntax::deps`.
 ///
 /// * `?` (only one separator per list, as in Slurm): every entry of the list is an
 ///   alternative ([`DepEdge::any_of`], `singleton_any_of`); `aftercorr` cannot be one;
@@ -1149,8 +1048,10 @@ pub fn parse_slurm_dependency(s: &str) -> Result<DependencySpec, ValueError> {
 }
 
 fn parse_flux_item(item: &str, offset: usize, spec: &mut DependencySpec) -> Result<(), ValueError> {
-    use lattice_dag::deps::Dependency as D;
-    match lattice_dag::deps::parse_flux_dependency(item).map_err(|e| from_parse_error(e, offset))? {
+    use lattice_apis::syntax::deps::DependencyExpr as D;
+    match lattice_apis::syntax::deps::parse_flux_dependency(item)
+        .map_err(|e| from_parse_error(e, offset))?
+    {
         D::BeginTime { epoch_seconds } => spec.set_begin_time(epoch_seconds),
         D::Symbol {
             name,
@@ -1205,17 +1106,17 @@ fn parse_slurm_item(
         t = &burst;
     }
     let offset = offset + (part.chars().count() - part.trim_start().chars().count());
-    // `lattice_dag` takes `+MINUTES` after `after` ids only; Lattice also delays the
+    // `syntax::deps` takes `+MINUTES` after `after` ids only; Lattice also delays the
     // other types (from the job's end), so their offsets are parsed here.
     let deps = match t.split_once(':') {
         Some((k @ ("afterok" | "afternotok" | "afterany"), rest)) if rest.contains('+') => {
             parse_delayed_ids(k, rest, offset)?
         }
-        _ => lattice_dag::deps::parse_slurm_dependency(t, Some("-"))
+        _ => lattice_apis::syntax::deps::parse_slurm_dependency(t, Some("-"))
             .map_err(|e| from_parse_error(e, offset))?,
     };
     for d in deps {
-        let lattice_dag::deps::Dependency::Allocation {
+        let lattice_apis::syntax::deps::DependencyExpr::Allocation {
             target,
             condition,
             delay_seconds,
@@ -1223,7 +1124,7 @@ fn parse_slurm_item(
         else {
             continue;
         };
-        let Some(condition) = DepCondition::from_dag(condition) else {
+        let Some(condition) = edge_condition(condition) else {
             spec.set_singleton(alternative);
             continue;
         };
@@ -1269,13 +1170,13 @@ fn parse_slurm_item(
 }
 
 /// The ids of `kind:rest` (`afterok`, `afternotok`, `afterany`), some with a `+MINUTES`
-/// delay, checked one by one by `lattice_dag` (errors keep their columns in `rest`,
+/// delay, checked one by one by `syntax::deps` (errors keep their columns in `rest`,
 /// which starts `offset + kind + 1` characters into the option).
 fn parse_delayed_ids(
     kind: &str,
     rest: &str,
     offset: usize,
-) -> Result<Vec<lattice_dag::deps::Dependency>, ValueError> {
+) -> Result<Vec<lattice_apis::syntax::deps::DependencyExpr>, ValueError> {
     let base = offset + kind.chars().count() + 1;
     let mut out = Vec::new();
     for (o, idt) in split_offsets(rest, ':') {
@@ -1296,12 +1197,13 @@ fn parse_delayed_ids(
             }
             None => (idt, None),
         };
-        // The id alone, as lattice_dag sees it (`kind:` is `kind.len() + 1` characters).
+        // The id alone, as `syntax::deps` sees it (`kind:` is `kind.len() + 1` characters).
         let sub = format!("{kind}:{id}");
-        let deps = lattice_dag::deps::parse_slurm_dependency(&sub, Some("-")).map_err(|e| {
-            let col = base + o + e.column().saturating_sub(kind.chars().count() + 1);
-            ValueError::new(format!("{} (at column {col})", e.message), e.hint)
-        })?;
+        let deps =
+            lattice_apis::syntax::deps::parse_slurm_dependency(&sub, Some("-")).map_err(|e| {
+                let col = base + o + e.column().saturating_sub(kind.chars().count() + 1);
+                ValueError::new(format!("{} (at column {col})", e.message), e.hint)
+            })?;
         let secs = match minutes {
             Some(m) => Some(m.checked_mul(60).ok_or_else(|| {
                 ValueError::new(
@@ -1312,9 +1214,9 @@ fn parse_delayed_ids(
             None => None,
         };
         out.extend(deps.into_iter().map(|d| match d {
-            lattice_dag::deps::Dependency::Allocation {
+            lattice_apis::syntax::deps::DependencyExpr::Allocation {
                 target, condition, ..
-            } => lattice_dag::deps::Dependency::Allocation {
+            } => lattice_apis::syntax::deps::DependencyExpr::Allocation {
                 target,
                 condition,
                 delay_seconds: secs,
@@ -1327,7 +1229,7 @@ fn parse_delayed_ids(
 
 const DEPENDS_HINT: &str = "use ID[:CONDITION][,ID[:CONDITION]...] with CONDITION one of success (default), failure, any, corresponding, e.g. \"a1b2c3d4:success\" (for `after` write --dependency=after:ID)";
 
-/// Parse Lattice's `--depends-on=ID[:COND],...` (parsed by `lattice_dag::deps`;
+/// Parse Lattice's `--depends-on=ID[:COND],...` (parsed by `lattice_apis::syntax::deps`;
 /// `ok`/`notok` are accepted for success/failure). Slurm and Flux syntax (`afterok:ID`,
 /// `string:NAME?type=in`) are accepted too.
 pub fn parse_depends_on(s: &str) -> Result<DependencySpec, ValueError> {
@@ -1355,7 +1257,7 @@ pub fn parse_depends_on(s: &str) -> Result<DependencySpec, ValueError> {
         })
         .collect::<Vec<_>>()
         .join(",");
-    let deps = lattice_dag::deps::parse_depends_on(&normalized).map_err(|e| {
+    let deps = lattice_apis::syntax::deps::parse_depends_on(&normalized).map_err(|e| {
         let hint = if e.message.contains("\"started\"") {
             "`started` is Slurm/Flux `after`: write --dependency=after:ID".to_string()
         } else if e.message.contains("\"mutex\"") || e.hint.contains("mutex") {
@@ -1370,13 +1272,13 @@ pub fn parse_depends_on(s: &str) -> Result<DependencySpec, ValueError> {
     })?;
     let mut spec = DependencySpec::new(raw);
     for d in deps {
-        let lattice_dag::deps::Dependency::Allocation {
+        let lattice_apis::syntax::deps::DependencyExpr::Allocation {
             target, condition, ..
         } = d
         else {
             continue;
         };
-        let Some(condition) = DepCondition::from_dag(condition) else {
+        let Some(condition) = edge_condition(condition) else {
             return Err(ValueError::new(
                 format!("{target}:mutex is a DAG lock"),
                 "for a standalone allocation write --dependency=singleton (one job of this name and user at a time)",

@@ -45,8 +45,8 @@ use lattice_apis::kinds::dag::{
 use lattice_apis::lifecycle::{self, CANCEL_ANNOTATION};
 use lattice_apis::meta::now;
 use lattice_apis::{Allocation, AllocationPhase, Dag, ObjectMeta};
-use lattice_dag::dispatch::{FailurePolicy, Policy};
-use lattice_dag::graph::{validate, DagDef, Limits};
+use lattice_dag::dispatch::Policy;
+use lattice_dag::graph::{validate_dag, Limits};
 use lattice_dag::{Action as DagAction, CancelReason, Engine, Outcome, StepState};
 use lattice_runtime::reflector::Store;
 use lattice_runtime::{Action, Api, HostContext, Patch, PatchParams, PostParams, ResourceExt};
@@ -344,8 +344,6 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
                 Dirty::forget(&ctx.dirty, &uid);
                 return Ok(Action::await_change());
             }
-            let def = DagDef::from_value(&serde_json::to_value(dag.as_ref())?)
-                .map_err(|e| anyhow::anyhow!("{}: {} ({})", e.path, e.message, e.hint))?;
             // The size limit is admission's (the API server's `--max-dag-size`, or the
             // cluster setting `scheduling.max_dag_size` an administrator changes while
             // Dags run): a Dag in the store was admitted, whatever the limit is now.
@@ -353,7 +351,7 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
                 max_dag_size: usize::MAX,
                 ..ctx.limits
             };
-            let validated = match validate(&def, &limits) {
+            let validated = match validate_dag(&dag, &limits) {
                 Ok(v) => v,
                 Err(errs) => {
                     let msg = errs.to_string();
@@ -374,7 +372,7 @@ async fn reconcile(dag: Arc<Dag>, ctx: Arc<Ctx>) -> Result<Action, anyhow::Error
             };
             // Replayed under `propagate`; `fail_fast` is armed after the first pass.
             let policy = Policy {
-                failure_policy: FailurePolicy::Propagate,
+                failure_policy: DagFailurePolicy::Propagate,
                 max_parallel: dag.spec.max_parallel,
             };
             let r = Arc::new(tokio::sync::Mutex::new(DagRun {
@@ -548,7 +546,7 @@ async fn drive(
         }
     }
     if std::mem::take(&mut run.arm_fail_fast) {
-        actions.extend(run.engine.set_failure_policy(FailurePolicy::FailFast));
+        actions.extend(run.engine.set_failure_policy(DagFailurePolicy::FailFast));
     }
     if dag_cancelled && !run.cancelled {
         actions.extend(run.engine.cancel_dag());
@@ -1173,16 +1171,7 @@ async fn create_step(
             .map(|t| {
                 t.depends_on
                     .iter()
-                    .map(|d| {
-                        format!(
-                            "{} ({})",
-                            d.ref_,
-                            serde_json::to_value(d.condition)
-                                .ok()
-                                .and_then(|v| v.as_str().map(String::from))
-                                .unwrap_or_default()
-                        )
-                    })
+                    .map(|d| format!("{} ({})", d.ref_, d.condition))
                     .collect()
             })
             .unwrap_or_default();
@@ -1387,15 +1376,10 @@ async fn write_status(ctx: &Ctx, dag: &Dag, status: DagStatus) -> Result<bool, a
     Ok(true)
 }
 
-/// The DAG phase the status would show now (O(1), from the engine).
+/// The DAG phase the status would show now (O(1), from the engine; `Cancelled` is
+/// shown as Running until the running steps stopped, see `status_of`).
 fn status_phase(run: &DagRun) -> DagPhase {
-    match run.engine.phase() {
-        lattice_dag::DagPhase::Running => DagPhase::Running,
-        lattice_dag::DagPhase::Completed => DagPhase::Completed,
-        lattice_dag::DagPhase::Failed => DagPhase::Failed,
-        // Shown as Running until the running steps stopped (see `status_of`).
-        lattice_dag::DagPhase::Cancelled => DagPhase::Cancelled,
-    }
+    run.engine.phase()
 }
 
 #[cfg(test)]

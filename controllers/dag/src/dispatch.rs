@@ -177,31 +177,19 @@ impl StepState {
     }
 }
 
-/// Overall DAG phase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum DagPhase {
-    /// Some step is waiting, pending or running.
-    Running,
-    /// Every step is terminal and no failure went uncaught.
-    Completed,
-    /// Every step is terminal and a step failed with no outgoing
-    /// `failure`/`any` edge to catch it.
-    Failed,
-    /// The DAG was cancelled by a user.
-    Cancelled,
-}
+/// Overall DAG phase: the API's ([`lattice_apis::DagPhase`]). The engine reports
+/// `Running` while some step is waiting, pending or running; `Completed` when every step
+/// is terminal and no failure went uncaught; `Failed` when a step failed with no
+/// outgoing `failure`/`any` edge to catch it; `Cancelled` after `cancel_dag`. It never
+/// reports `Pending` (that is the status of a Dag no engine has started).
+pub use lattice_apis::DagPhase;
 
-/// What happens to the rest of the DAG when a step fails with nothing to catch it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailurePolicy {
-    /// The edge rules only (default): the failed step's `success` successors are
-    /// cancelled, unrelated branches run on.
-    #[default]
-    Propagate,
-    /// Cancel every step that has not finished as soon as one fails uncaught.
-    FailFast,
-}
+/// What happens to the rest of the DAG when a step fails with nothing to catch it: the
+/// API's `spec.failurePolicy` ([`lattice_apis::DagFailurePolicy`]). `Propagate`
+/// (default): the edge rules only, the failed step's `success` successors are
+/// cancelled, unrelated branches run on. `FailFast`: cancel every step that has not
+/// finished as soon as one fails uncaught.
+pub use lattice_apis::DagFailurePolicy as FailurePolicy;
 
 /// DAG-wide dispatch rules (`spec.failurePolicy`, `spec.maxParallel`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

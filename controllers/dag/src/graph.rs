@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
+use lattice_apis::Dag;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -25,21 +26,18 @@ pub struct Edge {
     pub condition: Condition,
 }
 
-impl TaskGroupDef {
-    /// Move a `%N` suffix of `range` into `concurrency` (the types crate keeps
-    /// them apart). Left unchanged when it does not parse, so validation can
-    /// point at the problem.
-    pub fn normalized(mut self) -> Self {
-        if let Some((r, c)) = self.range.split_once('%') {
-            if let Ok(n) = c.parse::<u32>() {
-                if n > 0 && self.concurrency.is_none_or(|x| x == n) {
-                    self.concurrency = Some(n);
-                    self.range = r.to_string();
-                }
+/// Move a `%N` suffix of `range` into `concurrency` (the API keeps them apart). Left
+/// unchanged when it does not parse, so validation can point at the problem.
+fn normalized(mut tg: TaskGroupDef) -> TaskGroupDef {
+    if let Some((r, c)) = tg.range.split_once('%') {
+        if let Ok(n) = c.parse::<u32>() {
+            if n > 0 && tg.concurrency.is_none_or(|x| x == n) {
+                tg.concurrency = Some(n);
+                tg.range = r.to_string();
             }
         }
-        self
     }
+    tg
 }
 
 impl Edge {
@@ -52,16 +50,9 @@ impl Edge {
     }
 }
 
-/// A task group as written in a DAG: range string and optional concurrency.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TaskGroupDef {
-    /// `0-99`, `1,3,5-9:2`, optionally with `%N`.
-    pub range: String,
-    /// Most elements at once (overrides `%N`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub concurrency: Option<u32>,
-}
+/// A task group as written in a DAG: range string (`%N` allowed here) and optional
+/// concurrency; the API's [`lattice_apis::TaskGroup`].
+pub use lattice_apis::TaskGroup as TaskGroupDef;
 
 /// One step of a DAG.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -157,7 +148,7 @@ fn parse_condition(v: &Value, path: &str) -> Result<Condition, DagParseError> {
         perr(
             path,
             format!("condition must be a string, got {}", type_name(v)),
-            format!("use one of: {}", Condition::ALLOWED),
+            format!("use one of: {}", Condition::EDGE_ALLOWED),
         )
     })?;
     match Condition::parse(s) {
@@ -165,7 +156,7 @@ fn parse_condition(v: &Value, path: &str) -> Result<Condition, DagParseError> {
         None => Err(perr(
             path,
             format!("unknown condition {s:?}"),
-            format!("use one of: {}", Condition::ALLOWED),
+            format!("use one of: {}", Condition::EDGE_ALLOWED),
         )),
     }
 }
@@ -474,9 +465,10 @@ impl DagDef {
             let depends_on = parse_edges(dv, &format!("{path}.{dk}"))?;
             let task_group = match m.get("task_group").or_else(|| m.get("taskGroup")) {
                 None | Some(Value::Null) => None,
-                Some(t) => {
-                    Some(parse_task_group_def(t, &format!("{path}.task_group"))?.normalized())
-                }
+                Some(t) => Some(normalized(parse_task_group_def(
+                    t,
+                    &format!("{path}.task_group"),
+                )?)),
             };
             steps.push(StepDef {
                 name,
@@ -577,9 +569,10 @@ impl DagDef {
             s.remove("dependsOn");
             let task_group = match s.remove("taskGroup") {
                 None | Some(Value::Null) => None,
-                Some(t) => {
-                    Some(parse_task_group_def(&t, &format!("{path}.spec.taskGroup"))?.normalized())
-                }
+                Some(t) => Some(normalized(parse_task_group_def(
+                    &t,
+                    &format!("{path}.spec.taskGroup"),
+                )?)),
             };
             steps.push(StepDef {
                 name,
@@ -927,7 +920,66 @@ fn suggest<'a>(target: &str, names: impl Iterator<Item = &'a String>) -> Option<
 /// Runs in O(V+E) (plus task-group expansion). Returns every problem found;
 /// the cycle check runs only when all references resolve.
 pub fn validate(def: &DagDef, limits: &Limits) -> Result<ValidatedDag, ValidationErrors> {
-    let n = def.steps.len();
+    let steps: Vec<StepView<'_>> = def
+        .steps
+        .iter()
+        .map(|s| StepView {
+            name: &s.name,
+            depends_on: s
+                .depends_on
+                .iter()
+                .map(|e| EdgeView {
+                    target: &e.target,
+                    condition: e.condition,
+                })
+                .collect(),
+            task_group: s.task_group.as_ref(),
+        })
+        .collect();
+    validate_steps(&steps, limits)
+}
+
+/// Validate a typed, admitted [`Dag`] the way [`validate`] validates a [`DagDef`]: the
+/// live controller hands its Dag to the engine as it is, without a detour through JSON.
+pub fn validate_dag(dag: &Dag, limits: &Limits) -> Result<ValidatedDag, ValidationErrors> {
+    let steps: Vec<StepView<'_>> = dag
+        .spec
+        .allocations
+        .iter()
+        .map(|t| StepView {
+            name: &t.name,
+            depends_on: t
+                .depends_on
+                .iter()
+                .map(|d| EdgeView {
+                    target: &d.ref_,
+                    condition: d.condition,
+                })
+                .collect(),
+            task_group: t.spec.task_group.as_ref(),
+        })
+        .collect();
+    validate_steps(&steps, limits)
+}
+
+/// What validation reads of a step, borrowed from a [`DagDef`] or a [`Dag`].
+struct StepView<'a> {
+    name: &'a str,
+    depends_on: Vec<EdgeView<'a>>,
+    task_group: Option<&'a TaskGroupDef>,
+}
+
+/// One edge of a [`StepView`].
+struct EdgeView<'a> {
+    target: &'a str,
+    condition: Condition,
+}
+
+fn validate_steps(
+    steps: &[StepView<'_>],
+    limits: &Limits,
+) -> Result<ValidatedDag, ValidationErrors> {
+    let n = steps.len();
     if n > limits.max_dag_size {
         return Err(ValidationErrors(vec![DagError::TooLarge {
             count: n,
@@ -939,27 +991,27 @@ pub fn validate(def: &DagDef, limits: &Limits) -> Result<ValidatedDag, Validatio
     }
     let mut errs = Vec::new();
     let mut index: HashMap<String, u32> = HashMap::with_capacity(n);
-    for (i, s) in def.steps.iter().enumerate() {
+    for (i, s) in steps.iter().enumerate() {
         if s.name.is_empty() || !s.name.chars().all(is_ident_char) {
             errs.push(DagError::InvalidName {
                 step: i,
-                name: s.name.clone(),
+                name: s.name.to_string(),
             });
             continue;
         }
-        if let Some(&first) = index.get(&s.name) {
+        if let Some(&first) = index.get(s.name) {
             errs.push(DagError::DuplicateName {
-                name: s.name.clone(),
+                name: s.name.to_string(),
                 first: first as usize,
                 second: i,
             });
         } else {
-            index.insert(s.name.clone(), i as u32);
+            index.insert(s.name.to_string(), i as u32);
         }
     }
     let mut groups: Vec<Option<TaskGroupSpec>> = Vec::with_capacity(n);
-    for s in &def.steps {
-        groups.push(match &s.task_group {
+    for s in steps {
+        groups.push(match s.task_group {
             None => None,
             Some(tg) => {
                 match parse_task_group_with_limit(&tg.range, limits.max_task_group_elements) {
@@ -971,7 +1023,7 @@ pub fn validate(def: &DagDef, limits: &Limits) -> Result<ValidatedDag, Validatio
                     }
                     Err(error) => {
                         errs.push(DagError::InvalidTaskGroup {
-                            step: s.name.clone(),
+                            step: s.name.to_string(),
                             error,
                         });
                         None
@@ -994,63 +1046,63 @@ pub fn validate(def: &DagDef, limits: &Limits) -> Result<ValidatedDag, Validatio
     let mut step_mutexes: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut warnings = Vec::new();
     let mut refs_ok = true;
-    for (i, s) in def.steps.iter().enumerate() {
+    for (i, s) in steps.iter().enumerate() {
         let mut seen: HashSet<(&str, bool)> = HashSet::with_capacity(s.depends_on.len());
         for e in &s.depends_on {
             let is_mutex = e.condition == Condition::Mutex;
-            if !seen.insert((e.target.as_str(), is_mutex)) {
+            if !seen.insert((e.target, is_mutex)) {
                 errs.push(DagError::DuplicateEdge {
-                    step: s.name.clone(),
-                    target: e.target.clone(),
+                    step: s.name.to_string(),
+                    target: e.target.to_string(),
                 });
                 continue;
             }
             if is_mutex {
                 if e.target.is_empty() || !e.target.chars().all(is_ident_char) {
                     errs.push(DagError::InvalidMutexName {
-                        step: s.name.clone(),
-                        name: e.target.clone(),
+                        step: s.name.to_string(),
+                        name: e.target.to_string(),
                     });
                     continue;
                 }
                 let next = mutexes.len() as u32;
-                let id = *mutex_ids.entry(e.target.as_str()).or_insert_with(|| {
-                    mutexes.push(e.target.clone());
+                let id = *mutex_ids.entry(e.target).or_insert_with(|| {
+                    mutexes.push(e.target.to_string());
                     next
                 });
                 step_mutexes[i].push(id);
                 continue;
             }
-            let Some(&j) = index.get(&e.target) else {
+            let Some(&j) = index.get(e.target) else {
                 refs_ok = false;
                 errs.push(DagError::UnknownRef {
-                    step: s.name.clone(),
-                    target: e.target.clone(),
-                    suggestion: suggest(&e.target, index.keys()),
+                    step: s.name.to_string(),
+                    target: e.target.to_string(),
+                    suggestion: suggest(e.target, index.keys()),
                 });
                 continue;
             };
             if j as usize == i {
                 refs_ok = false;
                 errs.push(DagError::SelfDependency {
-                    step: s.name.clone(),
+                    step: s.name.to_string(),
                 });
                 continue;
             }
             match e.condition {
                 Condition::Started => {
                     errs.push(DagError::ConditionNotAllowed {
-                        step: s.name.clone(),
-                        target: e.target.clone(),
+                        step: s.name.to_string(),
+                        target: e.target.to_string(),
                         condition: e.condition,
                     });
                     continue;
                 }
                 Condition::Corresponding => {
-                    if s.task_group.is_none() || def.steps[j as usize].task_group.is_none() {
+                    if s.task_group.is_none() || steps[j as usize].task_group.is_none() {
                         errs.push(DagError::CorrespondingNeedsTaskGroups {
-                            step: s.name.clone(),
-                            target: e.target.clone(),
+                            step: s.name.to_string(),
+                            target: e.target.to_string(),
                         });
                         continue;
                     }
@@ -1117,7 +1169,7 @@ pub fn validate(def: &DagDef, limits: &Limits) -> Result<ValidatedDag, Validatio
             errs.push(DagError::Cycle {
                 path: path
                     .into_iter()
-                    .map(|i| def.steps[i].name.clone())
+                    .map(|i| steps[i].name.to_string())
                     .collect(),
             });
         }
@@ -1126,7 +1178,7 @@ pub fn validate(def: &DagDef, limits: &Limits) -> Result<ValidatedDag, Validatio
         return Err(ValidationErrors(errs));
     }
     Ok(ValidatedDag {
-        names: def.steps.iter().map(|s| s.name.clone()).collect(),
+        names: steps.iter().map(|s| s.name.to_string()).collect(),
         index,
         groups,
         edges,

@@ -1,13 +1,15 @@
 //! `lattice-dag`: the pure core of Lattice DAG workflows.
 //!
-//! * [`deps`] — parse `--depends-on`, Slurm `--dependency` and Flux RFC 26
-//!   dependency strings into one normalized [`deps::Dependency`].
+//! * [`deps`] — the API's dependency-string grammar (`lattice_apis::syntax::deps`):
+//!   `--depends-on`, Slurm `--dependency` and Flux RFC 26 strings parsed into one
+//!   normalized [`deps::Dependency`].
 //! * [`graph`] — parse DAG YAML (short form and `kind: Dag` manifests) and
-//!   validate it at admission in O(V+E).
+//!   validate it, or a typed `lattice_apis::Dag`, in O(V+E).
 //! * [`dispatch`] — the event-driven engine: fan-in counters, condition
 //!   wiring, cascading cancellation, corresponding (per-index) edges, mutexes,
 //!   DAG status aggregation.
-//! * [`taskgroup`] — Slurm `--array` range syntax and lazy element release.
+//! * [`taskgroup`] — task-group ranges (the API's grammar, `lattice_apis::syntax::tasks`)
+//!   and lazy element release.
 //! * [`flux`] — Flux RFC 26 dependency-event semantics and the `string`
 //!   scheme symbolic registry.
 //!

@@ -1,16 +1,20 @@
-//! Task groups (job arrays): Slurm `--array` range syntax and lazy element
-//! release so that at most `concurrency` elements are pending-or-running.
+//! Task groups (job arrays): their ranges (the API's grammar, with `%LIMIT`) and lazy
+//! element release so that at most `concurrency` elements are pending-or-running.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use serde::{Deserialize, Serialize};
 
+use lattice_apis::syntax::tasks::{
+    parse_range_with_limit, RangeError, RangeErrorKind, MAX_TASK_INDEX,
+};
+
 use crate::deps::ParseError;
 use crate::Outcome;
 
-/// Default upper bound on elements in one task group.
-pub const DEFAULT_MAX_ELEMENTS: usize = 100_000;
+/// Default upper bound on elements in one task group (the API's [`lattice_apis::wellknown::MAX_TASKS`]).
+pub const DEFAULT_MAX_ELEMENTS: usize = lattice_apis::wellknown::MAX_TASKS as usize;
 
 /// A parsed task group: sorted, de-duplicated indices and an optional limit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,131 +47,59 @@ pub fn parse_task_group(input: &str) -> Result<TaskGroupSpec, ParseError> {
     parse_task_group_with_limit(input, DEFAULT_MAX_ELEMENTS)
 }
 
-/// Parse a task-group range, rejecting groups with more than `max_elements`.
+/// Parse a task-group range (the grammar of [`lattice_apis::syntax::tasks`], with its
+/// `%LIMIT`), rejecting groups with more than `max_elements`. Errors point at the column.
 pub fn parse_task_group_with_limit(
     input: &str,
     max_elements: usize,
 ) -> Result<TaskGroupSpec, ParseError> {
+    let limit = u64::try_from(max_elements).unwrap_or(u64::MAX);
+    let (range, concurrency) =
+        parse_range_with_limit(input, limit).map_err(|e| range_error(input, e, max_elements))?;
+    Ok(TaskGroupSpec {
+        indices: range.indices(),
+        concurrency,
+    })
+}
+
+/// A range error in the DAG core's words, at its column.
+fn range_error(input: &str, e: RangeError, max_elements: usize) -> ParseError {
     const WHAT: &str = "task group range";
     const SYNTAX: &str = "use START-END (0-99), START-END:STEP (0-15:4), a comma list (1,3,5-9) \
                           and optionally %LIMIT (0-99%20)";
-    let err = |pos: usize, msg: String, hint: &str| ParseError::new(WHAT, input, pos, msg, hint);
-    if input.trim().is_empty() {
-        return Err(err(0, "is empty".into(), SYNTAX));
-    }
-    let (list, concurrency) = match input.split_once('%') {
-        Some((l, c)) => {
-            let pos = l.len() + 1;
-            let n: u32 = c.parse().map_err(|_| {
-                err(
-                    pos,
-                    format!("invalid concurrency limit {c:?}"),
-                    "write %N with N a positive integer, e.g. 0-99%20",
-                )
-            })?;
-            if n == 0 {
-                return Err(err(
-                    pos,
-                    "concurrency limit must be at least 1".into(),
-                    "write %1 or more, or drop %",
-                ));
-            }
-            (l, Some(n))
-        }
-        None => (input, None),
-    };
-    let num = |s: &str, pos: usize, what: &str| -> Result<u64, ParseError> {
-        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(err(
-                pos,
-                format!("expected a non-negative integer {what}, got {s:?}"),
-                SYNTAX,
-            ));
-        }
-        s.parse::<u64>().map_err(|_| {
-            err(
-                pos,
-                format!("{what} {s:?} is too large"),
-                "use a smaller index",
-            )
-        })
-    };
-    let mut segments: Vec<(u64, u64, u64)> = Vec::new();
-    let mut total: usize = 0;
-    let mut off = 0usize;
-    for part in list.split(',') {
-        let pos = off;
-        off += part.len() + 1;
-        if part.is_empty() {
-            return Err(err(pos, "empty range entry".into(), "remove the extra ','"));
-        }
-        let (range, step, step_pos) = match part.split_once(':') {
-            Some((r, s)) => (r, Some(s), pos + r.len() + 1),
-            None => (part, None, 0),
-        };
-        let (start, end) = match range.split_once('-') {
-            Some((a, b)) => (num(a, pos, "start")?, num(b, pos + a.len() + 1, "end")?),
-            None => {
-                let v = num(range, pos, "index")?;
-                (v, v)
-            }
-        };
-        if end < start {
-            return Err(err(
-                pos,
+    let (message, hint): (String, String) = match &e.kind {
+        RangeErrorKind::Empty => ("is empty".into(), SYNTAX.into()),
+        RangeErrorKind::EmptyEntry => ("empty range entry".into(), "remove the extra ','".into()),
+        RangeErrorKind::LimitNotAllowed | RangeErrorKind::BadLimit => (
+            format!("invalid concurrency limit {:?}", e.entry),
+            "write %N with N a positive integer, e.g. 0-99%20".into(),
+        ),
+        RangeErrorKind::ZeroLimit => (
+            "concurrency limit must be at least 1".into(),
+            "write %1 or more, or drop %".into(),
+        ),
+        RangeErrorKind::NotANumber { what } => (
+            format!("expected a non-negative integer {what}, got {:?}", e.text),
+            SYNTAX.into(),
+        ),
+        RangeErrorKind::TooLarge { what } => (
+            format!("{what} {:?} is too large", e.text),
+            format!("use indices up to {MAX_TASK_INDEX}"),
+        ),
+        RangeErrorKind::ZeroStep => ("step must be at least 1".into(), "write e.g. 0-15:4".into()),
+        RangeErrorKind::Reversed { .. } => {
+            let range = e.entry.split(':').next().unwrap_or_default();
+            (
                 format!("range {range:?} ends before it starts"),
-                "write START-END with START <= END",
-            ));
+                "write START-END with START <= END".into(),
+            )
         }
-        let step = match step {
-            Some(s) => {
-                if !range.contains('-') {
-                    return Err(err(
-                        step_pos,
-                        "a :STEP needs a START-END range".into(),
-                        "write e.g. 0-15:4",
-                    ));
-                }
-                let v = num(s, step_pos, "step")?;
-                if v == 0 {
-                    return Err(err(
-                        step_pos,
-                        "step must be at least 1".into(),
-                        "write e.g. 0-15:4",
-                    ));
-                }
-                v
-            }
-            None => 1,
-        };
-        let count = usize::try_from((end - start) / step + 1).unwrap_or(usize::MAX);
-        total = total.saturating_add(count);
-        if total > max_elements {
-            return Err(err(
-                pos,
-                format!("task group has more than {max_elements} elements"),
-                "split the work into several task groups or ask an admin to raise the limit",
-            ));
-        }
-        segments.push((start, end, step));
-    }
-    let mut indices = Vec::with_capacity(total);
-    for (s, e, st) in segments {
-        let mut i = s;
-        loop {
-            indices.push(i);
-            match i.checked_add(st) {
-                Some(n) if n <= e => i = n,
-                _ => break,
-            }
-        }
-    }
-    indices.sort_unstable();
-    indices.dedup();
-    Ok(TaskGroupSpec {
-        indices,
-        concurrency,
-    })
+        RangeErrorKind::TooMany { .. } => (
+            format!("task group has more than {max_elements} elements"),
+            "split the work into several task groups or ask an admin to raise the limit".into(),
+        ),
+    };
+    ParseError::new(WHAT, input, e.position, message, hint)
 }
 
 /// State of one element.

@@ -283,6 +283,10 @@ fn task_group_ranges() {
         ("0-15:4%2", vec![0, 4, 8, 12], Some(2)),
         ("7", vec![7], None),
         ("3,1,2-3", vec![1, 2, 3], None),
+        // The API's grammar (what admission stores): blanks around entries, a step on
+        // a single index.
+        (" 0-2 , 5 %2", vec![0, 1, 2, 5], Some(2)),
+        ("3:2", vec![3], None),
     ];
     for (s, idx, c) in cases {
         let g = parse_task_group(s).expect(s);
@@ -297,7 +301,8 @@ fn task_group_ranges() {
         ("0-9%x", 4, "invalid concurrency"),
         ("1,,2", 2, "empty range"),
         ("a-3", 0, "non-negative integer"),
-        ("3:2", 2, "needs a START-END"),
+        ("1-b", 2, "non-negative integer end"),
+        ("0-9,1000000000", 4, "too large"),
         ("0-99999999999", 0, "more than"),
     ];
     for (s, pos, msg) in bad {

@@ -68,7 +68,7 @@ pub struct Dag {
 }
 
 /// What happens to the rest of the DAG when a task fails.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DagFailurePolicy {
     /// The seed's rules (default): a failed `success` dependency cancels its

@@ -552,3 +552,186 @@ pub async fn annotate(env: &Env, name: &str, key: &str, value: serde_json::Value
         .await
         .expect("annotate");
 }
+
+// ---------------------------------------------------------------------------------------
+// Simulated agents, monitors and fixtures shared by the scenario files
+// ---------------------------------------------------------------------------------------
+
+/// A simulated agent fleet: runs every bound allocation to its end, exit code chosen by
+/// `exit_of(name)`.
+pub fn auto_runner(
+    env: &Env,
+    tenant: &str,
+    exit_of: impl Fn(&str) -> i32 + Send + Sync + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let api: Api<Allocation> = Api::namespaced(env.client.clone(), tenant);
+    let exit_of = Arc::new(exit_of);
+    tokio::spawn(async move {
+        loop {
+            if let Ok(list) = api.list(&ListParams::default()).await {
+                for a in list.items {
+                    let st = a.status.clone().unwrap_or_default();
+                    if st.phase != AllocationPhase::Staging && st.phase != AllocationPhase::Running
+                    {
+                        continue;
+                    }
+                    let exit = exit_of(a.name_any());
+                    for n in st.assigned_nodes.clone() {
+                        let node_done = st
+                            .node_states
+                            .get(&n)
+                            .is_some_and(|s| s.attempt == st.attempt && s.phase.is_terminal());
+                        if node_done {
+                            continue;
+                        }
+                        let name = a.name_any().to_string();
+                        let _ = api
+                            .update_status_with_retry(&name, 20, |cur| {
+                                let attempt = cur.status.as_ref().map(|s| s.attempt).unwrap_or(0);
+                                let stop = lifecycle::should_run(cur, &n, attempt);
+                                let (phase, code, why) = match stop {
+                                    lifecycle::RunDecision::Stop(r) => {
+                                        (NodeTaskPhase::Failed, None, r)
+                                    }
+                                    _ if exit == 0 => (
+                                        NodeTaskPhase::Succeeded,
+                                        Some(0),
+                                        lifecycle::node_reason::EXITED,
+                                    ),
+                                    _ => (
+                                        NodeTaskPhase::Failed,
+                                        Some(exit),
+                                        lifecycle::node_reason::NON_ZERO_EXIT,
+                                    ),
+                                };
+                                let r = lattice_apis::NodeTaskState {
+                                    phase,
+                                    attempt,
+                                    start_time: Some(lattice_apis::meta::now()),
+                                    end_time: Some(lattice_apis::meta::now()),
+                                    exit_code: code,
+                                    reason: Some(why.into()),
+                                    ..Default::default()
+                                };
+                                lifecycle::record_node_state(cur, &n, r, lattice_apis::meta::now())
+                            })
+                            .await;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    })
+}
+
+/// Watches allocations and records, per group, the largest number bound at once and the
+/// order in which they were first seen bound.
+#[derive(Clone, Default)]
+pub struct Monitor {
+    pub max_active: Arc<Mutex<HashMap<String, usize>>>,
+    pub started: Arc<Mutex<Vec<String>>>,
+}
+
+pub fn monitor(
+    env: &Env,
+    tenant: &str,
+    group_of: impl Fn(&Allocation) -> Option<String> + Send + Sync + 'static,
+) -> (Monitor, tokio::task::JoinHandle<()>) {
+    let api: Api<Allocation> = Api::namespaced(env.client.clone(), tenant);
+    let m = Monitor::default();
+    let out = m.clone();
+    let h = tokio::spawn(async move {
+        loop {
+            if let Ok(list) = api.list(&ListParams::default()).await {
+                let mut active: HashMap<String, usize> = HashMap::new();
+                for a in &list.items {
+                    let bound = matches!(
+                        a.phase(),
+                        AllocationPhase::Staging | AllocationPhase::Running
+                    );
+                    if !bound {
+                        continue;
+                    }
+                    let mut s = m.started.lock().unwrap();
+                    if !s.iter().any(|n| n == a.name_any()) {
+                        s.push(a.name_any().to_string());
+                    }
+                    if let Some(g) = group_of(a) {
+                        *active.entry(g).or_default() += 1;
+                    }
+                }
+                let mut max = m.max_active.lock().unwrap();
+                for (g, n) in active {
+                    let e = max.entry(g).or_default();
+                    *e = (*e).max(n);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    (out, h)
+}
+
+pub async fn wait_waiting(env: &Env, name: &str) -> Allocation {
+    env.wait_alloc("t1", name, "waiting for dependencies", |a| {
+        reason_of(a) == Some("waiting_for_dependencies")
+    })
+    .await
+}
+
+pub async fn set_admins(env: &Env, admins: &[&str]) {
+    let patch = Patch::Merge(json!({"spec": {"admins": admins}}));
+    Api::<lattice_apis::Tenant>::all(env.client.clone())
+        .patch("t1", &PatchParams::default(), &patch)
+        .await
+        .expect("tenant admins");
+}
+
+pub fn dag_manifest(name: &str) -> Dag {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "t1"},
+        "spec": {"allocations": [
+            {"name": "preprocess", "spec": {"entrypoint": "/bin/true", "lifecycle": {"walltime": "1h"}}},
+            {"name": "train", "dependsOn": [{"ref": "preprocess", "condition": "success"}],
+             "spec": {"entrypoint": "/bin/true", "resources": {"nodes": 2}, "lifecycle": {"walltime": "1h"}}},
+            {"name": "evaluate", "dependsOn": [{"ref": "train", "condition": "success"}],
+             "spec": {"entrypoint": "/bin/true", "lifecycle": {"walltime": "1h"}}},
+            {"name": "notify-failure", "dependsOn": [{"ref": "train", "condition": "failure"}],
+             "spec": {"entrypoint": "/bin/true", "lifecycle": {"walltime": "1h"}}},
+        ]},
+    }))
+    .expect("dag")
+}
+
+pub fn task_phases(d: &Dag) -> BTreeMap<String, String> {
+    d.status
+        .as_ref()
+        .map(|s| {
+            s.tasks
+                .iter()
+                .map(|(k, v)| (k.clone(), format!("{:?}", v.phase)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A sensitive-pool node.
+pub async fn sensitive_node(env: &Env, name: &str) {
+    env.node(name, 0).await;
+    env.nodes()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"sensitive": true}})),
+        )
+        .await
+        .expect("mark sensitive");
+}
+
+pub fn claim(user: &str, nodes: &[&str]) -> serde_json::Value {
+    json!({
+        "metadata": {"annotations": {"lattice.dev/user": user}},
+        "spec": {"sensitive": true, "vcluster": "secure",
+                 "resources": {"nodes": nodes.len(), "nodeNames": nodes}},
+    })
+}

@@ -5,8 +5,7 @@
 pub const DURATION_FORMATS: &str =
     "use e.g. \"24h\", \"1h30m\", \"90s\", \"2d\", \"72:00:00\" (HH:MM:SS), \"1-12:00:00\" (D-HH:MM:SS) or \"30\" (minutes)";
 
-/// Longest duration accepted (one year); anything longer is almost surely a typo.
-pub const MAX_DURATION_SECS: u64 = 366 * 24 * 3600;
+pub use crate::wellknown::MAX_DURATION_SECS;
 
 /// Parse a duration into whole seconds. The error says what is wrong (without a path).
 pub fn parse_duration(s: &str) -> Result<u64, String> {
@@ -72,8 +71,9 @@ fn parse_clock(t: &str) -> Option<u64> {
         .checked_add(m * 60 + s)
 }
 
-/// `1d2h3m4s` in any combination, each unit at most once, in that order.
-fn parse_units(t: &str) -> Option<u64> {
+/// `1d2h3m4s` in any combination, each unit at most once, in that order (lower-case
+/// units); `None` when `t` is not of that form or overflows.
+pub fn parse_units(t: &str) -> Option<u64> {
     let mut total: u64 = 0;
     let mut digits = String::new();
     let mut last_rank = 0u8;
@@ -104,7 +104,8 @@ fn parse_units(t: &str) -> Option<u64> {
     Some(total)
 }
 
-fn num(s: &str) -> Option<u64> {
+/// A run of at most 12 ASCII digits (what every field of a duration is).
+pub(crate) fn num(s: &str) -> Option<u64> {
     if s.is_empty() || s.len() > 12 || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -164,5 +165,23 @@ mod tests {
     fn hms() {
         assert_eq!(format_hms(259_200), "72:00:00");
         assert_eq!(format_hms(3_661), "01:01:01");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn hms_spelling_round_trips(secs in 0u64..=MAX_DURATION_SECS) {
+            proptest::prop_assert_eq!(parse_duration(&format_hms(secs)), Ok(secs));
+        }
+
+        #[test]
+        fn unit_spelling_round_trips(d in 0u64..366, h in 0u64..24, m in 0u64..60, s in 0u64..60) {
+            let text: String = [(d, 'd'), (h, 'h'), (m, 'm'), (s, 's')]
+                .iter()
+                .filter(|(n, _)| *n > 0)
+                .map(|(n, u)| format!("{n}{u}"))
+                .collect();
+            proptest::prop_assume!(!text.is_empty());
+            proptest::prop_assert_eq!(parse_duration(&text), Ok(d * 86_400 + h * 3_600 + m * 60 + s));
+        }
     }
 }
