@@ -674,6 +674,10 @@ pub struct WeightFields {
     /// w9: conformance fitness
     #[arg(long)]
     pub conformance: Option<f64>,
+    /// Any weight by its name under spec.weights (e.g. --weight waitTime=0.2, or an alias
+    /// w1..w9); repeatable. A name that is no weight is refused, naming the weights
+    #[arg(long = "weight", value_name = "NAME=VALUE")]
+    pub weight: Vec<String>,
 }
 
 #[derive(Debug, Clone, Subcommand)]

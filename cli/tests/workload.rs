@@ -1278,6 +1278,37 @@ async fn admin_tenants_and_vclusters() {
     golden("admin_vcluster_show.txt", &r.out);
     let r = run_alice(&f.url, &["admin", "vcluster", "list"]).await;
     golden("admin_vcluster_list.txt", &r.out);
+    // Any registered term by its name or alias, with the same range check.
+    let weight = |args: &'static [&'static str]| {
+        let url = f.url.clone();
+        async move {
+            let mut a = vec![
+                "-t",
+                "physics",
+                "admin",
+                "vcluster",
+                "set-weights",
+                "--name=hpc-batch",
+            ];
+            a.extend_from_slice(args);
+            run_alice(&url, &a).await
+        }
+    };
+    let r = weight(&["--weight", "waitTime=0.3", "--weight=w9=0.1"]).await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    assert_eq!(
+        last(&f, "PATCH").body,
+        r#"{"spec":{"weights":{"conformance":0.1,"waitTime":0.3}}}"#
+    );
+    let r = weight(&["--weight", "speed=0.3"]).await;
+    assert_eq!(r.code, 2);
+    assert!(
+        r.err.contains("\"speed\" is not a weight") && r.err.contains("waitTime"),
+        "{}",
+        r.err
+    );
+    assert_eq!(weight(&["--weight", "waitTime"]).await.code, 2);
+    assert_eq!(weight(&["--weight", "waitTime=1.5"]).await.code, 2);
 }
 
 #[tokio::test]

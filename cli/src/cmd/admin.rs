@@ -2,6 +2,7 @@
 
 use std::io::Write;
 
+use lattice_apis::kinds::vcluster::{known_weight_names, weight_term};
 use serde_json::{json, Map, Value};
 
 use crate::cli::{
@@ -290,6 +291,30 @@ async fn tenant(
 
 fn weights_of(w: &WeightFields) -> Result<Map<String, Value>, CliError> {
     let mut m = Map::new();
+    // `--weight NAME=VALUE`: any registered term (lattice_apis' WEIGHT_TERMS), so a term
+    // added to the scheduler needs no flag of its own here.
+    let mut named = Vec::new();
+    for arg in &w.weight {
+        let bad = |why: String| {
+            CliError::new(format!("--weight {arg}"), why)
+                .hint("pass NAME=VALUE, e.g. --weight waitTime=0.2")
+                .exit_code(exit::USAGE)
+        };
+        let (name, value) = arg
+            .split_once('=')
+            .ok_or_else(|| bad("expected NAME=VALUE".into()))?;
+        let term = weight_term(name.trim()).ok_or_else(|| {
+            bad(format!(
+                "{name:?} is not a weight; the weights are: {}",
+                known_weight_names()
+            ))
+        })?;
+        let value: f64 = value
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("{value:?} is not a number")))?;
+        named.push((term.name, Some(value)));
+    }
     for (k, v) in [
         ("priority", w.priority),
         ("waitTime", w.wait_time),
@@ -300,7 +325,10 @@ fn weights_of(w: &WeightFields) -> Result<Map<String, Value>, CliError> {
         ("energy", w.energy),
         ("checkpointEfficiency", w.checkpoint_efficiency),
         ("conformance", w.conformance),
-    ] {
+    ]
+    .into_iter()
+    .chain(named)
+    {
         if let Some(v) = v {
             if !(0.0..=1.0).contains(&v) || !v.is_finite() {
                 return Err(CliError::new(
