@@ -484,21 +484,7 @@ mod tests {
     /// The long flags `lattice-agent --help` shows.
     fn help_flags() -> std::collections::BTreeSet<String> {
         use clap::CommandFactory;
-        let help = Cli::command().render_long_help().to_string();
-        help.lines()
-            .filter_map(|l| {
-                let l = l.trim_start();
-                let l = l
-                    .strip_prefix("-h, ")
-                    .or(l.strip_prefix("-V, "))
-                    .unwrap_or(l);
-                let flag = l.strip_prefix("--")?;
-                let end = flag
-                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-                    .unwrap_or(flag.len());
-                Some(flag[..end].to_string())
-            })
-            .collect()
+        lattice_config::help_long_flags(&Cli::command())
     }
 
     #[test]

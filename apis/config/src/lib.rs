@@ -110,6 +110,26 @@ where
     })
 }
 
+/// The long flags `cmd --help` shows (`help` and `version` included): what a user reads,
+/// for tests that the config keys and the help agree.
+pub fn help_long_flags(cmd: &Command) -> std::collections::BTreeSet<String> {
+    let help = cmd.clone().render_long_help().to_string();
+    help.lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let l = l
+                .strip_prefix("-h, ")
+                .or(l.strip_prefix("-V, "))
+                .unwrap_or(l);
+            let flag = l.strip_prefix("--")?;
+            let end = flag
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .unwrap_or(flag.len());
+            Some(flag[..end].to_string())
+        })
+        .collect()
+}
+
 /// The keys a config file of `cmd` takes: its long flags, but `--help`, `--version` and
 /// the config flag itself.
 pub fn keys(cmd: &Command) -> Vec<&str> {

@@ -293,3 +293,16 @@ fn a_root_daemon_takes_its_file_only_from_root() {
         assert!(only_root_writes(&path).is_err());
     }
 }
+
+#[test]
+fn the_help_shows_every_long_flag() {
+    let cmd = <Args as clap::CommandFactory>::command();
+    let shown = help_long_flags(&cmd);
+    for k in keys(&cmd) {
+        assert!(shown.contains(k), "--{k} missing from {shown:?}");
+    }
+    assert!(
+        shown.contains("help") && shown.contains("config"),
+        "{shown:?}"
+    );
+}

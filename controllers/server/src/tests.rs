@@ -10,21 +10,7 @@ use super::*;
 
 /// The long flags `lattice-server --help` shows.
 fn help_flags() -> BTreeSet<String> {
-    let help = Args::command().render_long_help().to_string();
-    help.lines()
-        .filter_map(|l| {
-            let l = l.trim_start();
-            let l = l
-                .strip_prefix("-h, ")
-                .or(l.strip_prefix("-V, "))
-                .unwrap_or(l);
-            let flag = l.strip_prefix("--")?;
-            let end = flag
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-                .unwrap_or(flag.len());
-            Some(flag[..end].to_string())
-        })
-        .collect()
+    lattice_config::help_long_flags(&Args::command())
 }
 
 fn keys() -> BTreeSet<String> {
