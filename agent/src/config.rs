@@ -78,6 +78,10 @@ pub struct AgentArgs {
     /// Time between SIGTERM and SIGKILL when the agent stops a workload.
     #[arg(long, default_value = "30s", value_parser = parse_duration, env = "LATTICE_GRACE_PERIOD")]
     pub grace_period: Duration,
+    /// Children per agent in the tree an MPI step's PMI fence runs over: a step on at
+    /// most this many nodes plus one exchanges through its first node (a star).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096), env = "LATTICE_PMI_FAN_IN")]
+    pub pmi_fan_in: u32,
     /// CPU cores to report (default: discovered).
     #[arg(long, env = "LATTICE_CPU_CORES")]
     pub cpu_cores: Option<u32>,
@@ -193,6 +197,10 @@ pub struct ShimArgs {
     /// environment is the agent's fixed one.
     #[arg(long)]
     pub env_fd: Option<i32>,
+    /// Descriptor holding the task plans (JSON, see `shim::TaskPlan`): one process per
+    /// entry, all in one process group. Absent: one task.
+    #[arg(long)]
+    pub tasks_fd: Option<i32>,
     /// Run the workload as this uid (needs root).
     #[arg(long, requires = "gid")]
     pub uid: Option<u32>,
@@ -244,6 +252,8 @@ pub struct Config {
     pub heartbeat_interval: Duration,
     /// `--grace-period`.
     pub grace_period: Duration,
+    /// `--pmi-fan-in`.
+    pub pmi_fan_in: u32,
     /// `--cpu-cores`.
     pub cpu_cores: Option<u32>,
     /// `--memory-gb`.
@@ -345,6 +355,7 @@ impl Config {
             advertise_address: a.advertise_address,
             heartbeat_interval: a.heartbeat_interval,
             grace_period: a.grace_period,
+            pmi_fan_in: a.pmi_fan_in,
             cpu_cores: a.cpu_cores,
             memory_gb: a.memory_gb,
             gpu_count: a.gpu_count,

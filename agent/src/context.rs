@@ -51,6 +51,12 @@ pub struct Ctx {
     /// run that is still being stopped (e.g. after the node was Down and its work
     /// requeued elsewhere).
     pub unsettled: Arc<tokio::sync::watch::Sender<usize>>,
+    /// The MPI steps this node serves PMI for (found by the agents' fence exchange).
+    pub pmi: Arc<crate::pmi::exchange::Registry>,
+    /// How this agent reaches the other agents of a step.
+    pub peers: crate::pmi::exchange::Peers,
+    /// The GPUs this node reported (their indices, in order), for per-task binding.
+    pub gpus: Vec<u32>,
 }
 
 /// Holds one re-attached run's place in [`Ctx::unsettled`] until dropped.

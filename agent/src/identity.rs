@@ -140,7 +140,8 @@ impl NodeIdentity {
             self.cert.clone(),
             lattice_pki::ClientAuth::Required(&self.ca_pem),
         )?;
-        c.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // HTTP/2 for the other agents' gRPC (the PMI exchange), HTTP/1.1 for the rest.
+        c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(c)
     }
 

@@ -34,6 +34,8 @@ pub struct Metrics {
     pub workloads_refused: Family<Vec<(String, String)>, Counter>,
     /// Runs that ended with a process killed at the memory limit.
     pub workloads_oom_killed: Counter,
+    /// MPI steps stopped here because a rank aborted or died (on any node).
+    pub mpi_aborts: Counter,
     /// `lattice attach` sessions started.
     pub attach_sessions: Counter,
     /// `lattice attach` sessions open now.
@@ -63,6 +65,7 @@ impl Metrics {
             workloads_running: Gauge::default(),
             workloads_refused: Family::default(),
             workloads_oom_killed: Counter::default(),
+            mpi_aborts: Counter::default(),
             attach_sessions: Counter::default(),
             attach_sessions_open: Gauge::default(),
         };
@@ -120,6 +123,11 @@ impl Metrics {
             "workloads_oom_killed",
             "Runs that ended with a process killed at the memory limit",
             m.workloads_oom_killed.clone(),
+        );
+        registry.register(
+            "mpi_aborts",
+            "MPI steps stopped here because one of their ranks aborted or died",
+            m.mpi_aborts.clone(),
         );
         registry.register(
             "attach_sessions",

@@ -25,6 +25,10 @@ const START_LIMIT: Duration = Duration::from_secs(30);
 pub const SHIM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// The descriptor number the shim finds the workload's environment on.
 pub const ENV_FD: i32 = 3;
+/// The descriptor number the shim finds the task plans on.
+pub const TASKS_FD: i32 = 4;
+/// The number of the first of [`LaunchSpec::fds`] in the shim (the others follow).
+pub const FIRST_PASSED_FD: i32 = 5;
 
 /// A local user to run as.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +46,7 @@ pub struct RunAs {
 }
 
 /// What to start.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct LaunchSpec {
     /// The program (absolute or found on `PATH`).
     pub program: String,
@@ -58,6 +62,11 @@ pub struct LaunchSpec {
     pub run_dir: PathBuf,
     /// cgroups to put the workload in (one per hierarchy; none with `--no-cgroups`).
     pub cgroups: Vec<PathBuf>,
+    /// One entry per task started here (empty: one task with nothing of its own).
+    pub tasks: Vec<crate::shim::TaskPlan>,
+    /// Descriptors the shim gets at [`FIRST_PASSED_FD`], [`FIRST_PASSED_FD`] + 1, ...
+    /// (each task's `keep_fd` names its own); closed in the agent once the shim runs.
+    pub fds: Vec<std::os::fd::OwnedFd>,
 }
 
 /// The workload environment as the shim reads it: `KEY=VALUE` entries, each ended by a
@@ -167,9 +176,23 @@ impl ProcessRuntime for BareProcess {
             .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
         let env = memfd_with(&encode_env(&spec.env)?)
             .map_err(|e| format!("cannot pass the environment to the shim: {e}"))?;
+        let tasks = if spec.tasks.is_empty() {
+            None
+        } else {
+            let json = serde_json::to_vec(&spec.tasks)
+                .map_err(|e| format!("cannot encode the task plans: {e}"))?;
+            Some(
+                memfd_with(&json)
+                    .map_err(|e| format!("cannot pass the task plans to the shim: {e}"))?,
+            )
+        };
         let mut cmd = tokio::process::Command::new(&self.shim_exe);
-        cmd.arg("shim")
-            .arg("--run-dir")
+        if tasks.is_some() {
+            cmd.arg("shim").arg("--tasks-fd").arg(TASKS_FD.to_string());
+        } else {
+            cmd.arg("shim");
+        }
+        cmd.arg("--run-dir")
             .arg(&spec.run_dir)
             .arg("--cwd")
             .arg(&spec.cwd)
@@ -198,18 +221,44 @@ impl ProcessRuntime for BareProcess {
             .stderr(Stdio::from(log2))
             .kill_on_drop(false);
         let env_raw = std::os::fd::AsRawFd::as_raw_fd(&env);
-        // SAFETY: dup2(2) only, between fork and exec. dup2 gives the copy at ENV_FD no
-        // close-on-exec flag, so the shim inherits exactly that descriptor.
+        let tasks_raw = tasks.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+        let passed: Vec<i32> = spec
+            .fds
+            .iter()
+            .map(std::os::fd::AsRawFd::as_raw_fd)
+            .collect();
+        if passed
+            .iter()
+            .any(|fd| *fd < FIRST_PASSED_FD + passed.len() as i32)
+        {
+            // A source below the targets could be overwritten before it is copied.
+            return Err("descriptors to pass must lie above the numbers they get".into());
+        }
+        // SAFETY: dup2(2) only, between fork and exec. dup2 gives the copies no
+        // close-on-exec flag, so the shim inherits exactly those descriptors. The
+        // memory files are copied first: the passed descriptors' targets may be where
+        // they were.
         unsafe {
             cmd.pre_exec(move || {
                 if nix::libc::dup2(env_raw, ENV_FD) < 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                if let Some(t) = tasks_raw {
+                    if nix::libc::dup2(t, TASKS_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                for (i, fd) in passed.iter().enumerate() {
+                    if nix::libc::dup2(*fd, FIRST_PASSED_FD + i as i32) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
         }
         let spawned = cmd.spawn();
         drop(env);
+        drop(tasks);
         let mut child =
             spawned.map_err(|e| format!("cannot run {}: {e}", self.shim_exe.display()))?;
         let shim_pid = child.id().unwrap_or_default();

@@ -34,6 +34,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// What attach sessions need (`None`: attach is refused).
     pub attach: Option<Arc<crate::agent::Ctx>>,
+    /// The MPI steps this node runs a PMI server for (the agents' fence exchange).
+    pub pmi: Arc<crate::pmi::exchange::Registry>,
 }
 
 /// Who is on the other end of a TLS connection (its verified certificate's identity);
@@ -64,6 +66,33 @@ async fn from_api_server(req: Request, next: Next) -> Response {
     }
 }
 
+/// `/metrics` and `/healthz`: the API server or an administrator (on a TLS endpoint).
+async fn from_operator(req: Request, next: Next) -> Response {
+    match req.extensions().get::<Peer>() {
+        None | Some(Peer(Some(Identity::ApiServer | Identity::Admin(_)))) => next.run(req).await,
+        Some(Peer(who)) => {
+            let who = who.as_ref().map(|i| i.to_string()).unwrap_or_default();
+            (
+                StatusCode::FORBIDDEN,
+                format!("{who} may not read {}", req.uri().path()),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// The PMI exchange: other nodes' agents only (the service checks which step and node).
+async fn from_node(req: Request, next: Next) -> Response {
+    match req.extensions().get::<Peer>() {
+        None | Some(Peer(None)) | Some(Peer(Some(Identity::Node(_)))) => next.run(req).await,
+        Some(Peer(Some(who))) => (
+            StatusCode::FORBIDDEN,
+            format!("{who} is not a node: only agents exchange a step's PMI data"),
+        )
+            .into_response(),
+    }
+}
+
 impl FromRef<AppState> for Option<Arc<crate::agent::Ctx>> {
     fn from_ref(s: &AppState) -> Self {
         s.attach.clone()
@@ -78,9 +107,21 @@ impl FromRef<AppState> for Arc<Logs> {
 
 /// The routes.
 pub fn router(state: AppState) -> Router {
+    let pmi = crate::pmi::exchange::Service::new(state.pmi.clone());
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/metrics", get(metrics))
+        .route(
+            "/healthz",
+            get(|| async { "ok" }).route_layer(middleware::from_fn(from_operator)),
+        )
+        .route(
+            "/metrics",
+            get(metrics).route_layer(middleware::from_fn(from_operator)),
+        )
+        .merge(
+            Router::new()
+                .route_service("/lattice.pmi.v1.PmiExchange/{*method}", pmi)
+                .route_layer(middleware::from_fn(from_node)),
+        )
         .route(
             "/logs/{namespace}/{name}",
             get(get_logs).route_layer(middleware::from_fn(from_api_server)),
@@ -146,8 +187,11 @@ pub async fn serve(
                 .peer_certificates()
                 .and_then(lattice_pki::peer_info)
                 .and_then(|i| i.identity);
-            if !matches!(who, Some(Identity::ApiServer | Identity::Admin(_))) {
-                tracing::info!(%peer, who = ?who, "connection refused: not the API server nor an administrator");
+            if !matches!(
+                who,
+                Some(Identity::ApiServer | Identity::Admin(_) | Identity::Node(_))
+            ) {
+                tracing::info!(%peer, who = ?who, "connection refused: not the API server, an administrator or a node");
                 return;
             }
             let app = app.layer(axum::Extension(Peer(who)));

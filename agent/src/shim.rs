@@ -191,16 +191,15 @@ pub fn run(args: ShimArgs) -> i32 {
         );
         return 2;
     };
-    let mut cmd = Command::new(program);
-    cmd.args(rest)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    if let Some(env) = env {
-        // Applied by exec, after the drop below: the program is looked up on the
-        // workload's PATH as the user.
-        cmd.env_clear().envs(env);
+    let mut tasks = match args.tasks_fd.map(read_tasks).transpose() {
+        Ok(t) => t.unwrap_or_default(),
+        Err(e) => {
+            fail(format!("cannot read the task plan: {e}"));
+            return 2;
+        }
+    };
+    if tasks.is_empty() {
+        tasks.push(TaskPlan::default());
     }
     let cwd = match std::ffi::CString::new(args.cwd.as_os_str().as_encoded_bytes()) {
         Ok(c) => c,
@@ -215,50 +214,60 @@ pub fn run(args: ShimArgs) -> i32 {
     } else {
         args.groups.clone()
     };
-    // SAFETY: only async-signal-safe system calls between fork and exec. The run's
-    // cgroups are joined first, as root (a workload outside its limits is refused); the
-    // user's groups and ids are set next (std's `uid`/`gid` would drop the supplementary
-    // groups), and the working directory is entered as the user, after them.
-    unsafe {
-        cmd.pre_exec(move || {
-            crate::runtime::cloexec_inherited();
-            crate::cgroup::join(&cgroups)?;
-            if let Some((uid, gid)) = ids {
-                if nix::libc::setgroups(groups.len(), groups.as_ptr()) < 0
-                    || nix::libc::setgid(gid) < 0
-                    || nix::libc::setuid(uid) < 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if nix::libc::chdir(cwd.as_ptr()) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
+    // One stdout and one stderr pipe for all the tasks.
+    let pipes = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .and_then(|o| Ok((o, nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)));
+    let ((out_r, out_w), (err_r, err_w)) = match pipes {
+        Ok(p) => p,
         Err(e) => {
-            let why = if e.kind() == std::io::ErrorKind::NotFound && !args.cwd.exists() {
-                format!("working directory {} does not exist", args.cwd.display())
-            } else {
-                format!("cannot start {program:?}: {e}")
-            };
-            write_json(
-                dir,
-                EXIT_FILE,
-                &ExitRecord {
-                    exit_code: None,
-                    signal: None,
-                    start_error: Some(why),
-                    end_time: Utc::now(),
-                },
-            );
-            return 127;
+            fail(format!("cannot make the output pipes: {e}"));
+            return 2;
         }
     };
-    let pid = child.id();
+    let mut pids: Vec<u32> = Vec::with_capacity(tasks.len());
+    for (i, task) in tasks.iter().enumerate() {
+        let started = spawn_task(
+            program,
+            rest,
+            env.as_deref(),
+            task,
+            pids.first().copied(),
+            (&out_w, &err_w),
+            (&cgroups, ids, &groups, &cwd),
+        );
+        match started {
+            Ok(pid) => pids.push(pid),
+            Err(e) => {
+                let why = if e.kind() == std::io::ErrorKind::NotFound && !args.cwd.exists() {
+                    format!("working directory {} does not exist", args.cwd.display())
+                } else if tasks.len() > 1 {
+                    format!("cannot start task {i} of {}: {program:?}: {e}", tasks.len())
+                } else {
+                    format!("cannot start {program:?}: {e}")
+                };
+                if let Some(first) = pids.first() {
+                    kill_the_rest(*first, &args.cgroup);
+                }
+                write_json(
+                    dir,
+                    EXIT_FILE,
+                    &ExitRecord {
+                        exit_code: None,
+                        signal: None,
+                        start_error: Some(why),
+                        end_time: Utc::now(),
+                    },
+                );
+                return 127;
+            }
+        }
+    }
+    // Only the tasks hold their ends now: a closed socket means its task is gone.
+    drop((out_w, err_w));
+    for fd in tasks.iter().filter_map(|t| t.keep_fd) {
+        let _ = nix::unistd::close(fd);
+    }
+    let pid = pids[0];
     write_json(
         dir,
         PID_FILE,
@@ -283,17 +292,20 @@ pub fn run(args: ShimArgs) -> i32 {
             }
         }
     };
-    if let Some(out) = child.stdout.take() {
-        pumps += 1;
-        spawn_pump(out, spool(STDOUT_SPOOL), done_tx.clone());
-    }
-    if let Some(err) = child.stderr.take() {
-        pumps += 1;
-        spawn_pump(err, spool(STDERR_SPOOL), done_tx.clone());
-    }
+    pumps += 2;
+    spawn_pump(
+        std::fs::File::from(out_r),
+        spool(STDOUT_SPOOL),
+        done_tx.clone(),
+    );
+    spawn_pump(
+        std::fs::File::from(err_r),
+        spool(STDERR_SPOOL),
+        done_tx.clone(),
+    );
     drop(done_tx);
 
-    let (exit_code, signal) = wait_for(pid);
+    let (exit_code, signal) = wait_for(&pids);
     kill_the_rest(pid, &args.cgroup);
 
     // The group is gone: the pipes close unless a process that left the group holds them.
@@ -318,20 +330,149 @@ pub fn run(args: ShimArgs) -> i32 {
     0
 }
 
-/// Reap children until `pid` itself exits; its exit code or signal.
-fn wait_for(pid: u32) -> (Option<i32>, Option<i32>) {
-    let leader = Pid::from_raw(pid as i32);
-    loop {
-        match waitpid(Pid::from_raw(-1), None) {
-            Ok(WaitStatus::Exited(p, code)) if p == leader => return (Some(code), None),
-            Ok(WaitStatus::Signaled(p, sig, _)) if p == leader => return (None, Some(sig as i32)),
-            Ok(_) | Err(Errno::EINTR) => {}
+/// Reap children until every task has exited; the run's exit code or signal: the
+/// highest exit code when a task failed, else the first signal a task was killed by,
+/// else 0 (Slurm's step status).
+fn wait_for(pids: &[u32]) -> (Option<i32>, Option<i32>) {
+    let mut left: Vec<Pid> = pids.iter().map(|p| Pid::from_raw(*p as i32)).collect();
+    let (mut code, mut signal) = (0, None);
+    while !left.is_empty() {
+        let (p, c, s) = match waitpid(Pid::from_raw(-1), None) {
+            Ok(WaitStatus::Exited(p, c)) => (p, Some(c), None),
+            Ok(WaitStatus::Signaled(p, sig, _)) => (p, None, Some(sig as i32)),
+            Ok(_) | Err(Errno::EINTR) => continue,
             Err(e) => {
                 eprintln!("lattice shim: waitpid: {e}");
                 return (None, None);
             }
+        };
+        let Some(at) = left.iter().position(|t| *t == p) else {
+            continue;
+        };
+        left.swap_remove(at);
+        code = code.max(c.unwrap_or(0));
+        signal = signal.or(s);
+    }
+    match (code, signal) {
+        (0, Some(s)) => (None, Some(s)),
+        (c, _) => (Some(c), None),
+    }
+}
+
+/// What one task of a run gets besides the run's command and environment (the agent
+/// passes a list of them on `--tasks-fd` for a job step with several tasks here, an MPI
+/// rank's socket or a CPU or GPU binding).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TaskPlan {
+    /// Variables over the run's environment (`LATTICE_PROCID`, `PMI_FD`, ...).
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// A descriptor (as numbered in the shim) this task alone inherits: its PMI socket.
+    #[serde(default)]
+    pub keep_fd: Option<i32>,
+    /// CPUs the task is bound to (none: not bound).
+    #[serde(default)]
+    pub cpus: Vec<usize>,
+}
+
+/// The task plans from the descriptor the agent passed (then closed).
+fn read_tasks(fd: i32) -> std::io::Result<Vec<TaskPlan>> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::fd::FromRawFd;
+    if fd <= 2 {
+        return Err(std::io::Error::other(format!(
+            "--tasks-fd {fd} is a standard stream"
+        )));
+    }
+    // SAFETY: the agent passed this descriptor for us alone; the File closes it.
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    f.seek(SeekFrom::Start(0))?;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)?;
+    serde_json::from_slice(&bytes).map_err(std::io::Error::other)
+}
+
+/// Start one task in the run's process group (`group`: the first task's pid; a new group
+/// for the first task itself).
+#[allow(clippy::type_complexity)]
+fn spawn_task(
+    program: &str,
+    args: &[String],
+    env: Option<&[(String, String)]>,
+    task: &TaskPlan,
+    group: Option<u32>,
+    (out, err): (&std::os::fd::OwnedFd, &std::os::fd::OwnedFd),
+    (cgroups, ids, groups, cwd): (
+        &[std::ffi::CString],
+        Option<(u32, u32)>,
+        &[nix::libc::gid_t],
+        &std::ffi::CStr,
+    ),
+) -> std::io::Result<u32> {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out.try_clone()?))
+        .stderr(Stdio::from(err.try_clone()?))
+        .process_group(group.map_or(0, |g| g as i32));
+    if let Some(env) = env {
+        // Applied by exec, after the drop below: the program is looked up on the
+        // workload's PATH as the user.
+        cmd.env_clear().envs(env.iter().cloned());
+    }
+    cmd.envs(task.env.iter().cloned());
+    let keep = task.keep_fd;
+    // SAFETY: a plain C struct, filled before the fork.
+    let mut cpus: nix::libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let bind = !task.cpus.is_empty();
+    for c in &task.cpus {
+        if *c < nix::libc::CPU_SETSIZE as usize {
+            // SAFETY: the index is within the set.
+            unsafe { nix::libc::CPU_SET(*c, &mut cpus) };
         }
     }
+    let groups = groups.to_vec();
+    let cwd = cwd.to_owned();
+    let cgroups = cgroups.to_vec();
+    // SAFETY: only async-signal-safe system calls between fork and exec. The run's
+    // cgroups are joined first, as root (a workload outside its limits is refused); the
+    // user's groups and ids are set next (std's `uid`/`gid` would drop the supplementary
+    // groups), and the working directory is entered as the user, after them.
+    unsafe {
+        cmd.pre_exec(move || {
+            crate::runtime::cloexec_inherited();
+            if let Some(fd) = keep {
+                if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if bind
+                && nix::libc::sched_setaffinity(
+                    0,
+                    std::mem::size_of::<nix::libc::cpu_set_t>(),
+                    &cpus,
+                ) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            crate::cgroup::join(&cgroups)?;
+            if let Some((uid, gid)) = ids {
+                if nix::libc::setgroups(groups.len(), groups.as_ptr()) < 0
+                    || nix::libc::setgid(gid) < 0
+                    || nix::libc::setuid(uid) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if nix::libc::chdir(cwd.as_ptr()) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    Ok(child.id())
 }
 
 /// SIGKILL whatever is left of the process group (and cgroup) and reap it, until

@@ -84,6 +84,9 @@ pub struct TaskRecord {
     /// Why the agent is stopping it (a node reason), once it decided to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
+    /// What the stop's reason leaves out (an MPI abort: which rank, where, why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_message: Option<String>,
 }
 
 impl TaskRecord {

@@ -27,10 +27,13 @@ use crate::env::{self, EnvInputs};
 use crate::files::Dir;
 use crate::logs::spool::{Frame, SpoolReader};
 use crate::logs::{LogHub, LogKey, Stream};
+use crate::pmi::exchange::{StepPeers, TreeExchange};
+use crate::pmi::{Exchange, LocalExchange, PmiEvent, PmiServer, StepInfo};
 use crate::policy::Refusal;
 use crate::runtime::{LaunchSpec, RunAs};
 use crate::shim::{ExitRecord, STDERR_SPOOL, STDOUT_SPOOL};
 use crate::state::{TaskKey, TaskRecord};
+use lattice_apis::MpiKind;
 
 /// File name of an inline script in the run directory (the agent's, not the user's).
 pub const SCRIPT_FILE: &str = "lattice-script";
@@ -243,6 +246,7 @@ pub fn workload_env(
         base,
     });
     crate::credentials::add_env(&ctx.cfg, &rec.run_dir, &mut vars);
+    crate::tasks::training_env(alloc, &ctx.cfg.node, &mut vars);
     vars
 }
 
@@ -254,61 +258,6 @@ pub fn workload_cwd(alloc: &Allocation, rec: &TaskRecord) -> std::path::PathBuf 
         .as_ref()
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| rec.scratch_dir.clone())
-}
-
-/// Runs a job step's tasks on one node: `LATTICE_LOCAL_TASKS` copies of `"$@"`, each
-/// with its own `LATTICE_PROCID`/`LATTICE_LOCALID` (and `SLURM_PROCID`/`SLURM_LOCALID`
-/// when the Slurm variables are set), in the run's process group; exits with the
-/// highest exit status. The wrapper outlives the agent's SIGTERM (a no-op handler; the
-/// tasks, in the same process group, get the signal themselves) and waits for every task
-/// to really exit, so the tasks keep their grace period: the shim kills what is left only
-/// once the wrapper, the group leader, has exited. Each task starts with the default
-/// disposition of SIGINT and SIGQUIT (which a background job of a shell ignores), through
-/// `env --default-signal` where coreutils has it.
-const STEP_FANOUT: &str = r#"trap ':' TERM INT HUP USR1 USR2
-n=${LATTICE_LOCAL_TASKS:-1}; first=${LATTICE_PROCID:-0}; i=0; pids=
-# A shell cannot undo the SIGINT/SIGQUIT ignore of a background job; coreutils' env can.
-dflt=; env --default-signal=INT true 2>/dev/null && dflt=1
-while [ "$i" -lt "$n" ]; do
-  r=$((first + i))
-  ( trap - TERM HUP USR1 USR2
-    LATTICE_PROCID=$r; LATTICE_LOCALID=$i; export LATTICE_PROCID LATTICE_LOCALID
-    if [ -n "${SLURM_JOB_ID:-}" ]; then SLURM_PROCID=$r; SLURM_LOCALID=$i; export SLURM_PROCID SLURM_LOCALID; fi
-    if [ -n "$dflt" ]; then exec env --default-signal=INT,QUIT "$@"; fi
-    exec "$@" ) &
-  pids="$pids $!"
-  i=$((i + 1))
-done
-rc=0
-for p in $pids; do
-  while :; do
-    wait "$p"; c=$?
-    # A trapped signal interrupts wait (status > 128) while the task still runs.
-    kill -0 "$p" 2>/dev/null || break
-  done
-  if [ "$c" -gt "$rc" ]; then rc=$c; fi
-done
-exit "$rc""#;
-
-/// A job step with other than one task on this node runs under [`STEP_FANOUT`].
-pub fn fan_out(
-    alloc: &Allocation,
-    env: &std::collections::BTreeMap<String, String>,
-    program: String,
-    args: Vec<String>,
-) -> (String, Vec<String>) {
-    let local = env.get("LATTICE_LOCAL_TASKS").map(String::as_str);
-    if alloc.spec.step_of.is_none() || local == Some("1") || local.is_none() {
-        return (program, args);
-    }
-    let mut wrapped = vec![
-        "-c".to_string(),
-        STEP_FANOUT.to_string(),
-        "lattice-step".to_string(),
-        program,
-    ];
-    wrapped.extend(args);
-    ("/bin/sh".to_string(), wrapped)
 }
 
 /// Whether this node may start `alloc`, and as whom.
@@ -487,7 +436,20 @@ struct Supervisor {
     /// A re-attached run keeps the node from registering Ready until it is confirmed
     /// as still this node's, or has stopped (dropped with the supervisor).
     settle: Option<SettleGuard>,
+    /// An MPI step's PMI server on this node (stops when dropped).
+    pmi: Option<PmiRun>,
 }
+
+/// A running PMI server and what it reports.
+struct PmiRun {
+    _server: PmiServer,
+    _exchange: Arc<dyn Exchange>,
+    events: tokio::sync::mpsc::UnboundedReceiver<PmiEvent>,
+}
+
+/// How long the ranks of an aborted MPI step get between SIGTERM and SIGKILL (at most
+/// the agent's grace period): the job is already lost.
+const MPI_ABORT_GRACE: Duration = Duration::from_secs(2);
 
 impl Supervisor {
     fn new(
@@ -509,6 +471,7 @@ impl Supervisor {
             stop: StopPhase::Running,
             latest: None,
             settle: None,
+            pmi: None,
         }
     }
 
@@ -576,7 +539,28 @@ impl Supervisor {
         let (program, args) = command_line(alloc, &run_dir, user.as_ref(), Some(&ctx.cfg.node))?;
         crate::credentials::prepare(&ctx, alloc, &run_dir, user.as_ref()).await;
         let vars = workload_env(&ctx, alloc, &self.rec, user.as_ref());
-        let (program, args) = fan_out(alloc, &vars, program, args);
+        let (tasks, fds) = match crate::tasks::for_step(alloc, &ctx.cfg.node) {
+            None => (Vec::new(), Vec::new()),
+            Some(t) => {
+                let pmi =
+                    match t.mpi {
+                        None | Some(MpiKind::None) => false,
+                        Some(MpiKind::Pmi2) => true,
+                        Some(MpiKind::Pmix) => return Err(
+                            "spec.launch.mpi is pmix, but this agent has no PMIx server; use pmi2"
+                                .into(),
+                        ),
+                    };
+                let slurm = vars.contains_key("SLURM_JOB_ID");
+                let plans = crate::tasks::plans(&t, alloc, slurm, &ctx.gpus, pmi)?;
+                let fds = if pmi {
+                    self.start_pmi(alloc, &t)?
+                } else {
+                    Vec::new()
+                };
+                (plans, fds)
+            }
+        };
         let cwd = workload_cwd(alloc, &self.rec);
         let spec = LaunchSpec {
             program,
@@ -586,8 +570,13 @@ impl Supervisor {
             run_as: user,
             run_dir: self.rec.run_dir.clone(),
             cgroups: self.rec.cgroups.clone(),
+            tasks,
+            fds,
         };
-        let launched = ctx.runtime.launch(&spec).await?;
+        let launched = ctx.runtime.launch(&spec).await;
+        // The tasks' ends of their PMI sockets are the shim's now.
+        drop(spec);
+        let launched = launched?;
         self.child = launched.child;
         self.rec.shim_pid = Some(launched.shim_pid);
         self.rec.pid = Some(launched.pid);
@@ -613,6 +602,82 @@ impl Supervisor {
         Ok(())
     }
 
+    /// Start the PMI server of MPI step `alloc` for this node's tasks `t`; returns the
+    /// tasks' ends of their sockets.
+    fn start_pmi(
+        &mut self,
+        alloc: &Allocation,
+        t: &crate::tasks::NodeTasks,
+    ) -> Result<Vec<std::os::fd::OwnedFd>, String> {
+        let ctx = &self.ctx;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let exchange: Arc<dyn Exchange> = if t.nodes.len() <= 1 {
+            Arc::new(LocalExchange)
+        } else {
+            let addresses = alloc
+                .status
+                .as_ref()
+                .map(|s| s.node_addresses.clone())
+                .unwrap_or_default();
+            if addresses.len() != t.nodes.len() {
+                return Err(format!(
+                    "the step's {} nodes have {} agent address(es) recorded (status.nodeAddresses); the PMI fence cannot reach them",
+                    t.nodes.len(),
+                    addresses.len()
+                ));
+            }
+            Arc::new(TreeExchange::register(
+                ctx.pmi.clone(),
+                ctx.peers.clone(),
+                StepPeers {
+                    uid: self.rec.uid.clone(),
+                    attempt: self.rec.attempt,
+                    nodes: t.nodes.clone(),
+                    addresses,
+                    index: t.node_index,
+                    fan_in: ctx.cfg.pmi_fan_in as usize,
+                },
+                tx.clone(),
+            ))
+        };
+        let info = StepInfo {
+            jobid: t.jobid.clone(),
+            size: t.size,
+            mapping: t.mapping.clone(),
+            local_ranks: t.ranks.clone(),
+            node: ctx.cfg.node.clone(),
+        };
+        let (server, fds) = PmiServer::start(info, exchange.clone(), tx)
+            .map_err(|e| format!("cannot start the step's PMI server: {e}"))?;
+        tracing::info!(allocation = %self.name(), ranks = ?t.ranks, size = t.size, nodes = t.nodes.len(), "PMI server started");
+        self.pmi = Some(PmiRun {
+            _server: server,
+            _exchange: exchange,
+            events: rx,
+        });
+        Ok(fds)
+    }
+
+    /// An MPI step aborted (here or on another node): stop this node's part of it.
+    fn poll_pmi(&mut self) {
+        let Some(run) = self.pmi.as_mut() else { return };
+        let mut abort = None;
+        while let Ok(PmiEvent::Abort(message)) = run.events.try_recv() {
+            abort.get_or_insert(message);
+        }
+        let Some(message) = abort else { return };
+        if self.stop != StopPhase::Running {
+            return;
+        }
+        self.ctx.metrics.mpi_aborts.inc();
+        self.rec.stop_message = Some(message);
+        self.begin_stop(node_reason::MPI_ABORTED);
+        if let StopPhase::Term(t) = self.stop {
+            let sooner = Instant::now() + MPI_ABORT_GRACE;
+            self.stop = StopPhase::Term(t.min(sooner));
+        }
+    }
+
     /// Watch the run until it ends (or the agent stops).
     async fn supervise(mut self) {
         self.ctx.metrics.workloads_running.inc();
@@ -636,6 +701,7 @@ impl Supervisor {
             }
             self.pump_logs();
             self.decide();
+            self.poll_pmi();
             self.escalate();
             if let Some(exit) = self.check_exit() {
                 break exit;
@@ -817,7 +883,9 @@ impl Supervisor {
         if oom.is_some() {
             self.ctx.metrics.workloads_oom_killed.inc();
         }
-        let report = final_report(
+        // The PMI server goes with the run.
+        self.pmi = None;
+        let mut report = final_report(
             &exit,
             self.rec.stop_reason.as_deref(),
             oom.as_deref(),
@@ -826,6 +894,12 @@ impl Supervisor {
             self.rec.start_time,
             lattice_apis::meta::now(),
         );
+        if let Some(why) = &self.rec.stop_message {
+            report.message = Some(match &report.message {
+                Some(m) => format!("{why}; {m}"),
+                None => why.clone(),
+            });
+        }
         tracing::info!(
             allocation = %self.name(),
             attempt = self.rec.attempt,
@@ -1060,86 +1134,6 @@ mod tests {
         let (p, args) = command_line(&a, &run, None, None).unwrap();
         assert_eq!(p, "/bin/sh");
         assert!(args[0].ends_with(SCRIPT_FILE));
-    }
-
-    #[test]
-    fn a_step_with_several_local_tasks_fans_out() {
-        let mut a = Allocation::default();
-        let mut env = std::collections::BTreeMap::new();
-        env.insert("LATTICE_LOCAL_TASKS".to_string(), "3".to_string());
-        let same = fan_out(&a, &env, "/bin/echo".into(), vec!["x".into()]);
-        assert_eq!(same.0, "/bin/echo", "not a step");
-        a.spec.step_of = Some("job".into());
-        let (p, args) = fan_out(&a, &env, "/bin/echo".into(), vec!["x".into()]);
-        assert_eq!(p, "/bin/sh");
-        assert_eq!(args[2..], ["lattice-step", "/bin/echo", "x"]);
-        // Run it: three ranks, exit status is the highest.
-        let out = std::process::Command::new(&p)
-            .args(&args[..2])
-            .args([
-                "lattice-step",
-                "/bin/sh",
-                "-c",
-                "echo rank=$LATTICE_PROCID/$LATTICE_LOCALID; exit $LATTICE_PROCID",
-            ])
-            .env("LATTICE_LOCAL_TASKS", "3")
-            .env("LATTICE_PROCID", "4")
-            .output()
-            .unwrap();
-        let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(String::from)
-            .collect();
-        lines.sort();
-        assert_eq!(lines, ["rank=4/0", "rank=5/1", "rank=6/2"]);
-        assert_eq!(out.status.code(), Some(6));
-    }
-
-    #[test]
-    fn a_fanned_out_step_keeps_its_grace_period_and_default_signals() {
-        use nix::sys::signal::{killpg, Signal};
-        use nix::unistd::Pid;
-        use std::os::unix::process::CommandExt;
-        let dir = tempfile::tempdir().unwrap();
-        let mut a = Allocation::default();
-        a.spec.step_of = Some("job".into());
-        let mut env = std::collections::BTreeMap::new();
-        env.insert("LATTICE_LOCAL_TASKS".to_string(), "2".to_string());
-        // Each task: a TERM handler that takes a moment, then writes a marker and exits 3;
-        // and its SIGINT disposition (SigIgn bit 1) recorded.
-        let task = format!(
-            "grep SigIgn /proc/self/status > {d}/ign-$LATTICE_LOCALID; \
-             trap 'sleep 0.3; echo done > {d}/term-$LATTICE_LOCALID; exit 3' TERM; \
-             echo up > {d}/up-$LATTICE_LOCALID; while :; do sleep 0.05; done",
-            d = dir.path().display()
-        );
-        let (p, args) = fan_out(&a, &env, "/bin/sh".into(), vec!["-c".into(), task]);
-        let mut child = std::process::Command::new(&p)
-            .args(&args)
-            .env("LATTICE_LOCAL_TASKS", "2")
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !(dir.path().join("up-0").exists() && dir.path().join("up-1").exists()) {
-            assert!(std::time::Instant::now() < deadline, "tasks did not start");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        killpg(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-        let status = child.wait().unwrap();
-        // The wrapper waited for both handlers to finish (markers written) and passed on
-        // their exit status.
-        for i in 0..2 {
-            assert!(
-                dir.path().join(format!("term-{i}")).exists(),
-                "task {i} had no grace period"
-            );
-            let ign = std::fs::read_to_string(dir.path().join(format!("ign-{i}"))).unwrap();
-            let mask =
-                u64::from_str_radix(ign.split_whitespace().nth(1).unwrap_or("0"), 16).unwrap();
-            assert_eq!(mask & 0b110, 0, "task {i} ignores SIGINT/SIGQUIT: {ign}");
-        }
-        assert_eq!(status.code(), Some(3));
     }
 
     #[test]

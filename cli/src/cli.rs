@@ -254,6 +254,17 @@ pub struct LaunchArgs {
     /// Prefix output lines with the node name
     #[arg(short = 'l', long)]
     pub label: bool,
+    /// MPI wire-up: pmi2 (the agent's PMI server: PMI-2 and MPICH's PMI-1, through
+    /// PMI_FD), pmix (not available), or none [default: none]
+    #[arg(long, value_name = "pmi2|pmix|none")]
+    pub mpi: Option<String>,
+    /// How ranks are laid out over the nodes: block (consecutive ranks share a node) or
+    /// cyclic [default: block]
+    #[arg(short = 'm', long, value_name = "block|cyclic")]
+    pub distribution: Option<String>,
+    /// GPUs bound to each task (CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES)
+    #[arg(long, value_name = "N")]
+    pub gpus_per_task: Option<u32>,
     /// Extra environment variable for the tasks (repeatable)
     #[arg(long, value_name = "KEY=VALUE")]
     pub env: Vec<String>,

@@ -94,10 +94,11 @@ pub use syntax::duration;
 pub use kinds::allocation::{
     Allocation, AllocationPhase, AllocationSpec, AllocationStatus, Checkpoint, CheckpointStrategy,
     Connectivity, Constraints, DataMount, Dependency, DependencyCondition, DependencyKind,
-    DependencyStatus, Environment, ExposedPort, Lifecycle, LifecycleType, LivenessProbe,
-    MountAccess, NodeCount, NodeTaskPhase, NodeTaskState, PortProtocol, ProbeType, Requeue,
-    RequeuePolicy, Resources, ScalePolicy, ScaleStatus, ScaleTarget, SymbolScope, SymbolType,
-    TaskGroup, TaskGroupStatus, TaskRange, Telemetry, TelemetryMode, TierHint, Topology,
+    DependencyStatus, Distribution, Environment, ExposedPort, Lifecycle, LifecycleType,
+    LivenessProbe, MountAccess, MpiKind, NodeCount, NodeTaskPhase, NodeTaskState, PortProtocol,
+    ProbeType, Requeue, RequeuePolicy, Resources, ScalePolicy, ScaleStatus, ScaleTarget,
+    StepLaunch, SymbolScope, SymbolType, TaskGroup, TaskGroupStatus, TaskRange, Telemetry,
+    TelemetryMode, TierHint, Topology,
 };
 pub use kinds::dag::{
     Dag, DagCounts, DagDefaults, DagFailurePolicy, DagPhase, DagSpec, DagStatus, DagTask,

@@ -137,6 +137,9 @@ pub mod node_reason {
     /// one, or uid 0 / below `--min-uid` without the tenant's `spec.runAs.allowUsers`).
     /// Nothing ran.
     pub const NOT_PERMITTED: &str = "NotPermitted";
+    /// An MPI step was torn down because one of its ranks called abort or died inside
+    /// MPI, on this node or another (the message says which rank, where and why).
+    pub const MPI_ABORTED: &str = "MpiAborted";
 }
 
 /// Annotation `"first"`: the script runs on the first assigned node only, as a Slurm

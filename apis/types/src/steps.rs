@@ -11,7 +11,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::kinds::allocation::{
-    Allocation, AllocationSpec, Lifecycle, LifecycleType, NodeCount, Requeue, RequeuePolicy,
+    Allocation, AllocationSpec, Distribution, Lifecycle, LifecycleType, NodeCount, Requeue,
+    RequeuePolicy, StepLaunch,
 };
 use crate::meta::OwnerReference;
 use crate::resource::Resource;
@@ -55,6 +56,9 @@ pub struct TaskLaunch {
     /// Working directory on the nodes (default: the allocation's submission directory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<String>,
+    /// MPI wire-up, distribution and GPUs per task (the step's `spec.launch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<StepLaunch>,
 }
 
 /// How many nodes and tasks a step gets, given the allocation's `available` nodes
@@ -107,6 +111,93 @@ pub fn plan(
         }
     }
     Ok((nodes, ntasks))
+}
+
+/// The global ranks on each of a step's `nnodes` nodes: with `per_node`, at most that many
+/// on each node; else spread as evenly as possible, the remainder on the first nodes
+/// (Slurm's `-N3 -n4` is 2, 1, 1). `Block` gives each node consecutive ranks;
+/// `Cyclic` deals them out in turn to the nodes that still have room.
+pub fn layout(
+    ntasks: u32,
+    nnodes: u32,
+    per_node: Option<u32>,
+    distribution: Distribution,
+) -> Vec<Vec<u32>> {
+    let nnodes = nnodes.max(1);
+    let counts: Vec<u32> = (0..nnodes)
+        .map(|i| match per_node {
+            Some(k) => k.min(ntasks.saturating_sub(i.saturating_mul(k))),
+            None => ntasks / nnodes + u32::from(i < ntasks % nnodes),
+        })
+        .collect();
+    let mut nodes: Vec<Vec<u32>> = counts
+        .iter()
+        .map(|c| Vec::with_capacity(*c as usize))
+        .collect();
+    match distribution {
+        Distribution::Block => {
+            let mut next = 0;
+            for (node, c) in nodes.iter_mut().zip(&counts) {
+                node.extend(next..next + c);
+                next += c;
+            }
+        }
+        Distribution::Cyclic => {
+            let mut rank = 0;
+            while rank < counts.iter().sum::<u32>() {
+                for (node, c) in nodes.iter_mut().zip(&counts) {
+                    if (node.len() as u32) < *c {
+                        node.push(rank);
+                        rank += 1;
+                    }
+                }
+            }
+        }
+    }
+    nodes
+}
+
+/// PMI's `PMI_process_mapping` for a [`layout`]: `(vector,(FIRST_NODE,NODES,RANKS),...)`,
+/// blocks of `NODES` consecutive nodes with `RANKS` consecutive ranks each, read in rank
+/// order and repeated from the start while ranks remain (how MPICH reads it). The
+/// shortest repeating list is written: block `-N4 -n64` is `(vector,(0,4,16))`, cyclic
+/// is `(vector,(0,4,1))`.
+pub fn process_mapping(layout: &[Vec<u32>]) -> String {
+    let total: usize = layout.iter().map(Vec::len).sum();
+    let mut node_of = vec![0u32; total];
+    for (n, ranks) in layout.iter().enumerate() {
+        for r in ranks {
+            if let Some(slot) = node_of.get_mut(*r as usize) {
+                *slot = n as u32;
+            }
+        }
+    }
+    // Runs of consecutive ranks on one node: (node, ranks).
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for n in node_of {
+        match runs.last_mut() {
+            Some((node, k)) if *node == n => *k += 1,
+            _ => runs.push((n, 1)),
+        }
+    }
+    // Consecutive nodes with the same run length merge: (first node, nodes, ranks).
+    let mut blocks: Vec<(u32, u32, u32)> = Vec::new();
+    for (n, k) in runs {
+        match blocks.last_mut() {
+            Some((first, count, ranks)) if *ranks == k && *first + *count == n => *count += 1,
+            _ => blocks.push((n, 1, k)),
+        }
+    }
+    // The shortest prefix that repeats into the whole list.
+    let period = (1..=blocks.len())
+        .find(|p| blocks.len() % p == 0 && blocks.chunks(*p).all(|c| c == &blocks[..*p]))
+        .unwrap_or(blocks.len());
+    let mut out = String::from("(vector");
+    for (first, count, ranks) in &blocks[..period] {
+        out.push_str(&format!(",({first},{count},{ranks})"));
+    }
+    out.push(')');
+    out
 }
 
 /// The allocation's node count: its assigned nodes, else what it asked for.
@@ -196,6 +287,10 @@ pub fn step_allocation(
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         vcluster: parent.spec.vcluster.clone(),
+        launch: launch
+            .launch
+            .clone()
+            .filter(|l| *l != StepLaunch::default()),
         lifecycle: Lifecycle {
             type_: LifecycleType::Bounded,
             ..Default::default()
@@ -405,6 +500,37 @@ mod tests {
             .insert(NTASKS_PER_NODE_ANNOTATION.into(), "4".into());
         let e = step_allocation(&p, "job.0", &hostname(), None).unwrap_err();
         assert!(e.contains("the allocation's task layout"), "{e}");
+    }
+
+    #[test]
+    fn layouts_and_their_process_mapping() {
+        let b = |n, nodes, k| layout(n, nodes, k, Distribution::Block);
+        let c = |n, nodes, k| layout(n, nodes, k, Distribution::Cyclic);
+        assert_eq!(b(4, 3, None), vec![vec![0, 1], vec![2], vec![3]]);
+        assert_eq!(c(4, 3, None), vec![vec![0, 3], vec![1], vec![2]]);
+        assert_eq!(b(6, 2, Some(4)), vec![vec![0, 1, 2, 3], vec![4, 5]]);
+        assert_eq!(c(6, 2, Some(4)), vec![vec![0, 2, 4, 5], vec![1, 3]]);
+        assert_eq!(b(2, 4, None), vec![vec![0], vec![1], vec![], vec![]]);
+        assert_eq!(process_mapping(&b(64, 4, None)), "(vector,(0,4,16))");
+        assert_eq!(process_mapping(&c(64, 4, None)), "(vector,(0,4,1))");
+        assert_eq!(process_mapping(&b(4, 3, None)), "(vector,(0,1,2),(1,2,1))");
+        assert_eq!(process_mapping(&c(4, 3, None)), "(vector,(0,3,1),(0,1,1))");
+        assert_eq!(process_mapping(&b(1, 1, None)), "(vector,(0,1,1))");
+        // Every rank is placed exactly once, whatever the shape.
+        for n in 1..20u32 {
+            for nodes in 1..6u32 {
+                for k in [None, Some(1), Some(3), Some(20)] {
+                    for d in [Distribution::Block, Distribution::Cyclic] {
+                        if k.is_some_and(|k| k * nodes < n) {
+                            continue;
+                        }
+                        let mut all: Vec<u32> = layout(n, nodes, k, d).concat();
+                        all.sort_unstable();
+                        assert_eq!(all, (0..n).collect::<Vec<_>>(), "{n} {nodes} {k:?} {d:?}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

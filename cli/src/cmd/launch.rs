@@ -69,6 +69,27 @@ pub struct StepRequest {
     pub chdir: Option<String>,
     /// Prefix output lines with the node name.
     pub label: bool,
+    /// MPI wire-up, distribution, GPUs per task (`--mpi`, `--distribution`,
+    /// `--gpus-per-task`); `None` when none was asked for.
+    pub launch: Option<lattice_apis::StepLaunch>,
+}
+
+/// `--mpi`, `--distribution` and `--gpus-per-task` as a step's `spec.launch`.
+pub fn step_launch(
+    mpi: Option<&str>,
+    distribution: Option<&str>,
+    gpus_per_task: Option<u32>,
+) -> Result<Option<lattice_apis::StepLaunch>, String> {
+    let l = lattice_apis::StepLaunch {
+        mpi: mpi
+            .map(|m| m.parse().map_err(|e| format!("--mpi: {e}")))
+            .transpose()?,
+        distribution: distribution
+            .map(|d| d.parse().map_err(|e| format!("--distribution: {e}")))
+            .transpose()?,
+        gpus_per_task,
+    };
+    Ok((l != lattice_apis::StepLaunch::default()).then_some(l))
 }
 
 /// The allocation a step runs in when `--alloc` is not given: the one this shell is
@@ -274,6 +295,7 @@ pub async fn run_step(
                 .clone()
                 .unwrap_or_else(|| ctx.cwd.display().to_string()),
         ),
+        launch: req.launch.clone(),
     };
     let user = ctx.user();
     let collection = workload::collection("allocations", Some(&tenant));
@@ -480,7 +502,10 @@ pub async fn launch(
         };
         env.push((k.to_string(), v.to_string()));
     }
+    let launch = step_launch(a.mpi.as_deref(), a.distribution.as_deref(), a.gpus_per_task)
+        .map_err(|e| CliError::new("launch", e).exit_code(exit::USAGE))?;
     let req = StepRequest {
+        launch,
         alloc,
         ntasks: a.ntasks,
         nodes: a.nodes,
@@ -1075,6 +1100,7 @@ pub fn parse_srun_step(args: &[String]) -> Result<SrunStep, String> {
             .map_err(|_| format!("{opt} needs a number, got {v:?}"))
     };
     let (opts, start) = srun_options(args)?;
+    let (mut mpi, mut distribution, mut gpus_per_task) = (None, None, None);
     for o in opts {
         let v = o.value.clone().unwrap_or_default();
         match o.name.as_str() {
@@ -1082,6 +1108,9 @@ pub fn parse_srun_step(args: &[String]) -> Result<SrunStep, String> {
             "N" | "nodes" => st.req.nodes = Some(num(&o.flag, &v)?),
             "ntasks-per-node" => st.req.tasks_per_node = Some(num(&o.flag, &v)?),
             "jobid" => st.req.alloc = v,
+            "mpi" => mpi = Some(v),
+            "m" | "distribution" => distribution = Some(v),
+            "gpus-per-task" => gpus_per_task = Some(num(&o.flag, &v)?),
             "D" | "chdir" => st.req.chdir = Some(v),
             "l" | "label" => st.req.label = true,
             // A terminal on the first node (`lattice attach`); srun's `--pty=FD` form
@@ -1104,6 +1133,7 @@ pub fn parse_srun_step(args: &[String]) -> Result<SrunStep, String> {
             )),
         }
     }
+    st.req.launch = step_launch(mpi.as_deref(), distribution.as_deref(), gpus_per_task)?;
     st.req.command = args[start.min(args.len())..].to_vec();
     if st.req.command.is_empty() {
         return Err("no command given: srun [OPTIONS] CMD [ARGS...]".into());
@@ -1146,8 +1176,17 @@ mod tests {
         assert_eq!(st.req.tasks_per_node, Some(4));
         assert_eq!(st.req.alloc, "42");
         assert_eq!(st.req.command, v(&["./app", "-n", "3"]));
-        assert_eq!(st.warnings.len(), 3, "{:?}", st.warnings);
-        assert!(st.warnings[1].starts_with("-c 4:"), "{:?}", st.warnings);
+        assert_eq!(st.warnings.len(), 2, "{:?}", st.warnings);
+        assert!(st.warnings[0].starts_with("-c 4:"), "{:?}", st.warnings);
+        let l = st.req.launch.expect("--mpi=pmi2 is the step's");
+        assert_eq!(l.mpi, Some(lattice_apis::MpiKind::Pmi2));
+        let st = parse_srun_step(&v(&["-m", "cyclic:block", "--gpus-per-task=2", "a"])).unwrap();
+        let l = st.req.launch.unwrap();
+        assert_eq!(l.distribution, Some(lattice_apis::Distribution::Cyclic));
+        assert_eq!(l.gpus_per_task, Some(2));
+        assert!(parse_srun_step(&v(&["--mpi=openmpi", "a"]))
+            .unwrap_err()
+            .contains("--mpi: unknown MPI type"));
         let st = parse_srun_step(&v(&["--pty", "-l", "bash", "--pty"])).unwrap();
         assert!(st.pty);
         assert_eq!(st.req.command, v(&["bash", "--pty"]));

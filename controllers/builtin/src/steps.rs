@@ -277,6 +277,28 @@ async fn reconcile(a: Arc<Allocation>, ctx: Arc<Ctx>) -> Result<Action, lattice_
     })
 }
 
+/// The agent address each of `nodes` reported (`""` where none).
+async fn agent_addresses(
+    backend: &Arc<dyn KvBackend>,
+    nodes: &[String],
+) -> Result<Vec<String>, crate::objects::TxnError> {
+    let keys: Vec<String> = nodes
+        .iter()
+        .map(|n| key_of::<lattice_apis::Node>(None, n))
+        .collect();
+    let raw = read_raw(backend, &keys).await?;
+    let mut out = Vec::with_capacity(nodes.len());
+    for (k, kv) in keys.iter().zip(raw) {
+        let addr = decode::<lattice_apis::Node>(k, kv)?
+            .and_then(|n| n.obj.status)
+            .and_then(|s| s.agent)
+            .and_then(|a| a.address)
+            .unwrap_or_default();
+        out.push(addr);
+    }
+    Ok(out)
+}
+
 /// Read the step and its allocation at one revision, decide again, and write the step.
 /// `Ok(false)`: someone wrote first (retry).
 async fn apply(
@@ -296,6 +318,10 @@ async fn apply(
     let parent = decode::<Allocation>(&keys[1], raw.next().flatten())?;
     let t = now();
     let action = decide(&stored.obj, parent.as_ref().map(|p| &p.obj), t.timestamp());
+    let addresses = match &action {
+        StepAction::Bind { nodes, .. } => agent_addresses(&ctx.backend, nodes).await?,
+        _ => Vec::new(),
+    };
     let mut step = stored.obj.clone();
     match action {
         StepAction::None => return Ok(true),
@@ -353,6 +379,7 @@ async fn apply(
             let st = step.status.get_or_insert_with(AllocationStatus::default);
             st.phase = AllocationPhase::Staging;
             st.assigned_nodes = nodes.clone();
+            st.node_addresses = addresses;
             st.attempt += 1;
             st.walltime_seconds = walltime_s;
             st.scheduled_time = Some(t);

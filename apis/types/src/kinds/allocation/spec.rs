@@ -91,6 +91,95 @@ pub struct AllocationSpec {
     /// cancels it when that allocation ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_of: Option<String>,
+    /// How a step's tasks are started: MPI wire-up, task distribution, GPUs per task
+    /// (steps only: `lattice launch`, `srun`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<StepLaunch>,
+}
+
+/// How a job step's tasks are started (`spec.launch`, steps only).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StepLaunch {
+    /// Process-management interface the tasks find each other through: `none` (the
+    /// default), `pmi2` (the agent's PMI server, which speaks the PMI-2 wire and
+    /// MPICH's PMI-1 "simple" wire on the same socket), or `pmix` (refused: no PMIx
+    /// server is built in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mpi: Option<MpiKind>,
+    /// How ranks are laid out over the step's nodes: `block` (the default: consecutive
+    /// ranks share a node) or `cyclic` (rank r on node r mod N while nodes have room).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distribution: Option<Distribution>,
+    /// GPUs bound to each task (`CUDA_VISIBLE_DEVICES`, `ROCR_VISIBLE_DEVICES`), from
+    /// the GPUs the node reports, in order; a node without enough GPUs fails the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_per_task: Option<u32>,
+}
+
+/// The process-management interface of a step (`spec.launch.mpi`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MpiKind {
+    /// No wire-up: the tasks only get their rank variables.
+    #[default]
+    None,
+    /// PMI-2 and PMI-1 through the agent's PMI server (`PMI_FD`).
+    Pmi2,
+    /// PMIx (OpenMPI).
+    Pmix,
+}
+
+impl MpiKind {
+    /// The name as written in a spec and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MpiKind::None => "none",
+            MpiKind::Pmi2 => "pmi2",
+            MpiKind::Pmix => "pmix",
+        }
+    }
+}
+
+impl std::str::FromStr for MpiKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "none" => Ok(MpiKind::None),
+            // Slurm's names for the same server: `pmi2` also serves PMI-1 clients.
+            "pmi2" | "pmi" | "pmi1" => Ok(MpiKind::Pmi2),
+            "pmix" | "pmix_v4" | "pmix_v3" => Ok(MpiKind::Pmix),
+            other => Err(format!(
+                "unknown MPI type {other:?}: use none, pmi2 (MPICH, Intel MPI, libpmi2) or pmix"
+            )),
+        }
+    }
+}
+
+/// Task distribution over a step's nodes (`spec.launch.distribution`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Distribution {
+    /// Consecutive ranks on the same node (Slurm's default).
+    #[default]
+    Block,
+    /// Ranks dealt to the nodes in turn.
+    Cyclic,
+}
+
+impl std::str::FromStr for Distribution {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        // Slurm writes `block:cyclic` etc. (nodes:sockets); the node level decides here.
+        let node_level = s.trim().split([':', ',']).next().unwrap_or("");
+        match node_level.to_ascii_lowercase().as_str() {
+            "block" | "" => Ok(Distribution::Block),
+            "cyclic" => Ok(Distribution::Cyclic),
+            other => Err(format!(
+                "unknown distribution {other:?}: use block or cyclic"
+            )),
+        }
+    }
 }
 
 /// Software environment.

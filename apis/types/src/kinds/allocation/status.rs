@@ -174,6 +174,12 @@ pub struct AllocationStatus {
     /// Nodes bound to this allocation.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub assigned_nodes: Vec<String>,
+    /// For a job step: the agent address (`host:port`) of each assigned node, in the same
+    /// order, as the nodes reported it when the step was bound (empty where a node
+    /// reported none). The step's agents reach each other there (the PMI fence), and
+    /// `MASTER_ADDR` is the first one's host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_addresses: Vec<String>,
     /// Dragonfly groups the assigned nodes span.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub topology_groups: Vec<u32>,

@@ -223,6 +223,7 @@ impl AllocationSpec {
         }
         self.validate_resources(p, errs);
         self.validate_step_of(p, self_name, errs);
+        self.validate_launch(p, errs);
         self.validate_lifecycle(p, errs);
         if let Some(c) = self.preemption_class {
             if !(0..=10).contains(&c) {
@@ -561,6 +562,36 @@ impl AllocationSpec {
                     format!("{f:?} is listed twice"),
                 );
             }
+        }
+    }
+
+    fn validate_launch(&self, p: &str, errs: &mut Errors) {
+        let Some(l) = &self.launch else {
+            return;
+        };
+        let lp = format!("{p}.launch");
+        if self.step_of.is_none() {
+            errs.push(
+                lp.clone(),
+                "applies to job steps only (spec.stepOf); start the tasks with `lattice launch` inside the allocation, or remove launch",
+            );
+        }
+        if l.mpi == Some(MpiKind::Pmix) {
+            errs.push(
+                format!("{lp}.mpi"),
+                "pmix is not available: the agents have no PMIx server; use pmi2 (MPICH, Intel MPI, MVAPICH, libpmi2) or run OpenMPI with its own mpirun",
+            );
+        }
+        match l.gpus_per_task {
+            Some(0) => errs.push(
+                format!("{lp}.gpusPerTask"),
+                "must be at least 1; remove it to bind no GPUs",
+            ),
+            Some(n) if n > 1024 => errs.push(
+                format!("{lp}.gpusPerTask"),
+                format!("{n} is more GPUs than any node has; ask for at most 1024"),
+            ),
+            _ => {}
         }
     }
 

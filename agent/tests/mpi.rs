@@ -1,0 +1,318 @@
+//! MPI job steps through the agents' PMI server, with real MPICH (PMI-1, its built-in
+//! client), Slurm's libpmi2 (PMI-2), real agents with node certificates and the PMI
+//! fence between them over gRPC with mutual TLS: hello worlds across two agents, a rank
+//! that dies or aborts tearing the step down on every node, and the per-task
+//! environment (torchrun's rendezvous variables, GPU binding with fake GPUs).
+//!
+//! Needs `mpicc.mpich` (Debian `libmpich-dev`), `libpmi2-0-dev` and `python3`:
+//! `hack/install-deps.sh` installs them.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use lattice_apis::{Allocation, AllocationPhase};
+use serde_json::{json, Value};
+
+/// Compile one of `tests/mpi/` into `dir`.
+fn build(dir: &Path, source: &str, out: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mpi")
+        .join(source);
+    let bin = dir.join(out);
+    let (cc, libs): (&str, &[&str]) = if source.starts_with("pmi2") {
+        ("cc", &["-lpmi2"])
+    } else {
+        ("mpicc.mpich", &[])
+    };
+    let made = Command::new(cc)
+        .arg("-O2")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .args(libs)
+        .status()
+        .unwrap_or_else(|e| panic!("{cc} not found ({e}): run hack/install-deps.sh"));
+    assert!(made.success(), "{cc} {} failed", src.display());
+    bin
+}
+
+/// A parent allocation `job` running on `nodes`.
+async fn parent(server: &Server, nodes: &[&str]) {
+    create(server, "job", json!({"entrypoint": "sleep 600"})).await;
+    bind(server, "job", nodes, Some(600)).await;
+    wait_phase(server, "job", AllocationPhase::Running).await;
+}
+
+/// A step of `job` named `name` with `ntasks` tasks running `spec`.
+async fn step(server: &Server, name: &str, ntasks: u32, per_node: Option<u32>, mut spec: Value) {
+    let p = server.allocations().get("job").await.expect("parent");
+    spec["stepOf"] = json!("job");
+    spec["requeue"] = json!({"policy": "never"});
+    spec["resources"] = json!({"nodes": p.status.as_ref().map_or(1, |s| s.assigned_nodes.len())});
+    spec["env"]["HWLOC_COMPONENTS"] = json!("-gl");
+    let mut ann = json!({
+        "lattice.dev/user": p.metadata.annotations.get("lattice.dev/user"),
+        "lattice.dev/ntasks": ntasks.to_string(),
+    });
+    if let Some(k) = per_node {
+        ann["lattice.dev/ntasks-per-node"] = json!(k.to_string());
+    }
+    let meta = json!({
+        "ownerReferences": [{
+            "apiVersion": "lattice.dev/v1alpha1", "kind": "Allocation",
+            "name": "job", "uid": p.metadata.uid, "controller": true,
+        }],
+        "annotations": ann,
+    });
+    create_with(server, name, spec, meta).await;
+}
+
+async fn output(server: &Server, name: &str) -> Vec<String> {
+    let (code, text) = server.logs(name, "").await;
+    assert_eq!(code, 200, "{text}");
+    // Each line comes as `<node>| <text>` from a step on several nodes.
+    let mut lines: Vec<String> = text
+        .lines()
+        .map(|l| l.split_once("| ").map_or(l, |(_, t)| t).to_string())
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// Wait for step `name` to end; on a timeout, say where it stood and what the agents
+/// logged.
+async fn ended(server: &Server, name: &str, agents: &[&Agent]) -> Allocation {
+    let api = server.allocations();
+    let limit = std::time::Instant::now() + LIMIT;
+    loop {
+        let a = api.get(name).await.expect("get step");
+        if a.phase().is_terminal() {
+            return a;
+        }
+        if std::time::Instant::now() > limit {
+            let logs: Vec<String> = agents.iter().map(|a| a.log()).collect();
+            panic!(
+                "{name} did not end: {:?}\n{}",
+                a.status,
+                logs.join("\n----\n")
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+fn two_agents(server: &Server, root: &Path, extra: &[&str]) -> (Agent, Agent) {
+    (
+        Agent::start(server, "node-a", root, extra),
+        Agent::start(server, "node-b", root, extra),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mpich_and_libpmi2_ranks_wire_up_across_two_agents() {
+    let bins = tempfile::tempdir().unwrap();
+    let hello = build(bins.path(), "hello.c", "hello");
+    let pmi2 = build(bins.path(), "pmi2_hello.c", "pmi2_hello");
+    let server = Server::start();
+    let root = tempfile::tempdir().unwrap();
+    let (a, b) = two_agents(&server, root.path(), &[]);
+    parent(&server, &["node-a", "node-b"]).await;
+
+    // MPICH (PMI-1): 4 ranks, 2 per node; the fence crosses the nodes.
+    step(
+        &server,
+        "job.0",
+        4,
+        None,
+        json!({"entrypoint": hello.display().to_string(), "args": [], "launch": {"mpi": "pmi2"}}),
+    )
+    .await;
+    let s = ended(&server, "job.0", &[&a, &b]).await;
+    let lines = output(&server, "job.0").await;
+    assert_eq!(
+        s.phase(),
+        AllocationPhase::Completed,
+        "{:?}\n{lines:?}\n{}\n{}",
+        s.status,
+        a.log(),
+        b.log()
+    );
+    assert_eq!(
+        lines,
+        (0..4)
+            .map(|r| format!("hello rank={r} size=4 sum=6"))
+            .collect::<Vec<_>>()
+    );
+
+    // libpmi2 (PMI-2), cyclic: rank r on node r mod 2; every rank reads every put.
+    step(
+        &server,
+        "job.1",
+        4,
+        None,
+        json!({"entrypoint": pmi2.display().to_string(), "args": [],
+               "launch": {"mpi": "pmi2", "distribution": "cyclic"}}),
+    )
+    .await;
+    let s = ended(&server, "job.1", &[&a, &b]).await;
+    let lines = output(&server, "job.1").await;
+    assert_eq!(
+        s.phase(),
+        AllocationPhase::Completed,
+        "{:?}\n{lines:?}",
+        s.status
+    );
+    assert_eq!(
+        lines,
+        (0..4)
+            .map(|r| format!("pmi2 rank={r} size=4 jobid=job.1 mapping=(vector,(0,2,1)) spawned=0"))
+            .collect::<Vec<_>>()
+    );
+    drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_that_dies_or_aborts_tears_the_step_down_on_every_node() {
+    let bins = tempfile::tempdir().unwrap();
+    let hello = build(bins.path(), "hello.c", "hello");
+    let server = Server::start();
+    let root = tempfile::tempdir().unwrap();
+    let (a, b) = two_agents(&server, root.path(), &[]);
+    parent(&server, &["node-a", "node-b"]).await;
+
+    for (n, mode, why) in [
+        (
+            0,
+            "crash",
+            "rank 3 on node node-b ended without PMI finalize",
+        ),
+        (
+            1,
+            "abort",
+            "rank 3 on node node-b called MPI_Abort (exit code 7)",
+        ),
+    ] {
+        let name = format!("job.{n}");
+        step(
+            &server,
+            &name,
+            4,
+            None,
+            json!({"entrypoint": hello.display().to_string(), "args": [mode],
+                   "launch": {"mpi": "pmi2"}}),
+        )
+        .await;
+        // Without the teardown, ranks 0-2 would wait in MPI_Barrier until the walltime.
+        let s = ended(&server, &name, &[&a, &b]).await;
+        assert_eq!(s.phase(), AllocationPhase::Failed, "{mode}: {:?}", s.status);
+        for node in ["node-a", "node-b"] {
+            let st = node_state(&s, node);
+            assert!(st.phase.is_terminal(), "{mode}: {node}: {st:?}");
+            let msg = st.message.clone().unwrap_or_default();
+            assert!(
+                msg.contains(why),
+                "{mode}: {node} says {msg:?}, not {why:?}\n{}\n{}",
+                a.log(),
+                b.log()
+            );
+        }
+        assert_eq!(
+            node_state(&s, "node-a").reason.as_deref(),
+            Some("MpiAborted")
+        );
+    }
+    assert_eq!(
+        server.allocations().get("job").await.unwrap().phase(),
+        AllocationPhase::Running,
+        "the allocation outlives its failed steps"
+    );
+    drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_get_torchrun_variables_and_their_own_gpus() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mpi/torch_env.py");
+    let server = Server::start();
+    let root = tempfile::tempdir().unwrap();
+    let (a, b) = two_agents(&server, root.path(), &["--gpu-count", "4"]);
+    parent(&server, &["node-a", "node-b"]).await;
+
+    // The rendezvous a training script's env:// init does, across both nodes.
+    step(
+        &server,
+        "job.0",
+        4,
+        Some(2),
+        json!({"entrypoint": "/usr/bin/python3", "args": [script.display().to_string()]}),
+    )
+    .await;
+    let s = ended(&server, "job.0", &[&a, &b]).await;
+    let lines = output(&server, "job.0").await;
+    assert_eq!(
+        s.phase(),
+        AllocationPhase::Completed,
+        "{:?}\n{lines:?}",
+        s.status
+    );
+    let master = lines
+        .iter()
+        .find_map(|l| {
+            l.strip_prefix("rendezvous of 4 ranks at ")?
+                .strip_suffix(" complete")
+        })
+        .unwrap_or_else(|| panic!("rank 0 saw every rank: {lines:?}\n{}\n{}", a.log(), b.log()))
+        .to_string();
+    let vars: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.starts_with("LOCAL_RANK="))
+        .collect();
+    assert_eq!(vars.len(), 4, "{lines:?}");
+    for (rank, node_rank, local) in [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)] {
+        let want = format!(
+            "LOCAL_RANK={local} LOCAL_WORLD_SIZE=2 MASTER_ADDR={} MASTER_PORT={} NODE_RANK={node_rank} RANK={rank} WORLD_SIZE=4",
+            master.rsplit_once(':').unwrap().0,
+            master.rsplit_once(':').unwrap().1
+        );
+        assert!(lines.contains(&want), "{want}\n{lines:?}");
+    }
+
+    // Two GPUs per task, two tasks per node: disjoint sets, in the node's order.
+    step(
+        &server,
+        "job.1",
+        4,
+        Some(2),
+        json!({"entrypoint": "echo rank=$LATTICE_PROCID gpus=$CUDA_VISIBLE_DEVICES rocr=$ROCR_VISIBLE_DEVICES",
+               "launch": {"gpusPerTask": 2}}),
+    )
+    .await;
+    let s = ended(&server, "job.1", &[&a, &b]).await;
+    let lines = output(&server, "job.1").await;
+    assert_eq!(s.phase(), AllocationPhase::Completed, "{:?}", s.status);
+    assert_eq!(
+        lines,
+        [
+            "rank=0 gpus=0,1 rocr=0,1",
+            "rank=1 gpus=2,3 rocr=2,3",
+            "rank=2 gpus=0,1 rocr=0,1",
+            "rank=3 gpus=2,3 rocr=2,3"
+        ]
+    );
+
+    // More GPUs than the node has: the step fails to start, saying why.
+    step(
+        &server,
+        "job.2",
+        2,
+        None,
+        json!({"entrypoint": "true", "launch": {"gpusPerTask": 8}}),
+    )
+    .await;
+    let s: Allocation = ended(&server, "job.2", &[&a, &b]).await;
+    let msg = node_state(&s, "node-a").message.clone().unwrap_or_default();
+    assert!(msg.contains("the node has 4"), "{msg}");
+    drop((a, b));
+}
