@@ -104,10 +104,41 @@ async fn ended(server: &Server, name: &str, agents: &[&Agent]) -> Allocation {
     }
 }
 
-fn two_agents(server: &Server, root: &Path, extra: &[&str]) -> (Agent, Agent) {
+/// An API server and two agents, `node-a` and `node-b`, each in its own network
+/// namespace (as root; on loopback otherwise): "another node" is another network stack,
+/// reached over a bridge, for the PMI fence and for the ranks' own traffic.
+struct Cluster {
+    a: Agent,
+    b: Agent,
+    server: Server,
+    _lab: Option<NetLab>,
+}
+
+fn cluster(extra: &[&str]) -> (Cluster, tempfile::TempDir) {
+    let root = tempfile::tempdir().unwrap();
+    let lab = NetLab::new(2);
+    let server = match &lab {
+        Some(l) => Server::start_serving_agents_on(&l.host_ip(), &[]),
+        None => Server::start(),
+    };
+    let agent = |i: usize, node: &str| {
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        if let Some(l) = &lab {
+            args.extend(["--listen".to_string(), format!("{}:0", l.node_ip(i))]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let ns = lab.as_ref().map(|l| l.netns(i));
+        Agent::start_in(&server, node, root.path(), &args, ns.as_deref())
+    };
+    let (a, b) = (agent(0, "node-a"), agent(1, "node-b"));
     (
-        Agent::start(server, "node-a", root, extra),
-        Agent::start(server, "node-b", root, extra),
+        Cluster {
+            a,
+            b,
+            server,
+            _lab: lab,
+        },
+        root,
     )
 }
 
@@ -116,22 +147,21 @@ async fn mpich_and_libpmi2_ranks_wire_up_across_two_agents() {
     let bins = tempfile::tempdir().unwrap();
     let hello = build(bins.path(), "hello.c", "hello");
     let pmi2 = build(bins.path(), "pmi2_hello.c", "pmi2_hello");
-    let server = Server::start();
-    let root = tempfile::tempdir().unwrap();
-    let (a, b) = two_agents(&server, root.path(), &[]);
-    parent(&server, &["node-a", "node-b"]).await;
+    let (c, _root) = cluster(&[]);
+    let (server, a, b) = (&c.server, &c.a, &c.b);
+    parent(server, &["node-a", "node-b"]).await;
 
     // MPICH (PMI-1): 4 ranks, 2 per node; the fence crosses the nodes.
     step(
-        &server,
+        server,
         "job.0",
         4,
         None,
         json!({"entrypoint": hello.display().to_string(), "args": [], "launch": {"mpi": "pmi2"}}),
     )
     .await;
-    let s = ended(&server, "job.0", &[&a, &b]).await;
-    let lines = output(&server, "job.0").await;
+    let s = ended(server, "job.0", &[a, b]).await;
+    let lines = output(server, "job.0").await;
     assert_eq!(
         s.phase(),
         AllocationPhase::Completed,
@@ -149,7 +179,7 @@ async fn mpich_and_libpmi2_ranks_wire_up_across_two_agents() {
 
     // libpmi2 (PMI-2), cyclic: rank r on node r mod 2; every rank reads every put.
     step(
-        &server,
+        server,
         "job.1",
         4,
         None,
@@ -157,8 +187,8 @@ async fn mpich_and_libpmi2_ranks_wire_up_across_two_agents() {
                "launch": {"mpi": "pmi2", "distribution": "cyclic"}}),
     )
     .await;
-    let s = ended(&server, "job.1", &[&a, &b]).await;
-    let lines = output(&server, "job.1").await;
+    let s = ended(server, "job.1", &[a, b]).await;
+    let lines = output(server, "job.1").await;
     assert_eq!(
         s.phase(),
         AllocationPhase::Completed,
@@ -171,17 +201,15 @@ async fn mpich_and_libpmi2_ranks_wire_up_across_two_agents() {
             .map(|r| format!("pmi2 rank={r} size=4 jobid=job.1 mapping=(vector,(0,2,1)) spawned=0"))
             .collect::<Vec<_>>()
     );
-    drop((a, b));
-}
+    }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rank_that_dies_or_aborts_tears_the_step_down_on_every_node() {
     let bins = tempfile::tempdir().unwrap();
     let hello = build(bins.path(), "hello.c", "hello");
-    let server = Server::start();
-    let root = tempfile::tempdir().unwrap();
-    let (a, b) = two_agents(&server, root.path(), &[]);
-    parent(&server, &["node-a", "node-b"]).await;
+    let (c, _root) = cluster(&[]);
+    let (server, a, b) = (&c.server, &c.a, &c.b);
+    parent(server, &["node-a", "node-b"]).await;
 
     for (n, mode, why) in [
         (
@@ -197,7 +225,7 @@ async fn a_rank_that_dies_or_aborts_tears_the_step_down_on_every_node() {
     ] {
         let name = format!("job.{n}");
         step(
-            &server,
+            server,
             &name,
             4,
             None,
@@ -206,8 +234,21 @@ async fn a_rank_that_dies_or_aborts_tears_the_step_down_on_every_node() {
         )
         .await;
         // Without the teardown, ranks 0-2 would wait in MPI_Barrier until the walltime.
-        let s = ended(&server, &name, &[&a, &b]).await;
+        let s = ended(server, &name, &[a, b]).await;
         assert_eq!(s.phase(), AllocationPhase::Failed, "{mode}: {:?}", s.status);
+        // The step fails with the first node's report; the other's follows.
+        let api = server.allocations();
+        let s = wait_for("both nodes' reports", LIMIT, || async {
+            api.get(&name).await.ok().filter(|s| {
+                ["node-a", "node-b"].iter().all(|n| {
+                    s.status
+                        .as_ref()
+                        .and_then(|st| st.node_states.get(*n))
+                        .is_some_and(|st| st.phase.is_terminal())
+                })
+            })
+        })
+        .await;
         for node in ["node-a", "node-b"] {
             let st = node_state(&s, node);
             assert!(st.phase.is_terminal(), "{mode}: {node}: {st:?}");
@@ -229,28 +270,26 @@ async fn a_rank_that_dies_or_aborts_tears_the_step_down_on_every_node() {
         AllocationPhase::Running,
         "the allocation outlives its failed steps"
     );
-    drop((a, b));
-}
+    }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_get_torchrun_variables_and_their_own_gpus() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mpi/torch_env.py");
-    let server = Server::start();
-    let root = tempfile::tempdir().unwrap();
-    let (a, b) = two_agents(&server, root.path(), &["--gpu-count", "4"]);
-    parent(&server, &["node-a", "node-b"]).await;
+    let (c, _root) = cluster(&["--gpu-count", "4"]);
+    let (server, a, b) = (&c.server, &c.a, &c.b);
+    parent(server, &["node-a", "node-b"]).await;
 
     // The rendezvous a training script's env:// init does, across both nodes.
     step(
-        &server,
+        server,
         "job.0",
         4,
         Some(2),
         json!({"entrypoint": "/usr/bin/python3", "args": [script.display().to_string()]}),
     )
     .await;
-    let s = ended(&server, "job.0", &[&a, &b]).await;
-    let lines = output(&server, "job.0").await;
+    let s = ended(server, "job.0", &[a, b]).await;
+    let lines = output(server, "job.0").await;
     assert_eq!(
         s.phase(),
         AllocationPhase::Completed,
@@ -281,7 +320,7 @@ async fn tasks_get_torchrun_variables_and_their_own_gpus() {
 
     // Two GPUs per task, two tasks per node: disjoint sets, in the node's order.
     step(
-        &server,
+        server,
         "job.1",
         4,
         Some(2),
@@ -289,8 +328,8 @@ async fn tasks_get_torchrun_variables_and_their_own_gpus() {
                "launch": {"gpusPerTask": 2}}),
     )
     .await;
-    let s = ended(&server, "job.1", &[&a, &b]).await;
-    let lines = output(&server, "job.1").await;
+    let s = ended(server, "job.1", &[a, b]).await;
+    let lines = output(server, "job.1").await;
     assert_eq!(s.phase(), AllocationPhase::Completed, "{:?}", s.status);
     assert_eq!(
         lines,
@@ -304,15 +343,14 @@ async fn tasks_get_torchrun_variables_and_their_own_gpus() {
 
     // More GPUs than the node has: the step fails to start, saying why.
     step(
-        &server,
+        server,
         "job.2",
         2,
         None,
         json!({"entrypoint": "true", "launch": {"gpusPerTask": 8}}),
     )
     .await;
-    let s: Allocation = ended(&server, "job.2", &[&a, &b]).await;
+    let s: Allocation = ended(server, "job.2", &[a, b]).await;
     let msg = node_state(&s, "node-a").message.clone().unwrap_or_default();
     assert!(msg.contains("the node has 4"), "{msg}");
-    drop((a, b));
-}
+    }

@@ -55,9 +55,15 @@ impl Server {
 
     /// Start with more `lattice-server` flags (kept across [`restart`](Self::restart)).
     pub fn start_with(extra: &[&str]) -> Server {
+        Self::start_serving_agents_on("127.0.0.1", extra)
+    }
+
+    /// Start with the agents' HTTPS endpoint on `ip` (a [`NetLab`]'s bridge address).
+    pub fn start_serving_agents_on(ip: &str, extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let (child, url, tls_url) = Self::spawn(dir.path(), "127.0.0.1:0", "127.0.0.1:0", &extra);
+        let (child, url, tls_url) =
+            Self::spawn(dir.path(), "127.0.0.1:0", &format!("{ip}:0"), &extra);
         let token = std::fs::read_to_string(dir.path().join("data/admin.token"))
             .expect("admin token")
             .trim()
@@ -343,12 +349,108 @@ pub struct Agent {
     bootstrap_token: String,
     extra: Vec<String>,
     starts: u32,
+    netns: Option<String>,
+}
+
+/// Network namespaces joined by a bridge: each one another node's network stack. The
+/// host side of the bridge is `host_ip()`; namespace `i` has `node_ip(i)`. Needs root
+/// (`ip` from iproute2); removed when dropped.
+pub struct NetLab {
+    tag: String,
+    prefix: String,
+    n: usize,
+}
+
+impl NetLab {
+    /// `n` namespaces, or `None` (with the reason on stderr) where they cannot be made.
+    pub fn new(n: usize) -> Option<NetLab> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("network namespaces need root; running the agents on loopback instead");
+            return None;
+        }
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let lab = NetLab {
+            tag: format!("lt{}{k}", pid % 100_000),
+            prefix: format!("10.{}.{}", 200 + k % 50, pid % 250),
+            n,
+        };
+        let ip = |args: &[&str]| {
+            let ok = Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "ip {} failed", args.join(" "));
+        };
+        let br = format!("{}b", lab.tag);
+        ip(&["link", "add", &br, "type", "bridge"]);
+        ip(&["addr", "add", &format!("{}/24", lab.host_ip()), "dev", &br]);
+        ip(&["link", "set", &br, "up"]);
+        for i in 0..n {
+            let ns = lab.netns_name(i);
+            let host_side = format!("{}h{i}", lab.tag);
+            ip(&["netns", "add", &ns]);
+            ip(&["link", "add", &host_side, "type", "veth", "peer", "name", "eth0", "netns", &ns]);
+            ip(&["link", "set", &host_side, "master", &br, "up"]);
+            ip(&["-n", &ns, "addr", "add", &format!("{}/24", lab.node_ip(i)), "dev", "eth0"]);
+            ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+            ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        }
+        Some(lab)
+    }
+
+    fn netns_name(&self, i: usize) -> String {
+        format!("{}n{i}", self.tag)
+    }
+
+    /// The path `nsenter --net=` takes for namespace `i`.
+    pub fn netns(&self, i: usize) -> String {
+        format!("/run/netns/{}", self.netns_name(i))
+    }
+
+    /// The bridge's address (where the API server listens for the agents).
+    pub fn host_ip(&self) -> String {
+        format!("{}.1", self.prefix)
+    }
+
+    /// Namespace `i`'s address.
+    pub fn node_ip(&self, i: usize) -> String {
+        format!("{}.{}", self.prefix, i + 2)
+    }
+}
+
+impl Drop for NetLab {
+    fn drop(&mut self) {
+        for i in 0..self.n {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.netns_name(i)])
+                .status();
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &format!("{}b", self.tag)])
+            .status();
+    }
 }
 
 impl Agent {
     /// Start an agent for `node` with its state under `root/<node>`.
     pub fn start(server: &Server, node: &str, root: &Path, extra: &[&str]) -> Agent {
+        Self::start_in(server, node, root, extra, None)
+    }
+
+    /// [`start`](Self::start) inside the network namespace `netns` (a path under
+    /// `/run/netns`), through `nsenter --net`: another node's network stack.
+    pub fn start_in(
+        server: &Server,
+        node: &str,
+        root: &Path,
+        extra: &[&str],
+        netns: Option<&str>,
+    ) -> Agent {
         let mut a = Agent {
+            netns: netns.map(str::to_string),
             child: None,
             node: node.to_string(),
             state_dir: root.join(node),
@@ -366,7 +468,17 @@ impl Agent {
         std::fs::create_dir_all(&self.state_dir).expect("state dir");
         self.starts += 1;
         let log = self.state_dir.join(format!("agent-{}.log", self.starts));
-        let child = Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
+        let mut cmd = match &self.netns {
+            None => Command::new(env!("CARGO_BIN_EXE_lattice-agent")),
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={ns}"))
+                    .arg("--")
+                    .arg(env!("CARGO_BIN_EXE_lattice-agent"));
+                c
+            }
+        };
+        let child = cmd
             .args(["--node-id", &self.node, "--api-url", &self.url])
             .arg("--ca-file")
             .arg(&self.ca_file)
