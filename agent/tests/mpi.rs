@@ -111,7 +111,7 @@ struct Cluster {
     a: Agent,
     b: Agent,
     server: Server,
-    _lab: Option<NetLab>,
+    lab: Option<NetLab>,
 }
 
 fn cluster(extra: &[&str]) -> (Cluster, tempfile::TempDir) {
@@ -136,7 +136,7 @@ fn cluster(extra: &[&str]) -> (Cluster, tempfile::TempDir) {
             a,
             b,
             server,
-            _lab: lab,
+            lab,
         },
         root,
     )
@@ -304,6 +304,10 @@ async fn tasks_get_torchrun_variables_and_their_own_gpus() {
         })
         .unwrap_or_else(|| panic!("rank 0 saw every rank: {lines:?}\n{}\n{}", a.log(), b.log()))
         .to_string();
+    if let Some(lab) = &c.lab {
+        // Rank 0 listened in node-a's network namespace, and node-b's ranks reached it.
+        assert_eq!(master.rsplit_once(':').unwrap().0, lab.node_ip(0));
+    }
     let vars: Vec<&String> = lines
         .iter()
         .filter(|l| l.starts_with("LOCAL_RANK="))
