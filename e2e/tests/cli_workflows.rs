@@ -1578,6 +1578,36 @@ fn attach_runs_commands_and_terminals_inside_running_allocations() {
     );
     assert!(text.contains("token-mode=600"), "{text}");
 
+    // An MPI job as a site's script has it: `srun --mpi=pmi2` in a batch script runs the
+    // ranks on both nodes, wired up through the agents' PMI server (no mpiexec).
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/tests/mpi/hello.c");
+    let hello = cli.work.join("mpi-hello");
+    let built = std::process::Command::new("mpicc.mpich")
+        .arg("-o")
+        .arg(&hello)
+        .arg(&src)
+        .status()
+        .expect("mpicc.mpich (libmpich-dev): run hack/install-deps.sh");
+    assert!(built.success());
+    cli.write(
+        "mpi.sh",
+        &format!(
+            "#!/bin/sh\n#SBATCH -N 2\n#SBATCH --ntasks-per-node=2\nexport HWLOC_COMPONENTS=-gl\n\
+             srun --mpi=pmi2 {}\necho mpi-rc=$?\n",
+            hello.display()
+        ),
+    );
+    let jid = cli.slurm_ok("sbatch --wait --parsable -o 'mpi-%j.out' mpi.sh");
+    let text = std::fs::read_to_string(cli.work.join(format!("mpi-{}.out", jid.trim())))
+        .unwrap_or_else(|e| panic!("mpi-{jid}.out: {e}\n{}", cli.logs()));
+    for r in 0..4 {
+        assert!(
+            text.contains(&format!("hello rank={r} size=4 sum=6")),
+            "{text}"
+        );
+    }
+    assert!(text.contains("mpi-rc=0"), "{text}");
+
     // srun --pty: inside an allocation, and as Slurm's interactive job.
     let held = cli.submit(&["-N", "1", "--", "sleep", "300"]);
     cli.wait_phase(&held, "Running", Duration::from_secs(60));
