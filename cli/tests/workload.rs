@@ -890,7 +890,7 @@ async fn submit_nodelist_dry_run_client() {
 #[tokio::test]
 async fn submit_sbatch_nodelist_and_constraint_or() {
     // `#SBATCH -w` claims the nodes like `--nodelist` (no warning); `-x` is still ignored
-    // with a warning; an OR constraint keeps the first alternative and says what it dropped.
+    // with a warning; an OR constraint becomes `anyOf` groups the scheduler honours.
     let d = tempfile::tempdir().expect("tmp");
     std::fs::write(
         d.path().join("pin.sh"),
@@ -907,18 +907,19 @@ async fn submit_sbatch_nodelist_and_constraint_or() {
     let v: Value = serde_json::from_str(&r.out).expect("json");
     assert_eq!(
         v["spec"]["resources"],
-        json!({"nodes": 2, "nodeNames": ["sn-01", "sn-02"], "constraints": {"features": ["a100"]}})
+        json!({"nodes": 2, "nodeNames": ["sn-01", "sn-02"], "constraints": {"anyOf": [["a100", "h100"]]}})
     );
     assert_eq!(
         r.err,
-        "Warning: #SBATCH -x sn-03 ignored (Lattice places allocations itself, packing them into dragonfly groups)\n\
-         Warning: #SBATCH --constraint=a100|h100: Lattice has no OR of features; using \"a100\" and dropping \"h100\" (drop the alternatives or pick one)\n"
+        "Warning: #SBATCH -x sn-03 ignored (Lattice places allocations itself, packing them into dragonfly groups)\n"
     );
     let r = run_opts(
         "http://127.0.0.1:9",
         &[
             "submit",
             "--dry-run=client",
+            "-o",
+            "json",
             "--constraint=gpu&nvme|cpu",
             "--",
             "hostname",
@@ -927,15 +928,13 @@ async fn submit_sbatch_nodelist_and_constraint_or() {
     )
     .await;
     assert_eq!(r.code, 0, "{}", r.err);
-    assert!(
-        r.out.contains("features:\n      - gpu\n      - nvme\n"),
-        "{}",
-        r.out
-    );
+    let v: Value = serde_json::from_str(&r.out).expect("json");
+    // (gpu AND nvme) OR cpu = (gpu OR cpu) AND (nvme OR cpu).
     assert_eq!(
-        r.err,
-        "Warning: --constraint=gpu&nvme|cpu: Lattice has no OR of features; using \"gpu&nvme\" and dropping \"cpu\" (drop the alternatives or pick one)\n"
+        v["spec"]["resources"]["constraints"],
+        json!({"anyOf": [["gpu", "cpu"], ["nvme", "cpu"]]})
     );
+    assert_eq!(r.err, "");
 }
 
 const SHORT_DAG: &str = r#"name: training-pipeline
@@ -1480,6 +1479,36 @@ async fn slurm_front_end() {
     golden("sinfo.txt", &r.out);
     let r = alice_at(&c, &["compat", "sinfo", "-N", "-h"], d.path()).await;
     golden("sinfo_nodes.txt", &r.out);
+}
+
+#[tokio::test]
+async fn sbatch_quiet_prints_neither_the_id_nor_warnings() {
+    let f = queue().await;
+    let d = project();
+    let args = [
+        "compat",
+        "sbatch",
+        "--mem=4G",
+        "--wrap=true",
+        "-p",
+        "normal",
+    ];
+    let r = alice_at(&f, &args, d.path()).await;
+    assert_eq!(r.code, 0, "{}", r.err);
+    assert!(r.out.starts_with("Submitted batch job "), "{}", r.out);
+    assert!(r.err.contains("--mem=4G ignored"), "{}", r.err);
+    // -Q: submitted all the same, nothing printed but errors.
+    let posts = f.requests().iter().filter(|q| q.method == "POST").count();
+    let quiet: Vec<&str> = ["compat", "sbatch", "-Q"]
+        .into_iter()
+        .chain(args.into_iter().skip(2))
+        .collect();
+    let r = alice_at(&f, &quiet, d.path()).await;
+    assert_eq!((r.code, r.out.as_str(), r.err.as_str()), (0, "", ""));
+    assert_eq!(
+        f.requests().iter().filter(|q| q.method == "POST").count(),
+        posts + 1
+    );
 }
 
 /// The names of the allocations a run PATCHed (cancelled), in order.

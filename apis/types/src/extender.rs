@@ -4,9 +4,10 @@
 //! One request per cycle per extender carries the cycle's candidate jobs and nodes, at
 //! most [`MAX_JOBS`] and [`MAX_NODES`] (the jobs first in the queue's submission order;
 //! nodes by name). It is for placement only and carries **no secrets**: per job its
-//! `tenant/name`, user, tenant, requested nodes and hardware, preemption class, walltime
-//! and labels; per node its name, labels, state, GPUs, features and topology group. Never
-//! a job's command, environment, annotations, mounts, tokens or credentials.
+//! `tenant/name`, user, tenant, requested nodes and hardware (GPUs, features, `anyOf`
+//! feature groups), preemption class, walltime and labels; per node its name, labels,
+//! state, GPUs, features and topology group. Never a job's command, environment,
+//! annotations, mounts, tokens or credentials.
 //!
 //! The answer: `filteredNodes` (node → why) removes nodes for every job of the vCluster
 //! this cycle; `scores` (job → value in [0, 1]) is the extender's term of `Score(j)`,
@@ -73,6 +74,10 @@ pub struct ExtenderJob {
     /// Feature labels.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features: Vec<String>,
+    /// Groups of alternative feature labels (`resources.constraints.anyOf`): a node has
+    /// at least one of each group.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub any_of: Vec<Vec<String>>,
     /// Preemption class 0..=10.
     #[serde(default)]
     pub preemption_class: u8,

@@ -159,6 +159,21 @@ pub fn is_dns1123_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// Longest node feature name (`Node.spec.features`, `resources.constraints.features`).
+pub const MAX_FEATURE_NAME_LEN: usize = 63;
+
+/// What a node feature name may contain, for error messages.
+pub const FEATURE_NAME_RULE: &str = "use letters, digits, '_', '-' or '.' (e.g. \"nvme_scratch\")";
+
+/// A node feature name: 1–63 ASCII letters, digits, `_`, `-` or `.` (Slurm's feature
+/// names, so scripts' `--constraint` values are used as written).
+pub fn is_feature_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_FEATURE_NAME_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}
+
 /// DNS-1123 subdomain: dot-separated labels, at most 253 characters.
 pub fn is_dns1123_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)

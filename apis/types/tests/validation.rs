@@ -238,6 +238,59 @@ fn node_names_must_match_the_count_and_be_node_names() {
 }
 
 #[test]
+fn any_of_feature_groups() {
+    let spec = |c: Value| json!({"entrypoint": "/bin/true", "resources": {"constraints": c}});
+    let v = admit(
+        "Allocation",
+        alloc(spec(
+            json!({"features": ["nvme"], "anyOf": [["a100", "h100"], ["ib", "slingshot"]]}),
+        )),
+    )
+    .expect("valid");
+    assert_eq!(
+        v["spec"]["resources"]["constraints"]["anyOf"],
+        json!([["a100", "h100"], ["ib", "slingshot"]])
+    );
+    let c = "spec.resources.constraints.anyOf";
+    let (path, msg) = one_error(admit(
+        "Allocation",
+        alloc(spec(json!({"anyOf": [["a"], []]}))),
+    ));
+    assert_eq!(path, format!("{c}[1]"));
+    assert!(
+        msg.starts_with("is empty") && msg.contains("remove"),
+        "{msg}"
+    );
+    let (path, msg) = one_error(admit(
+        "Allocation",
+        alloc(spec(json!({"anyOf": [["a100", "h 100"]]}))),
+    ));
+    assert_eq!(path, format!("{c}[0][1]"));
+    assert!(msg.contains("is not a feature name"), "{msg}");
+    let (path, msg) = one_error(admit(
+        "Allocation",
+        alloc(spec(json!({"anyOf": [["a", "b", "a"]]}))),
+    ));
+    assert_eq!(path, format!("{c}[0][2]"));
+    assert!(msg.contains("listed twice"), "{msg}");
+    // Bounded: 16 groups of 16 alternatives.
+    let groups: Vec<Vec<String>> = (0..17).map(|i| vec![format!("f{i}")]).collect();
+    let (path, msg) = one_error(admit("Allocation", alloc(spec(json!({"anyOf": groups})))));
+    assert_eq!(path, c);
+    assert!(msg.contains("17 groups, the limit is 16"), "{msg}");
+    let wide: Vec<String> = (0..17).map(|i| format!("f{i}")).collect();
+    let (path, msg) = one_error(admit("Allocation", alloc(spec(json!({"anyOf": [wide]})))));
+    assert_eq!(path, format!("{c}[0]"));
+    assert!(msg.contains("17 features, the limit is 16"), "{msg}");
+    // Not a list of lists: the usual type error with the path.
+    let r = admit(
+        "Allocation",
+        alloc(spec(json!({"anyOf": ["a100", "h100"]}))),
+    );
+    assert!(r.is_err());
+}
+
+#[test]
 fn walltime_formats() {
     for ok in ["24h", "1h30m", "72:00:00", "1-12:00:00", "30", "10m"] {
         admit(

@@ -20,6 +20,10 @@
 //!   with or without leading dashes (`#LATTICE nodes=64`, `network_domain=x`).
 //! * `#SBATCH hetjob` / `packjob` separate heterogeneous components, which
 //!   Lattice does not support: the rest of the header is ignored with a warning.
+//! * Nothing in the header is dropped silently: burst-buffer directives (`#DW`, `#BB`,
+//!   `#BB_LUA`) get one warning per line, other schedulers' directives that sbatch
+//!   reads (`#PBS`, `#BSUB`) one warning per kind naming their lines (none with
+//!   `--ignore-pbs`, which asks for them to be ignored).
 
 use serde::Serialize;
 
@@ -326,7 +330,7 @@ pub fn scan_script(script: &str) -> Result<ScriptDirectives, SubmitError> {
     let lines = logical_lines(script);
     let mut in_header = true;
     let mut late: Vec<usize> = Vec::new();
-    let mut pbs = false;
+    let mut foreign: Vec<(&str, Vec<usize>)> = Vec::new();
     let mut het = false;
     for (n, line) in &lines {
         let (magic, rest) = if let Some(r) = line.strip_prefix("#SBATCH") {
@@ -337,7 +341,7 @@ pub fn scan_script(script: &str) -> Result<ScriptDirectives, SubmitError> {
             (None, line.as_str())
         };
         if !in_header {
-            if magic.is_some() {
+            if magic.is_some() || is_burst_buffer(line) {
                 late.push(*n);
             }
             continue;
@@ -345,9 +349,17 @@ pub fn scan_script(script: &str) -> Result<ScriptDirectives, SubmitError> {
         let Some(dialect) = magic else {
             let t = line.trim_start();
             if t.is_empty() || t.starts_with('#') {
-                if line.starts_with("#PBS") && !pbs {
-                    pbs = true;
-                    out.warnings.push(Warning::note(&Source::Sbatch { line: *n }, "", "#PBS directives are not supported and were ignored; use #SBATCH or #LATTICE"));
+                if is_burst_buffer(line) {
+                    out.warnings.push(Warning::ignored(
+                        &Source::Script { line: *n },
+                        line.trim_end(),
+                        BURST_BUFFER_REASON,
+                    ));
+                } else if let Some(p) = IGNORE_PBS_PREFIXES.iter().find(|p| line.starts_with(**p)) {
+                    match foreign.iter_mut().find(|(q, _)| q == p) {
+                        Some((_, v)) => v.push(*n),
+                        None => foreign.push((p, vec![*n])),
+                    }
                 }
                 continue;
             }
@@ -376,6 +388,17 @@ pub fn scan_script(script: &str) -> Result<ScriptDirectives, SubmitError> {
         out.options.extend(opts);
         out.warnings.extend(warns);
     }
+    for (prefix, at) in foreign {
+        let l: Vec<String> = at.iter().map(|n| n.to_string()).collect();
+        out.warnings.push(Warning {
+            source: Source::Script { line: at[0] },
+            option: prefix.to_string(),
+            message: format!(
+                "{prefix} directives on line(s) {} are not supported and were ignored; use #SBATCH or #LATTICE",
+                l.join(", ")
+            ),
+        });
+    }
     if !late.is_empty() {
         let l: Vec<String> = late.iter().map(|n| n.to_string()).collect();
         let first = out.first_command_line.unwrap_or(0);
@@ -389,6 +412,23 @@ pub fn scan_script(script: &str) -> Result<ScriptDirectives, SubmitError> {
         ));
     }
     Ok(out)
+}
+
+/// Other schedulers' directives that sbatch reads unless `--ignore-pbs` is given;
+/// Lattice never reads them (one warning per kind names their lines).
+pub const IGNORE_PBS_PREFIXES: &[&str] = &["#PBS", "#BSUB"];
+
+/// Why burst-buffer directives (`#DW`, `#BB`, `#BB_LUA`) are ignored.
+pub const BURST_BUFFER_REASON: &str =
+    "burst buffers are not supported; use --data-mount to pre-stage data to the hot tier";
+
+/// A burst-buffer directive line: Cray DataWarp's `#DW` or Slurm's `#BB` / `#BB_LUA`,
+/// followed by its arguments.
+fn is_burst_buffer(line: &str) -> bool {
+    ["#DW", "#BB_LUA", "#BB"].iter().any(|p| {
+        line.strip_prefix(p)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(char::is_whitespace))
+    })
 }
 
 /// Resolve a long option name: exact match, else (Slurm only) a unique prefix.

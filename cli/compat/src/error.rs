@@ -18,6 +18,12 @@ pub enum Source {
         /// 1-based line number in the script.
         line: usize,
     },
+    /// Another line of the script's directive header, e.g. a `#DW` burst-buffer or a
+    /// `#PBS` directive.
+    Script {
+        /// 1-based line number in the script.
+        line: usize,
+    },
     /// A `lattice submit` / `sbatch` command-line flag.
     CommandLine,
     /// The site mapping file `lattice-compat.yaml`.
@@ -28,7 +34,9 @@ impl Source {
     /// The script line, if the setting came from a directive.
     pub fn line(&self) -> Option<usize> {
         match self {
-            Source::Sbatch { line } | Source::Lattice { line } => Some(*line),
+            Source::Sbatch { line } | Source::Lattice { line } | Source::Script { line } => {
+                Some(*line)
+            }
             _ => None,
         }
     }
@@ -48,6 +56,7 @@ impl fmt::Display for Source {
         match self {
             Source::Sbatch { line } => write!(f, "line {line} (#SBATCH)"),
             Source::Lattice { line } => write!(f, "line {line} (#LATTICE)"),
+            Source::Script { line } => write!(f, "line {line}"),
             Source::CommandLine => f.write_str("command line"),
             Source::Config => f.write_str("lattice-compat.yaml"),
         }

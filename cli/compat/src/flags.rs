@@ -23,7 +23,7 @@ pub struct SubmitFlags {
     /// Time limit: 24h, 30m, 1h30m, HH:MM:SS, D-HH:MM:SS, minutes.
     #[arg(long)]
     pub walltime: Option<String>,
-    /// Constraints: gpu_type=GH200,gpu_count=4, memory_gb>=512, bare features; Slurm `&` (all) and `|` (Lattice keeps the first alternative, with a warning).
+    /// Constraints: gpu_type=GH200,gpu_count=4, memory_gb>=512, bare features; Slurm `&` (all) and `|` (any of: each node has one of the alternatives).
     #[arg(long)]
     pub constraint: Option<String>,
     /// uenv image, e.g. prgenv-gnu/24.11:v1.

@@ -5,10 +5,13 @@
 //! * [`translate`]: batch script (`#SBATCH` / `#LATTICE` directives) +
 //!   [`SubmitFlags`] (command line, wins) + [`CompatConfig`]
 //!   (`lattice-compat.yaml`) → Allocation manifest JSON + [`Warning`]s.
+//! * [`constraints`]: `--constraint` expressions → `resources.constraints`
+//!   (`features` and `anyOf` groups).
 //! * [`directives`]: sbatch's directive rules (which lines count, quoting,
 //!   getopt-style options).
 //! * [`values`]: parsers for `--time`, `--array`, `--constraint`, `--gres`,
 //!   `--nodes`, `--dependency`, ... with errors that say what, where and how to fix.
+//! * [`names`]: Slurm account and partition names as tenant and vCluster names.
 //! * [`slurm`]: Slurm command-line translation, `squeue -o` formatting,
 //!   `SLURM_*` environment; [`hostlist`]: `nid[001-004,007]`.
 //!
@@ -33,15 +36,17 @@
 //! ```
 
 pub mod config;
+pub mod constraints;
 pub mod directives;
 pub mod error;
 pub mod flags;
 pub mod hostlist;
+pub mod names;
 pub mod slurm;
 pub mod translate;
 pub mod values;
 
-pub use config::CompatConfig;
+pub use config::{CompatConfig, PartitionMatch};
 pub use error::{Source, SubmitError, ValueError, Warning};
 pub use flags::SubmitFlags;
 pub use translate::{translate, ClientOptions, Translation};

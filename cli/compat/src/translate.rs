@@ -5,10 +5,14 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use crate::config::CompatConfig;
-use crate::directives::{parse_args, scan_script, Dialect, ParsedOption};
+use crate::config::{CompatConfig, PartitionMatch};
+use crate::constraints;
+use crate::directives::{
+    parse_args, scan_script, Dialect, ParsedOption, BURST_BUFFER_REASON, IGNORE_PBS_PREFIXES,
+};
 use crate::error::{Source, SubmitError, ValueError, Warning};
 use crate::flags::SubmitFlags;
+use crate::names::{is_dns1123_label, label_from};
 use crate::values::*;
 
 /// Annotation keys written by the translator.
@@ -64,7 +68,8 @@ pub struct ClientOptions {
 pub struct Translation {
     /// The Allocation manifest (`lattice.dev/v1alpha1`).
     pub allocation: Value,
-    /// One warning per ignored / approximated option, in source order.
+    /// One warning per ignored / approximated option: script lines in order, then the
+    /// command line's and the site mapping's.
     pub warnings: Vec<Warning>,
     /// sbatch client-side options (`--parsable`, `--wait`, `--test-only`).
     pub client: ClientOptions,
@@ -129,7 +134,8 @@ struct State {
     no_preempt: bool,
     sensitive: bool,
     network_domain: Option<String>,
-    no_requeue: bool,
+    /// `--requeue` (true) or `--no-requeue` (false), the last one given: where and as written.
+    requeue: Option<(bool, Source, String)>,
     comment: Option<String>,
     client: ClientOptions,
     sbatch_used: bool,
@@ -159,9 +165,7 @@ pub fn unsupported_reason(slurm_option: &str) -> Option<&'static str> {
             "multi-cluster submission is handled by federation (lattice submit --site)"
         }
         "reservation" => "reservations are not supported; sensitive claims provide dedicated nodes",
-        "bb" | "bbf" => {
-            "burst buffers are not supported; use --data-mount to pre-stage data to the hot tier"
-        }
+        "bb" | "bbf" => BURST_BUFFER_REASON,
         "deadline" | "time-min" | "priority" | "nice" | "hold" => {
             "not supported by the Lattice scheduler"
         }
@@ -180,6 +184,7 @@ pub fn unsupported_reason(slurm_option: &str) -> Option<&'static str> {
         }
         "wrap" => "--wrap is only meaningful on the sbatch command line",
         "help" | "usage" | "version" => "not meaningful in a batch script",
+        "verbose" => "sbatch's own logging; it does not change the job",
         "wckey" | "mcs-label" | "power" | "reboot" | "delay-boot" | "container"
         | "container-id" | "prefer" | "extra" | "segment" | "resv-ports" | "gres-flags"
         | "batch" | "wait-all-nodes" | "no-kill" => "not supported by Lattice",
@@ -344,7 +349,17 @@ fn apply(st: &mut State, opt: &ParsedOption, warns: &mut Vec<Warning>) -> Result
             st.deps_from_flags = true;
         }
         (Dialect::Slurm, "exclusive") => {
-            // Lattice always allocates whole nodes (the default); nothing to do.
+            // Lattice always gives an allocation whole nodes of its own: at least what
+            // `--exclusive`, `=user` and `=mcs` ask for. Other forms (`=topo`: a whole
+            // topology segment) are not honoured.
+            match opt.value.as_deref().map(str::trim) {
+                None | Some("" | "user" | "mcs") => {}
+                Some(_) => warns.push(Warning::ignored(
+                    &opt.source,
+                    &opt.written,
+                    "Lattice allocates whole nodes but does not reserve topology segments; use --constraint=topology=tight to pack into few groups",
+                )),
+            }
         }
         (_, "uenv") => st.uenv = Some(text(v)?),
         (_, "view") => {
@@ -355,13 +370,18 @@ fn apply(st: &mut State, opt: &ParsedOption, warns: &mut Vec<Warning>) -> Result
         (Dialect::Slurm, "chdir") => st.chdir = Some((text(v)?, opt.source.clone())),
         (Dialect::Slurm, "export") => {
             let mut names = Vec::new();
+            let mut all = false;
             for item in v.split(',') {
                 let item = item.trim();
+                // NONE / NIL: nothing is forwarded, as Lattice always does.
                 if item.is_empty()
-                    || item.eq_ignore_ascii_case("ALL")
                     || item.eq_ignore_ascii_case("NONE")
                     || item.eq_ignore_ascii_case("NIL")
                 {
+                    continue;
+                }
+                if item.eq_ignore_ascii_case("ALL") {
+                    all = true;
                     continue;
                 }
                 if item.contains('=') {
@@ -371,7 +391,9 @@ fn apply(st: &mut State, opt: &ParsedOption, warns: &mut Vec<Warning>) -> Result
                     names.push(item.to_string());
                 }
             }
-            if !names.is_empty() {
+            if all {
+                warns.push(Warning::note(&opt.source, &opt.written, "sbatch would copy the submitting shell's whole environment (ALL); Lattice does not forward the submit environment, set what the job needs with --env KEY=VALUE"));
+            } else if !names.is_empty() {
                 warns.push(Warning::note(&opt.source, &opt.written, format!("{} would be copied from the submitting shell by sbatch; Lattice does not forward the submit environment, set them with --env KEY=VALUE", names.join(", "))));
             }
         }
@@ -379,14 +401,20 @@ fn apply(st: &mut State, opt: &ParsedOption, warns: &mut Vec<Warning>) -> Result
             let (k, val) = parse_env_pair(v).map_err(|e| bad(opt, e))?;
             st.env.insert(k, val);
         }
-        (Dialect::Slurm, "requeue") => st.no_requeue = false,
-        (Dialect::Slurm, "no-requeue") => st.no_requeue = true,
+        (Dialect::Slurm, "requeue" | "no-requeue") => {
+            st.requeue = Some((
+                opt.name == "requeue",
+                opt.source.clone(),
+                opt.written.clone(),
+            ))
+        }
         (Dialect::Slurm, "comment") => st.comment = Some(v.to_string()),
         (Dialect::Slurm, "parsable") => st.client.parsable = true,
         (Dialect::Slurm, "wait") => st.client.wait = true,
         (Dialect::Slurm, "test-only") => st.client.test_only = true,
         (Dialect::Slurm, "quiet") => st.client.quiet = true,
-        (Dialect::Slurm, "verbose" | "ignore-pbs") => {}
+        // Honoured by `translate`, which drops the #PBS / #BSUB warnings.
+        (Dialect::Slurm, "ignore-pbs") => {}
         (Lattice, "data-mount") => st
             .data_mounts
             .push(parse_data_mount(v).map_err(|e| bad(opt, e))?),
@@ -433,18 +461,11 @@ fn apply(st: &mut State, opt: &ParsedOption, warns: &mut Vec<Warning>) -> Result
 
 use Dialect::Lattice;
 
-/// DNS-1123 label built from a free-form name (for `generateName`).
+/// DNS-1123 label of at most `max` characters built from a free-form name (for
+/// `generateName` and hints): [`label_from`], or `job` when nothing is left of it.
 pub fn sanitize_name(s: &str, max: usize) -> String {
-    let mut out = String::new();
-    for c in s.chars() {
-        let c = c.to_ascii_lowercase();
-        if c.is_ascii_lowercase() || c.is_ascii_digit() {
-            out.push(c);
-        } else if !out.ends_with('-') {
-            out.push('-');
-        }
-    }
-    let mut out: String = out.trim_matches('-').chars().take(max).collect();
+    let mut out = label_from(s).unwrap_or_default();
+    out.truncate(max);
     while out.ends_with('-') {
         out.pop();
     }
@@ -455,8 +476,114 @@ pub fn sanitize_name(s: &str, max: usize) -> String {
     }
 }
 
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 63 && !s.contains('.') && is_dns_name(s)
+/// The tenant of a Slurm account: the site's mapping, else the account's own name, made
+/// a valid tenant name (with a warning) when it is not one.
+fn account_tenant(
+    st: &State,
+    account: &str,
+    compat: &CompatConfig,
+    warns: &mut Vec<Warning>,
+) -> Result<String, SubmitError> {
+    if let Some(t) = compat.accounts.get(account) {
+        // `CompatConfig::from_yaml` checks the mapping; a config built in code may not.
+        if !is_dns1123_label(t) {
+            return Err(SubmitError::Config {
+                message: format!("accounts.{account}: {t:?} is not a valid tenant name"),
+                hint: format!(
+                    "write e.g. {:?} (lowercase letters, digits and '-')",
+                    sanitize_name(t, 63)
+                ),
+            });
+        }
+        return Ok(t.clone());
+    }
+    if is_dns1123_label(account) {
+        return Ok(account.to_string());
+    }
+    let Some(t) = label_from(account) else {
+        return Err(reject(
+            st,
+            &["account"],
+            account,
+            "is not a valid tenant name and has no letter or digit to make one of".into(),
+            "map the account to a tenant under `accounts:` in lattice-compat.yaml, or pass --tenant".into(),
+        ));
+    };
+    let src = origin_source(st, "account");
+    warns.push(Warning::note(
+        &src,
+        &format!("--account={account}"),
+        format!("account {account:?} is not a valid tenant name; using tenant {t:?} (map it under accounts: in lattice-compat.yaml to choose another)"),
+    ));
+    Ok(t)
+}
+
+/// The vCluster of a Slurm `--partition` (a list: the first the site knows).
+fn partition_vcluster(
+    st: &State,
+    partitions: &str,
+    src: &Source,
+    compat: &CompatConfig,
+    warns: &mut Vec<Warning>,
+) -> Result<String, SubmitError> {
+    let written = format!("--partition={partitions}");
+    let parts: Vec<&str> = partitions
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let Some((part, found)) = parts
+        .iter()
+        .find_map(|part| compat.map_partition(part).map(|m| (*part, m)))
+    else {
+        return Err(SubmitError::UnknownVCluster {
+            name: partitions.to_string(),
+            available: compat.available_vclusters(),
+            source_: src.clone(),
+        });
+    };
+    let v = found.vcluster().to_string();
+    if !is_dns1123_label(&v) {
+        return Err(match found {
+            PartitionMatch::Mapped(_) => SubmitError::Config {
+                message: format!("partitions.{part}: {v:?} is not a valid vCluster name"),
+                hint: format!(
+                    "write e.g. {:?} (lowercase letters, digits and '-')",
+                    sanitize_name(&v, 63)
+                ),
+            },
+            _ => reject(
+                st,
+                &["partition"],
+                part,
+                "is not a valid vCluster name and has no letter or digit to make one of".into(),
+                "map the partition under `partitions:` in lattice-compat.yaml, or pass --vcluster=NAME".into(),
+            ),
+        });
+    }
+    if parts.len() > 1 {
+        warns.push(Warning::note(
+            src,
+            &written,
+            format!("several partitions were listed; using vCluster \"{v}\""),
+        ));
+    }
+    if let PartitionMatch::Normalized(_) = found {
+        warns.push(Warning::note(
+            src,
+            &written,
+            format!("partition {part:?} is not a valid vCluster name; using vCluster {v:?} (map it under partitions: in lattice-compat.yaml to choose another)"),
+        ));
+    }
+    Ok(v)
+}
+
+/// Where an option was last set (the command line if it was not).
+fn origin_source(st: &State, name: &str) -> Source {
+    st.origin
+        .get(name)
+        .map(|(s, _)| s.clone())
+        .unwrap_or(Source::CommandLine)
 }
 
 /// An error for a value the API server would reject, located where the option was written.
@@ -492,144 +619,6 @@ fn is_dns_name(s: &str) -> bool {
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         })
-}
-
-const BOOL_FEATURES: &[&str] = &[
-    "require_unified_memory",
-    "prefer_same_numa",
-    "require_conformance",
-    "allow_cxl_memory",
-];
-const CONSTRAINT_KEYS: &str = "gpu_type, gpu_count, memory_gb, topology, require_unified_memory, prefer_same_numa, require_conformance, allow_cxl_memory";
-
-fn camel(s: &str) -> String {
-    let mut out = String::new();
-    let mut up = false;
-    for c in s.chars() {
-        if c == '_' {
-            up = true;
-        } else if up {
-            out.push(c.to_ascii_uppercase());
-            up = false;
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-struct CBuild {
-    obj: Map<String, Value>,
-    features: Vec<String>,
-    approximated: Vec<String>,
-}
-
-fn build_constraint(e: &ConstraintExpr, b: &mut CBuild) -> Result<(), ValueError> {
-    match e {
-        ConstraintExpr::Feature { name, count } => {
-            if let Some(n) = count {
-                b.approximated.push(format!(
-                    "'{name}*{n}' requires the feature on all nodes (counts are not supported)"
-                ));
-            }
-            if BOOL_FEATURES.contains(&name.as_str()) {
-                b.obj.insert(camel(name), json!(true));
-            } else {
-                if name.is_empty()
-                    || name.len() > 63
-                    || !name
-                        .bytes()
-                        .all(|c| c.is_ascii_alphanumeric() || b"_-.".contains(&c))
-                {
-                    return Err(ValueError::new(
-                        format!("{name:?} is not a feature name"),
-                        "features use letters, digits, '_', '-' or '.'",
-                    ));
-                }
-                if !b.features.contains(name) {
-                    b.features.push(name.clone());
-                }
-            }
-        }
-        ConstraintExpr::Compare { key, cmp, value } => {
-            let ge = cmp == ">=";
-            match key.as_str() {
-                "gpu_type" if !ge => {
-                    b.obj.insert("gpuType".into(), json!(value));
-                }
-                "gpu_count" => {
-                    let n = value.parse::<u32>().ok().filter(|n| (1..=64).contains(n)).ok_or_else(|| {
-                        ValueError::new(format!("gpu_count {value:?} is not a GPU count (1-64)"), "write e.g. \"gpu_count=4\"")
-                    })?;
-                    b.obj.insert("gpuCount".into(), json!(n));
-                }
-                "memory_gb" => {
-                    let v = value.trim_end_matches(['G', 'g', 'B', 'b']);
-                    let n = v.parse::<u64>().ok().filter(|n| *n >= 1).ok_or_else(|| {
-                        ValueError::new(format!("memory_gb {value:?} is not a number of GB"), "write e.g. \"memory_gb>=512\"")
-                    })?;
-                    b.obj.insert("memoryGb".into(), json!(n));
-                }
-                "topology" if !ge => match value.as_str() {
-                    "tight" | "any" => {
-                        b.obj.insert("topology".into(), json!(value));
-                    }
-                    _ => return Err(ValueError::new(format!("topology {value:?} is unknown"), "use topology=tight or topology=any")),
-                },
-                k if BOOL_FEATURES.contains(&k) && !ge => match value.as_str() {
-                    "true" | "yes" | "1" => {
-                        b.obj.insert(camel(k), json!(true));
-                    }
-                    "false" | "no" | "0" => {
-                        b.obj.remove(&camel(k));
-                    }
-                    _ => return Err(ValueError::new(format!("{k}={value:?} is not a boolean"), format!("write {k}=true or just {k}"))),
-                },
-                k => {
-                    return Err(ValueError::new(
-                        format!("'{k}{cmp}{value}' is not a supported constraint"),
-                        format!("keys are {CONSTRAINT_KEYS} (only gpu_count and memory_gb take >=); plain features have no '='"),
-                    ))
-                }
-            }
-        }
-        ConstraintExpr::And { items } => {
-            for i in items {
-                build_constraint(i, b)?;
-            }
-        }
-        ConstraintExpr::Or { items, .. } => {
-            // The Allocation API has no OR (`resources.constraints` is a conjunction):
-            // keep the first alternative and say which ones were dropped.
-            let alts: Vec<String> = items.iter().map(expr_text).collect();
-            let (first, dropped) = alts.split_first().map_or(("", &[][..]), |(f, r)| (f, r));
-            let quoted: Vec<String> = dropped.iter().map(|d| format!("{d:?}")).collect();
-            b.approximated.push(format!(
-                "Lattice has no OR of features; using {first:?} and dropping {} (drop the alternatives or pick one)",
-                quoted.join(", ")
-            ));
-            if let Some(first) = items.first() {
-                build_constraint(first, b)?;
-            }
-        }
-    }
-    Ok(())
-}
-
-fn expr_text(e: &ConstraintExpr) -> String {
-    match e {
-        ConstraintExpr::Feature {
-            name,
-            count: Some(n),
-        } => format!("{name}*{n}"),
-        ConstraintExpr::Feature { name, count: None } => name.clone(),
-        ConstraintExpr::Compare { key, cmp, value } => format!("{key}{cmp}{value}"),
-        ConstraintExpr::And { items } => items.iter().map(expr_text).collect::<Vec<_>>().join("&"),
-        ConstraintExpr::Or { items, .. } => format!(
-            "({})",
-            items.iter().map(expr_text).collect::<Vec<_>>().join("|")
-        ),
-    }
 }
 
 /// Translate a batch script (its `#SBATCH`/`#LATTICE` directives), the
@@ -673,6 +662,17 @@ pub fn translate(
     for opt in &options {
         apply(&mut st, opt, &mut warns)?;
     }
+    // sbatch reads #PBS / #BSUB directives unless told not to; Lattice never does, and
+    // with `--ignore-pbs` that is what was asked for.
+    if options
+        .iter()
+        .any(|o| o.dialect == Dialect::Slurm && o.name == "ignore-pbs")
+    {
+        warns.retain(|w| {
+            !(matches!(w.source, Source::Script { .. })
+                && IGNORE_PBS_PREFIXES.contains(&w.option.as_str()))
+        });
+    }
     finish(st, script, cli_overrides, compat, warns)
 }
 
@@ -709,14 +709,6 @@ fn finish(
     }
 
     // --- identity
-    let tenant = match (&st.tenant, &st.account) {
-        (Some(t), _) => Some(t.clone()),
-        (None, Some(a)) => {
-            ann.insert(annotations::ACCOUNT.into(), a.clone());
-            Some(compat.accounts.get(a).cloned().unwrap_or_else(|| a.clone()))
-        }
-        (None, None) => None,
-    };
     let display_name = st.name.clone().or_else(|| st.job_name.clone()).or_else(|| {
         flags
             .script_name
@@ -746,18 +738,28 @@ fn finish(
             meta.insert("generateName".into(), json!("sbatch-"));
         }
     }
-    if let Some(t) = &tenant {
-        if !is_dns_label(t) {
-            let hint = if st.account.is_some() {
-                format!("map the account to a tenant under `accounts:` in lattice-compat.yaml (e.g. {}: {}), or pass --tenant", t, sanitize_name(t, 63))
-            } else {
-                format!(
-                    "tenant names are DNS labels, e.g. \"{}\"",
-                    sanitize_name(t, 63)
-                )
-            };
-            return Err(reject(&st, &["tenant", "account"], t, "is not a valid tenant name (lowercase letters, digits and '-', at most 63 characters)".into(), hint));
+    // `--tenant` is Lattice's own flag: a valid tenant name as written, or an error. A
+    // Slurm account is the site's to map; unmapped, it is made a valid name if need be.
+    let tenant = match (&st.tenant, &st.account) {
+        (Some(t), _) => {
+            if !is_dns1123_label(t) {
+                return Err(reject(
+                    &st,
+                    &["tenant"],
+                    t,
+                    "is not a valid tenant name (lowercase letters, digits and '-', at most 63 characters)".into(),
+                    format!("tenant names are DNS labels, e.g. \"{}\"", sanitize_name(t, 63)),
+                ));
+            }
+            Some(t.clone())
         }
+        (None, Some(a)) => {
+            ann.insert(annotations::ACCOUNT.into(), a.clone());
+            Some(account_tenant(&st, a, compat, &mut warns)?)
+        }
+        (None, None) => None,
+    };
+    if let Some(t) = &tenant {
         meta.insert("namespace".into(), json!(t));
     }
     let mut tags = Map::new();
@@ -772,8 +774,19 @@ fn finish(
     }
 
     // --- vCluster
+    // As for tenants: `--vcluster` is taken as written, a Slurm partition is the site's to
+    // map and otherwise made a valid vCluster name if need be.
     let vcluster = match &st.target {
         Some(Target::VCluster(v, src)) => {
+            if !is_dns1123_label(v) {
+                return Err(reject(
+                    &st,
+                    &["vcluster"],
+                    v,
+                    "is not a valid vCluster name (lowercase letters, digits and '-', at most 63 characters)".into(),
+                    format!("use e.g. --vcluster={}", sanitize_name(v, 63)),
+                ));
+            }
             // Only checked when the site lists its vClusters explicitly.
             if !compat.vclusters.is_empty() && !compat.available_vclusters().contains(v) {
                 return Err(SubmitError::UnknownVCluster {
@@ -786,43 +799,19 @@ fn finish(
         }
         Some(Target::Partition(p, src)) => {
             ann.insert(annotations::PARTITION.into(), p.clone());
-            let parts: Vec<&str> = p
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .collect();
-            let mut found = None;
-            for part in &parts {
-                if let Some(v) = compat.map_partition(part) {
-                    found = Some(v);
-                    break;
-                }
-            }
-            match found {
-                Some(v) => {
-                    if parts.len() > 1 {
-                        warns.push(Warning::note(
-                            src,
-                            &format!("--partition={p}"),
-                            format!("several partitions were listed; using vCluster \"{v}\""),
-                        ));
-                    }
-                    Some(v)
-                }
-                None => {
-                    return Err(SubmitError::UnknownVCluster {
-                        name: p.clone(),
-                        available: compat.available_vclusters(),
-                        source_: src.clone(),
-                    })
-                }
-            }
+            Some(partition_vcluster(&st, p, src, compat, &mut warns)?)
         }
         None => compat.default_vcluster.clone(),
     };
     if let Some(v) = vcluster {
-        if !is_dns_label(&v) {
-            return Err(reject(&st, &["vcluster", "partition"], &v, "is not a valid vCluster name (lowercase letters, digits and '-')".into(), format!("map the partition under `partitions:` in lattice-compat.yaml, or use --vcluster={}", sanitize_name(&v, 63))));
+        if !is_dns1123_label(&v) {
+            return Err(SubmitError::Config {
+                message: format!("default_vcluster: {v:?} is not a valid vCluster name"),
+                hint: format!(
+                    "write e.g. {:?} (lowercase letters, digits and '-')",
+                    sanitize_name(&v, 63)
+                ),
+            });
         }
         spec.insert("vcluster".into(), json!(v));
     }
@@ -1075,19 +1064,15 @@ fn finish(
     if let Some(t) = st.ntasks_per_node {
         ann.insert(annotations::NTASKS_PER_NODE.into(), t.to_string());
     }
-    let mut cb = CBuild {
-        obj: Map::new(),
-        features: vec![],
-        approximated: vec![],
-    };
+    let mut cb = constraints::Built::default();
     if let Some((c, src, _)) = &st.constraint {
         let e = parse_constraint(c).map_err(|e| SubmitError::invalid("--constraint", c, src, e))?;
-        build_constraint(&e, &mut cb)
+        cb = constraints::build(&e, nodes.max() > 1)
             .map_err(|e| SubmitError::invalid("--constraint", c, src, e))?;
-        for a in &cb.approximated {
-            warns.push(Warning::note(src, &format!("--constraint={c}"), a.clone()));
+        for n in &cb.notes {
+            warns.push(Warning::note(src, &format!("--constraint={c}"), n.clone()));
         }
-        if !cb.approximated.is_empty() {
+        if !cb.notes.is_empty() {
             ann.insert(annotations::CONSTRAINT.into(), c.clone());
         }
     }
@@ -1104,21 +1089,18 @@ fn finish(
         _ => None,
     };
     if let Some((count, ty, src)) = gpu {
-        if let Some(prev) = cb.obj.get("gpuCount").and_then(Value::as_u64) {
+        if let Some(prev) = cb.fields.get("gpuCount").and_then(Value::as_u64) {
             if prev != u64::from(count) {
                 warns.push(Warning::note(&src, "", format!("the constraint asks for {prev} GPUs per node but the GPU request for {count}; using {count}")));
             }
         }
-        cb.obj.insert("gpuCount".into(), json!(count));
+        cb.fields.insert("gpuCount".into(), json!(count));
         if let Some(t) = ty {
-            cb.obj.insert("gpuType".into(), json!(t));
+            cb.fields.insert("gpuType".into(), json!(t));
         }
     }
-    if !cb.features.is_empty() {
-        cb.obj.insert("features".into(), json!(cb.features));
-    }
-    if !cb.obj.is_empty() {
-        resources.insert("constraints".into(), Value::Object(cb.obj));
+    if !cb.fields.is_empty() {
+        resources.insert("constraints".into(), Value::Object(cb.fields));
     }
     spec.insert("resources".into(), Value::Object(resources));
 
@@ -1191,8 +1173,13 @@ fn finish(
             warns.push(Warning::note(&cl, "--sensitive", "sensitive allocations are always preemption class 10; the requested class was ignored"));
         }
         class = None;
-        if st.no_requeue {
-            st.no_requeue = false; // sensitive work is never requeued anyway
+        // Sensitive work is never requeued automatically (`never` is its default).
+        if let Some((true, src, written)) = st.requeue.take() {
+            warns.push(Warning::ignored(
+                &src,
+                &written,
+                "sensitive allocations are never requeued automatically",
+            ));
         }
     }
     if let Some(c) = class {
@@ -1201,8 +1188,16 @@ fn finish(
     if !cp.is_empty() {
         spec.insert("checkpoint".into(), Value::Object(cp));
     }
-    if st.no_requeue {
-        spec.insert("requeue".into(), json!({"policy": "never"}));
+    // Slurm's `--requeue` requeues a batch job after a node failure (and a preemption,
+    // which Lattice always requeues); `--no-requeue` never.
+    match st.requeue {
+        Some((true, ..)) => {
+            spec.insert("requeue".into(), json!({"policy": "on_node_failure"}));
+        }
+        Some((false, ..)) => {
+            spec.insert("requeue".into(), json!({"policy": "never"}));
+        }
+        None => {}
     }
 
     // --- data & networking
@@ -1222,7 +1217,7 @@ fn finish(
     }
     let mut conn = Map::new();
     if let Some(d) = &st.network_domain {
-        if !is_dns_label(d) {
+        if !is_dns1123_label(d) {
             return Err(reject(
                 &st,
                 &["network-domain"],
@@ -1319,6 +1314,9 @@ fn finish(
         "metadata": Value::Object(meta),
         "spec": Value::Object(spec),
     });
+    // Script lines in order, then the command line and the site mapping (stable: an
+    // option's warnings keep their order).
+    warns.sort_by_key(|w| w.source.line().unwrap_or(usize::MAX));
     Ok(Translation {
         allocation,
         warnings: warns,

@@ -248,6 +248,14 @@ impl NodeCount {
             NodeCount::Range { min, .. } => min,
         }
     }
+
+    /// The maximum.
+    pub fn max(self) -> u32 {
+        match self {
+            NodeCount::Exact(n) => n,
+            NodeCount::Range { max, .. } => max,
+        }
+    }
 }
 
 /// Parse `--nodes`: `N` or `N-M` (Slurm's min-max), `k` suffix allowed (`1k` = 1024).

@@ -199,9 +199,41 @@ fn hetjob_stops_with_warning() {
 
 #[test]
 fn pbs_directives_are_warned_once() {
-    let d = scan_script("#PBS -l nodes=2\n#PBS -q x\n#SBATCH -N 1\n").unwrap();
+    let d = scan_script("#PBS -l nodes=2\n#PBS -q x\n#SBATCH -N 1\n#BSUB -W 10\n").unwrap();
     assert_eq!(d.options.len(), 1);
-    assert_eq!(d.warnings.len(), 1);
+    let w: Vec<String> = d.warnings.iter().map(|w| w.with_location()).collect();
+    assert_eq!(
+        w,
+        [
+            "line 1: #PBS directives on line(s) 1, 2 are not supported and were ignored; use #SBATCH or #LATTICE",
+            "line 4: #BSUB directives on line(s) 4 are not supported and were ignored; use #SBATCH or #LATTICE",
+        ]
+    );
+    assert_eq!(d.warnings[0].source, Source::Script { line: 1 });
+}
+
+#[test]
+fn burst_buffer_directives_are_warned_line_by_line() {
+    let d = scan_script(
+        "#!/bin/bash\n#SBATCH -N 2\n#DW jobdw type=scratch capacity=1TiB access_mode=striped\n#DW stage_in source=/lus/in destination=$DW_JOB_STRIPED/in type=directory\n#BB create_persistent name=ckpt capacity=100GB\n#BB_LUA pool=fast\n#DWARF is a comment\nsrun ./app\n#DW stage_out source=a destination=b\n",
+    )
+    .unwrap();
+    assert_eq!(d.options.len(), 1);
+    let w: Vec<String> = d.warnings.iter().map(|w| w.with_location()).collect();
+    let reason =
+        "(burst buffers are not supported; use --data-mount to pre-stage data to the hot tier)";
+    assert_eq!(
+        w,
+        [
+            format!("line 3: #DW jobdw type=scratch capacity=1TiB access_mode=striped ignored {reason}"),
+            format!("line 4: #DW stage_in source=/lus/in destination=$DW_JOB_STRIPED/in type=directory ignored {reason}"),
+            format!("line 5: #BB create_persistent name=ckpt capacity=100GB ignored {reason}"),
+            format!("line 6: #BB_LUA pool=fast ignored {reason}"),
+            // After the first command, as for #SBATCH lines.
+            "line 9: directives on line(s) 9 come after the first command (line 8) and were ignored, as sbatch does; move them above it".to_string(),
+        ]
+    );
+    assert_eq!(d.warnings[0].source, Source::Script { line: 3 });
 }
 
 #[test]

@@ -210,26 +210,18 @@ fn constraint_lattice_keys() {
 }
 
 #[test]
-fn constraint_or_uses_first_alternative_with_warning() {
+fn constraint_or_becomes_any_of() {
+    // One node: Slurm's brackets ask nothing more than a plain OR.
     let t = tr(&script("#SBATCH -C \"[a100|h100]\""));
     assert_eq!(
-        spec(&t)["resources"]["constraints"]["features"],
-        json!(["a100"])
+        spec(&t)["resources"]["constraints"],
+        json!({"anyOf": [["a100", "h100"]]})
     );
-    assert_eq!(
-        warnings(&t),
-        ["#SBATCH --constraint=[a100|h100]: Lattice has no OR of features; using \"a100\" and dropping \"h100\" (drop the alternatives or pick one)"]
-    );
-    assert_eq!(t.warnings[0].source.line(), Some(2));
-    assert_eq!(
-        t.allocation["metadata"]["annotations"]["lattice.dev/constraint"],
-        "[a100|h100]"
-    );
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
+    assert!(t.allocation["metadata"]["annotations"]
+        .get("lattice.dev/constraint")
+        .is_none());
     admit(&t);
-}
-
-#[test]
-fn constraint_or_warning_names_every_dropped_alternative() {
     // `lattice submit --constraint` and `#SBATCH --constraint` say the same thing.
     let cli = SubmitFlags {
         constraint: Some("a|b|c".into()),
@@ -237,40 +229,35 @@ fn constraint_or_warning_names_every_dropped_alternative() {
     };
     let t = tr_flags(&script("srun ./app"), &cli);
     assert_eq!(
-        spec(&t)["resources"]["constraints"]["features"],
-        json!(["a"])
+        spec(&t)["resources"]["constraints"],
+        json!({"anyOf": [["a", "b", "c"]]})
     );
-    assert_eq!(
-        warnings(&t),
-        ["--constraint=a|b|c: Lattice has no OR of features; using \"a\" and dropping \"b\", \"c\" (drop the alternatives or pick one)"]
-    );
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
     let t = tr(&script("#SBATCH --constraint=a|b|c"));
     assert_eq!(
-        warnings(&t),
-        ["#SBATCH --constraint=a|b|c: Lattice has no OR of features; using \"a\" and dropping \"b\", \"c\" (drop the alternatives or pick one)"]
+        spec(&t)["resources"]["constraints"],
+        json!({"anyOf": [["a", "b", "c"]]})
     );
-    // '&' binds tighter than '|': the first alternative is the whole AND, kept in full.
+    admit(&t);
+}
+
+#[test]
+fn constraint_and_or_mixes_keep_the_same_nodes() {
+    // '&' binds tighter than '|': (gpu AND ib) OR cpu = (gpu OR cpu) AND (ib OR cpu).
     let t = tr(&script("#SBATCH --constraint=gpu&ib|cpu"));
     assert_eq!(
-        spec(&t)["resources"]["constraints"]["features"],
-        json!(["gpu", "ib"])
+        spec(&t)["resources"]["constraints"],
+        json!({"anyOf": [["gpu", "cpu"], ["ib", "cpu"]]})
     );
-    assert_eq!(t.warnings.len(), 1, "{:?}", warnings(&t));
-    assert!(
-        t.warnings[0]
-            .message
-            .contains("using \"gpu&ib\" and dropping \"cpu\""),
-        "{}",
-        t.warnings[0]
-    );
-    // An OR inside an AND: the other operands stay, one warning for the OR.
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
+    admit(&t);
+    // An OR inside an AND: the required feature and one group.
     let t = tr(&script("#SBATCH --constraint=nvme&(a100|h100)"));
     assert_eq!(
-        spec(&t)["resources"]["constraints"]["features"],
-        json!(["nvme", "a100"])
+        spec(&t)["resources"]["constraints"],
+        json!({"features": ["nvme"], "anyOf": [["a100", "h100"]]})
     );
-    assert_eq!(t.warnings.len(), 1, "{:?}", warnings(&t));
-    assert!(t.warnings[0].message.contains("dropping \"h100\""));
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
     admit(&t);
     // Plain AND (and ','): every feature, no warning.
     for c in ["a&b&c", "a,b,c"] {
@@ -282,12 +269,70 @@ fn constraint_or_warning_names_every_dropped_alternative() {
             },
         );
         assert_eq!(
-            spec(&t)["resources"]["constraints"]["features"],
-            json!(["a", "b", "c"]),
+            spec(&t)["resources"]["constraints"],
+            json!({"features": ["a", "b", "c"]}),
             "{c}"
         );
         assert!(t.warnings.is_empty(), "{c}: {:?}", warnings(&t));
     }
+}
+
+#[test]
+fn constraint_brackets_on_several_nodes_warn_that_nodes_may_differ() {
+    let t = tr(&script(
+        "#SBATCH -N 4
+#SBATCH -C \"[a100|h100]\"",
+    ));
+    assert_eq!(
+        spec(&t)["resources"]["constraints"],
+        json!({"anyOf": [["a100", "h100"]]})
+    );
+    assert_eq!(
+        warnings(&t),
+        ["#SBATCH --constraint=[a100|h100]: [a100|h100] asks Slurm to give every node the same alternative; Lattice requires one of them on each node but may mix them across nodes"]
+    );
+    assert_eq!(t.warnings[0].source.line(), Some(3));
+    assert_eq!(
+        t.allocation["metadata"]["annotations"]["lattice.dev/constraint"],
+        "[a100|h100]"
+    );
+    admit(&t);
+}
+
+#[test]
+fn constraint_alternatives_of_lattice_keys_keep_the_first() {
+    let t = tr_flags(
+        &script("srun ./app"),
+        &SubmitFlags {
+            constraint: Some("gpu_type=GH200|gpu_type=MI300A".into()),
+            ..flags()
+        },
+    );
+    assert_eq!(
+        spec(&t)["resources"]["constraints"],
+        json!({"gpuType": "GH200"})
+    );
+    assert_eq!(
+        warnings(&t),
+        ["--constraint=gpu_type=GH200|gpu_type=MI300A: alternatives other than node features are not supported (anyOf lists features); using \"gpu_type=GH200\" and dropping \"gpu_type=MI300A\" (pick one)"]
+    );
+    admit(&t);
+}
+
+#[test]
+fn constraint_too_many_alternatives_is_an_error() {
+    let e = translate(
+        &script("#SBATCH --constraint=a1&a2&a3&a4&a5|b1&b2&b3&b4&b5"),
+        &flags(),
+        &site(),
+    )
+    .unwrap_err();
+    assert_eq!(e.line(), Some(2));
+    let m = e.to_string();
+    assert!(
+        m.contains("expand to 25 groups") && m.contains("allows 16"),
+        "{m}"
+    );
 }
 
 #[test]
@@ -344,10 +389,20 @@ fn gpus_total_divided_over_nodes() {
 
 #[test]
 fn exclusive_is_default_and_silent() {
-    let t = tr(&script("#SBATCH --exclusive"));
-    assert!(t.warnings.is_empty());
-    let t = tr(&script("#SBATCH --exclusive=user"));
-    assert!(t.warnings.is_empty());
+    for e in ["--exclusive", "--exclusive=user", "--exclusive=mcs"] {
+        let t = tr(&script(&format!("#SBATCH {e}")));
+        assert!(t.warnings.is_empty(), "{e}: {:?}", warnings(&t));
+    }
+    // A whole topology segment is not reserved.
+    let t = tr(&script("#SBATCH --exclusive=topo"));
+    assert_eq!(t.warnings.len(), 1, "{:?}", warnings(&t));
+    assert!(
+        t.warnings[0]
+            .message
+            .starts_with("#SBATCH --exclusive=topo ignored ("),
+        "{}",
+        t.warnings[0]
+    );
 }
 
 #[test]
@@ -837,6 +892,54 @@ fn no_preempt_and_sensitive() {
     admit(&t);
 }
 
+/// What becomes of the admitted allocation, running on `n1`, when `n1` goes Down.
+fn after_node_failure(t: &lattice_compat::Translation) -> lattice_apis::AllocationPhase {
+    let mut v = admit(t);
+    v["status"] = json!({"phase": "Running", "assignedNodes": ["n1"], "attempt": 0});
+    let mut a: lattice_apis::Allocation = serde_json::from_value(v).expect("allocation");
+    let now: lattice_apis::meta::Time = "2026-01-01T02:00:00Z".parse().expect("time");
+    lattice_apis::lifecycle::node_failed(&mut a, "n1", now);
+    a.phase()
+}
+
+#[test]
+fn requeue_options_set_the_requeue_policy() {
+    use lattice_apis::AllocationPhase;
+    // --requeue: back in the queue after a node failure, as Slurm requeues the batch job.
+    let t = tr(&script("#SBATCH --requeue"));
+    assert_eq!(spec(&t)["requeue"], json!({"policy": "on_node_failure"}));
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
+    assert_eq!(after_node_failure(&t), AllocationPhase::Pending);
+    // --no-requeue: never.
+    let t = tr(&script("#SBATCH --no-requeue"));
+    assert_eq!(spec(&t)["requeue"], json!({"policy": "never"}));
+    assert_eq!(after_node_failure(&t), AllocationPhase::Failed);
+    // The last one given wins; the sbatch command line overrides the script.
+    let t = tr(&script("#SBATCH --requeue\n#SBATCH --no-requeue"));
+    assert_eq!(spec(&t)["requeue"]["policy"], "never");
+    let f = SubmitFlags {
+        sbatch_args: vec!["--requeue".into()],
+        ..flags()
+    };
+    let t = tr_flags(&script("#SBATCH --no-requeue"), &f);
+    assert_eq!(spec(&t)["requeue"]["policy"], "on_node_failure");
+    // Neither: the API's default (which also requeues after a node failure).
+    let t = tr(&script("#SBATCH -N 1"));
+    assert!(spec(&t).get("requeue").is_none());
+    // Sensitive work is never requeued automatically: --requeue is refused with a warning.
+    let f = SubmitFlags {
+        sensitive: true,
+        ..flags()
+    };
+    let t = tr_flags(&script("#SBATCH --requeue"), &f);
+    assert!(spec(&t).get("requeue").is_none());
+    assert_eq!(
+        warnings(&t),
+        ["#SBATCH --requeue ignored (sensitive allocations are never requeued automatically)"]
+    );
+    admit(&t);
+}
+
 #[test]
 fn lattice_directives_without_dashes() {
     let t = tr("#!/bin/bash\n#LATTICE nodes=64\n#LATTICE walltime=2:00:00\n#LATTICE vcluster=hpc-batch\n#LATTICE network_domain=my-training-run\nmpirun ./app\n");
@@ -887,11 +990,18 @@ fn chdir_and_submit_dir() {
 
 #[test]
 fn export_pairs_become_env() {
-    let t = tr(&script("#SBATCH --export=ALL,OMP_NUM_THREADS=4"));
+    let t = tr(&script("#SBATCH --export=NONE,OMP_NUM_THREADS=4"));
     assert_eq!(spec(&t)["env"], json!({"OMP_NUM_THREADS": "4"}));
     assert!(t.warnings.is_empty());
     let t = tr(&script("#SBATCH --export=PATH,HOME"));
     assert_eq!(t.warnings.len(), 1);
+    // ALL (sbatch copies the submitting shell's environment) is not honoured: said so.
+    let t = tr(&script("#SBATCH --export=ALL,OMP_NUM_THREADS=4"));
+    assert_eq!(spec(&t)["env"], json!({"OMP_NUM_THREADS": "4"}));
+    assert_eq!(
+        warnings(&t),
+        ["#SBATCH --export=ALL,OMP_NUM_THREADS=4: sbatch would copy the submitting shell's whole environment (ALL); Lattice does not forward the submit environment, set what the job needs with --env KEY=VALUE"]
+    );
 }
 
 #[test]
@@ -964,15 +1074,19 @@ fn unsupported_on_sbatch_command_line_warns_without_prefix() {
 
 #[test]
 fn names_the_api_would_reject_are_errors_at_their_line() {
+    // An account with nothing to make a tenant name of.
     let e = translate(
-        &script("#SBATCH -N 1\n#SBATCH --account=Big_Lab"),
+        &script("#SBATCH -N 1\n#SBATCH --account=__"),
         &flags(),
         &site(),
     )
     .unwrap_err();
     assert_eq!(e.line(), Some(3));
     let m = e.to_string();
-    assert!(m.contains("accounts:") && m.contains("big-lab"), "{m}");
+    assert!(
+        m.contains("no letter or digit") && m.contains("accounts:"),
+        "{m}"
+    );
     let e = translate(
         &script("#LATTICE --network-domain=My_Net"),
         &flags(),
@@ -982,6 +1096,146 @@ fn names_the_api_would_reject_are_errors_at_their_line() {
     assert_eq!(e.line(), Some(2));
     let e = translate(&script("#SBATCH --uenv=\"a b\""), &flags(), &site()).unwrap_err();
     assert_eq!(e.line(), Some(2));
+}
+
+/// A site without a vCluster list: partitions pass through as vCluster names.
+fn open_site() -> CompatConfig {
+    CompatConfig::from_yaml("accounts:\n  ml_team: ml-team\n").expect("site")
+}
+
+#[test]
+fn slurm_account_and_partition_names_are_made_valid_with_a_warning() {
+    let t = translate(
+        &script("#SBATCH -A proj_1234\n#SBATCH -p gpu_long"),
+        &flags(),
+        &open_site(),
+    )
+    .unwrap();
+    assert_eq!(t.allocation["metadata"]["namespace"], "proj-1234");
+    assert_eq!(spec(&t)["vcluster"], "gpu-long");
+    // The names as written stay in the annotations.
+    let ann = &t.allocation["metadata"]["annotations"];
+    assert_eq!(ann["lattice.dev/slurm-account"], "proj_1234");
+    assert_eq!(ann["lattice.dev/slurm-partition"], "gpu_long");
+    assert_eq!(
+        warnings(&t),
+        [
+            "#SBATCH --account=proj_1234: account \"proj_1234\" is not a valid tenant name; using tenant \"proj-1234\" (map it under accounts: in lattice-compat.yaml to choose another)",
+            "#SBATCH --partition=gpu_long: partition \"gpu_long\" is not a valid vCluster name; using vCluster \"gpu-long\" (map it under partitions: in lattice-compat.yaml to choose another)",
+        ]
+    );
+    assert_eq!(t.warnings[0].source.line(), Some(2));
+    assert_eq!(t.warnings[1].source.line(), Some(3));
+    admit(&t);
+    // Upper case too, from the sbatch command line.
+    let f = SubmitFlags {
+        sbatch_args: vec!["-A".into(), "ABC-DEF99".into()],
+        ..flags()
+    };
+    let t = translate(&script("srun ./app"), &f, &open_site()).unwrap();
+    assert_eq!(t.allocation["metadata"]["namespace"], "abc-def99");
+    assert_eq!(
+        warnings(&t),
+        ["--account=ABC-DEF99: account \"ABC-DEF99\" is not a valid tenant name; using tenant \"abc-def99\" (map it under accounts: in lattice-compat.yaml to choose another)"]
+    );
+    // Valid names need no warning.
+    let t = translate(
+        &script("#SBATCH -A physics\n#SBATCH -p debug"),
+        &flags(),
+        &open_site(),
+    )
+    .unwrap();
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
+}
+
+#[test]
+fn a_site_mapping_wins_over_the_made_valid_name() {
+    let site = CompatConfig::from_yaml(
+        "accounts:\n  proj_1234: climate\npartitions:\n  gpu_long: ml-training\n",
+    )
+    .expect("site");
+    let t = translate(
+        &script("#SBATCH -A proj_1234\n#SBATCH -p gpu_long"),
+        &flags(),
+        &site,
+    )
+    .unwrap();
+    assert_eq!(t.allocation["metadata"]["namespace"], "climate");
+    assert_eq!(spec(&t)["vcluster"], "ml-training");
+    assert!(t.warnings.is_empty(), "{:?}", warnings(&t));
+}
+
+#[test]
+fn a_listed_vcluster_is_found_under_the_made_valid_name() {
+    let site = CompatConfig::from_yaml("vclusters: [gpu-long, normal]\n").expect("site");
+    let t = translate(&script("#SBATCH -p gpu_long"), &flags(), &site).unwrap();
+    assert_eq!(spec(&t)["vcluster"], "gpu-long");
+    assert_eq!(t.warnings.len(), 1, "{:?}", warnings(&t));
+    // Made valid but still not offered: the usual error listing what is.
+    let e = translate(&script("#SBATCH -p big_mem"), &flags(), &site).unwrap_err();
+    let m = e.to_string();
+    assert!(
+        m.starts_with("vCluster \"big_mem\" not found. Available: gpu-long, normal"),
+        "{m}"
+    );
+    assert_eq!(e.line(), Some(2));
+}
+
+#[test]
+fn invalid_lattice_tenant_and_vcluster_flags_stay_errors() {
+    // --tenant and --vcluster are Lattice names, taken as written.
+    for (f, line) in [
+        (
+            SubmitFlags {
+                tenant: Some("Big_Lab".into()),
+                ..flags()
+            },
+            None,
+        ),
+        (
+            SubmitFlags {
+                vcluster: Some("GPU_Long".into()),
+                ..flags()
+            },
+            None,
+        ),
+    ] {
+        let e = translate(&script("srun ./app"), &f, &open_site()).unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("is not a valid"), "{m}");
+        assert_eq!(e.line(), line);
+    }
+    let e = translate(&script("#LATTICE --tenant=Big_Lab"), &flags(), &open_site()).unwrap_err();
+    assert_eq!(e.line(), Some(2));
+    let m = e.to_string();
+    assert!(
+        m.contains("--tenant") && m.contains("not a valid tenant name") && m.contains("big-lab"),
+        "{m}"
+    );
+    let e = translate(
+        &script("#LATTICE --vcluster=GPU_Long"),
+        &flags(),
+        &open_site(),
+    )
+    .unwrap_err();
+    assert_eq!(e.line(), Some(2));
+    assert!(e.to_string().contains("--vcluster=gpu-long"), "{e}");
+}
+
+#[test]
+fn a_site_mapping_to_an_invalid_name_is_refused_when_read() {
+    for (yaml, key) in [
+        ("accounts:\n  ml_team: ML_Team\n", "accounts.ml_team"),
+        ("partitions:\n  gpu: GPU\n", "partitions.gpu"),
+        ("vclusters: [ok, Not_Ok]\n", "vclusters[1]"),
+        ("default_vcluster: Batch_Q\n", "default_vcluster"),
+    ] {
+        let e = CompatConfig::from_yaml(yaml).unwrap_err().to_string();
+        assert!(
+            e.contains(key) && e.contains("is not a valid") && e.contains("Hint: write e.g."),
+            "{yaml}: {e}"
+        );
+    }
 }
 
 fn nodelist_flags(list: &str, nodes: Option<&str>) -> SubmitFlags {

@@ -163,7 +163,10 @@ async fn sbatch(
     let created = submit::post(ctx, &t.allocation, false).await?;
     let id = name(&created).to_string();
     let parsable = inv.invocation.parsable || t.client.parsable;
-    writeln!(out, "{}", sbatch_output(&id, parsable))?;
+    // sbatch `--quiet` prints no job id, parsable or not (as sbatch does).
+    if !t.client.quiet {
+        writeln!(out, "{}", sbatch_output(&id, parsable))?;
+    }
     out.flush()?;
     if inv.invocation.wait || t.client.wait {
         let ns = s(&created, "/metadata/namespace")

@@ -274,7 +274,8 @@ fn unknown_vcluster(what: &str, name: &str, avail: &[String], at: Option<&str>) 
 
 /// Prints the translation's warnings as `Warning: ...` (unless `-q`).
 pub fn print_warnings(ctx: &Ctx, t: &Translation, err: &mut dyn Write) -> std::io::Result<()> {
-    if ctx.quiet {
+    // `-q`, or sbatch's `--quiet` in the script or its options: only errors are shown.
+    if ctx.quiet || t.client.quiet {
         return Ok(());
     }
     for w in &t.warnings {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use crate::catalog::{FilterOutcome, NodeCatalog};
 use crate::free_index::SetIndex;
-use crate::model::{ClusterSnapshot, JobId, NodeId, PendingJob, TenantId, Time};
+use crate::model::{ClusterSnapshot, Constraints, JobId, NodeId, PendingJob, TenantId, Time};
 use crate::plan::{
     PendingExplanation, PendingReason, Plan, Proposal, ProposalKind, QuotaKind, Reservation,
 };
@@ -524,7 +524,7 @@ impl<'a> CycleState<'a> {
                 + usize::from(key.gpus > 0 && c.min_gpus_per_node == 0 && c.gpu_type.is_none())
                 + usize::from(key.unified_memory && !c.require_unified_memory)
                 + usize::from(key.cxl_memory_gb > 0 && !c.allow_cxl_memory)
-                + key.features.len().saturating_sub(c.features.len())
+                + extra_features(&key.features, c)
         };
         let levels: Vec<usize> = {
             let mut l: Vec<usize> = feas.classes.iter().map(|&k| excess(k)).collect();
@@ -825,6 +825,20 @@ impl<'a> CycleState<'a> {
         self.held = held;
         out
     }
+}
+
+/// How many of a feasible node class's (sorted) features the job asked for neither in
+/// `features` nor in an `anyOf` group: the capabilities it would keep from jobs that need
+/// them.
+fn extra_features(class_features: &[String], c: &Constraints) -> usize {
+    if c.any_of.is_empty() {
+        // The class is feasible, so it has every feature the job asked for.
+        return class_features.len().saturating_sub(c.features.len());
+    }
+    class_features
+        .iter()
+        .filter(|f| !c.features.contains(f) && !c.any_of.iter().any(|g| g.contains(f)))
+        .count()
 }
 
 pub(crate) fn merge_counts(mut v: Vec<BucketCount>) -> Vec<BucketCount> {

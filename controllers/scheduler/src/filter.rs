@@ -113,7 +113,8 @@ impl Filter for GpuCount {
     }
 }
 
-/// Every feature label asked for (the class's features are sorted).
+/// Every feature label asked for, and at least one label of each `anyOf` group (the
+/// class's features are sorted).
 struct Features;
 
 impl Filter for Features {
@@ -122,10 +123,8 @@ impl Filter for Features {
     }
     fn feasible(&self, job: &PendingJob, k: &ClassKey) -> Result<(), FilterOutcome> {
         let c = &job.constraints;
-        if c.features
-            .iter()
-            .all(|f| k.features.binary_search(f).is_ok())
-        {
+        let has = |f: &String| k.features.binary_search(f).is_ok();
+        if c.features.iter().all(has) && c.any_of.iter().all(|group| group.iter().any(has)) {
             Ok(())
         } else {
             Err(FilterOutcome::Features)

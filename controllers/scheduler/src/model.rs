@@ -122,7 +122,11 @@ impl NodeView {
 pub struct Constraints {
     pub gpu_type: Option<String>,
     pub min_gpus_per_node: u32,
+    /// Every node has each of these features.
     pub features: Vec<String>,
+    /// Every node has at least one feature of each group (a conjunction of
+    /// disjunctions, `resources.constraints.anyOf`).
+    pub any_of: Vec<Vec<String>>,
     pub memory_gb_per_node: u32,
     pub require_unified_memory: bool,
     pub allow_cxl_memory: bool,

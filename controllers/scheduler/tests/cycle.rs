@@ -825,3 +825,61 @@ fn unconstrained_jobs_leave_special_nodes_free() {
         (4..8).map(NodeId).collect::<Vec<_>>()
     );
 }
+
+/// Slurm's `--constraint="a100|h100"` (`anyOf`): a node with either alternative will do,
+/// one with neither never; with several groups, each must hold.
+#[test]
+fn any_of_takes_a_node_with_one_alternative_and_never_one_with_none() {
+    let mut ns = nodes(3, 3);
+    ns[0].features = vec!["mc".into()];
+    ns[1].features = vec!["h100".into()];
+    let mut j = job(1, 1, 0, 100);
+    j.constraints.any_of = vec![vec!["a100".into(), "h100".into()]];
+    let plan = cycle(
+        SchedulerConfig::default(),
+        ns.clone(),
+        &[],
+        &[j.clone()],
+        &[],
+    );
+    assert_eq!(plan.proposals.len(), 1, "{:?}", plan.pending);
+    assert_eq!(plan.proposals[0].nodes, vec![NodeId(1)]);
+
+    // Two nodes, but only one has an alternative: the job waits and says why.
+    j.nodes = NodeRequest::exact(2);
+    let plan = cycle(
+        SchedulerConfig::default(),
+        ns.clone(),
+        &[],
+        &[j.clone()],
+        &[],
+    );
+    assert!(plan.proposals.is_empty());
+    assert_eq!(
+        reason(&plan, 1).to_string(),
+        "no nodes matching constraints (requested 2, 1 of 3 nodes match)"
+    );
+
+    // (a100 | h100) & (ib | slingshot): node 2 has an accelerator but no fabric feature.
+    ns[1].features = vec!["h100".into(), "ib".into()];
+    ns[2].features = vec!["a100".into()];
+    j.nodes = NodeRequest::exact(1);
+    j.constraints
+        .any_of
+        .push(vec!["ib".into(), "slingshot".into()]);
+    let plan = cycle(SchedulerConfig::default(), ns, &[], &[j], &[]);
+    assert_eq!(plan.proposals[0].nodes, vec![NodeId(1)]);
+}
+
+/// A job that asks for `a100|h100` counts both as asked for: it takes the node whose
+/// features are all alternatives before one with a feature nobody asked for.
+#[test]
+fn any_of_jobs_leave_nodes_with_other_features_free() {
+    let mut ns = nodes(2, 2);
+    ns[0].features = vec!["a100".into(), "nvme".into()];
+    ns[1].features = vec!["a100".into(), "h100".into()];
+    let mut j = job(1, 1, 0, 100);
+    j.constraints.any_of = vec![vec!["a100".into(), "h100".into()]];
+    let plan = cycle(SchedulerConfig::default(), ns, &[], &[j], &[]);
+    assert_eq!(plan.proposals[0].nodes, vec![NodeId(1)]);
+}

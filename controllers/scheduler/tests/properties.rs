@@ -18,7 +18,7 @@ fn node_strategy() -> impl Strategy<Value = NodeSpec> {
     (
         0u8..3,
         0u8..2,
-        0u8..4,
+        0u8..8,
         0u8..3,
         0u8..4,
         0u8..2,
@@ -34,7 +34,7 @@ fn build_nodes(spec: &[NodeSpec]) -> Vec<NodeView> {
             let mut n = NodeView::slot(i as u32);
             n.gpus = u32::from(g) * 4;
             n.gpu_type = (g > 0).then(|| if t == 0 { "H100" } else { "MI300X" }.to_string());
-            n.features = ["nvme", "ib"]
+            n.features = ["nvme", "ib", "a100"]
                 .iter()
                 .enumerate()
                 .filter(|(k, _)| f & (1 << k) != 0)
@@ -88,6 +88,11 @@ fn build_jobs(spec: &[JobSpec]) -> Vec<PendingJob> {
                     min_gpus_per_node: u32::from(g) * 2,
                     features: if f & 1 != 0 {
                         vec!["nvme".to_string()]
+                    } else {
+                        vec![]
+                    },
+                    any_of: if f & 2 != 0 {
+                        vec![vec!["ib".to_string(), "a100".to_string()]]
                     } else {
                         vec![]
                     },
@@ -232,6 +237,10 @@ proptest! {
                 let idx = cat.index_of(*id).unwrap();
                 let outcome = cat.filter(cat.class_of(idx), job);
                 prop_assert!(matches!(outcome, FilterOutcome::Feasible { .. }), "{outcome:?}");
+                // Features checked against the node itself, not through the filter.
+                let has = |f: &String| cat.node(idx).features.contains(f);
+                prop_assert!(job.constraints.features.iter().all(has), "node {id:?} lacks a feature of {:?}", job.constraints.features);
+                prop_assert!(job.constraints.any_of.iter().all(|g| g.iter().any(has)), "node {id:?} has no feature of a group of {:?}", job.constraints.any_of);
                 fps.insert(cat.node(idx).conformance_fingerprint);
             }
             if job.sensitive || job.constraints.require_conformance || cfg.kind == SchedulerKind::SensitiveReservation {

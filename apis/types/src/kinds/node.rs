@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use crate::meta::{skip_false, Condition, ObjectMeta, Time};
 use crate::resource::{impl_resource_meta, Resource};
 use crate::validation::{
-    check_len, truncate, validate_dns1123_label, validate_dns1123_name, Errors,
+    check_len, is_feature_name, truncate, validate_dns1123_label, validate_dns1123_name, Errors,
+    FEATURE_NAME_RULE,
 };
 
 /// A node.
@@ -346,15 +347,13 @@ impl Resource for Node {
         let s = &self.spec;
         let mut feats = BTreeSet::new();
         for (i, f) in s.features.iter().enumerate() {
-            if f.is_empty()
-                || f.len() > 63
-                || !f
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
-            {
+            if !is_feature_name(f) {
                 errs.push(
                     format!("spec.features[{i}]"),
-                    format!("{:?} is not a feature name: use letters, digits, '_', '-' or '.' (e.g. \"nvme_scratch\")", truncate(f, 40)),
+                    format!(
+                        "{:?} is not a feature name: {FEATURE_NAME_RULE}",
+                        truncate(f, 40)
+                    ),
                 );
             } else if !feats.insert(f.as_str()) {
                 errs.push(

@@ -647,6 +647,7 @@ pub fn pending_job(
             gpu_type: c.gpu_type.clone(),
             min_gpus_per_node: c.gpu_count.unwrap_or(0),
             features,
+            any_of: c.any_of.clone(),
             memory_gb_per_node: c
                 .memory_gb
                 .map(|m| u32::try_from(m).unwrap_or(u32::MAX))
@@ -802,6 +803,32 @@ mod tests {
         let job = pending_job(JobId(1), &a, TenantId(0), VClusterId(0), None, unix(&now));
         assert_eq!(job.submit_time, t0);
         assert_eq!(job.preemption_class, 7);
+    }
+
+    /// `resources.constraints.anyOf` reaches the core: a node with one alternative of each
+    /// group qualifies, a node without one does not.
+    #[test]
+    fn any_of_feature_groups_reach_the_core() {
+        use lattice_scheduler::catalog::{FilterOutcome, NodeCatalog};
+        let a: Allocation = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "t1"},
+            "spec": {"entrypoint": "/bin/true", "resources": {"constraints": {
+                "features": ["nvme"], "anyOf": [["a100", "h100"]]}}},
+        }))
+        .expect("allocation");
+        let job = pending_job(JobId(1), &a, TenantId(0), VClusterId(0), None, 0);
+        assert_eq!(job.constraints.any_of, [["a100", "h100"]]);
+        let node = |i: u32, features: &[&str]| {
+            let mut v = NodeView::slot(i);
+            v.features = features.iter().map(|f| f.to_string()).collect();
+            v
+        };
+        let cat = NodeCatalog::new(vec![node(0, &["h100", "nvme"]), node(1, &["nvme"])]);
+        assert!(matches!(
+            cat.filter(cat.class_of(0), &job),
+            FilterOutcome::Feasible { .. }
+        ));
+        assert_eq!(cat.filter(cat.class_of(1), &job), FilterOutcome::Features);
     }
 
     fn vcluster(spec: serde_json::Value) -> VCluster {

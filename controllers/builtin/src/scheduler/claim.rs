@@ -252,7 +252,9 @@ fn unsuitable(why: FilterOutcome, sensitive: bool) -> &'static str {
         }
         FilterOutcome::GpuType => "has a different GPU type than resources.constraints.gpuType",
         FilterOutcome::GpuCount => "has fewer GPUs than resources.constraints.gpuCount",
-        FilterOutcome::Features => "lacks a feature in resources.constraints.features",
+        FilterOutcome::Features => {
+            "lacks a feature in resources.constraints.features, or every feature of a resources.constraints.anyOf group"
+        }
         FilterOutcome::Memory => "has less memory than resources.constraints.memoryGb",
         FilterOutcome::UnifiedMemory => {
             "has no unified memory (resources.constraints.requireUnifiedMemory)"

@@ -93,6 +93,7 @@ fn job(a: &Allocation, j: &PendingJob) -> ExtenderJob {
         gpu_type: j.constraints.gpu_type.clone(),
         gpus_per_node: j.constraints.min_gpus_per_node,
         features: j.constraints.features.clone(),
+        any_of: j.constraints.any_of.clone(),
         preemption_class: j.preemption_class,
         walltime_seconds: u64::try_from(j.walltime_s).ok(),
         labels: a.metadata.labels.clone(),

@@ -20,8 +20,8 @@ use crate::duration::{parse_duration, DURATION_FORMATS};
 use crate::meta::{skip_false, Condition, ObjectMeta, Time};
 use crate::resource::{impl_resource_meta, Resource};
 use crate::validation::{
-    check_len, truncate, validate_dns1123_label, validate_dns1123_name, Errors, MAX_SCRIPT_LEN,
-    MAX_TEXT_LEN,
+    check_len, is_feature_name, truncate, validate_dns1123_label, validate_dns1123_name, Errors,
+    FEATURE_NAME_RULE, MAX_SCRIPT_LEN, MAX_TEXT_LEN,
 };
 
 mod dependencies;
@@ -49,6 +49,10 @@ pub const MAX_MAX_REQUEUE: u32 = 100;
 pub use crate::wellknown::MAX_TASKS;
 /// Most nodes one allocation may ask for.
 pub const MAX_NODES: u32 = 100_000;
+/// Most groups in `resources.constraints.anyOf`.
+pub const MAX_ANY_OF_GROUPS: usize = 16;
+/// Most alternatives in one `resources.constraints.anyOf` group.
+pub const MAX_ANY_OF_ALTERNATIVES: usize = 16;
 /// A parsed task index range (the grammar is [`crate::syntax::tasks`]).
 pub use crate::syntax::tasks::TaskRange;
 /// Label of a job-array element: its index (`$LATTICE_TASK_INDEX`). An element may

@@ -345,9 +345,16 @@ pub struct Constraints {
     /// Minimum GPUs per node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_count: Option<u32>,
-    /// Required node features, e.g. `nvme_scratch`.
+    /// Required node features, e.g. `nvme_scratch`: every node has all of them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features: Vec<String>,
+    /// Groups of alternative node features: every node has at least one feature of each
+    /// group (`[[a100, h100], [ib, slingshot]]` is `(a100 OR h100) AND (ib OR slingshot)`,
+    /// on top of `features`). Slurm's `--constraint="a100|h100"` becomes one group. Each
+    /// node picks for itself, so one allocation may mix `a100` and `h100` nodes. At most
+    /// 16 groups of at most 16 features.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub any_of: Vec<Vec<String>>,
     /// Minimum memory per node in GB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_gb: Option<u64>,

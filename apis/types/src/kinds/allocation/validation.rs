@@ -549,13 +549,14 @@ impl AllocationSpec {
         }
         let mut feats = BTreeSet::new();
         for (i, f) in c.features.iter().enumerate() {
-            if f.is_empty()
-                || f.len() > 63
-                || !f
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
-            {
-                errs.push(format!("{}.features[{i}]", cp()), format!("{:?} is not a feature name: use letters, digits, '_', '-' or '.' (e.g. \"nvme_scratch\")", truncate(f, 40)));
+            if !is_feature_name(f) {
+                errs.push(
+                    format!("{}.features[{i}]", cp()),
+                    format!(
+                        "{:?} is not a feature name: {FEATURE_NAME_RULE}",
+                        truncate(f, 40)
+                    ),
+                );
             } else if !feats.insert(f.as_str()) {
                 errs.push(
                     format!("{}.features[{i}]", cp()),
@@ -563,6 +564,7 @@ impl AllocationSpec {
                 );
             }
         }
+        validate_any_of(&c.any_of, &format!("{}.anyOf", cp()), errs);
     }
 
     fn validate_launch(&self, p: &str, errs: &mut Errors) {
@@ -812,6 +814,58 @@ impl AllocationStatus {
                 errs.push(
                     "status.vni",
                     format!("must be between 1 and 16777215, got {v}"),
+                );
+            }
+        }
+    }
+}
+
+/// `resources.constraints.anyOf`: at most [`MAX_ANY_OF_GROUPS`] groups, each of 1 to
+/// [`MAX_ANY_OF_ALTERNATIVES`] distinct feature names.
+fn validate_any_of(groups: &[Vec<String>], path: &str, errs: &mut Errors) {
+    if groups.len() > MAX_ANY_OF_GROUPS {
+        errs.push(
+            path.to_string(),
+            format!(
+                "has {} groups, the limit is {MAX_ANY_OF_GROUPS}; move features every node needs to `features` or drop groups",
+                groups.len()
+            ),
+        );
+        return;
+    }
+    for (g, group) in groups.iter().enumerate() {
+        let gp = format!("{path}[{g}]");
+        if group.is_empty() {
+            errs.push(
+                gp,
+                "is empty: a group lists the features of which a node needs at least one, e.g. [a100, h100]; remove the empty group",
+            );
+            continue;
+        }
+        if group.len() > MAX_ANY_OF_ALTERNATIVES {
+            errs.push(
+                gp,
+                format!(
+                    "has {} features, the limit is {MAX_ANY_OF_ALTERNATIVES} alternatives per group",
+                    group.len()
+                ),
+            );
+            continue;
+        }
+        let mut seen = BTreeSet::new();
+        for (i, f) in group.iter().enumerate() {
+            if !is_feature_name(f) {
+                errs.push(
+                    format!("{gp}[{i}]"),
+                    format!(
+                        "{:?} is not a feature name: {FEATURE_NAME_RULE}",
+                        truncate(f, 40)
+                    ),
+                );
+            } else if !seen.insert(f.as_str()) {
+                errs.push(
+                    format!("{gp}[{i}]"),
+                    format!("{f:?} is listed twice in this group"),
                 );
             }
         }
