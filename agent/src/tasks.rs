@@ -89,6 +89,10 @@ pub fn for_step(a: &Allocation, node: &str) -> Option<NodeTasks> {
     let size = count(NTASKS_ANNOTATION)
         .filter(|n| *n > 0)
         .unwrap_or_else(|| per_node.unwrap_or(1).saturating_mul(nnodes));
+    // What admission and `steps::plan` allow; an object written past them runs nothing
+    // unreasonable here either.
+    let size = size.min(lattice_apis::steps::MAX_STEP_TASKS as u32);
+    let per_node = per_node.map(|k| k.min(lattice_apis::steps::MAX_TASKS_PER_NODE));
     let launch = a.spec.launch.clone().unwrap_or_default();
     let l = layout(
         size,
@@ -132,6 +136,13 @@ pub fn plans(
     gpus: &[u32],
     pmi: bool,
 ) -> Result<Vec<TaskPlan>, String> {
+    if t.ranks.len() > lattice_apis::steps::MAX_TASKS_PER_NODE as usize {
+        return Err(format!(
+            "the step puts {} tasks on this node, more than {} per node; ask for fewer tasks or more nodes",
+            t.ranks.len(),
+            lattice_apis::steps::MAX_TASKS_PER_NODE
+        ));
+    }
     let per_task_gpus = a.spec.launch.as_ref().and_then(|l| l.gpus_per_task);
     if let Some(g) = per_task_gpus {
         let need = g as usize * t.ranks.len();

@@ -131,15 +131,7 @@ fn cluster(extra: &[&str]) -> (Cluster, tempfile::TempDir) {
         Agent::start_in(&server, node, root.path(), &args, ns.as_deref())
     };
     let (a, b) = (agent(0, "node-a"), agent(1, "node-b"));
-    (
-        Cluster {
-            a,
-            b,
-            server,
-            lab,
-        },
-        root,
-    )
+    (Cluster { a, b, server, lab }, root)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,7 +193,7 @@ async fn mpich_and_libpmi2_ranks_wire_up_across_two_agents() {
             .map(|r| format!("pmi2 rank={r} size=4 jobid=job.1 mapping=(vector,(0,2,1)) spawned=0"))
             .collect::<Vec<_>>()
     );
-    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rank_that_dies_or_aborts_tears_the_step_down_on_every_node() {
@@ -270,7 +262,7 @@ async fn a_rank_that_dies_or_aborts_tears_the_step_down_on_every_node() {
         AllocationPhase::Running,
         "the allocation outlives its failed steps"
     );
-    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_get_torchrun_variables_and_their_own_gpus() {
@@ -357,4 +349,4 @@ async fn tasks_get_torchrun_variables_and_their_own_gpus() {
     let s: Allocation = ended(server, "job.2", &[a, b]).await;
     let msg = node_state(&s, "node-a").message.clone().unwrap_or_default();
     assert!(msg.contains("the node has 4"), "{msg}");
-    }
+}

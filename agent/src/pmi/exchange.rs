@@ -32,9 +32,9 @@ use proto::pmi_exchange_client::PmiExchangeClient;
 use proto::pmi_exchange_server::{PmiExchange, PmiExchangeServer};
 
 /// The largest fence message accepted (every rank's business card of a large step).
-pub const MAX_MESSAGE: usize = 256 << 20;
+pub const MAX_MESSAGE: usize = 64 << 20;
 /// How long a request for a step waits for this node to start its part of it.
-const REGISTRATION_WAIT: Duration = Duration::from_secs(60);
+const REGISTRATION_WAIT: Duration = Duration::from_secs(30);
 /// How long an abort notice may take to reach a node.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
 

@@ -29,6 +29,34 @@ use tokio_util::sync::CancellationToken;
 
 use wire::Message;
 
+/// The longest key a rank may put (PMI-2 clients allow 64 bytes).
+pub const MAX_KEY: usize = 256;
+/// The longest value a rank may put (PMI-2 clients allow 1,024 bytes).
+pub const MAX_VALUE: usize = 4096;
+/// The PMI data a step may hold on a node, per rank of the step...
+const BUDGET_PER_RANK: usize = 256 << 10;
+/// ... and in all: the agent's memory is not the job's.
+const MAX_BUDGET: usize = 1 << 30;
+/// The longest abort message kept (the rest is cut).
+const MAX_MESSAGE: usize = 1024;
+
+/// `message` cut to [`MAX_MESSAGE`] bytes, control characters replaced.
+fn tidy(message: &str) -> String {
+    let mut out: String = message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if out.len() > MAX_MESSAGE {
+        let mut end = MAX_MESSAGE;
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+        out.push_str("...");
+    }
+    out
+}
+
 /// What a step's PMI server knows of the step.
 #[derive(Debug, Clone)]
 pub struct StepInfo {
@@ -96,6 +124,8 @@ struct State {
     finalized: BTreeSet<u32>,
     /// Set once the step is being torn down.
     failed: Option<String>,
+    /// Bytes of keys and values held (`kv`, `pending`, `node_attrs`).
+    bytes: usize,
 }
 
 #[derive(Debug)]
@@ -185,6 +215,7 @@ impl Shared {
     /// The step is over: tell the supervisor (and, when it started here, every other
     /// node). Only the first reason counts.
     fn fail(self: &Arc<Self>, message: String, tell_others: bool) {
+        let message = tidy(&message);
         {
             let mut st = self.lock();
             if st.failed.is_some() {
@@ -224,10 +255,18 @@ impl Shared {
         if let Some(puts) = launch {
             let s = self.clone();
             tokio::spawn(async move {
-                match s.exchange.fence(my_round, puts).await {
+                let exchanged = tokio::select! {
+                    r = s.exchange.fence(my_round, puts) => r,
+                    // The step is over here: nothing waits for the answer.
+                    _ = s.stop.cancelled() => return,
+                };
+                match exchanged {
                     Ok(all) => {
                         tracing::debug!(step = %s.info.jobid, round = my_round, keys = all.len(), "fence done");
-                        s.lock().kv.extend(all);
+                        if let Err(e) = s.store(all) {
+                            s.fail(e, true);
+                            return;
+                        }
                         s.done.send_modify(|d| *d = (*d).max(my_round + 1));
                     }
                     Err(e) => s.fail(
@@ -253,10 +292,55 @@ impl Shared {
         }
     }
 
-    fn put(&self, key: &str, value: &str) {
-        self.lock()
-            .pending
-            .insert(key.to_string(), value.to_string());
+    /// The most PMI data this step may hold here.
+    fn budget(&self) -> usize {
+        (self.info.size as usize)
+            .saturating_mul(BUDGET_PER_RANK)
+            .min(MAX_BUDGET)
+    }
+
+    fn over_budget(&self, bytes: usize) -> String {
+        format!(
+            "the step's PMI data on node {} reached {bytes} bytes, more than its budget of {} ({} KiB per rank, at most {} MiB)",
+            self.info.node,
+            self.budget(),
+            BUDGET_PER_RANK >> 10,
+            MAX_BUDGET >> 20
+        )
+    }
+
+    /// A rank's put (or node attribute); `Err` says why it is refused.
+    fn put(&self, key: &str, value: &str, node_attr: bool) -> Result<(), String> {
+        if key.is_empty() || key.len() > MAX_KEY || value.len() > MAX_VALUE {
+            return Err(format!(
+                "put refused: keys are 1 to {MAX_KEY} bytes and values at most {MAX_VALUE}"
+            ));
+        }
+        let mut st = self.lock();
+        let add = key.len() + value.len();
+        if st.bytes + add > self.budget() {
+            return Err(self.over_budget(st.bytes + add));
+        }
+        st.bytes += add;
+        let (k, v) = (key.to_string(), value.to_string());
+        if node_attr {
+            st.node_attrs.insert(k, v);
+        } else {
+            st.pending.insert(k, v);
+        }
+        Ok(())
+    }
+
+    /// Every node's puts of a fence, now visible.
+    fn store(&self, all: BTreeMap<String, String>) -> Result<(), String> {
+        let mut st = self.lock();
+        let add: usize = all.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if st.bytes + add > self.budget() {
+            return Err(self.over_budget(st.bytes + add));
+        }
+        st.bytes += add;
+        st.kv.extend(all);
+        Ok(())
     }
 
     fn get(&self, key: &str) -> Option<String> {
@@ -437,7 +521,10 @@ async fn handle<R: tokio::io::AsyncBufRead + Unpin>(
                         &[("rc", "-1"), ("msg", "put_needs_key_and_value")],
                     )));
                 };
-                s.put(k, v);
+                if let Err(e) = s.put(k, v, false) {
+                    s.fail(format!("rank {rank} on node {}: {e}", s.info.node), true);
+                    return Ok(Some(v1("put_result", &[("rc", "-1"), ("msg", "refused")])));
+                }
                 v1("put_result", &[("rc", "0")])
             }
             "get" => {
@@ -560,7 +647,13 @@ async fn handle<R: tokio::io::AsyncBufRead + Unpin>(
                     &[("rc", "-1"), ("errmsg", "key and value are required")],
                 )));
             };
-            s.lock().node_attrs.insert(k.to_string(), v.to_string());
+            if let Err(e) = s.put(k, v, true) {
+                s.fail(format!("rank {rank} on node {}: {e}", s.info.node), true);
+                return Ok(Some(v2(
+                    "info-putnodeattr-response",
+                    &[("rc", "-1"), ("errmsg", "refused")],
+                )));
+            }
             s.node_attr_put.notify_waiters();
             v2("info-putnodeattr-response", &[("rc", "0")])
         }
@@ -587,7 +680,13 @@ async fn handle<R: tokio::io::AsyncBufRead + Unpin>(
                     &[("rc", "-1"), ("errmsg", "key and value are required")],
                 )));
             };
-            s.put(k, v);
+            if let Err(e) = s.put(k, v, false) {
+                s.fail(format!("rank {rank} on node {}: {e}", s.info.node), true);
+                return Ok(Some(v2(
+                    "kvs-put-response",
+                    &[("rc", "-1"), ("errmsg", "refused")],
+                )));
+            }
             v2("kvs-put-response", &[("rc", "0")])
         }
         "kvs-fence" => match s.fence(rank).await {

@@ -217,3 +217,31 @@ async fn garbage_on_the_socket_is_refused_without_a_panic() {
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_cannot_fill_the_agents_memory() {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (_server, mut fds) =
+        PmiServer::start(info(vec![0], 1), Arc::new(LocalExchange), tx).unwrap();
+    let mut c = V1(BufReader::new(client(fds.pop().unwrap())));
+    let answers = tokio::task::spawn_blocking(move || {
+        c.ask("cmd=init pmi_version=1 pmi_subversion=1");
+        let value = "x".repeat(3000);
+        // A one-rank step may hold 256 KiB: the 88th value of 3 KB is refused.
+        (0..100)
+            .map(|i| c.ask(&format!("cmd=put kvsname=k key=k{i} value={value}")))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    assert_eq!(answers[0], "cmd=put_result rc=0");
+    let refused = answers.iter().position(|a| a.contains("rc=-1")).unwrap();
+    assert_eq!(refused, 87);
+    let Some(PmiEvent::Abort(why)) = rx.recv().await else {
+        panic!("no abort")
+    };
+    assert!(why.contains("more than its budget of 262144"), "{why}");
+    // Messages are cut and cleaned before they reach a status.
+    let long = tidy(&format!("a\nb{}", "é".repeat(2000)));
+    assert!(long.starts_with("a b") && long.ends_with("...") && long.len() <= 1030);
+}

@@ -392,9 +392,19 @@ impl NetLab {
             let ns = lab.netns_name(i);
             let host_side = format!("{}h{i}", lab.tag);
             ip(&["netns", "add", &ns]);
-            ip(&["link", "add", &host_side, "type", "veth", "peer", "name", "eth0", "netns", &ns]);
+            ip(&[
+                "link", "add", &host_side, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+            ]);
             ip(&["link", "set", &host_side, "master", &br, "up"]);
-            ip(&["-n", &ns, "addr", "add", &format!("{}/24", lab.node_ip(i)), "dev", "eth0"]);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{}/24", lab.node_ip(i)),
+                "dev",
+                "eth0",
+            ]);
             ip(&["-n", &ns, "link", "set", "eth0", "up"]);
             ip(&["-n", &ns, "link", "set", "lo", "up"]);
         }

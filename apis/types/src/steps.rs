@@ -78,6 +78,16 @@ pub fn plan(
     if let Some(0) = per_node {
         return Err("tasks per node must be at least 1".into());
     }
+    if let Some(n) = ntasks.filter(|n| u64::from(*n) > MAX_STEP_TASKS) {
+        return Err(format!(
+            "{n} tasks are more than a step may have ({MAX_STEP_TASKS}); ask for fewer"
+        ));
+    }
+    if let Some(k) = per_node.filter(|k| *k > MAX_TASKS_PER_NODE) {
+        return Err(format!(
+            "{k} tasks per node are more than a node runs for one step ({MAX_TASKS_PER_NODE}); ask for fewer"
+        ));
+    }
     let nodes = match (nodes, ntasks, per_node) {
         (Some(0), ..) => return Err("nodes must be at least 1".into()),
         (Some(n), ..) if n > available => {
@@ -98,6 +108,11 @@ pub fn plan(
         ));
     }
     let ntasks = ntasks.unwrap_or(nodes.saturating_mul(per_node.unwrap_or(1)));
+    if ntasks.div_ceil(nodes.max(1)) > MAX_TASKS_PER_NODE {
+        return Err(format!(
+            "{ntasks} tasks on {nodes} node(s) are more than {MAX_TASKS_PER_NODE} per node; ask for fewer tasks or more nodes"
+        ));
+    }
     if ntasks < nodes {
         return Err(format!(
             "{ntasks} task(s) cannot use {nodes} nodes; ask for at most {ntasks} node(s)"
@@ -112,6 +127,11 @@ pub fn plan(
     }
     Ok((nodes, ntasks))
 }
+
+/// The most tasks a step may have in all (as a task group's members).
+pub const MAX_STEP_TASKS: u64 = crate::wellknown::MAX_TASKS;
+/// The most tasks of one step on one node (each is a process the agent starts).
+pub const MAX_TASKS_PER_NODE: u32 = 1024;
 
 /// The global ranks on each of a step's `nnodes` nodes: with `per_node`, at most that many
 /// on each node; else spread as evenly as possible, the remainder on the first nodes
@@ -365,6 +385,15 @@ mod tests {
             .unwrap_err()
             .contains("do not fit"));
         assert!(plan(2, Some(0), None, None).is_err());
+        assert!(plan(2, Some(u32::MAX), None, None)
+            .unwrap_err()
+            .contains("more than a step may have"));
+        assert!(plan(1, Some(2000), None, None)
+            .unwrap_err()
+            .contains("more than 1024 per node"));
+        assert!(plan(1, None, None, Some(5000))
+            .unwrap_err()
+            .contains("per node are more"));
         assert!(plan(0, None, None, None).is_err());
     }
 

@@ -330,3 +330,41 @@ fn task_elements_carry_their_index_in_the_template() {
     assert_eq!(e.args, ["--config=42", "$INDEX"]);
     assert_eq!(e.entrypoint.as_deref(), Some("/usr/bin/sweep"));
 }
+
+#[test]
+fn launch_is_for_steps_and_names_what_it_cannot_do() {
+    let step = |launch: serde_json::Value| {
+        alloc(
+            json!({}),
+            json!({"stepOf": "job", "requeue": {"policy": "never"}, "launch": launch}),
+        )
+    };
+    let ok = errors::<Allocation>(step(
+        json!({"mpi": "pmi2", "distribution": "cyclic", "gpusPerTask": 2}),
+    ));
+    // (The step's owner reference is checked apart.)
+    assert!(!ok.iter().any(|l| l.contains("spec.launch")), "{ok:?}");
+    let e = errors::<Allocation>(step(json!({"mpi": "pmix"})));
+    assert!(
+        e.iter()
+            .any(|l| l.contains("spec.launch.mpi") && l.contains("use pmi2")),
+        "{e:?}"
+    );
+    let e = errors::<Allocation>(step(json!({"gpusPerTask": 0})));
+    assert!(
+        e.iter().any(|l| l.contains("spec.launch.gpusPerTask")),
+        "{e:?}"
+    );
+    // Unknown values are refused by the schema, not ignored.
+    let bad: Result<Allocation, _> = serde_json::from_value(step(json!({"mpi": "openmpi"})));
+    assert!(bad.is_err());
+    let bad: Result<Allocation, _> = serde_json::from_value(step(json!({"cpuBind": "cores"})));
+    assert!(bad.is_err());
+    // Not a step: no task layout to apply it to.
+    let e = errors::<Allocation>(alloc(json!({}), json!({"launch": {"mpi": "pmi2"}})));
+    assert!(
+        e.iter()
+            .any(|l| l.contains("spec.launch") && l.contains("job steps only")),
+        "{e:?}"
+    );
+}
