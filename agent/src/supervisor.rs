@@ -552,7 +552,8 @@ impl Supervisor {
                         ),
                     };
                 let slurm = vars.contains_key("SLURM_JOB_ID");
-                let plans = crate::tasks::plans(&t, alloc, slurm, &ctx.gpus, pmi)?;
+                let cpus = crate::tasks::usable_cpus();
+                let plans = crate::tasks::plans(&t, alloc, slurm, &ctx.gpus, &cpus, pmi)?;
                 let fds = if pmi {
                     self.start_pmi(alloc, &t)?
                 } else {

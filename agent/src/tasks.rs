@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use lattice_apis::steps::{layout, process_mapping};
-use lattice_apis::{Allocation, MpiKind};
+use lattice_apis::{Allocation, CpuBind, MpiKind};
 
 use crate::env::{NTASKS_ANNOTATION, NTASKS_PER_NODE_ANNOTATION};
 use crate::runtime::FIRST_PASSED_FD;
@@ -126,14 +126,37 @@ pub fn task_gpus(gpus: &[u32], per_task: u32, local: usize) -> Option<Vec<u32>> 
     gpus.get(from..from.checked_add(per)?).map(<[u32]>::to_vec)
 }
 
+/// The CPUs of local task `local` of `tasks` when `cpus` are split into equal,
+/// contiguous blocks (the remainder unused).
+pub fn task_cpus(cpus: &[usize], tasks: usize, local: usize) -> Option<Vec<usize>> {
+    let per = cpus.len().checked_div(tasks)?;
+    (per > 0 && local < tasks).then(|| cpus[local * per..(local + 1) * per].to_vec())
+}
+
+/// The CPUs this process may run on (what its tasks share).
+pub fn usable_cpus() -> Vec<usize> {
+    // SAFETY: a plain C struct filled by the kernel.
+    let mut set: nix::libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<nix::libc::cpu_set_t>();
+    // SAFETY: pid 0 is this thread; `set` is large enough.
+    if unsafe { nix::libc::sched_getaffinity(0, size, &mut set) } != 0 {
+        return Vec::new();
+    }
+    (0..nix::libc::CPU_SETSIZE as usize)
+        // SAFETY: the index is within the set.
+        .filter(|c| unsafe { nix::libc::CPU_ISSET(*c, &set) })
+        .collect()
+}
+
 /// Each local task's plan. `slurm`: the `SLURM_*` variables are set for this run;
-/// `gpus`: this node's GPU indices; `pmi`: whether the tasks get PMI sockets (passed at
-/// [`FIRST_PASSED_FD`] onwards, in local order).
+/// `gpus`: this node's GPU indices; `cpus`: the CPUs the tasks share; `pmi`: whether the
+/// tasks get PMI sockets (passed at [`FIRST_PASSED_FD`] onwards, in local order).
 pub fn plans(
     t: &NodeTasks,
     a: &Allocation,
     slurm: bool,
     gpus: &[u32],
+    cpus: &[usize],
     pmi: bool,
 ) -> Result<Vec<TaskPlan>, String> {
     if t.ranks.len() > lattice_apis::steps::MAX_TASKS_PER_NODE as usize {
@@ -153,6 +176,14 @@ pub fn plans(
                 gpus.len()
             ));
         }
+    }
+    let bind_cpus = a.spec.launch.as_ref().and_then(|l| l.cpu_bind) == Some(CpuBind::Cores);
+    if bind_cpus && cpus.len() < t.ranks.len() {
+        return Err(format!(
+            "the step binds each of its {} task(s) on this node to its own CPUs, but the node has {} usable CPU(s); ask for fewer tasks per node or no CPU binding",
+            t.ranks.len(),
+            cpus.len()
+        ));
     }
     let local_size = t.ranks.len().to_string();
     let size = t.size.to_string();
@@ -190,10 +221,22 @@ pub fn plans(
             env.insert("ROCR_VISIBLE_DEVICES", list.clone());
             env.insert("LATTICE_TASK_GPUS", list);
         }
+        let mut task_cpus_list = Vec::new();
+        if bind_cpus {
+            task_cpus_list = task_cpus(cpus, t.ranks.len(), local).unwrap_or_default();
+            env.insert(
+                "LATTICE_TASK_CPUS",
+                task_cpus_list
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
         out.push(TaskPlan {
             env: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
             keep_fd,
-            cpus: Vec::new(),
+            cpus: task_cpus_list,
         });
     }
     Ok(out)
@@ -261,6 +304,7 @@ mod tests {
                 mpi: Some(MpiKind::Pmi2),
                 distribution: Some(Distribution::Cyclic),
                 gpus_per_task: Some(2),
+                cpu_bind: Some(CpuBind::Cores),
             },
         );
         let t = for_step(&a, "n1").unwrap();
@@ -268,7 +312,7 @@ mod tests {
         assert_eq!(t.mapping, "(vector,(0,2,1))");
         assert_eq!(t.jobid, "job.3");
         assert_eq!(t.master.0, "10.0.0.7");
-        let p = plans(&t, &a, true, &[0, 1, 2, 3], true).unwrap();
+        let p = plans(&t, &a, true, &[0, 1, 2, 3], &[0, 1, 2, 3, 4], true).unwrap();
         let e1 = env_of(&p[1]);
         assert_eq!(e1["LATTICE_PROCID"], "3");
         assert_eq!(e1["SLURM_LOCALID"], "1");
@@ -282,11 +326,19 @@ mod tests {
         assert_eq!(e1["PMI_SIZE"], "4");
         assert_eq!(e1["CUDA_VISIBLE_DEVICES"], "2,3");
         assert_eq!(env_of(&p[0])["ROCR_VISIBLE_DEVICES"], "0,1");
+        // Two tasks share five CPUs: two each, the fifth unused.
+        assert_eq!(
+            (p[0].cpus.clone(), p[1].cpus.clone()),
+            (vec![0, 1], vec![2, 3])
+        );
+        assert_eq!(e1["LATTICE_TASK_CPUS"], "2,3");
+        let e = plans(&t, &a, false, &[0, 1, 2, 3], &[7], true).unwrap_err();
+        assert!(e.contains("1 usable CPU"), "{e}");
         // Not enough GPUs: refused, with the numbers.
-        let e = plans(&t, &a, false, &[0, 1, 2], true).unwrap_err();
+        let e = plans(&t, &a, false, &[0, 1, 2], &[0, 1], true).unwrap_err();
         assert!(e.contains("4 in all, but the node has 3"), "{e}");
         // No PMI: no socket.
-        let p = plans(&t, &a, false, &[0, 1, 2, 3], false).unwrap();
+        let p = plans(&t, &a, false, &[0, 1, 2, 3], &[0, 1], false).unwrap();
         assert!(p[0].keep_fd.is_none() && !env_of(&p[0]).contains_key("PMI_FD"));
         assert!(!env_of(&p[0]).contains_key("SLURM_PROCID"));
     }

@@ -337,6 +337,37 @@ async fn tasks_get_torchrun_variables_and_their_own_gpus() {
         ]
     );
 
+    // CPU binding: each task runs on its own share of the node's CPUs, and only there.
+    step(
+        server,
+        "job.3",
+        4,
+        Some(2),
+        json!({"entrypoint": "echo bound=$LATTICE_TASK_CPUS allowed=$(grep Cpus_allowed_list /proc/self/status | cut -f2)",
+               "launch": {"cpuBind": "cores"}}),
+    )
+    .await;
+    let s = ended(server, "job.3", &[a, b]).await;
+    let lines = output(server, "job.3").await;
+    assert_eq!(s.phase(), AllocationPhase::Completed, "{:?}", s.status);
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    for l in &lines {
+        let (bound, allowed) = l
+            .strip_prefix("bound=")
+            .and_then(|r| r.split_once(" allowed="))
+            .unwrap_or_else(|| panic!("{l}"));
+        // The kernel writes ranges (`0-1`); one CPU per task on a two-CPU node.
+        let expand = |list: &str| -> Vec<u32> {
+            list.split(',')
+                .flat_map(|r| match r.split_once('-') {
+                    Some((a, b)) => (a.parse().unwrap()..=b.parse().unwrap()).collect::<Vec<_>>(),
+                    None => vec![r.parse().unwrap()],
+                })
+                .collect()
+        };
+        assert_eq!(expand(bound), expand(allowed), "{l}");
+    }
+
     // More GPUs than the node has: the step fails to start, saying why.
     step(
         server,

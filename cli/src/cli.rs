@@ -265,6 +265,10 @@ pub struct LaunchArgs {
     /// GPUs bound to each task (CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES)
     #[arg(long, value_name = "N")]
     pub gpus_per_task: Option<u32>,
+    /// Bind each task to its own equal share of the node's CPUs (cores), or not (none)
+    /// [default: none]
+    #[arg(long, value_name = "cores|none")]
+    pub cpu_bind: Option<String>,
     /// Extra environment variable for the tasks (repeatable)
     #[arg(long, value_name = "KEY=VALUE")]
     pub env: Vec<String>,

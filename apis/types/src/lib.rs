@@ -93,7 +93,7 @@ pub use syntax::duration;
 
 pub use kinds::allocation::{
     Allocation, AllocationPhase, AllocationSpec, AllocationStatus, Checkpoint, CheckpointStrategy,
-    Connectivity, Constraints, DataMount, Dependency, DependencyCondition, DependencyKind,
+    Connectivity, Constraints, CpuBind, DataMount, Dependency, DependencyCondition, DependencyKind,
     DependencyStatus, Distribution, Environment, ExposedPort, Lifecycle, LifecycleType,
     LivenessProbe, MountAccess, MpiKind, NodeCount, NodeTaskPhase, NodeTaskState, PortProtocol,
     ProbeType, Requeue, RequeuePolicy, Resources, ScalePolicy, ScaleStatus, ScaleTarget,

@@ -79,6 +79,7 @@ pub fn step_launch(
     mpi: Option<&str>,
     distribution: Option<&str>,
     gpus_per_task: Option<u32>,
+    cpu_bind: Option<&str>,
 ) -> Result<Option<lattice_apis::StepLaunch>, String> {
     let l = lattice_apis::StepLaunch {
         mpi: mpi
@@ -88,6 +89,9 @@ pub fn step_launch(
             .map(|d| d.parse().map_err(|e| format!("--distribution: {e}")))
             .transpose()?,
         gpus_per_task,
+        cpu_bind: cpu_bind
+            .map(|c| c.parse().map_err(|e| format!("--cpu-bind: {e}")))
+            .transpose()?,
     };
     Ok((l != lattice_apis::StepLaunch::default()).then_some(l))
 }
@@ -502,8 +506,13 @@ pub async fn launch(
         };
         env.push((k.to_string(), v.to_string()));
     }
-    let launch = step_launch(a.mpi.as_deref(), a.distribution.as_deref(), a.gpus_per_task)
-        .map_err(|e| CliError::new("launch", e).exit_code(exit::USAGE))?;
+    let launch = step_launch(
+        a.mpi.as_deref(),
+        a.distribution.as_deref(),
+        a.gpus_per_task,
+        a.cpu_bind.as_deref(),
+    )
+    .map_err(|e| CliError::new("launch", e).exit_code(exit::USAGE))?;
     let req = StepRequest {
         launch,
         alloc,
@@ -1100,7 +1109,7 @@ pub fn parse_srun_step(args: &[String]) -> Result<SrunStep, String> {
             .map_err(|_| format!("{opt} needs a number, got {v:?}"))
     };
     let (opts, start) = srun_options(args)?;
-    let (mut mpi, mut distribution, mut gpus_per_task) = (None, None, None);
+    let (mut mpi, mut distribution, mut gpus_per_task, mut cpu_bind) = (None, None, None, None);
     for o in opts {
         let v = o.value.clone().unwrap_or_default();
         match o.name.as_str() {
@@ -1111,6 +1120,7 @@ pub fn parse_srun_step(args: &[String]) -> Result<SrunStep, String> {
             "mpi" => mpi = Some(v),
             "m" | "distribution" => distribution = Some(v),
             "gpus-per-task" => gpus_per_task = Some(num(&o.flag, &v)?),
+            "cpu-bind" => cpu_bind = Some(v),
             "D" | "chdir" => st.req.chdir = Some(v),
             "l" | "label" => st.req.label = true,
             // A terminal on the first node (`lattice attach`); srun's `--pty=FD` form
@@ -1133,7 +1143,12 @@ pub fn parse_srun_step(args: &[String]) -> Result<SrunStep, String> {
             )),
         }
     }
-    st.req.launch = step_launch(mpi.as_deref(), distribution.as_deref(), gpus_per_task)?;
+    st.req.launch = step_launch(
+        mpi.as_deref(),
+        distribution.as_deref(),
+        gpus_per_task,
+        cpu_bind.as_deref(),
+    )?;
     st.req.command = args[start.min(args.len())..].to_vec();
     if st.req.command.is_empty() {
         return Err("no command given: srun [OPTIONS] CMD [ARGS...]".into());
@@ -1184,6 +1199,14 @@ mod tests {
         let l = st.req.launch.unwrap();
         assert_eq!(l.distribution, Some(lattice_apis::Distribution::Cyclic));
         assert_eq!(l.gpus_per_task, Some(2));
+        let st = parse_srun_step(&v(&["--cpu-bind=verbose,cores", "a"])).unwrap();
+        assert_eq!(
+            st.req.launch.unwrap().cpu_bind,
+            Some(lattice_apis::CpuBind::Cores)
+        );
+        assert!(parse_srun_step(&v(&["--cpu-bind=map_cpu:0,1", "a"]))
+            .unwrap_err()
+            .contains("unsupported CPU binding"));
         assert!(parse_srun_step(&v(&["--mpi=openmpi", "a"]))
             .unwrap_err()
             .contains("--mpi: unknown MPI type"));

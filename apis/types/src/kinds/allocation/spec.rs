@@ -115,6 +115,40 @@ pub struct StepLaunch {
     /// the GPUs the node reports, in order; a node without enough GPUs fails the step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus_per_task: Option<u32>,
+    /// CPU binding of each task: `none` (the default) or `cores` (the node's CPUs split
+    /// into equal, contiguous blocks, one per local task; `LATTICE_TASK_CPUS` lists it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_bind: Option<CpuBind>,
+}
+
+/// CPU binding of a step's tasks (`spec.launch.cpuBind`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuBind {
+    /// Not bound: every task may run on every CPU of the allocation.
+    #[default]
+    None,
+    /// Each task bound to its own equal share of the node's CPUs.
+    Cores,
+}
+
+impl std::str::FromStr for CpuBind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        // Slurm's `--cpu-bind=[verbose,]TYPE`.
+        let kind = s
+            .split(',')
+            .map(str::trim)
+            .find(|w| !w.eq_ignore_ascii_case("verbose") && !w.eq_ignore_ascii_case("quiet"))
+            .unwrap_or("");
+        match kind.to_ascii_lowercase().as_str() {
+            "none" | "no" => Ok(CpuBind::None),
+            "cores" | "core" | "threads" | "thread" => Ok(CpuBind::Cores),
+            other => Err(format!(
+                "unsupported CPU binding {other:?}: use cores (each task its own share of the node's CPUs) or none"
+            )),
+        }
+    }
 }
 
 /// The process-management interface of a step (`spec.launch.mpi`).
