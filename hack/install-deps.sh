@@ -27,6 +27,7 @@
 #                      mpicc.mpich and MPICH 4 (its built-in PMI-1 client): the agent's PMI
 #                      tests run MPI hello worlds through it; mpiexec.mpich for bench-launch
 #   libpmi2-0-dev      Slurm's libpmi2 (a real PMI-2 client) for the same tests
+#   squashfs-tools     mksquashfs: the agent's uenv tests build the images they mount
 #   kubectl            not a Debian package: see install_kubectl
 #   helm-python-sdk, kubernetes-validate
 #                      render and validate the Helm chart (hack/check-chart.sh): see
@@ -63,6 +64,7 @@ PACKAGES=(
   "mpicc.mpich libmpich-dev"
   "mpiexec.mpich mpich"
   "/usr/include/slurm/pmi2.h libpmi2-0-dev"
+  "mksquashfs squashfs-tools"
 )
 if [ "${1:-}" = --peers ]; then
   PACKAGES+=(

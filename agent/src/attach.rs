@@ -146,7 +146,12 @@ pub async fn attach(
         );
     }
     let (program, args) = command(&ticket, user.as_ref());
+    let mount_ns = match run_mount_ns(&ctx, &rec) {
+        Ok(ns) => ns,
+        Err(why) => return refuse(StatusCode::CONFLICT, why),
+    };
     let spec = SessionSpec {
+        mount_ns,
         program,
         args,
         env,
@@ -241,6 +246,24 @@ struct SessionSpec {
     cgroups: Vec<PathBuf>,
     tty: Option<TerminalSize>,
     stdin: bool,
+    /// The run's own mount namespace (its uenv mounts), entered before anything else.
+    mount_ns: Option<OwnedFd>,
+}
+
+/// The mount namespace of `rec`'s run when it has one of its own (uenv images): its
+/// shim's, which lives as long as the run.
+fn run_mount_ns(ctx: &Ctx, rec: &TaskRecord) -> Result<Option<OwnedFd>, String> {
+    if !rec.uenv_mounted {
+        return Ok(None);
+    }
+    let pid = rec
+        .shim_pid
+        .filter(|p| ctx.runtime.shim_alive(*p, &rec.run_dir))
+        .ok_or("the run's supervisor is gone; its uenv mounts with it")?;
+    std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
+        .map(OwnedFd::from)
+        .map(Some)
+        .map_err(|e| format!("cannot open the run's mount namespace: {e}"))
 }
 
 /// A started session: its process and where its bytes go.
@@ -308,6 +331,7 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
         })
         .unwrap_or_default();
     let tty = spec.tty.is_some();
+    let mount_ns = spec.mount_ns.as_ref().map(|f| f.as_raw_fd());
     let mut pty_master: Option<OwnedFd> = None;
     if let Some(size) = spec.tty {
         let pty = nix::pty::openpty(Some(&winsize(size)), None).map_err(std::io::Error::from)?;
@@ -339,6 +363,12 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
     unsafe {
         cmd.pre_exec(move || {
             crate::runtime::cloexec_inherited();
+            // The run's uenv mounts (a single-threaded child may enter a mount namespace).
+            if let Some(ns) = mount_ns {
+                if libc::setns(ns, libc::CLONE_NEWNS) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }

@@ -82,6 +82,11 @@ pub struct AgentArgs {
     /// most this many nodes plus one exchanges through its first node (a star).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096), env = "LATTICE_PMI_FAN_IN")]
     pub pmi_fan_in: u32,
+    /// Where uenv images come from: a directory or an http(s):// location holding
+    /// `index.json` and the squashfs files it names (unset: allocations that ask for a
+    /// uenv fail to start here, saying so).
+    #[arg(long, env = "LATTICE_UENV_REPO")]
+    pub uenv_repo: Option<String>,
     /// CPU cores to report (default: discovered).
     #[arg(long, env = "LATTICE_CPU_CORES")]
     pub cpu_cores: Option<u32>,
@@ -201,6 +206,10 @@ pub struct ShimArgs {
     /// entry, all in one process group. Absent: one task.
     #[arg(long)]
     pub tasks_fd: Option<i32>,
+    /// `IMAGE=MOUNT`: mount the squashfs image read-only at MOUNT in a private mount
+    /// namespace of the run (uenv), before any task starts.
+    #[arg(long)]
+    pub squashfs: Vec<String>,
     /// Run the workload as this uid (needs root).
     #[arg(long, requires = "gid")]
     pub uid: Option<u32>,
@@ -254,6 +263,8 @@ pub struct Config {
     pub grace_period: Duration,
     /// `--pmi-fan-in`.
     pub pmi_fan_in: u32,
+    /// `--uenv-repo`.
+    pub uenv_repo: Option<String>,
     /// `--cpu-cores`.
     pub cpu_cores: Option<u32>,
     /// `--memory-gb`.
@@ -356,6 +367,7 @@ impl Config {
             heartbeat_interval: a.heartbeat_interval,
             grace_period: a.grace_period,
             pmi_fan_in: a.pmi_fan_in,
+            uenv_repo: a.uenv_repo,
             cpu_cores: a.cpu_cores,
             memory_gb: a.memory_gb,
             gpu_count: a.gpu_count,

@@ -57,3 +57,4 @@ pub mod state;
 pub mod supervisor;
 pub mod tasks;
 pub mod topology;
+pub mod uenv;

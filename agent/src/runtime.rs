@@ -67,6 +67,8 @@ pub struct LaunchSpec {
     /// Descriptors the shim gets at [`FIRST_PASSED_FD`], [`FIRST_PASSED_FD`] + 1, ...
     /// (each task's `keep_fd` names its own); closed in the agent once the shim runs.
     pub fds: Vec<std::os::fd::OwnedFd>,
+    /// uenv images to mount (verified, in the agent's cache) and where.
+    pub squashfs: Vec<crate::uenv::Mount>,
 }
 
 /// The workload environment as the shim reads it: `KEY=VALUE` entries, each ended by a
@@ -200,6 +202,13 @@ impl ProcessRuntime for BareProcess {
             .arg(ENV_FD.to_string());
         for cg in &spec.cgroups {
             cmd.arg("--cgroup").arg(cg);
+        }
+        for m in &spec.squashfs {
+            let (image, target) = (m.image.to_string_lossy(), m.target.to_string_lossy());
+            if image.contains('=') {
+                return Err(format!("uenv image path {image} contains '='"));
+            }
+            cmd.arg("--squashfs").arg(format!("{image}={target}"));
         }
         if let Some(u) = &spec.run_as {
             cmd.arg("--uid")

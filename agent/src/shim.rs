@@ -191,6 +191,18 @@ pub fn run(args: ShimArgs) -> i32 {
         );
         return 2;
     };
+    if !args.squashfs.is_empty() {
+        let mounts: Vec<(String, String)> = args
+            .squashfs
+            .iter()
+            .filter_map(|m| m.split_once('='))
+            .map(|(i, t)| (i.to_string(), t.to_string()))
+            .collect();
+        if let Err(e) = crate::uenv::mount::enter(&mounts) {
+            fail(e);
+            return 2;
+        }
+    }
     let mut tasks = match args.tasks_fd.map(read_tasks).transpose() {
         Ok(t) => t.unwrap_or_default(),
         Err(e) => {

@@ -87,6 +87,13 @@ pub struct TaskRecord {
     /// What the stop's reason leaves out (an MPI abort: which rank, where, why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_message: Option<String>,
+    /// The run has uenv images mounted in its own mount namespace (which attach sessions
+    /// enter).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub uenv_mounted: bool,
+    /// The uenv view's variables: `(name, prepend?, value)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uenv_env: Vec<(String, bool, String)>,
 }
 
 impl TaskRecord {

@@ -245,6 +245,7 @@ pub fn workload_env(
         slurm: ctx.cfg.slurm_env,
         base,
     });
+    crate::uenv::apply(&rec.uenv_env, &mut vars);
     crate::credentials::add_env(&ctx.cfg, &rec.run_dir, &mut vars);
     crate::tasks::training_env(alloc, &ctx.cfg.node, &mut vars);
     vars
@@ -438,6 +439,8 @@ struct Supervisor {
     settle: Option<SettleGuard>,
     /// An MPI step's PMI server on this node (stops when dropped).
     pmi: Option<PmiRun>,
+    /// Why the run could not start, when it is not the generic `StartFailed`.
+    start_reason: Option<&'static str>,
 }
 
 /// A running PMI server and what it reports.
@@ -472,6 +475,7 @@ impl Supervisor {
             latest: None,
             settle: None,
             pmi: None,
+            start_reason: None,
         }
     }
 
@@ -538,6 +542,13 @@ impl Supervisor {
         self.persist();
         let (program, args) = command_line(alloc, &run_dir, user.as_ref(), Some(&ctx.cfg.node))?;
         crate::credentials::prepare(&ctx, alloc, &run_dir, user.as_ref()).await;
+        let squashfs = match self.resolve_uenv(alloc).await {
+            Ok(m) => m,
+            Err(e) => {
+                self.start_reason = Some(node_reason::ENVIRONMENT_UNAVAILABLE);
+                return Err(e);
+            }
+        };
         let vars = workload_env(&ctx, alloc, &self.rec, user.as_ref());
         let (tasks, fds) = match crate::tasks::for_step(alloc, &ctx.cfg.node) {
             None => (Vec::new(), Vec::new()),
@@ -573,6 +584,7 @@ impl Supervisor {
             cgroups: self.rec.cgroups.clone(),
             tasks,
             fds,
+            squashfs,
         };
         let launched = ctx.runtime.launch(&spec).await;
         // The tasks' ends of their PMI sockets are the shim's now.
@@ -601,6 +613,46 @@ impl Supervisor {
         ctx.reporter.wake();
         tracing::info!(allocation = %self.name(), attempt = self.rec.attempt, pid = launched.pid, "started");
         Ok(())
+    }
+
+    /// The uenv images `alloc` asks for (`environment.uenv`, `toolsUenv`), fetched and
+    /// verified into the node's cache; records the view's variables in the run.
+    async fn resolve_uenv(
+        &mut self,
+        alloc: &Allocation,
+    ) -> Result<Vec<crate::uenv::Mount>, String> {
+        let Some(env) = &alloc.spec.environment else {
+            return Ok(Vec::new());
+        };
+        let wanted: Vec<&str> = [env.uenv.as_deref(), env.tools_uenv.as_deref()]
+            .into_iter()
+            .flatten()
+            .collect();
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wanted = wanted.join(",");
+        let Some(repo) = &self.ctx.cfg.uenv_repo else {
+            return Err(format!(
+                "the allocation asks for uenv {wanted}, but node {} has no uenv repository (lattice-agent --uenv-repo)",
+                self.ctx.cfg.node
+            ));
+        };
+        let cache = self.ctx.cfg.state_dir.join("uenv");
+        crate::files::Dir::open(&self.ctx.cfg.state_dir)
+            .and_then(|d| d.ensure_dir("uenv", 0o700))
+            .map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
+        let r = crate::uenv::resolve(
+            &crate::uenv::Repo::from_flag(repo),
+            &cache,
+            &wanted,
+            env.view.as_deref(),
+        )
+        .await?;
+        self.rec.uenv_mounted = !r.mounts.is_empty();
+        self.rec.uenv_env = r.env;
+        self.persist();
+        Ok(r.mounts)
     }
 
     /// Start the PMI server of MPI step `alloc` for this node's tasks `t`; returns the
@@ -895,6 +947,9 @@ impl Supervisor {
             self.rec.start_time,
             lattice_apis::meta::now(),
         );
+        if let Some(r) = self.start_reason {
+            report.reason = Some(r.to_string());
+        }
         if let Some(why) = &self.rec.stop_message {
             report.message = Some(match &report.message {
                 Some(m) => format!("{why}; {m}"),

@@ -98,6 +98,11 @@ pub mod reason {
     /// A node refused to run it as the local account it names (no user, an unknown
     /// one, or root / a system account the tenant's `spec.runAs` does not allow).
     pub const NOT_PERMITTED: &str = "not_permitted";
+    /// A node could not provide the software environment it asks for (an unknown uenv or
+    /// view, an image that fails its checksum, no uenv repository).
+    pub const ENVIRONMENT_UNAVAILABLE: &str = "environment_unavailable";
+    /// An MPI step's rank aborted or died; the step was torn down on every node.
+    pub const MPI_ABORTED: &str = "mpi_aborted";
 }
 
 /// Node-entry reason codes (`status.nodeStates[*].reason`).
@@ -140,6 +145,9 @@ pub mod node_reason {
     /// An MPI step was torn down because one of its ranks called abort or died inside
     /// MPI, on this node or another (the message says which rank, where and why).
     pub const MPI_ABORTED: &str = "MpiAborted";
+    /// The software environment (uenv) could not be provided: nothing ran. Never
+    /// requeued: the next node would refuse it for the same reason.
+    pub const ENVIRONMENT_UNAVAILABLE: &str = "EnvironmentUnavailable";
 }
 
 /// Annotation `"first"`: the script runs on the first assigned node only, as a Slurm
@@ -346,7 +354,12 @@ pub fn aggregate(a: &mut Allocation, now: Time) {
         }
         let node_side = matches!(why, node_reason::LOST | node_reason::START_FAILED);
         // A refusal would only be refused again: never requeued.
-        let refused = matches!(why, node_reason::NOT_BOUND | node_reason::NOT_PERMITTED);
+        let refused = matches!(
+            why,
+            node_reason::NOT_BOUND
+                | node_reason::NOT_PERMITTED
+                | node_reason::ENVIRONMENT_UNAVAILABLE
+        );
         let may_requeue = !refused
             && st.requeue_count < max_requeue
             && match policy {
@@ -406,6 +419,14 @@ fn failure_reason(node: &str, f: &NodeTaskState) -> (&'static str, String) {
         Some(node_reason::NOT_PERMITTED) => {
             (reason::NOT_PERMITTED, format!("refused by {node}{suffix}"))
         }
+        Some(node_reason::ENVIRONMENT_UNAVAILABLE) => (
+            reason::ENVIRONMENT_UNAVAILABLE,
+            format!("software environment unavailable on {node}{suffix}"),
+        ),
+        Some(node_reason::MPI_ABORTED) => (
+            reason::MPI_ABORTED,
+            format!("MPI step aborted (seen on {node}){suffix}"),
+        ),
         Some(node_reason::SIGNALED) => (
             reason::SIGNALED,
             format!(

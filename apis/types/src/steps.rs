@@ -307,6 +307,8 @@ pub fn step_allocation(
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         vcluster: parent.spec.vcluster.clone(),
+        // The same software environment (uenv mounts, view) as the allocation's runs.
+        environment: parent.spec.environment.clone(),
         launch: launch
             .launch
             .clone()

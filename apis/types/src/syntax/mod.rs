@@ -6,7 +6,8 @@
 //! * [`tasks`] — task ranges (job arrays): `0-99`, `0-15:4`, `1,3,5-7`, and `RANGE%N`;
 //! * [`deps`] — dependency strings: `--depends-on` (`prep:success`), Slurm
 //!   `--dependency` (`afterok:1:2`, `after:3+10`, `singleton`) and Flux RFC 26
-//!   (`afterok:ID`, `begin-time:T`, `string:NAME?type=in`).
+//!   (`afterok:ID`, `begin-time:T`, `string:NAME?type=in`);
+//! * [`uenv`] — software environments: `prgenv-gnu/24.11:v1,tools/1.0` and views.
 //!
 //! Slurm-only syntax that no manifest takes (`--time`'s `D-HH:MM:SS` without range
 //! checks, `?` any-of lists, `ID_TASK`) is read by `lattice-compat` on top of these.
@@ -14,3 +15,4 @@
 pub mod deps;
 pub mod duration;
 pub mod tasks;
+pub mod uenv;

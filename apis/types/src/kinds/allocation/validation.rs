@@ -158,6 +158,20 @@ impl AllocationSpec {
             if env.view.is_some() && env.uenv.is_none() {
                 errs.push(format!("{ep}.view"), "needs environment.uenv: a view is activated from a uenv; set uenv or remove view");
             }
+            if env.image.is_some() {
+                errs.push(
+                    format!("{ep}.image"),
+                    "OCI images are not supported by the agents yet; use a uenv (environment.uenv) or remove image",
+                );
+            }
+            for (field, v) in [("uenv", &env.uenv), ("toolsUenv", &env.tools_uenv)] {
+                if let Some(Err(e)) = v.as_deref().map(crate::syntax::uenv::parse) {
+                    errs.push(format!("{ep}.{field}"), e);
+                }
+            }
+            if let Some(Err(e)) = env.view.as_deref().map(crate::syntax::uenv::check_views) {
+                errs.push(format!("{ep}.view"), e);
+            }
             for (field, v) in [
                 ("uenv", &env.uenv),
                 ("view", &env.view),

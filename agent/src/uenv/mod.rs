@@ -1,0 +1,421 @@
+//! uenv: software environments as squashfs images (the seed's ADR-003), mounted read-only
+//! in a private mount namespace of each run of an allocation that asks for them
+//! (`environment.uenv`, `--uenv NAME/VERSION:TAG[,...]`), its job steps and its attach
+//! sessions; a view (`environment.view`, `--view`) puts the image's tools on `PATH`.
+//!
+//! The images come from the node's uenv repository (`--uenv-repo`): a directory or an
+//! `http(s)://` location (an S3 bucket served over HTTP works) holding `index.json`:
+//!
+//! ```json
+//! {"images": [{"name": "prgenv-gnu", "version": "24.11", "tag": "v1",
+//!              "file": "prgenv-gnu-24.11-v1.squashfs", "sha256": "<hex>",
+//!              "mount": "/user-environment",
+//!              "views": {"default": {"prepend": {"PATH": "/user-environment/env/default/bin"},
+//!                                    "set": {"CC": "gcc"}}}}]}
+//! ```
+//!
+//! An image is copied (or downloaded) into `<state-dir>/uenv/<sha256>.squashfs`, its
+//! SHA-256 checked against the index before it is used, and kept there for the next run.
+//! The index is the site's: it names the mount point and the views; the user names only
+//! which image. An image or view the repository does not have fails the run at its start,
+//! naming what the repository has.
+
+pub mod mount;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The largest `index.json` read.
+const MAX_INDEX: u64 = 16 << 20;
+/// The default mount point of an image.
+pub const DEFAULT_MOUNT: &str = "/user-environment";
+
+/// One image in a repository's index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IndexEntry {
+    /// Name, e.g. `prgenv-gnu`.
+    pub name: String,
+    /// Version, e.g. `24.11`.
+    pub version: String,
+    /// Tag, e.g. `v1`.
+    pub tag: String,
+    /// The squashfs file, relative to the repository.
+    pub file: String,
+    /// Its SHA-256 (hex).
+    pub sha256: String,
+    /// Where it is mounted (absolute) [default: `/user-environment`].
+    #[serde(default)]
+    pub mount: Option<String>,
+    /// Views: name → variables.
+    #[serde(default)]
+    pub views: BTreeMap<String, View>,
+}
+
+/// What a view does to the environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct View {
+    /// Put these in front of the variable (`:`-separated), e.g. `PATH`.
+    #[serde(default)]
+    pub prepend: BTreeMap<String, String>,
+    /// Set these.
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+}
+
+/// A repository's `index.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Index {
+    /// The images.
+    pub images: Vec<IndexEntry>,
+}
+
+/// One image asked for: `name[/version][:tag]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanted {
+    /// Name.
+    pub name: String,
+    /// Version (any when absent).
+    pub version: Option<String>,
+    /// Tag (any when absent).
+    pub tag: Option<String>,
+}
+
+impl std::fmt::Display for Wanted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)?;
+        if let Some(v) = &self.version {
+            write!(f, "/{v}")?;
+        }
+        if let Some(t) = &self.tag {
+            write!(f, ":{t}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Parse `environment.uenv` (comma-separated `name[/version][:tag]`).
+pub fn parse(spec: &str) -> Result<Vec<Wanted>, String> {
+    lattice_apis::syntax::uenv::parse(spec).map(|v| {
+        v.into_iter()
+            .map(|(name, version, tag)| Wanted { name, version, tag })
+            .collect()
+    })
+}
+
+/// An image ready to mount, and where.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    /// The verified image in the node's cache.
+    pub image: PathBuf,
+    /// The mount point.
+    pub target: PathBuf,
+}
+
+/// What a run gets of its uenvs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resolved {
+    /// Images to mount.
+    pub mounts: Vec<Mount>,
+    /// The view's variables, as `(name, prepend?, value)`.
+    pub env: Vec<(String, bool, String)>,
+}
+
+/// Where the images come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Repo {
+    /// A directory.
+    Dir(PathBuf),
+    /// An HTTP(S) location (with a trailing `/`).
+    Http(String),
+}
+
+impl Repo {
+    /// `--uenv-repo`.
+    pub fn from_flag(s: &str) -> Repo {
+        if s.starts_with("http://") || s.starts_with("https://") {
+            let mut u = s.to_string();
+            if !u.ends_with('/') {
+                u.push('/');
+            }
+            Repo::Http(u)
+        } else {
+            Repo::Dir(PathBuf::from(s))
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Repo::Dir(d) => d.display().to_string(),
+            Repo::Http(u) => u.clone(),
+        }
+    }
+
+    /// The index.
+    pub async fn index(&self) -> Result<Index, String> {
+        let bytes = match self {
+            Repo::Dir(d) => {
+                let p = d.join("index.json");
+                let f = std::fs::File::open(&p)
+                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                let mut b = Vec::new();
+                f.take(MAX_INDEX)
+                    .read_to_end(&mut b)
+                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                b
+            }
+            Repo::Http(u) => {
+                let url = format!("{u}index.json");
+                let r = reqwest::get(&url)
+                    .await
+                    .and_then(|r| r.error_for_status())
+                    .map_err(|e| format!("cannot fetch {url}: {e}"))?;
+                let b = r
+                    .bytes()
+                    .await
+                    .map_err(|e| format!("cannot fetch {url}: {e}"))?;
+                if b.len() as u64 > MAX_INDEX {
+                    return Err(format!("{url} is larger than {MAX_INDEX} bytes"));
+                }
+                b.to_vec()
+            }
+        };
+        serde_json::from_slice(&bytes)
+            .map_err(|e| format!("the uenv index of {} is not valid: {e}", self.describe()))
+    }
+
+    /// Copy `entry`'s image to `dest` (a new file), checking its SHA-256 on the way.
+    async fn fetch(&self, entry: &IndexEntry, dest: &Path) -> Result<(), String> {
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode_0600()
+            .open(dest)
+            .map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
+        let mut hash = Sha256::new();
+        let mut write = |chunk: &[u8]| -> Result<(), String> {
+            hash.update(chunk);
+            out.write_all(chunk)
+                .map_err(|e| format!("cannot write {}: {e}", dest.display()))
+        };
+        match self {
+            Repo::Dir(d) => {
+                let p = d.join(&entry.file);
+                let mut f = std::fs::File::open(&p)
+                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let n = f
+                        .read(&mut buf)
+                        .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                    if n == 0 {
+                        break;
+                    }
+                    write(&buf[..n])?;
+                }
+            }
+            Repo::Http(u) => {
+                let url = format!("{u}{}", entry.file);
+                let mut r = reqwest::get(&url)
+                    .await
+                    .and_then(|r| r.error_for_status())
+                    .map_err(|e| format!("cannot fetch {url}: {e}"))?;
+                while let Some(chunk) = r
+                    .chunk()
+                    .await
+                    .map_err(|e| format!("cannot fetch {url}: {e}"))?
+                {
+                    write(&chunk)?;
+                }
+            }
+        }
+        let got = hex::encode(hash.finalize());
+        if !got.eq_ignore_ascii_case(&entry.sha256) {
+            return Err(format!(
+                "uenv {}/{}:{} from {}: SHA-256 is {got}, the index says {}; the image is not used",
+                entry.name,
+                entry.version,
+                entry.tag,
+                self.describe(),
+                entry.sha256
+            ));
+        }
+        out.sync_all()
+            .map_err(|e| format!("cannot write {}: {e}", dest.display()))
+    }
+}
+
+trait Mode0600 {
+    fn mode_0600(&mut self) -> &mut Self;
+}
+
+impl Mode0600 for std::fs::OpenOptions {
+    fn mode_0600(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+    }
+}
+
+/// The index entry `w` names: exactly one must match.
+pub fn pick<'a>(index: &'a Index, w: &Wanted, repo: &str) -> Result<&'a IndexEntry, String> {
+    let matches: Vec<&IndexEntry> = index
+        .images
+        .iter()
+        .filter(|e| {
+            e.name == w.name
+                && w.version.as_ref().is_none_or(|v| *v == e.version)
+                && w.tag.as_ref().is_none_or(|t| *t == e.tag)
+        })
+        .collect();
+    let have = || {
+        index
+            .images
+            .iter()
+            .map(|e| format!("{}/{}:{}", e.name, e.version, e.tag))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match matches.as_slice() {
+        [one] => Ok(one),
+        [] => Err(format!(
+            "uenv {w} is not in this node's uenv repository {repo} (it has: {})",
+            have()
+        )),
+        many => Err(format!(
+            "uenv {w} matches {} images in {repo} ({}); name the version and tag",
+            many.len(),
+            many.iter()
+                .map(|e| format!("{}/{}:{}", e.name, e.version, e.tag))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+/// The mount point of `e`: absolute, normal components only.
+fn mount_point(e: &IndexEntry) -> Result<PathBuf, String> {
+    let m = PathBuf::from(e.mount.as_deref().unwrap_or(DEFAULT_MOUNT));
+    let normal = m.is_absolute()
+        && m.components()
+            .skip(1)
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+        && m.components().count() > 1;
+    if !normal {
+        return Err(format!(
+            "the uenv index gives {}/{}:{} the mount point {:?}: it must be an absolute path below /, without . or ..",
+            e.name,
+            e.version,
+            e.tag,
+            m.display()
+        ));
+    }
+    Ok(m)
+}
+
+/// Resolve `uenv` (and `view`) against `repo`, caching the images in `cache`.
+pub async fn resolve(
+    repo: &Repo,
+    cache: &Path,
+    uenv: &str,
+    view: Option<&str>,
+) -> Result<Resolved, String> {
+    let wanted = parse(uenv)?;
+    let index = repo.index().await?;
+    let mut out = Resolved::default();
+    // Everything is checked before anything is fetched.
+    let mut entries: Vec<(&Wanted, &IndexEntry, PathBuf)> = Vec::new();
+    for w in &wanted {
+        let e = pick(&index, w, &repo.describe())?;
+        let target = mount_point(e)?;
+        if entries.iter().any(|(_, _, t)| *t == target) {
+            return Err(format!(
+                "uenv {w} mounts at {} like another uenv of this job; use one of them",
+                target.display()
+            ));
+        }
+        if e.sha256.len() != 64 || !e.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!(
+                "the uenv index gives {w} no valid sha256 (64 hex digits)"
+            ));
+        }
+        entries.push((w, e, target));
+    }
+    for v in view.into_iter().flat_map(|v| v.split(',')).map(str::trim) {
+        if v.is_empty() {
+            continue;
+        }
+        // `name:view` picks the uenv; a bare view is looked up in each, first match.
+        let (which, name) = match v.split_once(':') {
+            Some((u, n)) => (Some(u), n),
+            None => (None, v),
+        };
+        let found = entries
+            .iter()
+            .filter(|(w, ..)| which.is_none_or(|u| u == w.name))
+            .find_map(|(_, e, _)| e.views.get(name));
+        let Some(view) = found else {
+            let known: Vec<String> = entries
+                .iter()
+                .flat_map(|(w, e, _)| e.views.keys().map(move |k| format!("{}:{k}", w.name)))
+                .collect();
+            return Err(format!(
+                "view {v:?} is not in the uenv(s) {uenv} (views: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ));
+        };
+        for (k, val) in &view.prepend {
+            out.env.push((k.clone(), true, val.clone()));
+        }
+        for (k, val) in &view.set {
+            out.env.push((k.clone(), false, val.clone()));
+        }
+    }
+    for (w, e, target) in entries {
+        let image = cache.join(format!("{}.squashfs", e.sha256.to_ascii_lowercase()));
+        if !image.exists() {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let part = cache.join(format!(
+                "{}.part-{}-{}",
+                e.sha256.to_ascii_lowercase(),
+                std::process::id(),
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ));
+            let _ = std::fs::remove_file(&part);
+            let fetched = repo.fetch(e, &part).await;
+            if let Err(err) = fetched {
+                let _ = std::fs::remove_file(&part);
+                return Err(err);
+            }
+            std::fs::rename(&part, &image)
+                .map_err(|err| format!("cannot store {}: {err}", image.display()))?;
+            tracing::info!(uenv = %w, image = %image.display(), "uenv image cached");
+        }
+        out.mounts.push(Mount { image, target });
+    }
+    Ok(out)
+}
+
+/// Apply a view's variables to `env`.
+pub fn apply(view: &[(String, bool, String)], env: &mut BTreeMap<String, String>) {
+    for (k, prepend, v) in view {
+        let value = match (prepend, env.get(k)) {
+            (true, Some(old)) if !old.is_empty() => format!("{v}:{old}"),
+            _ => v.clone(),
+        };
+        env.insert(k.clone(), value);
+    }
+}
+
+#[cfg(test)]
+mod tests;

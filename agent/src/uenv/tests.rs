@@ -1,0 +1,115 @@
+//! Resolving uenvs against a directory repository: lookup, caching, verification, views.
+
+use super::*;
+
+fn repo_with(images: &[(&str, &[u8])]) -> (tempfile::TempDir, Index) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut index = Index::default();
+    for (i, (name, bytes)) in images.iter().enumerate() {
+        let file = format!("{name}.squashfs");
+        std::fs::write(dir.path().join(&file), bytes).unwrap();
+        let mut views = BTreeMap::new();
+        views.insert(
+            "default".to_string(),
+            View {
+                prepend: [("PATH".to_string(), format!("/uenv{i}/bin"))].into(),
+                set: [("CC".to_string(), "gcc".to_string())].into(),
+            },
+        );
+        index.images.push(IndexEntry {
+            name: name.to_string(),
+            version: "1.0".into(),
+            tag: "v1".into(),
+            file,
+            sha256: hex::encode(Sha256::digest(bytes)),
+            mount: Some(format!("/uenv{i}")),
+            views,
+        });
+    }
+    std::fs::write(
+        dir.path().join("index.json"),
+        serde_json::to_vec(&index).unwrap(),
+    )
+    .unwrap();
+    (dir, index)
+}
+
+#[tokio::test]
+async fn images_are_found_verified_cached_and_viewed() {
+    let (repo, _) = repo_with(&[("gnu", b"image one"), ("tools", b"image two")]);
+    let cache = tempfile::tempdir().unwrap();
+    let r = Repo::Dir(repo.path().to_path_buf());
+    let got = resolve(&r, cache.path(), "gnu/1.0:v1,tools", Some("gnu:default"))
+        .await
+        .unwrap();
+    assert_eq!(got.mounts.len(), 2);
+    assert_eq!(got.mounts[0].target, PathBuf::from("/uenv0"));
+    assert_eq!(std::fs::read(&got.mounts[1].image).unwrap(), b"image two");
+    let mut env = BTreeMap::from([("PATH".to_string(), "/usr/bin".to_string())]);
+    apply(&got.env, &mut env);
+    assert_eq!(env["PATH"], "/uenv0/bin:/usr/bin");
+    assert_eq!(env["CC"], "gcc");
+    // Cached: the repository's copy may go; the verified one is used.
+    std::fs::remove_file(repo.path().join("gnu.squashfs")).unwrap();
+    assert!(resolve(&r, cache.path(), "gnu", None).await.is_ok());
+}
+
+#[tokio::test]
+async fn what_the_repository_lacks_or_corrupts_is_refused_by_name() {
+    let (repo, mut index) = repo_with(&[("gnu", b"image one")]);
+    let cache = tempfile::tempdir().unwrap();
+    let r = Repo::Dir(repo.path().to_path_buf());
+    let e = resolve(&r, cache.path(), "nvhpc/24.1", None)
+        .await
+        .unwrap_err();
+    assert!(
+        e.contains("uenv nvhpc/24.1 is not in") && e.contains("gnu/1.0:v1"),
+        "{e}"
+    );
+    let e = resolve(&r, cache.path(), "gnu", Some("spack"))
+        .await
+        .unwrap_err();
+    assert!(
+        e.contains("view \"spack\"") && e.contains("gnu:default"),
+        "{e}"
+    );
+    // A file that does not match the index's SHA-256 is not used (nor kept).
+    index.images[0].sha256 = hex::encode(Sha256::digest(b"something else"));
+    std::fs::write(
+        repo.path().join("index.json"),
+        serde_json::to_vec(&index).unwrap(),
+    )
+    .unwrap();
+    let e = resolve(&r, cache.path(), "gnu", None).await.unwrap_err();
+    assert!(e.contains("SHA-256 is") && e.contains("not used"), "{e}");
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 0);
+    // A mount point the site wrote wrong.
+    index.images[0].sha256 = hex::encode(Sha256::digest(b"image one"));
+    index.images[0].mount = Some("/opt/../etc".into());
+    std::fs::write(
+        repo.path().join("index.json"),
+        serde_json::to_vec(&index).unwrap(),
+    )
+    .unwrap();
+    let e = resolve(&r, cache.path(), "gnu", None).await.unwrap_err();
+    assert!(e.contains("without . or .."), "{e}");
+}
+
+#[test]
+fn mount_points_are_reached_without_links_and_owned_by_root() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
+    assert!(mount::tests_open(&real).is_ok());
+    let e = mount::tests_open(&dir.path().join("link")).unwrap_err();
+    assert!(e.contains("without a link"), "{e}");
+    // Writable by others: refused.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = mount::tests_open(&real).unwrap_err();
+    assert!(e.contains("owned by root"), "{e}");
+}

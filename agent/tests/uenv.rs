@@ -1,0 +1,234 @@
+//! uenv images for real: a squashfs image built with `mksquashfs` (Debian
+//! `squashfs-tools`), served from a repository directory and over HTTP, verified, cached,
+//! and mounted read-only in the run's own mount namespace — seen by the run, its job
+//! steps and its attach sessions, never by the host — with the view's tools on `PATH`.
+//! Needs root (loop devices, mount namespaces).
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use lattice_apis::AllocationPhase;
+use serde_json::json;
+use sha2::Digest;
+
+/// A repository in `dir` with one image, `tools/1.0:v1`, mounted at `mount`, whose view
+/// `default` puts its `bin` on `PATH`.
+fn repository(dir: &Path, mount: &Path) -> PathBuf {
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(tree.join("bin")).unwrap();
+    let tool = tree.join("bin/hello-uenv");
+    std::fs::write(
+        &tool,
+        "#!/bin/sh\necho \"hello from the uenv at $(dirname \"$0\")\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let repo = dir.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    let image = repo.join("tools-1.0-v1.squashfs");
+    let made = Command::new("mksquashfs")
+        .arg(&tree)
+        .arg(&image)
+        .args(["-quiet", "-no-progress", "-noappend", "-all-root"])
+        .status()
+        .expect("mksquashfs (squashfs-tools): run hack/install-deps.sh");
+    assert!(made.success());
+    let sha = hex::encode(sha2::Sha256::digest(std::fs::read(&image).unwrap()));
+    let index = json!({"images": [{
+        "name": "tools", "version": "1.0", "tag": "v1",
+        "file": "tools-1.0-v1.squashfs", "sha256": sha,
+        "mount": mount.display().to_string(),
+        "views": {"default": {"prepend": {"PATH": format!("{}/bin", mount.display())}}},
+    }]});
+    std::fs::write(repo.join("index.json"), index.to_string()).unwrap();
+    repo
+}
+
+fn host_mounts() -> String {
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uenv_is_mounted_for_the_run_its_steps_and_attach_sessions_only() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: mounting a uenv needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mount = dir.path().join("user-environment");
+    std::fs::create_dir(&mount).unwrap();
+    let repo = repository(dir.path(), &mount);
+    let server = Server::start();
+    let root = tempfile::tempdir().unwrap();
+    let node = format!("uenv-{}", std::process::id());
+    let agent = Agent::start(
+        &server,
+        &node,
+        root.path(),
+        &["--uenv-repo", &repo.display().to_string()],
+    );
+
+    let script = format!(
+        "#!/bin/sh\nhello-uenv\ngrep -c ' {m} .* squashfs ' /proc/self/mountinfo\ntouch {m}/x 2>/dev/null || echo read-only\nexec sleep 300\n",
+        m = mount.display()
+    );
+    create(
+        &server,
+        "held",
+        json!({"script": script, "environment": {"uenv": "tools/1.0:v1", "view": "default"}}),
+    )
+    .await;
+    bind(&server, "held", &[&node], Some(600)).await;
+    wait_phase(&server, "held", AllocationPhase::Running).await;
+    let api = server.allocations();
+    let text = wait_for("the run's output", LIMIT, || async {
+        let (_, t) = server.logs("held", "").await;
+        t.contains("read-only").then_some(t)
+    })
+    .await;
+    assert!(
+        text.contains(&format!("hello from the uenv at {}/bin", mount.display())),
+        "{text}\n{}",
+        agent.log()
+    );
+    assert!(
+        text.contains("\n1\n"),
+        "one squashfs at the mount point: {text}"
+    );
+    // The host never sees it.
+    assert!(!host_mounts().contains(&mount.display().to_string()));
+
+    // A job step of the allocation gets the same environment, in its own namespace.
+    // (`lattice launch` copies the allocation's environment into the step, as here.)
+    create_step(
+        &server,
+        "held",
+        "held.0",
+        json!({"entrypoint": "hello-uenv",
+               "environment": {"uenv": "tools/1.0:v1", "view": "default"}}),
+    )
+    .await;
+    let s = wait_terminal(&server, "held.0").await;
+    assert_eq!(
+        s.phase(),
+        AllocationPhase::Completed,
+        "{:?}\n{}",
+        s.status,
+        agent.log()
+    );
+    let (_, out) = server.logs("held.0", "").await;
+    assert!(out.contains("hello from the uenv"), "{out}");
+
+    // An attach session enters the run's namespace.
+    let out = Command::new(workspace_bin("lattice"))
+        .args(["attach", "held", "--", "sh", "-c", "hello-uenv"])
+        .env("LATTICE_API_URL", &server.url)
+        .env("LATTICE_TOKEN", &server.token)
+        .env_remove("LATTICE_TOKEN_FILE")
+        .env_remove("LATTICE_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("lattice attach");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("hello from the uenv"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = api;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: mounting a uenv needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mount = dir.path().join("user-environment");
+    std::fs::create_dir(&mount).unwrap();
+    let repo = repository(dir.path(), &mount);
+    // Served over HTTP as well: the same repository from a web server.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut http = Command::new("python3")
+        .args([
+            "-m",
+            "http.server",
+            "--bind",
+            "127.0.0.1",
+            &port.to_string(),
+        ])
+        .current_dir(&repo)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3");
+    let server = Server::start();
+    let root = tempfile::tempdir().unwrap();
+    let node = format!("uenv-http-{}", std::process::id());
+    let agent = Agent::start(
+        &server,
+        &node,
+        root.path(),
+        &["--uenv-repo", &format!("http://127.0.0.1:{port}/")],
+    );
+    for (name, uenv, want) in [
+        ("good", "tools/1.0", "hello from the uenv"),
+        ("unknown", "nvhpc/24.1:v2", "uenv nvhpc/24.1:v2 is not in"),
+    ] {
+        create(
+            &server,
+            name,
+            json!({"entrypoint": "hello-uenv", "environment": {"uenv": uenv, "view": "default"}}),
+        )
+        .await;
+        bind(&server, name, &[&node], Some(600)).await;
+        let a = wait_terminal(&server, name).await;
+        let said = format!(
+            "{:?} {}",
+            node_state(&a, &node).message,
+            server.logs(name, "").await.1
+        );
+        assert!(said.contains(want), "{name}: {said}\n{}", agent.log());
+    }
+    // Corrupt the image: its SHA-256 no longer matches, so it is never mounted (the agent
+    // cached the good copy, so a new agent state is needed to fetch it again).
+    let image = repo.join("tools-1.0-v1.squashfs");
+    let mut bytes = std::fs::read(&image).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&image, bytes).unwrap();
+    let root2 = tempfile::tempdir().unwrap();
+    let node2 = format!("uenv-bad-{}", std::process::id());
+    let _agent2 = Agent::start(
+        &server,
+        &node2,
+        root2.path(),
+        &["--uenv-repo", &format!("http://127.0.0.1:{port}/")],
+    );
+    create(
+        &server,
+        "corrupt",
+        json!({"entrypoint": "hello-uenv", "environment": {"uenv": "tools"}}),
+    )
+    .await;
+    bind(&server, "corrupt", &[&node2], Some(600)).await;
+    let a = wait_terminal(&server, "corrupt").await;
+    let msg = node_state(&a, &node2).message.clone().unwrap_or_default();
+    assert!(msg.contains("SHA-256 is"), "{msg}");
+    assert_eq!(a.phase(), AllocationPhase::Failed);
+    assert_eq!(
+        a.status.as_ref().and_then(|s| s.reason.as_deref()),
+        Some("environment_unavailable"),
+        "never requeued: the next node would refuse it too"
+    );
+    let _ = http.kill();
+    let _ = http.wait();
+}
