@@ -246,7 +246,8 @@ struct SessionSpec {
     cgroups: Vec<PathBuf>,
     tty: Option<TerminalSize>,
     stdin: bool,
-    /// The run's own mount namespace (its uenv mounts), entered before anything else.
+    /// The run's supervisor (a pidfd), whose mount namespace (its uenv mounts) the session
+    /// enters before anything else.
     mount_ns: Option<OwnedFd>,
 }
 
@@ -256,14 +257,29 @@ fn run_mount_ns(ctx: &Ctx, rec: &TaskRecord) -> Result<Option<OwnedFd>, String> 
     if !rec.uenv_mounted {
         return Ok(None);
     }
-    let pid = rec
-        .shim_pid
-        .filter(|p| ctx.runtime.shim_alive(*p, &rec.run_dir))
-        .ok_or("the run's supervisor is gone; its uenv mounts with it")?;
-    std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
-        .map(OwnedFd::from)
-        .map(Some)
-        .map_err(|e| format!("cannot open the run's mount namespace: {e}"))
+    let gone = "the run's supervisor is gone; its uenv mounts with it";
+    let pid = rec.shim_pid.ok_or(gone)?;
+    // A pidfd pins the process: checked below, it cannot be another one by the time
+    // the session enters its namespace (a pid can be reused, a pidfd cannot).
+    // SAFETY: pidfd_open with a pid and no flags; the result is owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(gone.into());
+    }
+    // SAFETY: a new descriptor of ours.
+    let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    let root_owned = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .map(|ids| ids.split_whitespace().all(|id| id == "0"))
+        })
+        .unwrap_or(false);
+    if !root_owned || !ctx.runtime.shim_alive(pid, &rec.run_dir) {
+        return Err(gone.into());
+    }
+    Ok(Some(pidfd))
 }
 
 /// A started session: its process and where its bytes go.

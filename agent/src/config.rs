@@ -87,6 +87,15 @@ pub struct AgentArgs {
     /// uenv fail to start here, saying so).
     #[arg(long, env = "LATTICE_UENV_REPO")]
     pub uenv_repo: Option<String>,
+    /// The only places a uenv image may be mounted (the repository's index names one of
+    /// them per image); each must be a directory owned by root that no one else writes.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "/user-environment,/user-tools",
+        env = "LATTICE_UENV_MOUNT_POINTS"
+    )]
+    pub uenv_mount_points: Vec<PathBuf>,
     /// CPU cores to report (default: discovered).
     #[arg(long, env = "LATTICE_CPU_CORES")]
     pub cpu_cores: Option<u32>,
@@ -265,6 +274,8 @@ pub struct Config {
     pub pmi_fan_in: u32,
     /// `--uenv-repo`.
     pub uenv_repo: Option<String>,
+    /// `--uenv-mount-points`.
+    pub uenv_mount_points: Vec<PathBuf>,
     /// `--cpu-cores`.
     pub cpu_cores: Option<u32>,
     /// `--memory-gb`.
@@ -368,6 +379,7 @@ impl Config {
             grace_period: a.grace_period,
             pmi_fan_in: a.pmi_fan_in,
             uenv_repo: a.uenv_repo,
+            uenv_mount_points: a.uenv_mount_points,
             cpu_cores: a.cpu_cores,
             memory_gb: a.memory_gb,
             gpu_count: a.gpu_count,

@@ -545,8 +545,11 @@ impl Supervisor {
         let squashfs = match self.resolve_uenv(alloc).await {
             Ok(m) => m,
             Err(e) => {
-                self.start_reason = Some(node_reason::ENVIRONMENT_UNAVAILABLE);
-                return Err(e);
+                // What would fail the same way anywhere is not requeued.
+                if e.permanent {
+                    self.start_reason = Some(node_reason::ENVIRONMENT_UNAVAILABLE);
+                }
+                return Err(e.message);
             }
         };
         let vars = workload_env(&ctx, alloc, &self.rec, user.as_ref());
@@ -620,7 +623,8 @@ impl Supervisor {
     async fn resolve_uenv(
         &mut self,
         alloc: &Allocation,
-    ) -> Result<Vec<crate::uenv::Mount>, String> {
+    ) -> Result<Vec<crate::uenv::Mount>, crate::uenv::UenvError> {
+        use crate::uenv::UenvError;
         let Some(env) = &alloc.spec.environment else {
             return Ok(Vec::new());
         };
@@ -633,18 +637,29 @@ impl Supervisor {
         }
         let wanted = wanted.join(",");
         let Some(repo) = &self.ctx.cfg.uenv_repo else {
-            return Err(format!(
-                "the allocation asks for uenv {wanted}, but node {} has no uenv repository (lattice-agent --uenv-repo)",
-                self.ctx.cfg.node
-            ));
+            return Err(UenvError {
+                message: format!(
+                    "the allocation asks for uenv {wanted}, but node {} has no uenv repository (lattice-agent --uenv-repo)",
+                    self.ctx.cfg.node
+                ),
+                permanent: true,
+            });
         };
+        let repo = crate::uenv::Repo::from_flag(repo).map_err(|message| UenvError {
+            message,
+            permanent: true,
+        })?;
         let cache = self.ctx.cfg.state_dir.join("uenv");
         crate::files::Dir::open(&self.ctx.cfg.state_dir)
             .and_then(|d| d.ensure_dir("uenv", 0o700))
-            .map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
+            .map_err(|e| UenvError {
+                message: format!("cannot create {}: {e}", cache.display()),
+                permanent: false,
+            })?;
         let r = crate::uenv::resolve(
-            &crate::uenv::Repo::from_flag(repo),
+            &repo,
             &cache,
+            &self.ctx.cfg.uenv_mount_points,
             &wanted,
             env.view.as_deref(),
         )

@@ -69,7 +69,12 @@ async fn a_uenv_is_mounted_for_the_run_its_steps_and_attach_sessions_only() {
         &server,
         &node,
         root.path(),
-        &["--uenv-repo", &repo.display().to_string()],
+        &[
+            "--uenv-repo",
+            &repo.display().to_string(),
+            "--uenv-mount-points",
+            &mount.display().to_string(),
+        ],
     );
 
     let script = format!(
@@ -177,7 +182,12 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
         &server,
         &node,
         root.path(),
-        &["--uenv-repo", &format!("http://127.0.0.1:{port}/")],
+        &[
+            "--uenv-repo",
+            &format!("http://127.0.0.1:{port}/"),
+            "--uenv-mount-points",
+            &mount.display().to_string(),
+        ],
     );
     for (name, uenv, want) in [
         ("good", "tools/1.0", "hello from the uenv"),
@@ -197,6 +207,14 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
             server.logs(name, "").await.1
         );
         assert!(said.contains(want), "{name}: {said}\n{}", agent.log());
+        if name == "unknown" {
+            // Never requeued: every node would refuse it the same way.
+            assert_eq!(a.phase(), AllocationPhase::Failed);
+            assert_eq!(
+                a.status.as_ref().and_then(|s| s.reason.as_deref()),
+                Some("environment_unavailable")
+            );
+        }
     }
     // Corrupt the image: its SHA-256 no longer matches, so it is never mounted (the agent
     // cached the good copy, so a new agent state is needed to fetch it again).
@@ -211,12 +229,18 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
         &server,
         &node2,
         root2.path(),
-        &["--uenv-repo", &format!("http://127.0.0.1:{port}/")],
+        &[
+            "--uenv-repo",
+            &format!("http://127.0.0.1:{port}/"),
+            "--uenv-mount-points",
+            &mount.display().to_string(),
+        ],
     );
     create(
         &server,
         "corrupt",
-        json!({"entrypoint": "hello-uenv", "environment": {"uenv": "tools"}}),
+        json!({"entrypoint": "hello-uenv", "environment": {"uenv": "tools"},
+               "requeue": {"policy": "never"}}),
     )
     .await;
     bind(&server, "corrupt", &[&node2], Some(600)).await;
@@ -224,10 +248,10 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
     let msg = node_state(&a, &node2).message.clone().unwrap_or_default();
     assert!(msg.contains("SHA-256 is"), "{msg}");
     assert_eq!(a.phase(), AllocationPhase::Failed);
+    // A bad copy may be fixed: an ordinary start failure (requeued by the default policy).
     assert_eq!(
         a.status.as_ref().and_then(|s| s.reason.as_deref()),
-        Some("environment_unavailable"),
-        "never requeued: the next node would refuse it too"
+        Some("start_failed")
     );
     let _ = http.kill();
     let _ = http.wait();

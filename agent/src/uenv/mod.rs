@@ -54,6 +54,9 @@ pub struct IndexEntry {
     /// Views: name → variables.
     #[serde(default)]
     pub views: BTreeMap<String, View>,
+    /// The file's size in bytes (a fetch stops beyond it).
+    #[serde(default)]
+    pub size: Option<u64>,
 }
 
 /// What a view does to the environment.
@@ -127,6 +130,44 @@ pub struct Resolved {
     pub env: Vec<(String, bool, String)>,
 }
 
+/// The largest image fetched when the index gives no `size`.
+const MAX_IMAGE: u64 = 256 << 30;
+/// Free space a fetch leaves on the agent's disk (scratch and state live there too).
+const KEEP_FREE: u64 = 2 << 30;
+/// How long a repository may be silent.
+const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Why a uenv could not be had: `permanent` when another node or a later try would fail
+/// the same way (an unknown image or view, a wrong index), so the run is not requeued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UenvError {
+    /// What went wrong, naming what was asked for.
+    pub message: String,
+    /// Fails everywhere, every time.
+    pub permanent: bool,
+}
+
+impl UenvError {
+    fn permanent(message: impl Into<String>) -> Self {
+        UenvError {
+            message: message.into(),
+            permanent: true,
+        }
+    }
+    fn passing(message: impl Into<String>) -> Self {
+        UenvError {
+            message: message.into(),
+            permanent: false,
+        }
+    }
+}
+
+impl std::fmt::Display for UenvError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// Where the images come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Repo {
@@ -136,17 +177,39 @@ pub enum Repo {
     Http(String),
 }
 
+/// Whether `url`'s host is this machine (where plain HTTP cannot be tampered with on the
+/// way).
+fn loopback(url: &str) -> bool {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let host = rest.split('/').next().unwrap_or("");
+    let host = match host.strip_prefix('[') {
+        Some(h) => h.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 impl Repo {
-    /// `--uenv-repo`.
-    pub fn from_flag(s: &str) -> Repo {
+    /// `--uenv-repo`: a directory, an `https://` location, or `http://` on this machine
+    /// only (the index carries the checksums: it must not be open to tampering on the
+    /// network).
+    pub fn from_flag(s: &str) -> Result<Repo, String> {
+        if s.starts_with("http://") && !loopback(s) {
+            return Err(format!(
+                "--uenv-repo {s}: plain http:// is accepted only from this machine (the index, which carries the images' checksums, could be changed on the way); use https:// or a directory"
+            ));
+        }
         if s.starts_with("http://") || s.starts_with("https://") {
             let mut u = s.to_string();
             if !u.ends_with('/') {
                 u.push('/');
             }
-            Repo::Http(u)
+            Ok(Repo::Http(u))
         } else {
-            Repo::Dir(PathBuf::from(s))
+            Ok(Repo::Dir(PathBuf::from(s)))
         }
     }
 
@@ -157,102 +220,216 @@ impl Repo {
         }
     }
 
+    fn client() -> Result<reqwest::Client, UenvError> {
+        reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .read_timeout(READ_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| UenvError::passing(format!("cannot make an HTTP client: {e}")))
+    }
+
     /// The index.
-    pub async fn index(&self) -> Result<Index, String> {
+    pub async fn index(&self) -> Result<Index, UenvError> {
         let bytes = match self {
             Repo::Dir(d) => {
                 let p = d.join("index.json");
                 let f = std::fs::File::open(&p)
-                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                    .map_err(|e| UenvError::passing(format!("cannot read {}: {e}", p.display())))?;
                 let mut b = Vec::new();
-                f.take(MAX_INDEX)
+                f.take(MAX_INDEX + 1)
                     .read_to_end(&mut b)
-                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                    .map_err(|e| UenvError::passing(format!("cannot read {}: {e}", p.display())))?;
                 b
             }
             Repo::Http(u) => {
                 let url = format!("{u}index.json");
-                let r = reqwest::get(&url)
+                let mut r = Self::client()?
+                    .get(&url)
+                    .send()
                     .await
                     .and_then(|r| r.error_for_status())
-                    .map_err(|e| format!("cannot fetch {url}: {e}"))?;
-                let b = r
-                    .bytes()
+                    .map_err(|e| UenvError::passing(format!("cannot fetch {url}: {e}")))?;
+                let mut b = Vec::new();
+                while let Some(chunk) = r
+                    .chunk()
                     .await
-                    .map_err(|e| format!("cannot fetch {url}: {e}"))?;
-                if b.len() as u64 > MAX_INDEX {
-                    return Err(format!("{url} is larger than {MAX_INDEX} bytes"));
+                    .map_err(|e| UenvError::passing(format!("cannot fetch {url}: {e}")))?
+                {
+                    b.extend_from_slice(&chunk);
+                    if b.len() as u64 > MAX_INDEX {
+                        break;
+                    }
                 }
-                b.to_vec()
+                b
             }
         };
-        serde_json::from_slice(&bytes)
-            .map_err(|e| format!("the uenv index of {} is not valid: {e}", self.describe()))
+        if bytes.len() as u64 > MAX_INDEX {
+            return Err(UenvError::permanent(format!(
+                "the uenv index of {} is larger than {MAX_INDEX} bytes",
+                self.describe()
+            )));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| {
+            UenvError::permanent(format!(
+                "the uenv index of {} is not valid: {e}",
+                self.describe()
+            ))
+        })
     }
 
-    /// Copy `entry`'s image to `dest` (a new file), checking its SHA-256 on the way.
-    async fn fetch(&self, entry: &IndexEntry, dest: &Path) -> Result<(), String> {
-        let mut out = std::fs::OpenOptions::new()
+    /// Copy `entry`'s image to `dest` (a new file), checking its size and SHA-256 on the
+    /// way and leaving [`KEEP_FREE`] of the disk.
+    async fn fetch(&self, entry: &IndexEntry, dest: &Path) -> Result<(), UenvError> {
+        let file = Path::new(&entry.file);
+        let plain = !entry.file.is_empty()
+            && file
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(UenvError::permanent(format!(
+                "the uenv index gives {}/{}:{} the file {:?}: it must be a path inside the repository, without / at the start or ..",
+                entry.name, entry.version, entry.tag, entry.file
+            )));
+        }
+        let limit = entry.size.unwrap_or(MAX_IMAGE);
+        let out = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode_0600()
             .open(dest)
-            .map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
-        let mut hash = Sha256::new();
-        let mut write = |chunk: &[u8]| -> Result<(), String> {
-            hash.update(chunk);
-            out.write_all(chunk)
-                .map_err(|e| format!("cannot write {}: {e}", dest.display()))
+            .map_err(|e| UenvError::passing(format!("cannot create {}: {e}", dest.display())))?;
+        let mut sink = Sink {
+            out,
+            hash: Sha256::new(),
+            written: 0,
+            limit,
+            dest: dest.to_path_buf(),
+            checked_at: 0,
         };
         match self {
             Repo::Dir(d) => {
-                let p = d.join(&entry.file);
-                let mut f = std::fs::File::open(&p)
-                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-                let mut buf = vec![0u8; 1 << 20];
-                loop {
-                    let n = f
-                        .read(&mut buf)
-                        .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-                    if n == 0 {
-                        break;
-                    }
-                    write(&buf[..n])?;
+                let p = d.join(file);
+                let mut src = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags_nofollow()
+                    .open(&p)
+                    .map_err(|e| UenvError::passing(format!("cannot read {}: {e}", p.display())))?;
+                let meta = src
+                    .metadata()
+                    .map_err(|e| UenvError::passing(format!("cannot read {}: {e}", p.display())))?;
+                if !meta.is_file() {
+                    return Err(UenvError::permanent(format!(
+                        "{} is not a regular file",
+                        p.display()
+                    )));
                 }
+                // Reading a large image blocks: not on the async workers.
+                sink = tokio::task::spawn_blocking(move || {
+                    let mut buf = vec![0u8; 1 << 20];
+                    loop {
+                        let n = src.read(&mut buf).map_err(|e| {
+                            UenvError::passing(format!("cannot read {}: {e}", p.display()))
+                        })?;
+                        if n == 0 {
+                            return Ok(sink);
+                        }
+                        sink.write(&buf[..n])?;
+                    }
+                })
+                .await
+                .map_err(|e| UenvError::passing(format!("copy task failed: {e}")))??;
             }
             Repo::Http(u) => {
                 let url = format!("{u}{}", entry.file);
-                let mut r = reqwest::get(&url)
+                let mut r = Self::client()?
+                    .get(&url)
+                    .send()
                     .await
                     .and_then(|r| r.error_for_status())
-                    .map_err(|e| format!("cannot fetch {url}: {e}"))?;
+                    .map_err(|e| UenvError::passing(format!("cannot fetch {url}: {e}")))?;
                 while let Some(chunk) = r
                     .chunk()
                     .await
-                    .map_err(|e| format!("cannot fetch {url}: {e}"))?
+                    .map_err(|e| UenvError::passing(format!("cannot fetch {url}: {e}")))?
                 {
-                    write(&chunk)?;
+                    sink.write(&chunk)?;
                 }
             }
         }
-        let got = hex::encode(hash.finalize());
+        if entry.size.is_some_and(|s| s != sink.written) {
+            return Err(UenvError::passing(format!(
+                "uenv {}/{}:{} from {}: {} bytes, the index says {}",
+                entry.name,
+                entry.version,
+                entry.tag,
+                self.describe(),
+                sink.written,
+                limit
+            )));
+        }
+        let got = hex::encode(sink.hash.finalize());
         if !got.eq_ignore_ascii_case(&entry.sha256) {
-            return Err(format!(
+            return Err(UenvError::passing(format!(
                 "uenv {}/{}:{} from {}: SHA-256 is {got}, the index says {}; the image is not used",
                 entry.name,
                 entry.version,
                 entry.tag,
                 self.describe(),
                 entry.sha256
-            ));
+            )));
         }
-        out.sync_all()
-            .map_err(|e| format!("cannot write {}: {e}", dest.display()))
+        sink.out
+            .sync_all()
+            .map_err(|e| UenvError::passing(format!("cannot write {}: {e}", dest.display())))
+    }
+}
+
+/// Where a fetched image goes: hashed, counted, bounded.
+struct Sink {
+    out: std::fs::File,
+    hash: Sha256,
+    written: u64,
+    limit: u64,
+    dest: PathBuf,
+    checked_at: u64,
+}
+
+impl Sink {
+    fn write(&mut self, chunk: &[u8]) -> Result<(), UenvError> {
+        self.written += chunk.len() as u64;
+        if self.written > self.limit {
+            return Err(UenvError::passing(format!(
+                "{}: the image is larger than {} bytes",
+                self.dest.display(),
+                self.limit
+            )));
+        }
+        if self.written - self.checked_at >= 64 << 20 || self.checked_at == 0 {
+            self.checked_at = self.written;
+            // The field types differ between platforms.
+            #[allow(clippy::unnecessary_cast)]
+            let free = nix::sys::statvfs::fstatvfs(&self.out)
+                .map(|v| v.blocks_available() as u64 * v.fragment_size() as u64)
+                .unwrap_or(u64::MAX);
+            if free < KEEP_FREE {
+                return Err(UenvError::passing(format!(
+                    "{}: less than {} GiB left on the agent's disk; the image is not fetched",
+                    self.dest.display(),
+                    KEEP_FREE >> 30
+                )));
+            }
+        }
+        self.hash.update(chunk);
+        self.out
+            .write_all(chunk)
+            .map_err(|e| UenvError::passing(format!("cannot write {}: {e}", self.dest.display())))
     }
 }
 
 trait Mode0600 {
     fn mode_0600(&mut self) -> &mut Self;
+    fn custom_flags_nofollow(&mut self) -> &mut Self;
 }
 
 impl Mode0600 for std::fs::OpenOptions {
@@ -261,10 +438,14 @@ impl Mode0600 for std::fs::OpenOptions {
         self.mode(0o600)
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
     }
+    fn custom_flags_nofollow(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK)
+    }
 }
 
 /// The index entry `w` names: exactly one must match.
-pub fn pick<'a>(index: &'a Index, w: &Wanted, repo: &str) -> Result<&'a IndexEntry, String> {
+pub fn pick<'a>(index: &'a Index, w: &Wanted, repo: &str) -> Result<&'a IndexEntry, UenvError> {
     let matches: Vec<&IndexEntry> = index
         .images
         .iter()
@@ -284,37 +465,42 @@ pub fn pick<'a>(index: &'a Index, w: &Wanted, repo: &str) -> Result<&'a IndexEnt
     };
     match matches.as_slice() {
         [one] => Ok(one),
-        [] => Err(format!(
+        [] => Err(UenvError::permanent(format!(
             "uenv {w} is not in this node's uenv repository {repo} (it has: {})",
             have()
-        )),
-        many => Err(format!(
+        ))),
+        many => Err(UenvError::permanent(format!(
             "uenv {w} matches {} images in {repo} ({}); name the version and tag",
             many.len(),
             many.iter()
                 .map(|e| format!("{}/{}:{}", e.name, e.version, e.tag))
                 .collect::<Vec<_>>()
                 .join(", ")
-        )),
+        ))),
     }
 }
 
-/// The mount point of `e`: absolute, normal components only.
-fn mount_point(e: &IndexEntry) -> Result<PathBuf, String> {
+/// The mount point of `e`: one of the node's `allowed` ones (`--uenv-mount-points`).
+fn mount_point(e: &IndexEntry, allowed: &[PathBuf]) -> Result<PathBuf, UenvError> {
     let m = PathBuf::from(e.mount.as_deref().unwrap_or(DEFAULT_MOUNT));
     let normal = m.is_absolute()
         && m.components()
             .skip(1)
             .all(|c| matches!(c, std::path::Component::Normal(_)))
         && m.components().count() > 1;
-    if !normal {
-        return Err(format!(
-            "the uenv index gives {}/{}:{} the mount point {:?}: it must be an absolute path below /, without . or ..",
+    if !normal || !allowed.contains(&m) {
+        return Err(UenvError::permanent(format!(
+            "the uenv index gives {}/{}:{} the mount point {:?}, which is not one this node mounts uenvs at ({}; lattice-agent --uenv-mount-points)",
             e.name,
             e.version,
             e.tag,
-            m.display()
-        ));
+            m.display(),
+            allowed
+                .iter()
+                .map(|a| a.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
     }
     Ok(m)
 }
@@ -323,27 +509,28 @@ fn mount_point(e: &IndexEntry) -> Result<PathBuf, String> {
 pub async fn resolve(
     repo: &Repo,
     cache: &Path,
+    allowed: &[PathBuf],
     uenv: &str,
     view: Option<&str>,
-) -> Result<Resolved, String> {
-    let wanted = parse(uenv)?;
+) -> Result<Resolved, UenvError> {
+    let wanted = parse(uenv).map_err(UenvError::permanent)?;
     let index = repo.index().await?;
     let mut out = Resolved::default();
     // Everything is checked before anything is fetched.
     let mut entries: Vec<(&Wanted, &IndexEntry, PathBuf)> = Vec::new();
     for w in &wanted {
         let e = pick(&index, w, &repo.describe())?;
-        let target = mount_point(e)?;
+        let target = mount_point(e, allowed)?;
         if entries.iter().any(|(_, _, t)| *t == target) {
-            return Err(format!(
+            return Err(UenvError::permanent(format!(
                 "uenv {w} mounts at {} like another uenv of this job; use one of them",
                 target.display()
-            ));
+            )));
         }
         if e.sha256.len() != 64 || !e.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!(
+            return Err(UenvError::permanent(format!(
                 "the uenv index gives {w} no valid sha256 (64 hex digits)"
-            ));
+            )));
         }
         entries.push((w, e, target));
     }
@@ -365,14 +552,14 @@ pub async fn resolve(
                 .iter()
                 .flat_map(|(w, e, _)| e.views.keys().map(move |k| format!("{}:{k}", w.name)))
                 .collect();
-            return Err(format!(
+            return Err(UenvError::permanent(format!(
                 "view {v:?} is not in the uenv(s) {uenv} (views: {})",
                 if known.is_empty() {
                     "none".to_string()
                 } else {
                     known.join(", ")
                 }
-            ));
+            )));
         };
         for (k, val) in &view.prepend {
             out.env.push((k.clone(), true, val.clone()));
@@ -382,8 +569,27 @@ pub async fn resolve(
         }
     }
     for (w, e, target) in entries {
-        let image = cache.join(format!("{}.squashfs", e.sha256.to_ascii_lowercase()));
+        let sha = e.sha256.to_ascii_lowercase();
+        let image = cache.join(format!("{sha}.squashfs"));
+        // One fetch of an image at a time; the others wait for it and use its result.
+        let lock = {
+            static FETCHES: std::sync::LazyLock<
+                std::sync::Mutex<BTreeMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>,
+            > = std::sync::LazyLock::new(Default::default);
+            let mut m = FETCHES.lock().unwrap_or_else(|p| p.into_inner());
+            m.entry(sha.clone()).or_default().clone()
+        };
+        let _fetching = lock.lock().await;
         if !image.exists() {
+            // What an interrupted fetch of this image left.
+            if let Ok(dir) = std::fs::read_dir(cache) {
+                let prefix = format!("{sha}.part-");
+                for f in dir.flatten() {
+                    if f.file_name().to_string_lossy().starts_with(&prefix) {
+                        let _ = std::fs::remove_file(f.path());
+                    }
+                }
+            }
             static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
             let part = cache.join(format!(
                 "{}.part-{}-{}",
@@ -397,8 +603,9 @@ pub async fn resolve(
                 let _ = std::fs::remove_file(&part);
                 return Err(err);
             }
-            std::fs::rename(&part, &image)
-                .map_err(|err| format!("cannot store {}: {err}", image.display()))?;
+            std::fs::rename(&part, &image).map_err(|err| {
+                UenvError::passing(format!("cannot store {}: {err}", image.display()))
+            })?;
             tracing::info!(uenv = %w, image = %image.display(), "uenv image cached");
         }
         out.mounts.push(Mount { image, target });

@@ -168,13 +168,14 @@ pub fn enter(mounts: &[(String, String)]) -> Result<(), String> {
                 std::io::Error::last_os_error()
             ));
         }
-        // Nothing mounted here propagates back to the host.
+        // Nothing mounted here propagates back to the host (mounts the host makes later,
+        // an automounted home, still reach the run).
         let root = cstr("/")?;
         if libc::mount(
             std::ptr::null(),
             root.as_ptr(),
             std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
+            libc::MS_REC | libc::MS_SLAVE,
             std::ptr::null(),
         ) < 0
         {

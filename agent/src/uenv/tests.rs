@@ -24,6 +24,7 @@ fn repo_with(images: &[(&str, &[u8])]) -> (tempfile::TempDir, Index) {
             sha256: hex::encode(Sha256::digest(bytes)),
             mount: Some(format!("/uenv{i}")),
             views,
+            size: Some(bytes.len() as u64),
         });
     }
     std::fs::write(
@@ -34,14 +35,24 @@ fn repo_with(images: &[(&str, &[u8])]) -> (tempfile::TempDir, Index) {
     (dir, index)
 }
 
+fn allowed() -> Vec<PathBuf> {
+    vec![PathBuf::from("/uenv0"), PathBuf::from("/uenv1")]
+}
+
 #[tokio::test]
 async fn images_are_found_verified_cached_and_viewed() {
     let (repo, _) = repo_with(&[("gnu", b"image one"), ("tools", b"image two")]);
     let cache = tempfile::tempdir().unwrap();
     let r = Repo::Dir(repo.path().to_path_buf());
-    let got = resolve(&r, cache.path(), "gnu/1.0:v1,tools", Some("gnu:default"))
-        .await
-        .unwrap();
+    let got = resolve(
+        &r,
+        cache.path(),
+        &allowed(),
+        "gnu/1.0:v1,tools",
+        Some("gnu:default"),
+    )
+    .await
+    .unwrap();
     assert_eq!(got.mounts.len(), 2);
     assert_eq!(got.mounts[0].target, PathBuf::from("/uenv0"));
     assert_eq!(std::fs::read(&got.mounts[1].image).unwrap(), b"image two");
@@ -51,7 +62,9 @@ async fn images_are_found_verified_cached_and_viewed() {
     assert_eq!(env["CC"], "gcc");
     // Cached: the repository's copy may go; the verified one is used.
     std::fs::remove_file(repo.path().join("gnu.squashfs")).unwrap();
-    assert!(resolve(&r, cache.path(), "gnu", None).await.is_ok());
+    assert!(resolve(&r, cache.path(), &allowed(), "gnu", None)
+        .await
+        .is_ok());
 }
 
 #[tokio::test]
@@ -59,16 +72,20 @@ async fn what_the_repository_lacks_or_corrupts_is_refused_by_name() {
     let (repo, mut index) = repo_with(&[("gnu", b"image one")]);
     let cache = tempfile::tempdir().unwrap();
     let r = Repo::Dir(repo.path().to_path_buf());
-    let e = resolve(&r, cache.path(), "nvhpc/24.1", None)
+    let e = resolve(&r, cache.path(), &allowed(), "nvhpc/24.1", None)
         .await
         .unwrap_err();
+    assert!(e.permanent);
+    let e = e.message;
     assert!(
         e.contains("uenv nvhpc/24.1 is not in") && e.contains("gnu/1.0:v1"),
         "{e}"
     );
-    let e = resolve(&r, cache.path(), "gnu", Some("spack"))
+    let e = resolve(&r, cache.path(), &allowed(), "gnu", Some("spack"))
         .await
         .unwrap_err();
+    assert!(e.permanent);
+    let e = e.message;
     assert!(
         e.contains("view \"spack\"") && e.contains("gnu:default"),
         "{e}"
@@ -80,19 +97,58 @@ async fn what_the_repository_lacks_or_corrupts_is_refused_by_name() {
         serde_json::to_vec(&index).unwrap(),
     )
     .unwrap();
-    let e = resolve(&r, cache.path(), "gnu", None).await.unwrap_err();
-    assert!(e.contains("SHA-256 is") && e.contains("not used"), "{e}");
-    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 0);
+    let e = resolve(&r, cache.path(), &allowed(), "gnu", None)
+        .await
+        .unwrap_err();
+    assert!(!e.permanent, "a bad copy may be fixed: {e}");
+    assert!(
+        e.message.contains("SHA-256 is") && e.message.contains("not used"),
+        "{e}"
+    );
+    let left: Vec<String> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(left.iter().all(|f| !f.contains(".part-")), "{left:?}");
     // A mount point the site wrote wrong.
     index.images[0].sha256 = hex::encode(Sha256::digest(b"image one"));
-    index.images[0].mount = Some("/opt/../etc".into());
+    for bad in ["/opt/../etc", "/etc", "/uenv0/../etc"] {
+        index.images[0].mount = Some(bad.into());
+        std::fs::write(
+            repo.path().join("index.json"),
+            serde_json::to_vec(&index).unwrap(),
+        )
+        .unwrap();
+        let e = resolve(&r, cache.path(), &allowed(), "gnu", None)
+            .await
+            .unwrap_err();
+        assert!(
+            e.permanent && e.message.contains("not one this node mounts"),
+            "{e}"
+        );
+    }
+    // A file outside the repository.
+    index.images[0].mount = None;
+    index.images[0].file = "../../etc/shadow".into();
     std::fs::write(
         repo.path().join("index.json"),
         serde_json::to_vec(&index).unwrap(),
     )
     .unwrap();
-    let e = resolve(&r, cache.path(), "gnu", None).await.unwrap_err();
-    assert!(e.contains("without . or .."), "{e}");
+    let e = resolve(
+        &r,
+        cache.path(),
+        &[PathBuf::from(DEFAULT_MOUNT)],
+        "gnu",
+        None,
+    )
+    .await
+    .unwrap_err();
+    assert!(e.message.contains("inside the repository"), "{e}");
+    // Plain HTTP from elsewhere: refused; from this machine: fine.
+    assert!(Repo::from_flag("http://uenv.example.org/repo").is_err());
+    assert!(Repo::from_flag("http://127.0.0.1:8080/repo").is_ok());
+    assert!(Repo::from_flag("https://uenv.example.org/repo").is_ok());
 }
 
 #[test]

@@ -2,6 +2,9 @@
 //! `NAME[/VERSION][:TAG]`, e.g. `prgenv-gnu/24.11:v1,tools/1.0`. Names, versions and tags
 //! are letters, digits and `._+-`, up to 64 characters each.
 
+/// The most images one allocation mounts (`uenv` and `toolsUenv` together).
+pub const MAX_UENVS: usize = 8;
+
 /// One reference: name, version, tag.
 pub type Ref = (String, Option<String>, Option<String>);
 
@@ -38,8 +41,11 @@ pub fn parse(spec: &str) -> Result<Vec<Ref>, String> {
         };
         out.push((part("name", name, item)?, version, tag));
     }
-    if out.len() > 8 {
-        return Err(format!("{spec:?} names {} uenvs; at most 8", out.len()));
+    if out.len() > MAX_UENVS {
+        return Err(format!(
+            "{spec:?} names {} uenvs; at most {MAX_UENVS}",
+            out.len()
+        ));
     }
     Ok(out)
 }

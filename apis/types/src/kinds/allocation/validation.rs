@@ -164,10 +164,22 @@ impl AllocationSpec {
                     "OCI images are not supported by the agents yet; use a uenv (environment.uenv) or remove image",
                 );
             }
+            let mut count = 0;
             for (field, v) in [("uenv", &env.uenv), ("toolsUenv", &env.tools_uenv)] {
-                if let Some(Err(e)) = v.as_deref().map(crate::syntax::uenv::parse) {
-                    errs.push(format!("{ep}.{field}"), e);
+                match v.as_deref().map(crate::syntax::uenv::parse) {
+                    Some(Err(e)) => errs.push(format!("{ep}.{field}"), e),
+                    Some(Ok(refs)) => count += refs.len(),
+                    None => {}
                 }
+            }
+            if count > crate::syntax::uenv::MAX_UENVS {
+                errs.push(
+                    format!("{ep}.toolsUenv"),
+                    format!(
+                        "uenv and toolsUenv name {count} images together; at most {}",
+                        crate::syntax::uenv::MAX_UENVS
+                    ),
+                );
             }
             if let Some(Err(e)) = env.view.as_deref().map(crate::syntax::uenv::check_views) {
                 errs.push(format!("{ep}.view"), e);
