@@ -175,6 +175,16 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("python3");
+    // Serving before the first run asks (a refused connection would be a passing
+    // failure, requeued).
+    let deadline = std::time::Instant::now() + LIMIT;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the HTTP server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let server = Server::start();
     let root = tempfile::tempdir().unwrap();
     let node = format!("uenv-http-{}", std::process::id());

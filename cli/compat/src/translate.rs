@@ -844,6 +844,20 @@ fn finish(
                     "write e.g. --uenv=prgenv-gnu/24.11:v1".into(),
                 ));
             }
+            // The API's grammar, checked here so the error names the script's line.
+            let checked = match name {
+                "view" => lattice_apis::syntax::uenv::check_views(v),
+                _ => lattice_apis::syntax::uenv::parse(v).map(drop),
+            };
+            if let Err(e) = checked {
+                return Err(reject(
+                    &st,
+                    &[name],
+                    v,
+                    e,
+                    "write e.g. --uenv=prgenv-gnu/24.11:v1 --view=default".into(),
+                ));
+            }
         }
     }
     if let Some(p) = &st.project {

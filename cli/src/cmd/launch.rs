@@ -1120,7 +1120,14 @@ pub fn parse_srun_step(args: &[String]) -> Result<SrunStep, String> {
             "mpi" => mpi = Some(v),
             "m" | "distribution" => distribution = Some(v),
             "gpus-per-task" => gpus_per_task = Some(num(&o.flag, &v)?),
-            "cpu-bind" => cpu_bind = Some(v),
+            // Slurm's other forms (map_cpu:, mask_cpu:, sockets, ...) are not honoured:
+            // said, not an error, so scripts that use them still run.
+            "cpu-bind" => match v.parse::<lattice_apis::CpuBind>() {
+                Ok(_) => cpu_bind = Some(v),
+                Err(e) => st
+                    .warnings
+                    .push(format!("{}: {e}; the tasks are not bound", o.shown)),
+            },
             "D" | "chdir" => st.req.chdir = Some(v),
             "l" | "label" => st.req.label = true,
             // A terminal on the first node (`lattice attach`); srun's `--pty=FD` form
@@ -1204,9 +1211,13 @@ mod tests {
             st.req.launch.unwrap().cpu_bind,
             Some(lattice_apis::CpuBind::Cores)
         );
-        assert!(parse_srun_step(&v(&["--cpu-bind=map_cpu:0,1", "a"]))
-            .unwrap_err()
-            .contains("unsupported CPU binding"));
+        let st = parse_srun_step(&v(&["--cpu-bind=map_cpu:0,1", "a"])).unwrap();
+        assert!(st.req.launch.is_none());
+        assert!(
+            st.warnings[0].contains("unsupported CPU binding"),
+            "{:?}",
+            st.warnings
+        );
         assert!(parse_srun_step(&v(&["--mpi=openmpi", "a"]))
             .unwrap_err()
             .contains("--mpi: unknown MPI type"));
@@ -1244,6 +1255,9 @@ mod tests {
         let value = |name: &str| match name {
             "export" => "NONE",
             "chdir" | "D" => "/tmp",
+            "mpi" => "pmi2",
+            "distribution" | "m" => "block",
+            "cpu-bind" => "cores",
             _ => "2",
         };
         for name in SRUN_LONG_WITH_VALUE {

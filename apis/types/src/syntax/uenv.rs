@@ -11,13 +11,14 @@ pub type Ref = (String, Option<String>, Option<String>);
 fn part(what: &str, s: &str, whole: &str) -> Result<String, String> {
     let ok = !s.is_empty()
         && s.len() <= 64
+        && s.as_bytes()[0].is_ascii_alphanumeric()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'+' | b'-'));
     if ok {
         Ok(s.to_string())
     } else {
         Err(format!(
-            "{whole:?}: the {what} {s:?} must be 1 to 64 letters, digits or ._+- (e.g. prgenv-gnu/24.11:v1)"
+            "{whole:?}: the {what} {s:?} must be 1 to 64 letters, digits or ._+-, starting with a letter or digit (e.g. prgenv-gnu/24.11:v1)"
         ))
     }
 }

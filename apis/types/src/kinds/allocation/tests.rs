@@ -358,7 +358,7 @@ fn launch_is_for_steps_and_names_what_it_cannot_do() {
     // Unknown values are refused by the schema, not ignored.
     let bad: Result<Allocation, _> = serde_json::from_value(step(json!({"mpi": "openmpi"})));
     assert!(bad.is_err());
-    let bad: Result<Allocation, _> = serde_json::from_value(step(json!({"cpuBind": "cores"})));
+    let bad: Result<Allocation, _> = serde_json::from_value(step(json!({"cpuBind": "sockets"})));
     assert!(bad.is_err());
     // Not a step: no task layout to apply it to.
     let e = errors::<Allocation>(alloc(json!({}), json!({"launch": {"mpi": "pmi2"}})));
