@@ -162,19 +162,29 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let mut http = Command::new("python3")
-        .args([
-            "-m",
-            "http.server",
-            "--bind",
-            "127.0.0.1",
-            &port.to_string(),
-        ])
-        .current_dir(&repo)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("python3");
+    /// The web server goes with the test, passed or failed.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _http = Killed(
+        Command::new("python3")
+            .args([
+                "-m",
+                "http.server",
+                "--bind",
+                "127.0.0.1",
+                &port.to_string(),
+            ])
+            .current_dir(&repo)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3"),
+    );
     // Serving before the first run asks (a refused connection would be a passing
     // failure, requeued).
     let deadline = std::time::Instant::now() + LIMIT;
@@ -263,6 +273,4 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
         a.status.as_ref().and_then(|s| s.reason.as_deref()),
         Some("start_failed")
     );
-    let _ = http.kill();
-    let _ = http.wait();
 }
