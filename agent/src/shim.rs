@@ -118,13 +118,13 @@ fn write_json<T: Serialize>(dir: Option<&Dir>, name: &str, v: &T) {
     }
 }
 
-/// The workload's environment from the descriptor the agent passed (then closed).
-fn read_env(fd: i32) -> std::io::Result<Vec<(String, String)>> {
+/// What the agent wrote on descriptor `fd` (a memory file), which is closed after.
+fn read_passed(fd: i32, flag: &str) -> std::io::Result<Vec<u8>> {
     use std::io::{Seek, SeekFrom};
     use std::os::fd::FromRawFd;
     if fd <= 2 {
         return Err(std::io::Error::other(format!(
-            "--env-fd {fd} is a standard stream"
+            "{flag} {fd} is a standard stream"
         )));
     }
     // SAFETY: the agent passed this descriptor for us alone; the File closes it.
@@ -132,7 +132,12 @@ fn read_env(fd: i32) -> std::io::Result<Vec<(String, String)>> {
     f.seek(SeekFrom::Start(0))?;
     let mut bytes = Vec::new();
     f.read_to_end(&mut bytes)?;
-    Ok(crate::runtime::decode_env(&bytes))
+    Ok(bytes)
+}
+
+/// The workload's environment from the descriptor the agent passed.
+fn read_env(fd: i32) -> std::io::Result<Vec<(String, String)>> {
+    read_passed(fd, "--env-fd").map(|b| crate::runtime::decode_env(&b))
 }
 
 /// Run the shim; returns the process exit code.
@@ -388,21 +393,9 @@ pub struct TaskPlan {
     pub cpus: Vec<usize>,
 }
 
-/// The task plans from the descriptor the agent passed (then closed).
+/// The task plans from the descriptor the agent passed.
 fn read_tasks(fd: i32) -> std::io::Result<Vec<TaskPlan>> {
-    use std::io::{Seek, SeekFrom};
-    use std::os::fd::FromRawFd;
-    if fd <= 2 {
-        return Err(std::io::Error::other(format!(
-            "--tasks-fd {fd} is a standard stream"
-        )));
-    }
-    // SAFETY: the agent passed this descriptor for us alone; the File closes it.
-    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
-    f.seek(SeekFrom::Start(0))?;
-    let mut bytes = Vec::new();
-    f.read_to_end(&mut bytes)?;
-    serde_json::from_slice(&bytes).map_err(std::io::Error::other)
+    serde_json::from_slice(&read_passed(fd, "--tasks-fd")?).map_err(std::io::Error::other)
 }
 
 /// Start one task in the run's process group (`group`: the first task's pid; a new group

@@ -48,6 +48,21 @@ fn repository(dir: &Path, mount: &Path) -> PathBuf {
     repo
 }
 
+/// An agent for `node` taking its uenvs from `repo`, mounting them at `mount`.
+fn uenv_agent(server: &Server, node: &str, root: &Path, repo: &str, mount: &Path) -> Agent {
+    Agent::start(
+        server,
+        node,
+        root,
+        &[
+            "--uenv-repo",
+            repo,
+            "--uenv-mount-points",
+            &mount.display().to_string(),
+        ],
+    )
+}
+
 fn host_mounts() -> String {
     std::fs::read_to_string("/proc/self/mountinfo").unwrap()
 }
@@ -65,16 +80,12 @@ async fn a_uenv_is_mounted_for_the_run_its_steps_and_attach_sessions_only() {
     let server = Server::start();
     let root = tempfile::tempdir().unwrap();
     let node = format!("uenv-{}", std::process::id());
-    let agent = Agent::start(
+    let agent = uenv_agent(
         &server,
         &node,
         root.path(),
-        &[
-            "--uenv-repo",
-            &repo.display().to_string(),
-            "--uenv-mount-points",
-            &mount.display().to_string(),
-        ],
+        &repo.display().to_string(),
+        &mount,
     );
 
     let script = format!(
@@ -198,16 +209,12 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
     let server = Server::start();
     let root = tempfile::tempdir().unwrap();
     let node = format!("uenv-http-{}", std::process::id());
-    let agent = Agent::start(
+    let agent = uenv_agent(
         &server,
         &node,
         root.path(),
-        &[
-            "--uenv-repo",
-            &format!("http://127.0.0.1:{port}/"),
-            "--uenv-mount-points",
-            &mount.display().to_string(),
-        ],
+        &format!("http://127.0.0.1:{port}/"),
+        &mount,
     );
     for (name, uenv, want) in [
         ("good", "tools/1.0", "hello from the uenv"),
@@ -245,16 +252,12 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
     std::fs::write(&image, bytes).unwrap();
     let root2 = tempfile::tempdir().unwrap();
     let node2 = format!("uenv-bad-{}", std::process::id());
-    let _agent2 = Agent::start(
+    let _agent2 = uenv_agent(
         &server,
         &node2,
         root2.path(),
-        &[
-            "--uenv-repo",
-            &format!("http://127.0.0.1:{port}/"),
-            "--uenv-mount-points",
-            &mount.display().to_string(),
-        ],
+        &format!("http://127.0.0.1:{port}/"),
+        &mount,
     );
     create(
         &server,

@@ -229,6 +229,26 @@ impl Repo {
             .map_err(|e| UenvError::passing(format!("cannot make an HTTP client: {e}")))
     }
 
+    /// GET `url`, handing each chunk of the body to `take` until it says `false`.
+    async fn download(
+        url: &str,
+        mut take: impl FnMut(&[u8]) -> Result<bool, UenvError>,
+    ) -> Result<(), UenvError> {
+        let failed = |e: reqwest::Error| UenvError::passing(format!("cannot fetch {url}: {e}"));
+        let mut r = Self::client()?
+            .get(url)
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .map_err(failed)?;
+        while let Some(chunk) = r.chunk().await.map_err(failed)? {
+            if !take(&chunk)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// The index.
     pub async fn index(&self) -> Result<Index, UenvError> {
         let bytes = match self {
@@ -243,24 +263,13 @@ impl Repo {
                 b
             }
             Repo::Http(u) => {
-                let url = format!("{u}index.json");
-                let mut r = Self::client()?
-                    .get(&url)
-                    .send()
-                    .await
-                    .and_then(|r| r.error_for_status())
-                    .map_err(|e| UenvError::passing(format!("cannot fetch {url}: {e}")))?;
                 let mut b = Vec::new();
-                while let Some(chunk) = r
-                    .chunk()
-                    .await
-                    .map_err(|e| UenvError::passing(format!("cannot fetch {url}: {e}")))?
-                {
-                    b.extend_from_slice(&chunk);
-                    if b.len() as u64 > MAX_INDEX {
-                        break;
-                    }
-                }
+                Self::download(&format!("{u}index.json"), |chunk| {
+                    b.extend_from_slice(chunk);
+                    // Past the limit: enough to say so.
+                    Ok(b.len() as u64 <= MAX_INDEX)
+                })
+                .await?;
                 b
             }
         };
@@ -341,20 +350,10 @@ impl Repo {
                 .map_err(|e| UenvError::passing(format!("copy task failed: {e}")))??;
             }
             Repo::Http(u) => {
-                let url = format!("{u}{}", entry.file);
-                let mut r = Self::client()?
-                    .get(&url)
-                    .send()
-                    .await
-                    .and_then(|r| r.error_for_status())
-                    .map_err(|e| UenvError::passing(format!("cannot fetch {url}: {e}")))?;
-                while let Some(chunk) = r
-                    .chunk()
-                    .await
-                    .map_err(|e| UenvError::passing(format!("cannot fetch {url}: {e}")))?
-                {
-                    sink.write(&chunk)?;
-                }
+                Self::download(&format!("{u}{}", entry.file), |chunk| {
+                    sink.write(chunk).map(|()| true)
+                })
+                .await?;
             }
         }
         if entry.size.is_some_and(|s| s != sink.written) {
