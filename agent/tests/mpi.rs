@@ -110,13 +110,20 @@ async fn ended(server: &Server, name: &str, agents: &[&Agent]) -> Allocation {
 struct Cluster {
     a: Agent,
     b: Agent,
+    /// More agents (`node-c`, ...) when asked for.
+    more: Vec<Agent>,
     server: Server,
     lab: Option<NetLab>,
 }
 
 fn cluster(extra: &[&str]) -> (Cluster, tempfile::TempDir) {
+    cluster_of(2, extra)
+}
+
+/// [`cluster`] with `n` (at least 2) agents.
+fn cluster_of(n: usize, extra: &[&str]) -> (Cluster, tempfile::TempDir) {
     let root = tempfile::tempdir().unwrap();
-    let lab = NetLab::new(2);
+    let lab = NetLab::new(n);
     let server = match &lab {
         Some(l) => Server::start_serving_agents_on(&l.host_ip(), &[]),
         None => Server::start(),
@@ -131,7 +138,53 @@ fn cluster(extra: &[&str]) -> (Cluster, tempfile::TempDir) {
         Agent::start_in(&server, node, root.path(), &args, ns.as_deref())
     };
     let (a, b) = (agent(0, "node-a"), agent(1, "node-b"));
-    (Cluster { a, b, server, lab }, root)
+    let more = (2..n)
+        .map(|i| agent(i, &format!("node-{}", (b'a' + i as u8) as char)))
+        .collect();
+    (
+        Cluster {
+            a,
+            b,
+            more,
+            server,
+            lab,
+        },
+        root,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_runs_over_a_tree_above_the_fan_in() {
+    // Fan-in 1 over three nodes: node-c reports to node-b, node-b to node-a; every put
+    // still reaches every rank.
+    let bins = tempfile::tempdir().unwrap();
+    let hello = build(bins.path(), "hello.c", "hello");
+    let (c, _root) = cluster_of(3, &["--pmi-fan-in", "1"]);
+    let server = &c.server;
+    parent(server, &["node-a", "node-b", "node-c"]).await;
+    step(
+        server,
+        "job.0",
+        6,
+        None,
+        json!({"entrypoint": hello.display().to_string(), "args": [], "launch": {"mpi": "pmi2"}}),
+    )
+    .await;
+    let agents: Vec<&Agent> = [&c.a, &c.b].into_iter().chain(&c.more).collect();
+    let s = ended(server, "job.0", &agents).await;
+    let lines = output(server, "job.0").await;
+    assert_eq!(
+        s.phase(),
+        AllocationPhase::Completed,
+        "{:?}\n{lines:?}",
+        s.status
+    );
+    assert_eq!(
+        lines,
+        (0..6)
+            .map(|r| format!("hello rank={r} size=6 sum=15"))
+            .collect::<Vec<_>>()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,6 +431,11 @@ async fn tasks_get_torchrun_variables_and_their_own_gpus() {
     )
     .await;
     let s: Allocation = ended(server, "job.2", &[a, b]).await;
-    let msg = node_state(&s, "node-a").message.clone().unwrap_or_default();
+    // The step fails with the first node's report, whichever node it came from.
+    let msg = s
+        .status
+        .as_ref()
+        .and_then(|st| st.message.clone())
+        .unwrap_or_default();
     assert!(msg.contains("the node has 4"), "{msg}");
 }
