@@ -54,14 +54,15 @@ B=$LATTICE_BIN
 work=$(mktemp -d)
 chmod 755 "$work"   # munged (user munge) must reach its socket under it
 pids=()
+lattice=()       # the CLI with the API's address and token, once the server is up
 holder=""        # Lattice's holder allocation, cancelled before its agents stop
 slurm_holder=""  # Slurm's, cancelled before slurmd stops (its slurmstepd would outlive it)
 cleanup() {
   # The agents' task shims outlive an agent by design: end the holder's tasks first.
   if [ -n "$holder" ]; then
-    "$B/lattice" cancel "$holder" >/dev/null 2>&1 || true
+    "${lattice[@]}" cancel "$holder" >/dev/null 2>&1 || true
     for _ in $(seq 100); do
-      [ "$("$B/lattice" status "$holder" --state active --count 2>/dev/null || echo 0)" = 0 ] && break
+      [ "$("${lattice[@]}" status "$holder" --state active --count 2>/dev/null || echo 0)" = 0 ] && break
       sleep 0.1
     done
   fi
@@ -85,11 +86,13 @@ mpicc.mpich -O2 -o "$hello" agent/tests/mpi/hello.c
 
 # The median of numbers, one per line on stdin; an even count's mean of the middle two.
 median_of() {
-  sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+  sort -g | awk '{ v[NR] = $1 }
+    END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 # timed N CMD...: runs CMD (a launch of N ranks) and prints the seconds from its start to
-# its exit; stops the benchmark unless it exited 0 with N correct hello lines.
+# its exit; stops the benchmark unless it exited 0 with N correct hello lines (each launch
+# has 5 minutes, so that a wire-up that hangs fails it).
 timed() {
   local n=$1 t0 t1 got
   shift
@@ -125,7 +128,7 @@ bench() {
 
 # ---------------------------------------------------------------- mpiexec
 echo "==> mpiexec.mpich -n N (hydra, one node), $RUNS runs per rank count"
-launch_mpiexec() { mpiexec.mpich -n "$1" -genv HWLOC_COMPONENTS -gl "$hello"; }
+launch_mpiexec() { timeout 300 mpiexec.mpich -n "$1" -genv HWLOC_COMPONENTS -gl "$hello"; }
 bench mpiexec
 
 # ---------------------------------------------------------------- Lattice
@@ -140,7 +143,7 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 token=$(cat "$work/server/admin.token")
-export LATTICE_API_URL="http://$api" LATTICE_TOKEN_FILE="$work/server/admin.token"
+lattice=("$B/lattice" --api-url "http://$api" --token-file "$work/server/admin.token")
 # The agents run the tasks as this user (--unknown-user agent): as root, that needs tenant
 # default's leave (spec.runAs.allowUsers), as `lattice up` gives it; without root there
 # are no cgroups to limit them with.
@@ -151,7 +154,7 @@ cgroups=(); [ "$(id -u)" -eq 0 ] || cgroups=(--no-cgroups)
 for i in 1 2 3 4; do
   # Each agent enrolls with a single-use bootstrap token and talks mutual TLS, as in production.
   mkdir -p "$work/agents/node-0$i"
-  "$B/lattice" admin node bootstrap-token --node "node-0$i" --ttl 10m | tail -1 >"$work/agents/node-0$i.token"
+  "${lattice[@]}" admin node bootstrap-token --node "node-0$i" --ttl 10m | tail -1 >"$work/agents/node-0$i.token"
   "$B/lattice-agent" --node-id "node-0$i" --ca-file "$work/server/pki/ca.crt" \
     --bootstrap-token-file "$work/agents/node-0$i.token" \
     --api-url "https://$tls" --state-dir "$work/agents/node-0$i" "${cgroups[@]}" \
@@ -164,21 +167,21 @@ for _ in $(seq 300); do
   [ "$ready" -ge 4 ] && break
   sleep 0.1
 done
-holder=$("$B/lattice" submit -N 4 --walltime 1h --name launch-holder --parsable -- sleep 3600)
+holder=$("${lattice[@]}" submit -N 4 --walltime 1h --name launch-holder --parsable -- sleep 3600)
 for _ in $(seq 300); do
-  [ "$("$B/lattice" status "$holder" --state running --count)" = 1 ] && break
+  [ "$("${lattice[@]}" status "$holder" --state running --count)" = 1 ] && break
   sleep 0.1
 done
-[ "$("$B/lattice" status "$holder" --state running --count)" = 1 ] \
-  || { echo "holder allocation $holder is not running" >&2; "$B/lattice" status "$holder" >&2; exit 1; }
+[ "$("${lattice[@]}" status "$holder" --state running --count)" = 1 ] \
+  || { echo "holder allocation $holder is not running" >&2; "${lattice[@]}" status "$holder" >&2; exit 1; }
 launch_lattice() {
-  "$B/lattice" launch --alloc="$holder" --mpi=pmi2 --ntasks "$1" --tasks-per-node "$2" \
+  timeout 300 "${lattice[@]}" launch --alloc="$holder" --mpi=pmi2 --ntasks "$1" --tasks-per-node "$2" \
     --env HWLOC_COMPONENTS=-gl -- "$hello"
 }
 bench lattice
-"$B/lattice" cancel "$holder" >/dev/null
+"${lattice[@]}" cancel "$holder" >/dev/null
 for _ in $(seq 100); do
-  [ "$("$B/lattice" status "$holder" --state active --count)" = 0 ] && break
+  [ "$("${lattice[@]}" status "$holder" --state active --count)" = 0 ] && break
   sleep 0.1
 done
 holder=""
@@ -200,8 +203,8 @@ done
 [ "$($NS squeue -h -j "$slurm_holder" -o %t)" = R ] \
   || { echo "holder job $slurm_holder is not running" >&2; $NS squeue >&2; exit 1; }
 launch_slurm() {
-  $NS srun --jobid="$slurm_holder" -N4 -n "$1" --ntasks-per-node="$2" --overcommit --mpi=pmi2 \
-    --export=ALL,HWLOC_COMPONENTS=-gl "$hello"
+  timeout 300 nsenter --net="/run/netns/$SLURM_NETNS" srun --jobid="$slurm_holder" -N4 -n "$1" \
+    --ntasks-per-node="$2" --overcommit --mpi=pmi2 --export=ALL,HWLOC_COMPONENTS=-gl "$hello"
 }
 bench slurm
 

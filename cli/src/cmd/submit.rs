@@ -462,7 +462,8 @@ fn rejected(alloc: &Value, tenant: Option<&Value>, e: ClientError) -> CliError {
 }
 
 /// Polls an allocation until it reaches a terminal phase; `on_change` sees every new phase.
-/// Returns the final object, or `None` when interrupted.
+/// Returns the final object, or `None` when interrupted. The first looks come quickly (a
+/// step whose output just ended is usually over within milliseconds), then once a second.
 pub async fn wait_terminal(
     ctx: &Ctx,
     ns: &str,
@@ -473,6 +474,7 @@ pub async fn wait_terminal(
     let path = workload::object("allocations", Some(ns), name);
     let mut last = String::new();
     let mut failures = 0;
+    let mut pause = Duration::from_millis(25);
     loop {
         match ctx.client.get(&path).await {
             Ok(a) => {
@@ -499,8 +501,9 @@ pub async fn wait_terminal(
         }
         tokio::select! {
             _ = &mut *shutdown => return Ok(None),
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = tokio::time::sleep(pause) => {}
         }
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
