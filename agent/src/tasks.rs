@@ -244,8 +244,20 @@ pub fn plans(
 
 /// The variables every task of a run shares that a distributed-training launcher reads:
 /// `MASTER_ADDR`, `MASTER_PORT`, `NODE_RANK`, and for a run that is not a step (one
-/// process per node) `RANK`/`WORLD_SIZE` by node.
+/// process per node) `RANK`/`WORLD_SIZE` by node. What the allocation's `spec.env` sets
+/// itself is left alone (these are not Lattice's names); a step's tasks get their own
+/// ranks regardless ([`plans`]).
 pub fn training_env(a: &Allocation, node: &str, env: &mut BTreeMap<String, String>) {
+    let mut ours = BTreeMap::new();
+    training_defaults(a, node, &mut ours);
+    for (k, v) in ours {
+        if !a.spec.env.contains_key(&k) {
+            env.insert(k, v);
+        }
+    }
+}
+
+fn training_defaults(a: &Allocation, node: &str, env: &mut BTreeMap<String, String>) {
     let nodes: &[String] = a
         .status
         .as_ref()
@@ -368,5 +380,10 @@ mod tests {
         let mut e = BTreeMap::new();
         training_env(&c, "n1", &mut e);
         assert_eq!((e["RANK"].as_str(), e["WORLD_SIZE"].as_str()), ("1", "2"));
+        // The allocation's own value of such a name wins.
+        c.spec.env.insert("MASTER_PORT".into(), "29500".into());
+        let mut e = c.spec.env.clone();
+        training_env(&c, "n1", &mut e);
+        assert_eq!(e["MASTER_PORT"], "29500");
     }
 }
