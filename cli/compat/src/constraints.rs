@@ -100,7 +100,7 @@ impl Builder {
             }
             ConstraintExpr::Feature { .. } => {
                 let clauses = self.cnf(e)?;
-                self.clauses.extend(clauses);
+                self.add(clauses)?;
             }
             ConstraintExpr::Compare { key, cmp, value } => self.compare(key, cmp, value)?,
             ConstraintExpr::Or { items, matching } => {
@@ -125,9 +125,20 @@ impl Builder {
                     ));
                 }
                 let clauses = self.cnf(e)?;
-                self.clauses.extend(clauses);
+                self.add(clauses)?;
             }
         }
+        Ok(())
+    }
+
+    /// More clauses of the top-level conjunction, bounded as one expansion is (what comes
+    /// after is quadratic in their number).
+    fn add(&mut self, clauses: Vec<Vec<String>>) -> Result<(), ValueError> {
+        let total = self.clauses.len().saturating_add(clauses.len());
+        if total > MAX_EXPANDED_CLAUSES {
+            return Err(too_complex(total));
+        }
+        self.clauses.extend(clauses);
         Ok(())
     }
 
@@ -440,5 +451,13 @@ mod tests {
             .join("|");
         let err = build(&parse_constraint(&many).expect("parses"), true).expect_err("17");
         assert!(err.message.contains("17 features"), "{err}");
+        // Many small alternatives joined by `&`: refused once the clauses pass the bound,
+        // before the pairwise simplification could take long.
+        let wide = (0..300)
+            .map(|i| format!("(x{i}|y{i})"))
+            .collect::<Vec<_>>()
+            .join("&");
+        let err = build(&parse_constraint(&wide).expect("parses"), true).expect_err("300");
+        assert!(err.message.contains("257 groups"), "{err}");
     }
 }
