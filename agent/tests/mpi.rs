@@ -104,6 +104,22 @@ async fn ended(server: &Server, name: &str, agents: &[&Agent]) -> Allocation {
     }
 }
 
+/// Wait for step `name` to complete; its output lines (sorted). A step that fails says
+/// how, with its output.
+async fn completed(server: &Server, name: &str, agents: &[&Agent]) -> Vec<String> {
+    let s = ended(server, name, agents).await;
+    let lines = output(server, name).await;
+    let logs: Vec<String> = agents.iter().map(|a| a.log()).collect();
+    assert_eq!(
+        s.phase(),
+        AllocationPhase::Completed,
+        "{:?}\n{lines:?}\n{}",
+        s.status,
+        logs.join("\n----\n")
+    );
+    lines
+}
+
 /// An API server and two agents, `node-a` and `node-b`, each in its own network
 /// namespace (as root; on loopback otherwise): "another node" is another network stack,
 /// reached over a bridge, for the PMI fence and for the ranks' own traffic.
@@ -171,14 +187,7 @@ async fn the_fence_runs_over_a_tree_above_the_fan_in() {
     )
     .await;
     let agents: Vec<&Agent> = [&c.a, &c.b].into_iter().chain(&c.more).collect();
-    let s = ended(server, "job.0", &agents).await;
-    let lines = output(server, "job.0").await;
-    assert_eq!(
-        s.phase(),
-        AllocationPhase::Completed,
-        "{:?}\n{lines:?}",
-        s.status
-    );
+    let lines = completed(server, "job.0", &agents).await;
     assert_eq!(
         lines,
         (0..6)
@@ -205,16 +214,7 @@ async fn mpich_and_libpmi2_ranks_wire_up_across_two_agents() {
         json!({"entrypoint": hello.display().to_string(), "args": [], "launch": {"mpi": "pmi2"}}),
     )
     .await;
-    let s = ended(server, "job.0", &[a, b]).await;
-    let lines = output(server, "job.0").await;
-    assert_eq!(
-        s.phase(),
-        AllocationPhase::Completed,
-        "{:?}\n{lines:?}\n{}\n{}",
-        s.status,
-        a.log(),
-        b.log()
-    );
+    let lines = completed(server, "job.0", &[a, b]).await;
     assert_eq!(
         lines,
         (0..4)
@@ -232,14 +232,7 @@ async fn mpich_and_libpmi2_ranks_wire_up_across_two_agents() {
                "launch": {"mpi": "pmi2", "distribution": "cyclic"}}),
     )
     .await;
-    let s = ended(server, "job.1", &[a, b]).await;
-    let lines = output(server, "job.1").await;
-    assert_eq!(
-        s.phase(),
-        AllocationPhase::Completed,
-        "{:?}\n{lines:?}",
-        s.status
-    );
+    let lines = completed(server, "job.1", &[a, b]).await;
     assert_eq!(
         lines,
         (0..4)
@@ -333,14 +326,7 @@ async fn tasks_get_torchrun_variables_and_their_own_gpus() {
         json!({"entrypoint": "/usr/bin/python3", "args": [script.display().to_string()]}),
     )
     .await;
-    let s = ended(server, "job.0", &[a, b]).await;
-    let lines = output(server, "job.0").await;
-    assert_eq!(
-        s.phase(),
-        AllocationPhase::Completed,
-        "{:?}\n{lines:?}",
-        s.status
-    );
+    let lines = completed(server, "job.0", &[a, b]).await;
     let master = lines
         .iter()
         .find_map(|l| {
@@ -377,9 +363,7 @@ async fn tasks_get_torchrun_variables_and_their_own_gpus() {
                "launch": {"gpusPerTask": 2}}),
     )
     .await;
-    let s = ended(server, "job.1", &[a, b]).await;
-    let lines = output(server, "job.1").await;
-    assert_eq!(s.phase(), AllocationPhase::Completed, "{:?}", s.status);
+    let lines = completed(server, "job.1", &[a, b]).await;
     assert_eq!(
         lines,
         [
@@ -400,9 +384,7 @@ async fn tasks_get_torchrun_variables_and_their_own_gpus() {
                "launch": {"cpuBind": "cores"}}),
     )
     .await;
-    let s = ended(server, "job.3", &[a, b]).await;
-    let lines = output(server, "job.3").await;
-    assert_eq!(s.phase(), AllocationPhase::Completed, "{:?}", s.status);
+    let lines = completed(server, "job.3", &[a, b]).await;
     assert_eq!(lines.len(), 4, "{lines:?}");
     for l in &lines {
         let (bound, allowed) = l

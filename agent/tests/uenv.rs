@@ -15,9 +15,12 @@ use lattice_apis::AllocationPhase;
 use serde_json::json;
 use sha2::Digest;
 
-/// A repository in `dir` with one image, `tools/1.0:v1`, mounted at `mount`, whose view
-/// `default` puts its `bin` on `PATH`.
-fn repository(dir: &Path, mount: &Path) -> PathBuf {
+/// A repository in `dir` with one image, `tools/1.0:v1`, mounted at `dir/user-environment`
+/// (made here), whose view `default` puts its `bin` on `PATH`; the repository and the
+/// mount point.
+fn repository(dir: &Path) -> (PathBuf, PathBuf) {
+    let mount = dir.join("user-environment");
+    std::fs::create_dir(&mount).unwrap();
     let tree = dir.join("tree");
     std::fs::create_dir_all(tree.join("bin")).unwrap();
     let tool = tree.join("bin/hello-uenv");
@@ -45,7 +48,7 @@ fn repository(dir: &Path, mount: &Path) -> PathBuf {
         "views": {"default": {"prepend": {"PATH": format!("{}/bin", mount.display())}}},
     }]});
     std::fs::write(repo.join("index.json"), index.to_string()).unwrap();
-    repo
+    (repo, mount)
 }
 
 /// An agent for `node` taking its uenvs from `repo`, mounting them at `mount`.
@@ -74,9 +77,7 @@ async fn a_uenv_is_mounted_for_the_run_its_steps_and_attach_sessions_only() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mount = dir.path().join("user-environment");
-    std::fs::create_dir(&mount).unwrap();
-    let repo = repository(dir.path(), &mount);
+    let (repo, mount) = repository(dir.path());
     let server = Server::start();
     let root = tempfile::tempdir().unwrap();
     let node = format!("uenv-{}", std::process::id());
@@ -100,7 +101,6 @@ async fn a_uenv_is_mounted_for_the_run_its_steps_and_attach_sessions_only() {
     .await;
     bind(&server, "held", &[&node], Some(600)).await;
     wait_phase(&server, "held", AllocationPhase::Running).await;
-    let api = server.allocations();
     let text = wait_for("the run's output", LIMIT, || async {
         let (_, t) = server.logs("held", "").await;
         t.contains("read-only").then_some(t)
@@ -155,7 +155,6 @@ async fn a_uenv_is_mounted_for_the_run_its_steps_and_attach_sessions_only() {
         "{text}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let _ = api;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,9 +164,7 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mount = dir.path().join("user-environment");
-    std::fs::create_dir(&mount).unwrap();
-    let repo = repository(dir.path(), &mount);
+    let (repo, mount) = repository(dir.path());
     // Served over HTTP as well: the same repository from a web server.
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
