@@ -159,7 +159,11 @@ install_kubectl() {
     rm -rf "$venv"
     exit 1
   fi
-  if ! "$venv/bin/kubectl" version --client 2>/dev/null | grep -qx "Client Version: v$KUBECTL_VERSION"; then
+  # The whole output is read before it is searched: `kubectl ... | grep -q` under pipefail
+  # fails whenever grep stops reading before kubectl has written its last line (SIGPIPE).
+  local reported
+  reported=$("$venv/bin/kubectl" version --client 2>/dev/null || true)
+  if ! grep -qx "Client Version: v$KUBECTL_VERSION" <<<"$reported"; then
     echo "install-deps: $venv/bin/kubectl does not report v$KUBECTL_VERSION" >&2
     rm -rf "$venv"
     exit 1
