@@ -96,6 +96,16 @@ pub struct AgentArgs {
         env = "LATTICE_UENV_MOUNT_POINTS"
     )]
     pub uenv_mount_points: Vec<PathBuf>,
+    /// The OCI runtime that runs allocations with `environment.image` (crun or runc;
+    /// a name is looked up on the agent's fixed PATH). Images need an agent running as
+    /// root.
+    #[arg(long, default_value = "crun", env = "LATTICE_OCI_RUNTIME")]
+    pub oci_runtime: PathBuf,
+    /// Host directories bound into every OCI container at the same path, read-write
+    /// (home and scratch file systems, e.g. /home,/scratch). The working directory, the
+    /// job's scratch directory and its uenv mounts are bound in any case.
+    #[arg(long, value_delimiter = ',', env = "LATTICE_OCI_BINDS")]
+    pub oci_binds: Vec<PathBuf>,
     /// CPU cores to report (default: discovered).
     #[arg(long, env = "LATTICE_CPU_CORES")]
     pub cpu_cores: Option<u32>,
@@ -211,8 +221,9 @@ pub struct ShimArgs {
     /// environment is the agent's fixed one.
     #[arg(long)]
     pub env_fd: Option<i32>,
-    /// Descriptor holding the task plans (JSON, see `shim::TaskPlan`): one process per
-    /// entry, all in one process group. Absent: one task.
+    /// Descriptor holding the task plans and the container to run them in (JSON, see
+    /// `shim::ShimPlan`): one process per task, all in one process group. Absent: one
+    /// task, on the host.
     #[arg(long)]
     pub tasks_fd: Option<i32>,
     /// `IMAGE=MOUNT`: mount the squashfs image read-only at MOUNT in a private mount
@@ -276,6 +287,10 @@ pub struct Config {
     pub uenv_repo: Option<String>,
     /// `--uenv-mount-points`.
     pub uenv_mount_points: Vec<PathBuf>,
+    /// `--oci-runtime`.
+    pub oci_runtime: PathBuf,
+    /// `--oci-binds`.
+    pub oci_binds: Vec<PathBuf>,
     /// `--cpu-cores`.
     pub cpu_cores: Option<u32>,
     /// `--memory-gb`.
@@ -380,6 +395,8 @@ impl Config {
             pmi_fan_in: a.pmi_fan_in,
             uenv_repo: a.uenv_repo,
             uenv_mount_points: a.uenv_mount_points,
+            oci_runtime: a.oci_runtime,
+            oci_binds: a.oci_binds,
             cpu_cores: a.cpu_cores,
             memory_gb: a.memory_gb,
             gpu_count: a.gpu_count,

@@ -46,6 +46,7 @@ pub mod heartbeat;
 pub mod identity;
 pub mod logs;
 pub mod metrics;
+pub mod oci;
 pub mod pmi;
 pub mod policy;
 pub mod registration;

@@ -69,6 +69,8 @@ pub struct LaunchSpec {
     pub fds: Vec<std::os::fd::OwnedFd>,
     /// uenv images to mount (verified, in the agent's cache) and where.
     pub squashfs: Vec<crate::uenv::Mount>,
+    /// Run the tasks in this OCI image (`environment.image`).
+    pub container: Option<crate::oci::bundle::ContainerPlan>,
 }
 
 /// The workload environment as the shim reads it: `KEY=VALUE` entries, each ended by a
@@ -178,10 +180,14 @@ impl ProcessRuntime for BareProcess {
             .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
         let env = memfd_with(&encode_env(&spec.env)?)
             .map_err(|e| format!("cannot pass the environment to the shim: {e}"))?;
-        let tasks = if spec.tasks.is_empty() {
+        let tasks = if spec.tasks.is_empty() && spec.container.is_none() {
             None
         } else {
-            let json = serde_json::to_vec(&spec.tasks)
+            let plan = shim::ShimPlan {
+                tasks: spec.tasks.clone(),
+                container: spec.container.clone(),
+            };
+            let json = serde_json::to_vec(&plan)
                 .map_err(|e| format!("cannot encode the task plans: {e}"))?;
             Some(
                 memfd_with(&json)

@@ -196,7 +196,20 @@ pub fn run(args: ShimArgs) -> i32 {
         );
         return 2;
     };
-    if !args.squashfs.is_empty() {
+    let ShimPlan {
+        mut tasks,
+        container,
+    } = match args.tasks_fd.map(read_plan).transpose() {
+        Ok(t) => t.unwrap_or_default(),
+        Err(e) => {
+            fail(format!("cannot read the task plan: {e}"));
+            return 2;
+        }
+    };
+    if tasks.is_empty() {
+        tasks.push(TaskPlan::default());
+    }
+    if !args.squashfs.is_empty() || container.is_some() {
         let mounts: Vec<(String, String)> = args
             .squashfs
             .iter()
@@ -208,16 +221,16 @@ pub fn run(args: ShimArgs) -> i32 {
             return 2;
         }
     }
-    let mut tasks = match args.tasks_fd.map(read_tasks).transpose() {
-        Ok(t) => t.unwrap_or_default(),
-        Err(e) => {
-            fail(format!("cannot read the task plan: {e}"));
-            return 2;
-        }
+    let container = match container {
+        None => None,
+        Some(plan) => match crate::oci::bundle::prepare(&plan, &args.run_dir) {
+            Ok(p) => Some((plan, p)),
+            Err(e) => {
+                fail(format!("cannot prepare the image's root file system: {e}"));
+                return 2;
+            }
+        },
     };
-    if tasks.is_empty() {
-        tasks.push(TaskPlan::default());
-    }
     let cwd = match std::ffi::CString::new(args.cwd.as_os_str().as_encoded_bytes()) {
         Ok(c) => c,
         Err(_) => {
@@ -243,15 +256,45 @@ pub fn run(args: ShimArgs) -> i32 {
     };
     let mut pids: Vec<u32> = Vec::with_capacity(tasks.len());
     for (i, task) in tasks.iter().enumerate() {
-        let started = spawn_task(
-            program,
-            rest,
-            env.as_deref(),
-            task,
-            pids.first().copied(),
-            (&out_w, &err_w),
-            (&cgroups, ids, &groups, &cwd),
-        );
+        let started = match &container {
+            None => spawn_task(
+                program,
+                rest,
+                env.as_deref(),
+                task,
+                pids.first().copied(),
+                (&out_w, &err_w),
+                (&cgroups, ids, &groups, &cwd),
+            ),
+            Some((plan, prepared)) => {
+                let mut task_env: Vec<(String, String)> = env.clone().unwrap_or_default();
+                task_env.extend(task.env.iter().cloned());
+                if task.keep_fd.is_some() {
+                    let fd = crate::oci::bundle::PMI_FD_IN_CONTAINER.to_string();
+                    task_env.retain(|(k, _)| k != "PMI_FD");
+                    task_env.push(("PMI_FD".into(), fd));
+                }
+                let process = crate::oci::bundle::Process {
+                    args: args.command.clone(),
+                    env: task_env,
+                    cwd: &args.cwd,
+                    user: ids.map(|(u, g)| (u, g, groups.clone())),
+                };
+                crate::oci::bundle::write_bundle(plan, prepared, i, &process)
+                    .map_err(std::io::Error::other)
+                    .and_then(|()| {
+                        spawn_container(
+                            plan,
+                            prepared,
+                            i,
+                            task,
+                            pids.first().copied(),
+                            (&out_w, &err_w),
+                            &cgroups,
+                        )
+                    })
+            }
+        };
         match started {
             Ok(pid) => pids.push(pid),
             Err(e) => {
@@ -393,8 +436,20 @@ pub struct TaskPlan {
     pub cpus: Vec<usize>,
 }
 
-/// The task plans from the descriptor the agent passed.
-fn read_tasks(fd: i32) -> std::io::Result<Vec<TaskPlan>> {
+/// What the agent passes on `--tasks-fd`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ShimPlan {
+    /// One entry per task (empty: one task with nothing of its own).
+    #[serde(default)]
+    pub tasks: Vec<TaskPlan>,
+    /// Run every task in this OCI image.
+    #[serde(default)]
+    pub container: Option<crate::oci::bundle::ContainerPlan>,
+}
+
+/// The plan from the descriptor the agent passed.
+fn read_plan(fd: i32) -> std::io::Result<ShimPlan> {
     serde_json::from_slice(&read_passed(fd, "--tasks-fd")?).map_err(std::io::Error::other)
 }
 
@@ -471,6 +526,84 @@ fn spawn_task(
                 }
             }
             if nix::libc::chdir(cwd.as_ptr()) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    Ok(child.id())
+}
+
+/// Start task `i` in its container: the OCI runtime, as root, in the run's process group
+/// and cgroups with the task's CPU binding, its PMI socket (if any) on descriptor 3.
+#[allow(clippy::type_complexity)]
+fn spawn_container(
+    plan: &crate::oci::bundle::ContainerPlan,
+    prepared: &crate::oci::bundle::Prepared,
+    i: usize,
+    task: &TaskPlan,
+    group: Option<u32>,
+    (out, err): (&std::os::fd::OwnedFd, &std::os::fd::OwnedFd),
+    cgroups: &[std::ffi::CString],
+) -> std::io::Result<u32> {
+    let mut cmd = Command::new(&plan.runtime);
+    cmd.args(crate::oci::bundle::runtime_args(
+        prepared,
+        i,
+        task.keep_fd.is_some(),
+    ))
+    .env_clear()
+    .env("PATH", crate::runtime::SHIM_PATH)
+    .current_dir("/")
+    .stdin(Stdio::null())
+    .stdout(Stdio::from(out.try_clone()?))
+    .stderr(Stdio::from(err.try_clone()?))
+    .process_group(group.map_or(0, |g| g as i32));
+    let keep = task.keep_fd;
+    // SAFETY: a plain C struct, filled before the fork.
+    let mut cpus: nix::libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let bind = !task.cpus.is_empty();
+    for c in &task.cpus {
+        if *c < nix::libc::CPU_SETSIZE as usize {
+            // SAFETY: the index is within the set.
+            unsafe { nix::libc::CPU_SET(*c, &mut cpus) };
+        }
+    }
+    let cgroups = cgroups.to_vec();
+    let hide = prepared.hide_unified;
+    let unified = c"/sys/fs/cgroup/unified";
+    let target = crate::oci::bundle::PMI_FD_IN_CONTAINER;
+    // SAFETY: only async-signal-safe system calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            crate::runtime::cloexec_inherited();
+            if let Some(fd) = keep {
+                // dup2 leaves the copy inheritable; a descriptor already there is
+                // made inheritable by hand.
+                let rc = if fd == target {
+                    nix::libc::fcntl(fd, nix::libc::F_SETFD, 0)
+                } else {
+                    nix::libc::dup2(fd, target)
+                };
+                if rc < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if bind
+                && nix::libc::sched_setaffinity(
+                    0,
+                    std::mem::size_of::<nix::libc::cpu_set_t>(),
+                    &cpus,
+                ) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            crate::cgroup::join(&cgroups)?;
+            if hide
+                && (nix::libc::unshare(nix::libc::CLONE_NEWNS) < 0
+                    || nix::libc::umount2(unified.as_ptr(), nix::libc::MNT_DETACH) < 0)
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

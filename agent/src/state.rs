@@ -94,6 +94,9 @@ pub struct TaskRecord {
     /// The uenv view's variables: `(name, prepend?, value)`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub uenv_env: Vec<(String, bool, String)>,
+    /// The run's tasks run in this OCI image (its manifest digest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
 }
 
 impl TaskRecord {

@@ -11,7 +11,7 @@
 //! exited, and only then records the exit; the final report is written after that,
 //! so a terminal report always means no process of the run is left.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -259,6 +259,22 @@ pub fn workload_cwd(alloc: &Allocation, rec: &TaskRecord) -> std::path::PathBuf 
         .as_ref()
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| rec.scratch_dir.clone())
+}
+
+/// `program` as given when it has a `/`, else the first executable of that name on the
+/// agent's fixed `PATH`.
+fn find_program(program: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.components().count() > 1 {
+        return runnable(program).then(|| program.to_path_buf());
+    }
+    crate::runtime::SHIM_PATH
+        .split(':')
+        .map(|d| Path::new(d).join(program))
+        .find(|p| runnable(p))
 }
 
 /// Whether this node may start `alloc`, and as whom.
@@ -552,6 +568,15 @@ impl Supervisor {
                 return Err(e.message);
             }
         };
+        let container = match self.resolve_image(alloc, &squashfs).await {
+            Ok(c) => c,
+            Err(e) => {
+                if e.permanent {
+                    self.start_reason = Some(node_reason::ENVIRONMENT_UNAVAILABLE);
+                }
+                return Err(e.message);
+            }
+        };
         let vars = workload_env(&ctx, alloc, &self.rec, user.as_ref());
         let (tasks, fds) = match crate::tasks::for_step(alloc, &ctx.cfg.node) {
             None => (Vec::new(), Vec::new()),
@@ -588,6 +613,7 @@ impl Supervisor {
             tasks,
             fds,
             squashfs,
+            container,
         };
         let launched = ctx.runtime.launch(&spec).await;
         // The tasks' ends of their PMI sockets are the shim's now.
@@ -623,8 +649,8 @@ impl Supervisor {
     async fn resolve_uenv(
         &mut self,
         alloc: &Allocation,
-    ) -> Result<Vec<crate::uenv::Mount>, crate::uenv::UenvError> {
-        use crate::uenv::UenvError;
+    ) -> Result<Vec<crate::uenv::Mount>, crate::uenv::EnvError> {
+        use crate::uenv::EnvError;
         let Some(env) = &alloc.spec.environment else {
             return Ok(Vec::new());
         };
@@ -637,7 +663,7 @@ impl Supervisor {
         }
         let wanted = wanted.join(",");
         let Some(repo) = &self.ctx.cfg.uenv_repo else {
-            return Err(UenvError {
+            return Err(EnvError {
                 message: format!(
                     "the allocation asks for uenv {wanted}, but node {} has no uenv repository (lattice-agent --uenv-repo)",
                     self.ctx.cfg.node
@@ -645,14 +671,14 @@ impl Supervisor {
                 permanent: true,
             });
         };
-        let repo = crate::uenv::Repo::from_flag(repo).map_err(|message| UenvError {
+        let repo = crate::uenv::Repo::from_flag(repo).map_err(|message| EnvError {
             message,
             permanent: true,
         })?;
         let cache = self.ctx.cfg.state_dir.join("uenv");
         crate::files::Dir::open(&self.ctx.cfg.state_dir)
             .and_then(|d| d.ensure_dir("uenv", 0o700))
-            .map_err(|e| UenvError {
+            .map_err(|e| EnvError {
                 message: format!("cannot create {}: {e}", cache.display()),
                 permanent: false,
             })?;
@@ -668,6 +694,83 @@ impl Supervisor {
         self.rec.uenv_env = r.env;
         self.persist();
         Ok(r.mounts)
+    }
+
+    /// The container `alloc`'s tasks run in (`environment.image`): the image pulled into
+    /// the node's cache, and what is bound into it.
+    async fn resolve_image(
+        &mut self,
+        alloc: &Allocation,
+        squashfs: &[crate::uenv::Mount],
+    ) -> Result<Option<crate::oci::bundle::ContainerPlan>, crate::uenv::EnvError> {
+        use crate::oci::bundle::{Bind, ContainerPlan};
+        use crate::uenv::EnvError;
+        let Some(image) = alloc
+            .spec
+            .environment
+            .as_ref()
+            .and_then(|e| e.image.as_deref())
+        else {
+            return Ok(None);
+        };
+        let node = &self.ctx.cfg.node;
+        if !nix::unistd::geteuid().is_root() {
+            return Err(EnvError::passing(format!(
+                "the allocation runs in image {image}, but the agent of node {node} does not run as root and cannot start containers"
+            )));
+        }
+        let runtime = find_program(&self.ctx.cfg.oci_runtime).ok_or_else(|| {
+            EnvError::passing(format!(
+                "the allocation runs in image {image}, but node {node} has no OCI runtime {} (install crun or set lattice-agent --oci-runtime)",
+                self.ctx.cfg.oci_runtime.display()
+            ))
+        })?;
+        let cache = self.ctx.cfg.state_dir.join("oci");
+        let pulled = crate::oci::resolve(&cache, image).await?;
+        self.rec.image_digest = Some(pulled.digest.clone());
+        self.persist();
+        let mut binds = vec![
+            Bind {
+                path: self.rec.run_dir.clone(),
+                readonly: true,
+            },
+            Bind {
+                path: self.rec.scratch_dir.clone(),
+                readonly: false,
+            },
+        ];
+        let cwd = workload_cwd(alloc, &self.rec);
+        let mut extra: Vec<PathBuf> = self.ctx.cfg.oci_binds.clone();
+        extra.push(cwd);
+        extra.extend(squashfs.iter().map(|m| m.target.clone()));
+        for p in extra {
+            if !p.is_absolute() || !p.exists() {
+                continue;
+            }
+            if binds.iter().all(|b| b.path != p) {
+                binds.push(Bind {
+                    path: p,
+                    readonly: false,
+                });
+            }
+        }
+        for m in squashfs {
+            if let Some(b) = binds.iter_mut().find(|b| b.path == m.target) {
+                b.readonly = true;
+            }
+        }
+        let gpus: Vec<PathBuf> = crate::cgroup::devices::discover(&self.ctx.cfg.device_dir)
+            .into_iter()
+            .filter(|g| self.ctx.cfg.gpu_devices.contains(g.index))
+            .map(|g| g.path)
+            .collect();
+        Ok(Some(ContainerPlan {
+            runtime,
+            rootfs: pulled.rootfs,
+            image_env: pulled.env,
+            binds,
+            devices: crate::oci::bundle::gpu_devices(&self.ctx.cfg.device_dir, &gpus),
+        }))
     }
 
     /// Start the PMI server of MPI step `alloc` for this node's tasks `t`; returns the

@@ -137,32 +137,32 @@ const KEEP_FREE: u64 = 2 << 30;
 /// How long a repository may be silent.
 const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Why a uenv could not be had: `permanent` when another node or a later try would fail
+/// Why a software environment (a uenv, an OCI image) could not be had: `permanent` when another node or a later try would fail
 /// the same way (an unknown image or view, a wrong index), so the run is not requeued.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UenvError {
+pub struct EnvError {
     /// What went wrong, naming what was asked for.
     pub message: String,
     /// Fails everywhere, every time.
     pub permanent: bool,
 }
 
-impl UenvError {
-    fn permanent(message: impl Into<String>) -> Self {
-        UenvError {
+impl EnvError {
+    pub(crate) fn permanent(message: impl Into<String>) -> Self {
+        EnvError {
             message: message.into(),
             permanent: true,
         }
     }
-    fn passing(message: impl Into<String>) -> Self {
-        UenvError {
+    pub(crate) fn passing(message: impl Into<String>) -> Self {
+        EnvError {
             message: message.into(),
             permanent: false,
         }
     }
 }
 
-impl std::fmt::Display for UenvError {
+impl std::fmt::Display for EnvError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)
     }
@@ -179,7 +179,7 @@ pub enum Repo {
 
 /// Whether `url`'s host is this machine (where plain HTTP cannot be tampered with on the
 /// way).
-fn loopback(url: &str) -> bool {
+pub(crate) fn loopback(url: &str) -> bool {
     let rest = url.strip_prefix("http://").unwrap_or(url);
     let host = rest.split('/').next().unwrap_or("");
     let host = match host.strip_prefix('[') {
@@ -220,21 +220,21 @@ impl Repo {
         }
     }
 
-    fn client() -> Result<reqwest::Client, UenvError> {
+    fn client() -> Result<reqwest::Client, EnvError> {
         reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(10))
             .read_timeout(READ_TIMEOUT)
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| UenvError::passing(format!("cannot make an HTTP client: {e}")))
+            .map_err(|e| EnvError::passing(format!("cannot make an HTTP client: {e}")))
     }
 
     /// GET `url`, handing each chunk of the body to `take` until it says `false`.
     async fn download(
         url: &str,
-        mut take: impl FnMut(&[u8]) -> Result<bool, UenvError>,
-    ) -> Result<(), UenvError> {
-        let failed = |e: reqwest::Error| UenvError::passing(format!("cannot fetch {url}: {e}"));
+        mut take: impl FnMut(&[u8]) -> Result<bool, EnvError>,
+    ) -> Result<(), EnvError> {
+        let failed = |e: reqwest::Error| EnvError::passing(format!("cannot fetch {url}: {e}"));
         let mut r = Self::client()?
             .get(url)
             .send()
@@ -250,16 +250,16 @@ impl Repo {
     }
 
     /// The index.
-    pub async fn index(&self) -> Result<Index, UenvError> {
+    pub async fn index(&self) -> Result<Index, EnvError> {
         let bytes = match self {
             Repo::Dir(d) => {
                 let p = d.join("index.json");
                 let f = std::fs::File::open(&p)
-                    .map_err(|e| UenvError::passing(format!("cannot read {}: {e}", p.display())))?;
+                    .map_err(|e| EnvError::passing(format!("cannot read {}: {e}", p.display())))?;
                 let mut b = Vec::new();
                 f.take(MAX_INDEX + 1)
                     .read_to_end(&mut b)
-                    .map_err(|e| UenvError::passing(format!("cannot read {}: {e}", p.display())))?;
+                    .map_err(|e| EnvError::passing(format!("cannot read {}: {e}", p.display())))?;
                 b
             }
             Repo::Http(u) => {
@@ -274,13 +274,13 @@ impl Repo {
             }
         };
         if bytes.len() as u64 > MAX_INDEX {
-            return Err(UenvError::permanent(format!(
+            return Err(EnvError::permanent(format!(
                 "the uenv index of {} is larger than {MAX_INDEX} bytes",
                 self.describe()
             )));
         }
         serde_json::from_slice(&bytes).map_err(|e| {
-            UenvError::permanent(format!(
+            EnvError::permanent(format!(
                 "the uenv index of {} is not valid: {e}",
                 self.describe()
             ))
@@ -289,14 +289,14 @@ impl Repo {
 
     /// Copy `entry`'s image to `dest` (a new file), checking its size and SHA-256 on the
     /// way and leaving [`KEEP_FREE`] of the disk.
-    async fn fetch(&self, entry: &IndexEntry, dest: &Path) -> Result<(), UenvError> {
+    async fn fetch(&self, entry: &IndexEntry, dest: &Path) -> Result<(), EnvError> {
         let file = Path::new(&entry.file);
         let plain = !entry.file.is_empty()
             && file
                 .components()
                 .all(|c| matches!(c, std::path::Component::Normal(_)));
         if !plain {
-            return Err(UenvError::permanent(format!(
+            return Err(EnvError::permanent(format!(
                 "the uenv index gives {}/{}:{} the file {:?}: it must be a path inside the repository, without / at the start or ..",
                 entry.name, entry.version, entry.tag, entry.file
             )));
@@ -307,15 +307,8 @@ impl Repo {
             .create_new(true)
             .mode_0600()
             .open(dest)
-            .map_err(|e| UenvError::passing(format!("cannot create {}: {e}", dest.display())))?;
-        let mut sink = Sink {
-            out,
-            hash: Sha256::new(),
-            written: 0,
-            limit,
-            dest: dest.to_path_buf(),
-            checked_at: 0,
-        };
+            .map_err(|e| EnvError::passing(format!("cannot create {}: {e}", dest.display())))?;
+        let mut sink = Sink::new(out, limit, dest);
         match self {
             Repo::Dir(d) => {
                 let p = d.join(file);
@@ -323,12 +316,12 @@ impl Repo {
                     .read(true)
                     .custom_flags_nofollow()
                     .open(&p)
-                    .map_err(|e| UenvError::passing(format!("cannot read {}: {e}", p.display())))?;
+                    .map_err(|e| EnvError::passing(format!("cannot read {}: {e}", p.display())))?;
                 let meta = src
                     .metadata()
-                    .map_err(|e| UenvError::passing(format!("cannot read {}: {e}", p.display())))?;
+                    .map_err(|e| EnvError::passing(format!("cannot read {}: {e}", p.display())))?;
                 if !meta.is_file() {
-                    return Err(UenvError::permanent(format!(
+                    return Err(EnvError::permanent(format!(
                         "{} is not a regular file",
                         p.display()
                     )));
@@ -338,7 +331,7 @@ impl Repo {
                     let mut buf = vec![0u8; 1 << 20];
                     loop {
                         let n = src.read(&mut buf).map_err(|e| {
-                            UenvError::passing(format!("cannot read {}: {e}", p.display()))
+                            EnvError::passing(format!("cannot read {}: {e}", p.display()))
                         })?;
                         if n == 0 {
                             return Ok(sink);
@@ -347,7 +340,7 @@ impl Repo {
                     }
                 })
                 .await
-                .map_err(|e| UenvError::passing(format!("copy task failed: {e}")))??;
+                .map_err(|e| EnvError::passing(format!("copy task failed: {e}")))??;
             }
             Repo::Http(u) => {
                 Self::download(&format!("{u}{}", entry.file), |chunk| {
@@ -357,7 +350,7 @@ impl Repo {
             }
         }
         if entry.size.is_some_and(|s| s != sink.written) {
-            return Err(UenvError::passing(format!(
+            return Err(EnvError::passing(format!(
                 "uenv {}/{}:{} from {}: {} bytes, the index says {}",
                 entry.name,
                 entry.version,
@@ -369,7 +362,7 @@ impl Repo {
         }
         let got = hex::encode(sink.hash.finalize());
         if !got.eq_ignore_ascii_case(&entry.sha256) {
-            return Err(UenvError::passing(format!(
+            return Err(EnvError::passing(format!(
                 "uenv {}/{}:{} from {}: SHA-256 is {got}, the index says {}; the image is not used",
                 entry.name,
                 entry.version,
@@ -380,25 +373,37 @@ impl Repo {
         }
         sink.out
             .sync_all()
-            .map_err(|e| UenvError::passing(format!("cannot write {}: {e}", dest.display())))
+            .map_err(|e| EnvError::passing(format!("cannot write {}: {e}", dest.display())))
     }
 }
 
-/// Where a fetched image goes: hashed, counted, bounded.
-struct Sink {
-    out: std::fs::File,
-    hash: Sha256,
-    written: u64,
+/// Where a fetched image goes: hashed, counted, bounded (uenv images, OCI layers).
+pub(crate) struct Sink {
+    pub(crate) out: std::fs::File,
+    pub(crate) hash: Sha256,
+    pub(crate) written: u64,
     limit: u64,
     dest: PathBuf,
     checked_at: u64,
 }
 
 impl Sink {
-    fn write(&mut self, chunk: &[u8]) -> Result<(), UenvError> {
+    /// Into `out` (at `dest`), at most `limit` bytes.
+    pub(crate) fn new(out: std::fs::File, limit: u64, dest: &Path) -> Sink {
+        Sink {
+            out,
+            hash: Sha256::new(),
+            written: 0,
+            limit,
+            dest: dest.to_path_buf(),
+            checked_at: 0,
+        }
+    }
+
+    pub(crate) fn write(&mut self, chunk: &[u8]) -> Result<(), EnvError> {
         self.written += chunk.len() as u64;
         if self.written > self.limit {
-            return Err(UenvError::passing(format!(
+            return Err(EnvError::passing(format!(
                 "{}: the image is larger than {} bytes",
                 self.dest.display(),
                 self.limit
@@ -412,7 +417,7 @@ impl Sink {
                 .map(|v| v.blocks_available() as u64 * v.fragment_size() as u64)
                 .unwrap_or(u64::MAX);
             if free < KEEP_FREE {
-                return Err(UenvError::passing(format!(
+                return Err(EnvError::passing(format!(
                     "{}: less than {} GiB left on the agent's disk; the image is not fetched",
                     self.dest.display(),
                     KEEP_FREE >> 30
@@ -422,7 +427,7 @@ impl Sink {
         self.hash.update(chunk);
         self.out
             .write_all(chunk)
-            .map_err(|e| UenvError::passing(format!("cannot write {}: {e}", self.dest.display())))
+            .map_err(|e| EnvError::passing(format!("cannot write {}: {e}", self.dest.display())))
     }
 }
 
@@ -444,7 +449,7 @@ impl Mode0600 for std::fs::OpenOptions {
 }
 
 /// The index entry `w` names: exactly one must match.
-pub fn pick<'a>(index: &'a Index, w: &Wanted, repo: &str) -> Result<&'a IndexEntry, UenvError> {
+pub fn pick<'a>(index: &'a Index, w: &Wanted, repo: &str) -> Result<&'a IndexEntry, EnvError> {
     let matches: Vec<&IndexEntry> = index
         .images
         .iter()
@@ -464,11 +469,11 @@ pub fn pick<'a>(index: &'a Index, w: &Wanted, repo: &str) -> Result<&'a IndexEnt
     };
     match matches.as_slice() {
         [one] => Ok(one),
-        [] => Err(UenvError::permanent(format!(
+        [] => Err(EnvError::permanent(format!(
             "uenv {w} is not in this node's uenv repository {repo} (it has: {})",
             have()
         ))),
-        many => Err(UenvError::permanent(format!(
+        many => Err(EnvError::permanent(format!(
             "uenv {w} matches {} images in {repo} ({}); name the version and tag",
             many.len(),
             many.iter()
@@ -480,7 +485,7 @@ pub fn pick<'a>(index: &'a Index, w: &Wanted, repo: &str) -> Result<&'a IndexEnt
 }
 
 /// The mount point of `e`: one of the node's `allowed` ones (`--uenv-mount-points`).
-fn mount_point(e: &IndexEntry, allowed: &[PathBuf]) -> Result<PathBuf, UenvError> {
+fn mount_point(e: &IndexEntry, allowed: &[PathBuf]) -> Result<PathBuf, EnvError> {
     let m = PathBuf::from(e.mount.as_deref().unwrap_or(DEFAULT_MOUNT));
     let normal = m.is_absolute()
         && m.components()
@@ -488,7 +493,7 @@ fn mount_point(e: &IndexEntry, allowed: &[PathBuf]) -> Result<PathBuf, UenvError
             .all(|c| matches!(c, std::path::Component::Normal(_)))
         && m.components().count() > 1;
     if !normal || !allowed.contains(&m) {
-        return Err(UenvError::permanent(format!(
+        return Err(EnvError::permanent(format!(
             "the uenv index gives {}/{}:{} the mount point {:?}, which is not one this node mounts uenvs at ({}; lattice-agent --uenv-mount-points)",
             e.name,
             e.version,
@@ -511,8 +516,8 @@ pub async fn resolve(
     allowed: &[PathBuf],
     uenv: &str,
     view: Option<&str>,
-) -> Result<Resolved, UenvError> {
-    let wanted = parse(uenv).map_err(UenvError::permanent)?;
+) -> Result<Resolved, EnvError> {
+    let wanted = parse(uenv).map_err(EnvError::permanent)?;
     let index = repo.index().await?;
     let mut out = Resolved::default();
     // Everything is checked before anything is fetched.
@@ -521,13 +526,13 @@ pub async fn resolve(
         let e = pick(&index, w, &repo.describe())?;
         let target = mount_point(e, allowed)?;
         if entries.iter().any(|(_, _, t)| *t == target) {
-            return Err(UenvError::permanent(format!(
+            return Err(EnvError::permanent(format!(
                 "uenv {w} mounts at {} like another uenv of this job; use one of them",
                 target.display()
             )));
         }
         if e.sha256.len() != 64 || !e.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(UenvError::permanent(format!(
+            return Err(EnvError::permanent(format!(
                 "the uenv index gives {w} no valid sha256 (64 hex digits)"
             )));
         }
@@ -551,7 +556,7 @@ pub async fn resolve(
                 .iter()
                 .flat_map(|(w, e, _)| e.views.keys().map(move |k| format!("{}:{k}", w.name)))
                 .collect();
-            return Err(UenvError::permanent(format!(
+            return Err(EnvError::permanent(format!(
                 "view {v:?} is not in the uenv(s) {uenv} (views: {})",
                 if known.is_empty() {
                     "none".to_string()
@@ -571,13 +576,7 @@ pub async fn resolve(
         let sha = e.sha256.to_ascii_lowercase();
         let image = cache.join(format!("{sha}.squashfs"));
         // One fetch of an image at a time; the others wait for it and use its result.
-        let lock = {
-            static FETCHES: std::sync::LazyLock<
-                std::sync::Mutex<BTreeMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>,
-            > = std::sync::LazyLock::new(Default::default);
-            let mut m = FETCHES.lock().unwrap_or_else(|p| p.into_inner());
-            m.entry(sha.clone()).or_default().clone()
-        };
+        let lock = fetch_lock(&sha);
         let _fetching = lock.lock().await;
         if !image.exists() {
             // What an interrupted fetch of this image left.
@@ -603,13 +602,23 @@ pub async fn resolve(
                 return Err(err);
             }
             std::fs::rename(&part, &image).map_err(|err| {
-                UenvError::passing(format!("cannot store {}: {err}", image.display()))
+                EnvError::passing(format!("cannot store {}: {err}", image.display()))
             })?;
             tracing::info!(uenv = %w, image = %image.display(), "uenv image cached");
         }
         out.mounts.push(Mount { image, target });
     }
     Ok(out)
+}
+
+/// The lock that makes one fetch of the image with digest `sha` at a time (uenv images,
+/// OCI images): the others wait for it and then find it cached.
+pub(crate) fn fetch_lock(sha: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    static FETCHES: std::sync::LazyLock<
+        std::sync::Mutex<BTreeMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>,
+    > = std::sync::LazyLock::new(Default::default);
+    let mut m = FETCHES.lock().unwrap_or_else(|p| p.into_inner());
+    m.entry(sha.to_string()).or_default().clone()
 }
 
 /// Apply a view's variables to `env`.

@@ -182,6 +182,7 @@ pub const LATTICE_OPTIONS: &[OptDef] = &[
     o("uenv", None, R),
     o("view", None, R),
     o("tools-uenv", None, R),
+    o("image", None, R),
     o("vcluster", None, R),
     o("tenant", None, R),
     o("project", None, R),

@@ -35,6 +35,9 @@ pub struct SubmitFlags {
     /// Extra tools uenv (debuggers, profilers).
     #[arg(long)]
     pub tools_uenv: Option<String>,
+    /// OCI image to run in, e.g. ubuntu:24.04 or ghcr.io/acme/train:v3 (instead of --uenv).
+    #[arg(long)]
+    pub image: Option<String>,
     /// vCluster to schedule in. Not a clap flag here: the CLI's global
     /// `--vcluster` fills it (a second `--vcluster` would collide).
     #[arg(skip)]
@@ -147,6 +150,7 @@ impl SubmitFlags {
         one("uenv", &self.uenv);
         one("view", &self.view);
         one("tools-uenv", &self.tools_uenv);
+        one("image", &self.image);
         one("vcluster", &self.vcluster);
         one("tenant", &self.tenant);
         one("project", &self.project);

@@ -119,6 +119,7 @@ struct State {
     view: Option<String>,
     view_source: Option<(Source, String)>,
     tools_uenv: Option<String>,
+    image: Option<String>,
     chdir: Option<(String, Source)>,
     env: BTreeMap<String, String>,
     data_mounts: Vec<DataMountSpec>,
@@ -367,6 +368,7 @@ fn apply(st: &mut State, opt: &ParsedOption, warns: &mut Vec<Warning>) -> Result
             st.view_source = Some((opt.source.clone(), opt.written.clone()));
         }
         (Dialect::Lattice, "tools-uenv") => st.tools_uenv = Some(text(v)?),
+        (Dialect::Lattice, "image") => st.image = Some(text(v)?),
         (Dialect::Slurm, "chdir") => st.chdir = Some((text(v)?, opt.source.clone())),
         (Dialect::Slurm, "export") => {
             let mut names = Vec::new();
@@ -871,10 +873,22 @@ fn finish(
             ));
         }
     }
+    if let Some(i) = &st.image {
+        if let Err(e) = lattice_apis::syntax::image::parse(i) {
+            return Err(reject(
+                &st,
+                &["image"],
+                i,
+                e,
+                "write e.g. --image=ubuntu:24.04 or --image=ghcr.io/acme/train:v3".into(),
+            ));
+        }
+    }
     let mut envo = Map::new();
     for (k, v) in [
         ("uenv", &st.uenv),
         ("view", &st.view),
+        ("image", &st.image),
         ("toolsUenv", &st.tools_uenv),
     ] {
         if let Some(v) = v {

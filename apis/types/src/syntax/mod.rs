@@ -14,5 +14,6 @@
 
 pub mod deps;
 pub mod duration;
+pub mod image;
 pub mod tasks;
 pub mod uenv;

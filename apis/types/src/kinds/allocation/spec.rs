@@ -226,7 +226,9 @@ pub struct Environment {
     /// uenv view to activate, e.g. `default`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view: Option<String>,
-    /// OCI image (run via Sarus), instead of a uenv.
+    /// OCI image to run the workload in (`[REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST]`),
+    /// pulled by the agent and run by its OCI runtime as the user, instead of a uenv
+    /// (`toolsUenv` is still mounted into it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// Extra tools uenv mounted alongside (debuggers, profilers).

@@ -158,11 +158,8 @@ impl AllocationSpec {
             if env.view.is_some() && env.uenv.is_none() {
                 errs.push(format!("{ep}.view"), "needs environment.uenv: a view is activated from a uenv; set uenv or remove view");
             }
-            if env.image.is_some() {
-                errs.push(
-                    format!("{ep}.image"),
-                    "OCI images are not supported by the agents yet; use a uenv (environment.uenv) or remove image",
-                );
+            if let Some(Err(e)) = env.image.as_deref().map(crate::syntax::image::parse) {
+                errs.push(format!("{ep}.image"), e);
             }
             let mut count = 0;
             for (field, v) in [("uenv", &env.uenv), ("toolsUenv", &env.tools_uenv)] {

@@ -1,0 +1,470 @@
+//! Layers into a root file system, as root, on descriptors.
+//!
+//! A layer is a tar stream written by whoever built the image: every path in it is
+//! hostile. Each entry's parent is opened with `openat2(RESOLVE_IN_ROOT)` from the root
+//! directory's descriptor, so `..` and symbolic links (absolute or relative, from this
+//! layer or an earlier one) resolve inside the root file system and never outside it;
+//! the entry itself is made with `*at` calls relative to that parent, never following a
+//! link in its last component. OCI whiteouts are applied: `.wh.NAME` removes `NAME`
+//! from the layers below, `.wh..wh..opq` empties its directory of what the layers below
+//! put there.
+//!
+//! What is not carried over: set-user-ID and set-group-ID bits (the container runs with
+//! `no_new_privs` anyway, and the cache must hold no privileged programs), device nodes
+//! (the runtime makes `/dev`), extended attributes and file capabilities.
+
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Component, Path, PathBuf};
+
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+use nix::libc;
+
+/// The most entries one image may have (all layers).
+pub const MAX_ENTRIES: u64 = 2_000_000;
+/// Free space an unpack leaves on the agent's disk.
+const KEEP_FREE: u64 = 2 << 30;
+
+/// What unpacking the layers so far has cost, bounded across the image.
+#[derive(Debug, Default)]
+pub struct Budget {
+    /// Bytes written (regular files).
+    pub bytes: u64,
+    /// Entries seen.
+    pub entries: u64,
+    /// Device nodes skipped.
+    pub devices_skipped: u64,
+    /// The most bytes the image may unpack to.
+    pub max_bytes: u64,
+    checked_at: u64,
+}
+
+impl Budget {
+    /// A budget of `max_bytes` unpacked.
+    pub fn new(max_bytes: u64) -> Budget {
+        Budget {
+            max_bytes,
+            ..Default::default()
+        }
+    }
+}
+
+fn cstr(p: &Path) -> Result<CString, String> {
+    CString::new(p.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("{}: a NUL byte in the name", p.display()))
+}
+
+fn os(what: impl std::fmt::Display) -> impl Fn(std::io::Error) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+fn last_err() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+/// Open `rel` (relative, already checked) beneath `root` as if `root` were `/`.
+fn open_in_root(root: RawFd, rel: &Path, flags: OFlag) -> std::io::Result<OwnedFd> {
+    let how = OpenHow::new().flags(flags | OFlag::O_CLOEXEC).resolve(
+        ResolveFlag::RESOLVE_IN_ROOT
+            | ResolveFlag::RESOLVE_NO_MAGICLINKS
+            | ResolveFlag::RESOLVE_NO_XDEV,
+    );
+    let p = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    let fd = nix::fcntl::openat2(root, p, how).map_err(std::io::Error::from)?;
+    // SAFETY: a new descriptor, owned here.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `rel`'s parent directory beneath `root` (made, root-owned 0755, where missing).
+fn parent_dir(root: RawFd, rel: &Path) -> Result<OwnedFd, String> {
+    let parent = rel.parent().unwrap_or(Path::new(""));
+    match open_in_root(root, parent, OFlag::O_PATH | OFlag::O_DIRECTORY) {
+        Ok(fd) => return Ok(fd),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+        Err(e) => return Err(format!("{}: {e}", parent.display())),
+    }
+    // Make the missing directories one level at a time, each resolved from the root.
+    let mut at = open_in_root(root, Path::new(""), OFlag::O_PATH | OFlag::O_DIRECTORY)
+        .map_err(os("the root file system"))?;
+    let mut sofar = PathBuf::new();
+    for c in parent.components() {
+        sofar.push(c);
+        match open_in_root(root, &sofar, OFlag::O_PATH | OFlag::O_DIRECTORY) {
+            Ok(fd) => at = fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                let name = cstr(Path::new(c.as_os_str()))?;
+                // SAFETY: mkdirat on a descriptor and a C string.
+                if unsafe { libc::mkdirat(at.as_raw_fd(), name.as_ptr(), 0o755) } < 0 {
+                    let e = last_err();
+                    if e.raw_os_error() != Some(libc::EEXIST) {
+                        return Err(format!("{}: {e}", sofar.display()));
+                    }
+                }
+                at = open_in_root(root, &sofar, OFlag::O_PATH | OFlag::O_DIRECTORY)
+                    .map_err(os(sofar.display()))?;
+            }
+            Err(e) => return Err(format!("{}: {e}", sofar.display())),
+        }
+    }
+    Ok(at)
+}
+
+/// The path of an entry as a clean relative path (`None`: the root itself).
+fn clean(raw: &Path) -> Result<Option<PathBuf>, String> {
+    let mut out = PathBuf::new();
+    for c in raw.components() {
+        match c {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(n) => out.push(n),
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(format!(
+                    "the layer has the path {:?}, which climbs out with '..'",
+                    raw.display()
+                ))
+            }
+        }
+    }
+    Ok((!out.as_os_str().is_empty()).then_some(out))
+}
+
+/// What is at `name` in `dir`, without following a link.
+fn lstat_at(dir: RawFd, name: &CString) -> std::io::Result<Option<libc::stat>> {
+    // SAFETY: fstatat into a zeroed struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    if rc < 0 {
+        let e = last_err();
+        return if e.raw_os_error() == Some(libc::ENOENT) {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(Some(st))
+}
+
+fn is_dir(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+/// Remove `name` from `dir`, a directory with everything in it.
+fn remove_at(dir: RawFd, name: &CString) -> std::io::Result<()> {
+    let Some(st) = lstat_at(dir, name)? else {
+        return Ok(());
+    };
+    if is_dir(&st) {
+        // SAFETY: openat relative to a descriptor, never following a link.
+        let fd = unsafe {
+            libc::openat(
+                dir,
+                name.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(last_err());
+        }
+        // SAFETY: a new descriptor, owned here.
+        let sub = unsafe { OwnedFd::from_raw_fd(fd) };
+        empty_dir(sub.as_raw_fd(), &HashSet::new(), Path::new(""))?;
+        // SAFETY: unlinkat with a C string.
+        if unsafe { libc::unlinkat(dir, name.as_ptr(), libc::AT_REMOVEDIR) } < 0 {
+            return Err(last_err());
+        }
+    } else if unsafe { libc::unlinkat(dir, name.as_ptr(), 0) } < 0 {
+        return Err(last_err());
+    }
+    Ok(())
+}
+
+/// Remove every entry of directory `dir` (at `path` in the image) except those in `keep`.
+fn empty_dir(dir: RawFd, keep: &HashSet<PathBuf>, path: &Path) -> std::io::Result<()> {
+    // SAFETY: dup of a valid descriptor, handed to fdopendir (which owns it).
+    let dup = unsafe { libc::fcntl(dir, libc::F_DUPFD_CLOEXEC, 3) };
+    if dup < 0 {
+        return Err(last_err());
+    }
+    // SAFETY: fdopendir takes the duplicate; closedir below releases it.
+    let d = unsafe { libc::fdopendir(dup) };
+    if d.is_null() {
+        let e = last_err();
+        unsafe { libc::close(dup) };
+        return Err(e);
+    }
+    let mut names = Vec::new();
+    loop {
+        // SAFETY: readdir on an open stream; the entry is copied before the next call.
+        let ent = unsafe { libc::readdir(d) };
+        if ent.is_null() {
+            break;
+        }
+        let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) }.to_owned();
+        if name.as_bytes() != b"." && name.as_bytes() != b".." {
+            names.push(name);
+        }
+    }
+    unsafe { libc::closedir(d) };
+    for n in names {
+        let p =
+            path.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(n.as_bytes()));
+        if !keep.contains(&p) {
+            remove_at(dir, &n)?;
+        }
+    }
+    Ok(())
+}
+
+/// Unpack one layer (an uncompressed tar stream) onto the root file system open at
+/// `root` (where the layers below it are).
+pub fn layer(root: &OwnedFd, src: impl Read, budget: &mut Budget) -> Result<(), String> {
+    let root = root.as_raw_fd();
+    let mut archive = tar::Archive::new(src);
+    // What this layer made: an opaque whiteout keeps them.
+    let mut made: HashSet<PathBuf> = HashSet::new();
+    let entries = archive
+        .entries()
+        .map_err(|e| format!("the layer is not a tar stream: {e}"))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| format!("the layer's tar stream is damaged: {e}"))?;
+        budget.entries += 1;
+        if budget.entries > MAX_ENTRIES {
+            return Err(format!("the image has more than {MAX_ENTRIES} files"));
+        }
+        let raw = entry
+            .path()
+            .map_err(|e| format!("an entry of the layer has no usable path: {e}"))?
+            .into_owned();
+        let Some(rel) = clean(&raw)? else {
+            continue;
+        };
+        let Some(name) = rel.file_name().map(|n| n.to_owned()) else {
+            continue;
+        };
+        let name_bytes = name.as_encoded_bytes();
+        let parent = parent_dir(root, &rel)?;
+        let pfd = parent.as_raw_fd();
+        if name_bytes == b".wh..wh..opq" {
+            let dir = rel.parent().unwrap_or(Path::new("")).to_path_buf();
+            let d = open_in_root(root, &dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY)
+                .map_err(os(dir.display()))?;
+            empty_dir(d.as_raw_fd(), &made, &dir).map_err(os(dir.display()))?;
+            continue;
+        }
+        if let Some(gone) = name_bytes.strip_prefix(b".wh.") {
+            let gone = CString::new(gone).map_err(|_| "a NUL byte in a whiteout".to_string())?;
+            remove_at(pfd, &gone).map_err(os(rel.display()))?;
+            continue;
+        }
+        let cname = cstr(Path::new(&name))?;
+        let header = entry.header();
+        let kind = header.entry_type();
+        let mode = header.mode().unwrap_or(0o644) & 0o1777;
+        let uid = header.uid().unwrap_or(0) as libc::uid_t;
+        let gid = header.gid().unwrap_or(0) as libc::gid_t;
+        let mtime = header.mtime().unwrap_or(0) as i64;
+        let existing = lstat_at(pfd, &cname).map_err(os(rel.display()))?;
+        // A directory over a directory merges; anything else replaces what was there.
+        let keep_dir = kind.is_dir() && existing.as_ref().is_some_and(is_dir);
+        if existing.is_some() && !keep_dir {
+            remove_at(pfd, &cname).map_err(os(rel.display()))?;
+        }
+        made.insert(rel.clone());
+        use tar::EntryType as T;
+        match kind {
+            T::Directory => {
+                if !keep_dir {
+                    // SAFETY: mkdirat relative to the parent's descriptor.
+                    if unsafe { libc::mkdirat(pfd, cname.as_ptr(), 0o700) } < 0 {
+                        return Err(format!("{}: {}", rel.display(), last_err()));
+                    }
+                }
+                let fd = unsafe {
+                    libc::openat(
+                        pfd,
+                        cname.as_ptr(),
+                        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                    )
+                };
+                if fd < 0 {
+                    return Err(format!("{}: {}", rel.display(), last_err()));
+                }
+                // SAFETY: a new descriptor, owned here.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                own(fd.as_raw_fd(), uid, gid, mode & 0o1777).map_err(os(rel.display()))?;
+            }
+            T::Regular | T::Continuous => {
+                // SAFETY: openat creating a new file, never through a link.
+                let fd = unsafe {
+                    libc::openat(
+                        pfd,
+                        cname.as_ptr(),
+                        libc::O_WRONLY
+                            | libc::O_CREAT
+                            | libc::O_EXCL
+                            | libc::O_NOFOLLOW
+                            | libc::O_CLOEXEC,
+                        0o600,
+                    )
+                };
+                if fd < 0 {
+                    return Err(format!("{}: {}", rel.display(), last_err()));
+                }
+                // SAFETY: a new descriptor, owned by the File.
+                let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+                let size = header.size().unwrap_or(0);
+                if budget.bytes + size > budget.max_bytes {
+                    return Err(format!(
+                        "the image unpacks to more than {} bytes (at {})",
+                        budget.max_bytes,
+                        rel.display()
+                    ));
+                }
+                let copied = std::io::copy(&mut (&mut entry).take(size), &mut f)
+                    .map_err(os(rel.display()))?;
+                budget.bytes += copied;
+                if budget.bytes - budget.checked_at >= 64 << 20 {
+                    budget.checked_at = budget.bytes;
+                    #[allow(clippy::unnecessary_cast)]
+                    let free = nix::sys::statvfs::fstatvfs(&f)
+                        .map(|v| v.blocks_available() as u64 * v.fragment_size() as u64)
+                        .unwrap_or(u64::MAX);
+                    if free < KEEP_FREE {
+                        return Err(format!(
+                            "less than {} GiB left on the agent's disk; the image is not unpacked",
+                            KEEP_FREE >> 30
+                        ));
+                    }
+                }
+                own(f.as_raw_fd(), uid, gid, mode & 0o777).map_err(os(rel.display()))?;
+                set_mtime(pfd, &cname, mtime);
+            }
+            T::Symlink => {
+                let target = entry
+                    .link_name()
+                    .map_err(|e| format!("{}: {e}", rel.display()))?
+                    .ok_or_else(|| {
+                        format!("{}: a symbolic link without a target", rel.display())
+                    })?;
+                let t = cstr(&target)?;
+                // SAFETY: symlinkat with C strings; the target is only text.
+                if unsafe { libc::symlinkat(t.as_ptr(), pfd, cname.as_ptr()) } < 0 {
+                    return Err(format!("{}: {}", rel.display(), last_err()));
+                }
+                // SAFETY: fchownat on the link itself.
+                if unsafe {
+                    libc::fchownat(pfd, cname.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW)
+                } < 0
+                {
+                    return Err(format!("{}: {}", rel.display(), last_err()));
+                }
+                set_mtime(pfd, &cname, mtime);
+            }
+            T::Link => {
+                let target = entry
+                    .link_name()
+                    .map_err(|e| format!("{}: {e}", rel.display()))?
+                    .ok_or_else(|| format!("{}: a hard link without a target", rel.display()))?;
+                let Some(trel) = clean(&target)? else {
+                    return Err(format!("{}: a hard link to the root", rel.display()));
+                };
+                let tparent = open_in_root(
+                    root,
+                    trel.parent().unwrap_or(Path::new("")),
+                    OFlag::O_PATH | OFlag::O_DIRECTORY,
+                )
+                .map_err(os(trel.display()))?;
+                let tname = cstr(Path::new(trel.file_name().unwrap_or_default()))?;
+                // SAFETY: linkat between descriptors; a link in the target's last
+                // component is linked itself, never followed.
+                if unsafe {
+                    libc::linkat(tparent.as_raw_fd(), tname.as_ptr(), pfd, cname.as_ptr(), 0)
+                } < 0
+                {
+                    return Err(format!(
+                        "{} (a hard link to {}): {}",
+                        rel.display(),
+                        trel.display(),
+                        last_err()
+                    ));
+                }
+            }
+            T::Fifo => {
+                // SAFETY: mkfifoat relative to the parent's descriptor.
+                if unsafe { libc::mkfifoat(pfd, cname.as_ptr(), 0o600) } < 0 {
+                    return Err(format!("{}: {}", rel.display(), last_err()));
+                }
+                let fd = unsafe {
+                    libc::openat(
+                        pfd,
+                        cname.as_ptr(),
+                        libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                    )
+                };
+                if fd >= 0 {
+                    // SAFETY: a new descriptor, owned here; chown/chmod through /proc is
+                    // not needed: fchownat with AT_EMPTY_PATH works on O_PATH.
+                    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                    let empty = c"";
+                    unsafe {
+                        libc::fchownat(
+                            fd.as_raw_fd(),
+                            empty.as_ptr(),
+                            uid,
+                            gid,
+                            libc::AT_EMPTY_PATH,
+                        );
+                        libc::fchmodat(pfd, cname.as_ptr(), mode & 0o777, 0);
+                    }
+                }
+            }
+            T::Char | T::Block => {
+                made.remove(&rel);
+                budget.devices_skipped += 1;
+            }
+            // PAX and GNU extension headers are read by the tar reader itself.
+            T::XGlobalHeader | T::XHeader | T::GNULongName | T::GNULongLink => {}
+            other => {
+                return Err(format!(
+                    "{}: tar entries of type {other:?} are not supported",
+                    rel.display()
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Give `fd` to `uid:gid` with `mode` (ownership first: chown clears the mode's
+/// special bits).
+fn own(fd: RawFd, uid: libc::uid_t, gid: libc::gid_t, mode: u32) -> std::io::Result<()> {
+    // SAFETY: fchown and fchmod on a valid descriptor.
+    unsafe {
+        if libc::fchown(fd, uid, gid) < 0 || libc::fchmod(fd, mode as libc::mode_t) < 0 {
+            return Err(last_err());
+        }
+    }
+    Ok(())
+}
+
+fn set_mtime(dir: RawFd, name: &CString, secs: i64) {
+    let t = libc::timespec {
+        tv_sec: secs as libc::time_t,
+        tv_nsec: 0,
+    };
+    let times = [t, t];
+    // SAFETY: utimensat on the entry itself (a link is not followed).
+    unsafe {
+        libc::utimensat(
+            dir,
+            name.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        );
+    }
+}
