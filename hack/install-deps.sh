@@ -28,6 +28,9 @@
 #                      tests run MPI hello worlds through it; mpiexec.mpich for bench-launch
 #   libpmi2-0-dev      Slurm's libpmi2 (a real PMI-2 client) for the same tests
 #   squashfs-tools     mksquashfs: the agent's uenv tests build the images they mount
+#   crun               the OCI runtime the agent runs image jobs with (environment.image)
+#   docker-registry    the CNCF distribution registry: the agent's OCI tests push an image
+#                      to it and the agent pulls it from there
 #   kubectl            not a Debian package: see install_kubectl
 #   helm-python-sdk, kubernetes-validate
 #                      render and validate the Helm chart (hack/check-chart.sh): see
@@ -65,6 +68,8 @@ PACKAGES=(
   "mpiexec.mpich mpich"
   "/usr/include/slurm/pmi2.h libpmi2-0-dev"
   "mksquashfs squashfs-tools"
+  "crun crun"
+  "docker-registry docker-registry"
 )
 if [ "${1:-}" = --peers ]; then
   PACKAGES+=(

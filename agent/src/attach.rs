@@ -146,12 +146,32 @@ pub async fn attach(
         );
     }
     let (program, args) = command(&ticket, user.as_ref());
-    let mount_ns = match run_mount_ns(&ctx, &rec) {
+    let contained = rec.image_digest.is_some();
+    let mount_ns = match if contained {
+        container_mount_ns(&rec)
+    } else {
+        run_mount_ns(&ctx, &rec)
+    } {
         Ok(ns) => ns,
         Err(why) => return refuse(StatusCode::CONFLICT, why),
     };
+    if let Some(digest) = &rec.image_digest {
+        // The container's environment: the image's under the workload's.
+        let Some(image) = crate::oci::cached(&ctx.cfg.state_dir.join("oci"), digest) else {
+            return refuse(
+                StatusCode::CONFLICT,
+                format!("the run's image {digest} is no longer in the node's cache"),
+            );
+        };
+        let pairs: Vec<(String, String)> = env.into_iter().collect();
+        env = crate::oci::bundle::merged_env(&image.env, &pairs)
+            .into_iter()
+            .filter_map(|e| e.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+            .collect();
+    }
     let spec = SessionSpec {
         mount_ns,
+        contained,
         program,
         args,
         env,
@@ -249,6 +269,8 @@ struct SessionSpec {
     /// The run's supervisor (a pidfd), whose mount namespace (its uenv mounts) the session
     /// enters before anything else.
     mount_ns: Option<OwnedFd>,
+    /// `mount_ns` is a container's (an OCI image run).
+    contained: bool,
 }
 
 /// The mount namespace of `rec`'s run when it has one of its own (uenv images): its
@@ -277,6 +299,39 @@ fn run_mount_ns(ctx: &Ctx, rec: &TaskRecord) -> Result<Option<OwnedFd>, String> 
         })
         .unwrap_or(false);
     if !root_owned || !ctx.runtime.shim_alive(pid, &rec.run_dir) {
+        return Err(gone.into());
+    }
+    Ok(Some(pidfd))
+}
+
+/// The mount namespace of the container of `rec`'s first task (an OCI image run): that
+/// of the runtime's child, whose root is the image.
+fn container_mount_ns(rec: &TaskRecord) -> Result<Option<OwnedFd>, String> {
+    let gone = "the run's container is gone";
+    let runtime = rec.pid.ok_or(gone)?;
+    let children = std::fs::read_to_string(format!("/proc/{runtime}/task/{runtime}/children"))
+        .map_err(|_| gone)?;
+    let pid: i32 = children
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or(gone)?;
+    // SAFETY: pidfd_open with a pid and no flags; the result is owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(gone.into());
+    }
+    // SAFETY: a new descriptor of ours.
+    let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    // Pinned by the pidfd: it is still the runtime's child (not a reused pid).
+    let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1).map(str::to_string))
+        })
+        .and_then(|p| p.parse::<u32>().ok());
+    if parent != Some(runtime) {
         return Err(gone.into());
     }
     Ok(Some(pidfd))
@@ -348,6 +403,7 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
         .unwrap_or_default();
     let tty = spec.tty.is_some();
     let mount_ns = spec.mount_ns.as_ref().map(|f| f.as_raw_fd());
+    let contained = spec.contained;
     let mut pty_master: Option<OwnedFd> = None;
     if let Some(size) = spec.tty {
         let pty = nix::pty::openpty(Some(&winsize(size)), None).map_err(std::io::Error::from)?;
@@ -379,11 +435,21 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
     unsafe {
         cmd.pre_exec(move || {
             crate::runtime::cloexec_inherited();
-            // The run's uenv mounts (a single-threaded child may enter a mount namespace).
+            // The run's cgroups (its limits, and they end with the run): a session
+            // outside them is refused rather than left unbounded. Joined first: a
+            // container's view of /sys is read-only.
+            crate::cgroup::join(&procs)?;
+            // The run's uenv mounts, or its container's root file system (a
+            // single-threaded child may enter a mount namespace; entering one moves the
+            // root and working directories to its root).
             if let Some(ns) = mount_ns {
                 if libc::setns(ns, libc::CLONE_NEWNS) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+            }
+            // As the container's own processes: no privilege gained by exec.
+            if contained && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
             }
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
@@ -391,9 +457,6 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
             if tty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // The run's cgroups (its limits, and they end with the run): a session
-            // outside them is refused rather than left unbounded.
-            crate::cgroup::join(&procs)?;
             if let Some((uid, gid)) = ids {
                 if libc::setgroups(groups.len(), groups.as_ptr()) < 0
                     || libc::setgid(gid) < 0

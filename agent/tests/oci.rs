@@ -298,6 +298,30 @@ async fn an_image_job_runs_in_the_image_as_the_user_with_its_steps_ranks_on_pmi(
         .join(manifest.trim_start_matches("sha256:"));
     assert!(cached.join("rootfs").join(&marker).exists());
 
+    // An attach session enters the container: the image's files and environment.
+    let out = Command::new(workspace_bin("lattice"))
+        .args(["attach", "boxed", "--", "sh", "-c"])
+        .arg("grep ^ID= /etc/os-release; echo \"attached uid=$(id -u) $IMAGE_GREETING\"; grep ^NoNewPrivs /proc/self/status")
+        .env("LATTICE_API_URL", &server.url)
+        .env("LATTICE_TOKEN", &server.token)
+        .env_remove("LATTICE_TOKEN_FILE")
+        .env_remove("LATTICE_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("lattice attach");
+    let said = String::from_utf8_lossy(&out.stdout);
+    for w in [
+        "ID=lattice-test".to_string(),
+        format!("attached uid={} from-the-image", user.uid),
+        "NoNewPrivs:\t1".into(),
+    ] {
+        assert!(
+            said.contains(&w),
+            "missing {w:?} in {said}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     // A job step of the allocation runs in the image too: two ranks, each speaking the
     // PMI-1 wire on its own socket (descriptor 3 in the container).
     let p = server.allocations().get("boxed").await.unwrap();

@@ -412,6 +412,15 @@ pub async fn resolve(cache: &Path, image: &str) -> Result<Image, EnvError> {
     })
 }
 
+/// The image with manifest digest `digest` in `cache`, if it is there.
+pub fn cached(cache: &Path, digest: &str) -> Option<Image> {
+    let hex = digest.strip_prefix("sha256:")?;
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    read_cached(&cache.join(hex))
+}
+
 fn read_cached(dir: &Path) -> Option<Image> {
     let c: Cached = serde_json::from_slice(&std::fs::read(dir.join("image.json")).ok()?).ok()?;
     let rootfs = dir.join("rootfs");

@@ -468,3 +468,141 @@ fn set_mtime(dir: RawFd, name: &CString, secs: i64) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tar stream of `(path, kind, data)`: kind `f` file, `d` directory, `l` symbolic
+    /// link (data: target), `h` hard link (data: target).
+    fn tar_of(entries: &[(&str, char, &str)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, kind, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_mode(0o644);
+            h.set_uid(nix::unistd::geteuid().as_raw().into());
+            h.set_gid(nix::unistd::getegid().as_raw().into());
+            match kind {
+                'f' => {
+                    h.set_entry_type(tar::EntryType::Regular);
+                    h.set_size(data.len() as u64);
+                    // Written raw: the builder's own path checks would refuse the
+                    // hostile names these tests need.
+                    let name = path.as_bytes();
+                    h.as_old_mut().name[..name.len()].copy_from_slice(name);
+                    h.set_cksum();
+                    b.append(&h, data.as_bytes()).unwrap();
+                }
+                'd' => {
+                    h.set_entry_type(tar::EntryType::Directory);
+                    h.set_mode(0o755);
+                    h.set_size(0);
+                    b.append_data(&mut h, path, std::io::empty()).unwrap();
+                }
+                'l' | 'h' => {
+                    h.set_entry_type(if *kind == 'l' {
+                        tar::EntryType::Symlink
+                    } else {
+                        tar::EntryType::Link
+                    });
+                    h.set_size(0);
+                    let name = path.as_bytes();
+                    h.as_old_mut().name[..name.len()].copy_from_slice(name);
+                    let target = data.as_bytes();
+                    h.as_old_mut().linkname[..target.len()].copy_from_slice(target);
+                    h.set_cksum();
+                    b.append(&h, std::io::empty()).unwrap();
+                }
+                _ => unreachable!(),
+            }
+        }
+        b.into_inner().unwrap()
+    }
+
+    fn unpack(root: &Path, layers: &[Vec<u8>]) -> Result<(), String> {
+        let fd = OwnedFd::from(std::fs::File::open(root).unwrap());
+        let mut budget = Budget::new(1 << 20);
+        for l in layers {
+            layer(&fd, l.as_slice(), &mut budget)?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn whiteouts_remove_what_the_layers_below_put_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        let base = tar_of(&[
+            ("etc/gone", 'f', "x"),
+            ("etc/kept", 'f', "x"),
+            ("opt/d/old", 'f', "x"),
+            ("opt/tree/sub/f", 'f', "x"),
+        ]);
+        let top = tar_of(&[
+            ("opt/d/new", 'f', "x"),
+            ("opt/d/.wh..wh..opq", 'f', ""),
+            ("etc/.wh.gone", 'f', ""),
+            ("opt/.wh.tree", 'f', ""),
+            ("etc/kept", 'f', "replaced"),
+        ]);
+        unpack(&root, &[base, top]).unwrap();
+        assert!(!root.join("etc/gone").exists());
+        assert_eq!(std::fs::read_to_string(root.join("etc/kept")).unwrap(), "replaced");
+        assert!(!root.join("opt/d/old").exists(), "the opaque directory hides the old");
+        assert!(root.join("opt/d/new").exists(), "but keeps its own layer's entries");
+        assert!(!root.join("opt/tree").exists());
+    }
+
+    #[test]
+    fn hostile_layers_never_reach_outside_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "host").unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        let out = outside.display().to_string();
+        // '..' is refused outright.
+        let climb = tar_of(&[("../outside/planted", 'f', "x")]);
+        let e = unpack(&root, &[climb]).unwrap_err();
+        assert!(e.contains("climbs out"), "{e}");
+        // A link to a host directory resolves inside the root, where it is missing: the
+        // write through it fails, and nothing reaches the host.
+        let dangling = tar_of(&[("abs", 'l', &out), ("abs/planted", 'f', "x")]);
+        let e = unpack(&root, &[dangling]).unwrap_err();
+        assert!(e.contains("abs"), "{e}");
+        assert!(!outside.join("planted").exists());
+        // Links to the root, absolute or climbing, lead to the image's own root.
+        let links = tar_of(&[
+            ("top", 'l', "/"),
+            ("rel", 'l', "../../../../../../.."),
+            ("top/planted", 'f', "x"),
+            ("rel/tmp/planted2", 'f', "x"),
+        ]);
+        unpack(&root, &[links]).unwrap();
+        assert!(root.join("planted").exists());
+        assert!(root.join("tmp/planted2").exists());
+        // A hard link to a host file resolves its target inside the root too.
+        let hard = tar_of(&[("stolen", 'h', &format!("{out}/secret"))]);
+        let e = unpack(&root, &[hard]).unwrap_err();
+        assert!(e.contains("outside/secret"), "{e}");
+        assert_eq!(std::fs::read_to_string(outside.join("secret")).unwrap(), "host");
+        // Replacing a link with a file replaces the link, not its target.
+        let over = tar_of(&[("abs", 'f', "now a file")]);
+        unpack(&root, &[over]).unwrap();
+        assert_eq!(std::fs::read_to_string(root.join("abs")).unwrap(), "now a file");
+        assert!(outside.join("secret").exists());
+    }
+
+    #[test]
+    fn the_budget_bounds_what_an_image_unpacks_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = "x".repeat(4096);
+        let l = tar_of(&[("a", 'f', &big), ("b", 'f', &big)]);
+        let fd = OwnedFd::from(std::fs::File::open(dir.path()).unwrap());
+        let mut budget = Budget::new(6000);
+        let e = layer(&fd, l.as_slice(), &mut budget).unwrap_err();
+        assert!(e.contains("more than 6000 bytes"), "{e}");
+    }
+}
