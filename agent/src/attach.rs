@@ -166,7 +166,10 @@ pub async fn attach(
         let pairs: Vec<(String, String)> = env.into_iter().collect();
         env = crate::oci::bundle::merged_env(&image.env, &pairs)
             .into_iter()
-            .filter_map(|e| e.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+            .filter_map(|e| {
+                e.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+            })
             .collect();
     }
     let spec = SessionSpec {

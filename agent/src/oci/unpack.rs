@@ -548,9 +548,18 @@ mod tests {
         ]);
         unpack(&root, &[base, top]).unwrap();
         assert!(!root.join("etc/gone").exists());
-        assert_eq!(std::fs::read_to_string(root.join("etc/kept")).unwrap(), "replaced");
-        assert!(!root.join("opt/d/old").exists(), "the opaque directory hides the old");
-        assert!(root.join("opt/d/new").exists(), "but keeps its own layer's entries");
+        assert_eq!(
+            std::fs::read_to_string(root.join("etc/kept")).unwrap(),
+            "replaced"
+        );
+        assert!(
+            !root.join("opt/d/old").exists(),
+            "the opaque directory hides the old"
+        );
+        assert!(
+            root.join("opt/d/new").exists(),
+            "but keeps its own layer's entries"
+        );
         assert!(!root.join("opt/tree").exists());
     }
 
@@ -587,11 +596,17 @@ mod tests {
         let hard = tar_of(&[("stolen", 'h', &format!("{out}/secret"))]);
         let e = unpack(&root, &[hard]).unwrap_err();
         assert!(e.contains("outside/secret"), "{e}");
-        assert_eq!(std::fs::read_to_string(outside.join("secret")).unwrap(), "host");
+        assert_eq!(
+            std::fs::read_to_string(outside.join("secret")).unwrap(),
+            "host"
+        );
         // Replacing a link with a file replaces the link, not its target.
         let over = tar_of(&[("abs", 'f', "now a file")]);
         unpack(&root, &[over]).unwrap();
-        assert_eq!(std::fs::read_to_string(root.join("abs")).unwrap(), "now a file");
+        assert_eq!(
+            std::fs::read_to_string(root.join("abs")).unwrap(),
+            "now a file"
+        );
         assert!(outside.join("secret").exists());
     }
 

@@ -58,7 +58,7 @@ const fn o(long: &'static str, short: Option<char>, arg: ArgKind) -> OptDef {
 use ArgKind::{None as N, Optional as O, Required as R};
 
 /// Every sbatch long option (Slurm 23.x/24.x), plus the `--uenv` / `--view`
-/// extensions. Prefix abbreviations are resolved against this whole table, so
+/// extensions and pyxis's `--container-image`. Prefix abbreviations are resolved against this whole table, so
 /// an abbreviation is accepted only when sbatch itself would accept it.
 pub const SBATCH_OPTIONS: &[OptDef] = &[
     o("account", Some('A'), R),
@@ -75,6 +75,7 @@ pub const SBATCH_OPTIONS: &[OptDef] = &[
     o("constraint", Some('C'), R),
     o("container", None, R),
     o("container-id", None, R),
+    o("container-image", None, R),
     o("contiguous", None, N),
     o("core-spec", Some('S'), R),
     o("cores-per-socket", None, R),

@@ -369,6 +369,19 @@ fn apply(st: &mut State, opt: &ParsedOption, warns: &mut Vec<Warning>) -> Result
         }
         (Dialect::Lattice, "tools-uenv") => st.tools_uenv = Some(text(v)?),
         (Dialect::Lattice, "image") => st.image = Some(text(v)?),
+        (Dialect::Slurm, "container-image") => {
+            // pyxis/enroot write `[USER@][REGISTRY#]IMAGE[:TAG]`.
+            let raw = text(v)?;
+            let image = pyxis_image(&raw);
+            if image != raw {
+                warns.push(Warning::note(
+                    &opt.source,
+                    &opt.written,
+                    format!("the pyxis image {raw} runs as the OCI image {image}"),
+                ));
+            }
+            st.image = Some(image);
+        }
         (Dialect::Slurm, "chdir") => st.chdir = Some((text(v)?, opt.source.clone())),
         (Dialect::Slurm, "export") => {
             let mut names = Vec::new();
@@ -589,6 +602,17 @@ fn origin_source(st: &State, name: &str) -> Source {
 }
 
 /// An error for a value the API server would reject, located where the option was written.
+/// A pyxis/enroot image reference (`[USER@][REGISTRY#]IMAGE[:TAG]`) as an OCI one.
+fn pyxis_image(raw: &str) -> String {
+    let rest = match raw.split_once('@') {
+        // `user@registry#image`: a user for credentials (Lattice pulls anonymously);
+        // `image@sha256:...` is a digest and stays.
+        Some((_, r)) if raw.contains('#') && !raw.starts_with("sha256:") => r,
+        _ => raw,
+    };
+    rest.replacen('#', "/", 1)
+}
+
 fn reject(st: &State, names: &[&str], value: &str, message: String, hint: String) -> SubmitError {
     let (source, option) = names
         .iter()

@@ -717,6 +717,36 @@ fn uenv_and_view() {
 }
 
 #[test]
+fn images_from_lattice_and_pyxis_directives() {
+    let t = tr(&script("#LATTICE --image=ghcr.io/acme/train:v3"));
+    assert_eq!(
+        spec(&t)["environment"],
+        json!({"image": "ghcr.io/acme/train:v3"})
+    );
+    assert!(warnings(&t).is_empty(), "{:?}", warnings(&t));
+    admit(&t);
+    // pyxis writes the registry before a '#' (escaped: in a directive, '#' starts a
+    // comment, as in sbatch).
+    let t = tr(&script(
+        "#SBATCH --container-image=nvcr.io\\#nvidia/pytorch:24.01-py3",
+    ));
+    assert_eq!(
+        spec(&t)["environment"],
+        json!({"image": "nvcr.io/nvidia/pytorch:24.01-py3"})
+    );
+    assert_eq!(
+        warnings(&t),
+        vec!["#SBATCH --container-image=nvcr.io#nvidia/pytorch:24.01-py3: the pyxis image nvcr.io#nvidia/pytorch:24.01-py3 runs as the OCI image nvcr.io/nvidia/pytorch:24.01-py3"]
+    );
+    admit(&t);
+    // A malformed reference names the option and the part.
+    let e = translate(&script("#LATTICE --image=Ubuntu:24.04"), &flags(), &site())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--image") && e.contains("\"Ubuntu\""), "{e}");
+}
+
+#[test]
 fn unsupported_directives_warn_once_each_with_seed_wording() {
     let t = tr(&script(
         "#SBATCH --mem=64G\n#SBATCH --mail-user=user@example.com\n#SBATCH --mail-type=ALL\n#SBATCH --cpus-per-task=8",
