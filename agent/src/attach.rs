@@ -145,8 +145,13 @@ pub async fn attach(
             opt("term").unwrap_or_else(|| "xterm-256color".into()),
         );
     }
-    let (program, args) = command(&ticket, user.as_ref());
     let contained = rec.image_digest.is_some();
+    let (program, args) = if contained && ticket.command.is_empty() {
+        // The host's login shell need not exist in the image.
+        ("/bin/sh".to_string(), Vec::new())
+    } else {
+        command(&ticket, user.as_ref())
+    };
     let mount_ns = match if contained {
         container_mount_ns(&rec)
     } else {
@@ -450,9 +455,47 @@ fn start(spec: &SessionSpec) -> std::io::Result<Started> {
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            // As the container's own processes: no privilege gained by exec.
-            if contained && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
+            // As the container's own processes: no privilege gained by exec, and no
+            // capability kept (a root session in an image gets none either).
+            if contained {
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                for cap in 0..64 {
+                    libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+                }
+                if ids.is_none() {
+                    #[repr(C)]
+                    struct Header {
+                        version: u32,
+                        pid: i32,
+                    }
+                    #[repr(C)]
+                    struct Data {
+                        effective: u32,
+                        permitted: u32,
+                        inheritable: u32,
+                    }
+                    let mut h = Header {
+                        version: 0x2008_0522,
+                        pid: 0,
+                    };
+                    let d = [
+                        Data {
+                            effective: 0,
+                            permitted: 0,
+                            inheritable: 0,
+                        },
+                        Data {
+                            effective: 0,
+                            permitted: 0,
+                            inheritable: 0,
+                        },
+                    ];
+                    if libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
             }
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());

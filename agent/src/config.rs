@@ -37,6 +37,18 @@ pub enum Command {
     /// Supervise one workload (exec'd by the agent; not for people).
     #[command(hide = true)]
     Shim(ShimArgs),
+    /// Serve PMIx to one job step's ranks on this node (started by the agent; needs the
+    /// cargo feature `pmix`).
+    #[command(hide = true)]
+    PmixServer(PmixArgs),
+}
+
+/// Flags of `lattice-agent pmix-server`.
+#[derive(Debug, Clone, Args)]
+pub struct PmixArgs {
+    /// The socket to the agent.
+    #[arg(long)]
+    pub fd: i32,
 }
 
 /// Flags of the agent proper.
@@ -529,7 +541,7 @@ mod tests {
         .unwrap();
         match cli.command {
             Some(Command::Shim(s)) => assert_eq!(s.command, vec!["/bin/echo", "a b", "--c"]),
-            None => panic!("no shim"),
+            _ => panic!("no shim"),
         }
     }
 

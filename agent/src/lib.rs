@@ -48,6 +48,7 @@ pub mod logs;
 pub mod metrics;
 pub mod oci;
 pub mod pmi;
+pub mod pmix;
 pub mod policy;
 pub mod registration;
 pub mod reporter;

@@ -4,10 +4,26 @@ use lattice_agent::config::{Cli, Command, Config};
 
 fn main() -> std::process::ExitCode {
     let cli: Cli = lattice_config::parse();
-    if let Some(Command::Shim(args)) = cli.command {
-        // The shim stays small: no runtime, no tracing; diagnostics go to stderr.
-        let code = lattice_agent::shim::run(args);
-        return std::process::ExitCode::from(code.clamp(0, 255) as u8);
+    match cli.command {
+        Some(Command::Shim(args)) => {
+            // The shim stays small: no runtime, no tracing; diagnostics go to stderr.
+            let code = lattice_agent::shim::run(args);
+            return std::process::ExitCode::from(code.clamp(0, 255) as u8);
+        }
+        Some(Command::PmixServer(args)) => {
+            #[cfg(feature = "pmix")]
+            let code = lattice_agent::pmix::sidecar::run(args.fd);
+            #[cfg(not(feature = "pmix"))]
+            let code = {
+                eprintln!(
+                    "lattice-agent pmix-server (fd {}): this agent was built without the cargo feature pmix",
+                    args.fd
+                );
+                2
+            };
+            return std::process::ExitCode::from(code.clamp(0, 255) as u8);
+        }
+        None => {}
     }
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -274,13 +274,16 @@ pub fn run(args: ShimArgs) -> i32 {
                     task_env.retain(|(k, _)| k != "PMI_FD");
                     task_env.push(("PMI_FD".into(), fd));
                 }
-                let process = crate::oci::bundle::Process {
-                    args: args.command.clone(),
-                    env: task_env,
-                    cwd: &args.cwd,
-                    user: ids.map(|(u, g)| (u, g, groups.clone())),
-                };
-                crate::oci::bundle::write_bundle(plan, prepared, i, &process)
+                crate::oci::bundle::enter_cwd(plan, prepared, &args.cwd, &args.command)
+                    .and_then(|(cwd, command)| {
+                        let process = crate::oci::bundle::Process {
+                            args: command,
+                            env: task_env,
+                            cwd: &cwd,
+                            user: ids.map(|(u, g)| (u, g, groups.clone())),
+                        };
+                        crate::oci::bundle::write_bundle(plan, prepared, i, &process)
+                    })
                     .map_err(std::io::Error::other)
                     .and_then(|()| {
                         spawn_container(

@@ -739,9 +739,16 @@ impl Supervisor {
                 readonly: false,
             },
         ];
-        let cwd = workload_cwd(alloc, &self.rec);
+        if self.rec.cgroups.is_empty() {
+            // The runtime puts the workload in a session of its own: only the run's
+            // cgroups reach every process of it at the end.
+            return Err(EnvError::passing(format!(
+                "the allocation runs in image {image}, but the agent of node {node} runs without cgroups (--no-cgroups), which containers need"
+            )));
+        }
+        // The working directory is not bound in: it is a path in the container (under
+        // the scratch directory, a site bind, or the image), entered as the user.
         let mut extra: Vec<PathBuf> = self.ctx.cfg.oci_binds.clone();
-        extra.push(cwd);
         extra.extend(squashfs.iter().map(|m| m.target.clone()));
         for p in extra {
             if !p.is_absolute() || !p.exists() {
@@ -770,6 +777,7 @@ impl Supervisor {
             image_env: pulled.env,
             binds,
             devices: crate::oci::bundle::gpu_devices(&self.ctx.cfg.device_dir, &gpus),
+            safe_cwd: Some(self.rec.scratch_dir.clone()),
         }))
     }
 

@@ -361,6 +361,50 @@ async fn an_image_job_runs_in_the_image_as_the_user_with_its_steps_ranks_on_pmi(
     }
 }
 
+/// The runtime enters the working directory as root: only the agent's own scratch
+/// directory is given to it. Any other is entered by the user, so a working directory
+/// through another process's root (`/proc/1/root`, the host's `/`) is refused by the
+/// kernel; one in the image works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_working_directory_is_entered_as_the_user() {
+    let Some(user) = setup() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path());
+    test_image(
+        &reg.addr,
+        &format!("lattice-oci-cwd-{}", std::process::id()),
+    )
+    .await;
+    let server = Server::start();
+    let root = open_dir();
+    let agent = Agent::start(&server, "node-a", root.path(), &[]);
+    let image = format!("{}/lattice/test:v1", reg.addr);
+    for (name, wd) in [("in-image", "/opt/keep"), ("host-root", "/proc/1/root/etc")] {
+        create_with(
+            &server,
+            name,
+            json!({"entrypoint": "pwd; ls", "workingDir": wd, "requeue": {"policy": "never"},
+                   "environment": {"image": image}}),
+            user_meta(&user.name),
+        )
+        .await;
+        bind(&server, name, &["node-a"], Some(600)).await;
+    }
+    let ok = wait_terminal(&server, "in-image").await;
+    let (_, out) = server.logs("in-image", "").await;
+    assert_eq!(
+        ok.phase(),
+        AllocationPhase::Completed,
+        "{out}\n{}",
+        agent.log()
+    );
+    assert!(out.contains("/opt/keep\nnew"), "{out}");
+    let refused = wait_terminal(&server, "host-root").await;
+    let (_, out) = server.logs("host-root", "").await;
+    assert_eq!(refused.phase(), AllocationPhase::Failed, "{out}");
+    assert!(out.contains("can't cd") && !out.contains("passwd"), "{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_image_fails_the_allocation_without_requeue() {
     let Some(user) = setup() else { return };

@@ -66,6 +66,11 @@ pub struct ContainerPlan {
     /// Device nodes passed in (the node's GPUs and their control nodes).
     #[serde(default)]
     pub devices: Vec<DeviceBind>,
+    /// A working directory the runtime may enter as root: the job's scratch directory,
+    /// made by the agent (no component of its path is the user's to replace). Any other
+    /// is entered by the user, from a shell in the image.
+    #[serde(default)]
+    pub safe_cwd: Option<PathBuf>,
 }
 
 /// A device node bound into the containers.
@@ -117,6 +122,8 @@ pub struct Prepared {
     /// `/sys/fs/cgroup/unified` is a cgroup2 with controllers (a hybrid host, which
     /// runtimes refuse): hidden from the runtime in its own mount namespace.
     pub hide_unified: bool,
+    /// The image has `/bin/sh`.
+    pub has_shell: bool,
 }
 
 fn c(p: &Path) -> Result<CString, String> {
@@ -231,10 +238,23 @@ pub fn prepare(plan: &ContainerPlan, run_dir: &Path) -> Result<Prepared, String>
     for f in ["etc/hosts", "etc/resolv.conf"] {
         make_target(&root, Path::new("/").join(f).as_path(), false)?;
     }
+    let has_shell = nix::fcntl::openat2(
+        root.as_raw_fd(),
+        "bin/sh",
+        OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS),
+    )
+    .map(|fd| {
+        // SAFETY: a descriptor of ours, closed here.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) })
+    })
+    .is_ok();
     Ok(Prepared {
         scratch,
         rootfs,
         hide_unified: hybrid_cgroups(),
+        has_shell,
     })
 }
 
@@ -320,6 +340,56 @@ pub fn runtime_args(p: &Prepared, i: usize, pmi: bool) -> Vec<String> {
     a
 }
 
+/// Where the runtime starts a task and what it runs: the runtime enters the working
+/// directory as root before it switches to the user, so only a directory the agent made
+/// ([`ContainerPlan::safe_cwd`], or `/`) is given to it; any other is entered by the
+/// user, through `/bin/sh -c 'cd -- "$1" && shift && exec "$@"'`, so a link the user
+/// planted (say to `/proc/1/root/...`) is followed with the user's rights only.
+pub fn enter_cwd(
+    plan: &ContainerPlan,
+    p: &Prepared,
+    cwd: &Path,
+    command: &[String],
+) -> Result<(PathBuf, Vec<String>), String> {
+    if cwd == Path::new("/") || plan.safe_cwd.as_deref() == Some(cwd) {
+        return Ok((cwd.to_path_buf(), command.to_vec()));
+    }
+    if !p.has_shell {
+        return Err(format!(
+            "the image has no /bin/sh, through which the job enters its working directory {} as its user; leave spec.workingDir unset (the job's scratch directory) or use an image with a shell",
+            cwd.display()
+        ));
+    }
+    let mut args: Vec<String> = [
+        "/bin/sh",
+        "-c",
+        "cd -- \"$1\" || exit 127; shift; exec \"$@\"",
+        "lattice-cd",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push(cwd.display().to_string());
+    args.extend(command.iter().cloned());
+    Ok((PathBuf::from("/"), args))
+}
+
+/// `ro` and `noexec` where the host's mount of `path` has them (a runtime's remount
+/// for `nosuid,nodev` would otherwise clear them).
+fn host_flags(path: &Path) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if let Ok(v) = nix::sys::statvfs::statvfs(path) {
+        let f = v.flags();
+        if f.contains(nix::sys::statvfs::FsFlags::ST_RDONLY) {
+            out.push("ro");
+        }
+        if f.contains(nix::sys::statvfs::FsFlags::ST_NOEXEC) {
+            out.push("noexec");
+        }
+    }
+    out
+}
+
 /// What one task runs, as whom, where.
 pub struct Process<'a> {
     /// argv.
@@ -389,6 +459,17 @@ pub fn config(plan: &ContainerPlan, p: &Prepared, proc_: &Process) -> Value {
             o.push("ro");
         }
         mounts.push(json!({"destination": b.path, "type": "bind", "source": b.path, "options": o}));
+    }
+    // Read-only and no-exec where the host has them.
+    for m in mounts.iter_mut().filter(|m| m["type"] == "bind") {
+        let extra = host_flags(Path::new(m["source"].as_str().unwrap_or("")));
+        if let Some(o) = m["options"].as_array_mut() {
+            for f in extra {
+                if !o.iter().any(|x| x == f) {
+                    o.push(json!(f));
+                }
+            }
+        }
     }
     for d in &plan.devices {
         mounts.push(json!({"destination": d.target, "type": "bind", "source": d.source, "options": ["bind", "nosuid"]}));
@@ -466,6 +547,7 @@ mod tests {
             scratch: "/r/oci".into(),
             rootfs: "/r/oci/rootfs".into(),
             hide_unified: false,
+            has_shell: true,
         };
         let cfg = config(
             &plan,
@@ -506,5 +588,33 @@ mod tests {
                 "task-2"
             ]
         );
+    }
+
+    #[test]
+    fn only_the_agents_own_directories_are_entered_by_the_runtime() {
+        let plan = ContainerPlan {
+            safe_cwd: Some("/var/lib/lattice/scratch/j".into()),
+            ..Default::default()
+        };
+        let mut p = Prepared {
+            scratch: "/r/oci".into(),
+            rootfs: "/r/oci/rootfs".into(),
+            hide_unified: false,
+            has_shell: true,
+        };
+        let cmd = vec!["/bin/echo".to_string(), "hi".into()];
+        let (cwd, args) =
+            enter_cwd(&plan, &p, Path::new("/var/lib/lattice/scratch/j"), &cmd).unwrap();
+        assert_eq!(
+            (cwd, args),
+            (PathBuf::from("/var/lib/lattice/scratch/j"), cmd.clone())
+        );
+        let (cwd, args) = enter_cwd(&plan, &p, Path::new("/home/u/proj"), &cmd).unwrap();
+        assert_eq!(cwd, PathBuf::from("/"));
+        assert_eq!(args[..2], ["/bin/sh".to_string(), "-c".into()]);
+        assert_eq!(args[3..], ["lattice-cd", "/home/u/proj", "/bin/echo", "hi"]);
+        p.has_shell = false;
+        let e = enter_cwd(&plan, &p, Path::new("/home/u/proj"), &cmd).unwrap_err();
+        assert!(e.contains("no /bin/sh"), "{e}");
     }
 }

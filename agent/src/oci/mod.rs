@@ -37,6 +37,40 @@ const MAX_COMPRESSED: u64 = 64 << 30;
 /// The most bytes an image may unpack to.
 const MAX_UNPACKED: u64 = 256 << 30;
 
+/// The longest one pull may take (a registry that trickles must not hold the image's
+/// lock, and every job waiting for it, for ever).
+const PULL_LIMIT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Whether `host` names the node or a private, link-local or otherwise internal address
+/// (by literal address or a name that means one).
+fn internal_host(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    let lower = h.to_ascii_lowercase();
+    if lower == "localhost" || lower.ends_with(".localhost") || lower.ends_with(".local") {
+        return true;
+    }
+    match h.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(a)) => {
+            a.is_loopback()
+                || a.is_private()
+                || a.is_link_local()
+                || a.is_unspecified()
+                || a.is_broadcast()
+                // Shared address space (RFC 6598).
+                || (a.octets()[0] == 100 && (a.octets()[1] & 0xc0) == 64)
+        }
+        Ok(std::net::IpAddr::V6(a)) => {
+            a.is_loopback()
+                || a.is_unspecified()
+                || (a.segments()[0] & 0xfe00) == 0xfc00
+                || (a.segments()[0] & 0xffc0) == 0xfe80
+                || a.to_ipv4_mapped()
+                    .is_some_and(|v4| internal_host(&v4.to_string()))
+        }
+        Err(_) => false,
+    }
+}
+
 const INDEX_TYPES: [&str; 2] = [
     "application/vnd.oci.image.index.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
@@ -134,19 +168,25 @@ impl Registry {
         } else {
             "https"
         };
+        let local = scheme == "http";
         let client = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(10))
             .read_timeout(std::time::Duration::from_secs(60))
-            .redirect(reqwest::redirect::Policy::custom(|attempt| {
+            .redirect(reqwest::redirect::Policy::custom(move |attempt| {
                 let u = attempt.url();
-                let safe = u.scheme() == "https"
-                    || (u.scheme() == "http" && u.host_str().is_some_and(|h| is_loopback_host(h)));
+                let safe = if local {
+                    u.host_str().is_some_and(is_loopback_host)
+                } else {
+                    u.scheme() == "https" && u.host_str().is_some_and(|h| !internal_host(h))
+                };
                 if attempt.previous().len() >= 5 {
                     attempt.error("more than 5 redirects")
                 } else if safe {
                     attempt.follow()
                 } else {
-                    attempt.error("a redirect to plain http:// off this machine")
+                    attempt.error(
+                        "a redirect to plain http:// or into the node's or site's own network",
+                    )
                 }
             }))
             .build()
@@ -163,7 +203,8 @@ impl Registry {
     /// GET `path` under the repository, answering one bearer challenge.
     async fn get(&mut self, path: &str, accept: &str) -> Result<reqwest::Response, EnvError> {
         let url = format!("{}/{path}", self.base);
-        for _ in 0..2 {
+        let mut answered = 0;
+        for _ in 0..3 {
             let mut req = self.client.get(&url);
             if !accept.is_empty() {
                 req = req.header(reqwest::header::ACCEPT, accept);
@@ -172,7 +213,9 @@ impl Registry {
                 req = req.bearer_auth(t);
             }
             let r = req.send().await.map_err(|e| failed(&url, e))?;
-            if r.status() == reqwest::StatusCode::UNAUTHORIZED && self.token.is_none() {
+            // A first challenge, or an expired token (registries give them for minutes).
+            if r.status() == reqwest::StatusCode::UNAUTHORIZED && answered < 2 {
+                answered += 1;
                 let challenge = r
                     .headers()
                     .get(reqwest::header::WWW_AUTHENTICATE)
@@ -244,12 +287,20 @@ impl Registry {
         let u = reqwest::Url::parse(&realm).map_err(|e| {
             EnvError::passing(format!("image {}: token realm {realm:?}: {e}", self.shown))
         })?;
-        let safe = u.scheme() == "https"
-            || (u.scheme() == "http" && u.host_str().is_some_and(is_loopback_host));
+        // The token service gets a request from this node: only where the registry
+        // itself would send it (no plain http:// off the node, no internal addresses for
+        // a registry outside).
+        let local = self.base.starts_with("http://");
+        let safe = if local {
+            u.host_str().is_some_and(is_loopback_host)
+        } else {
+            u.scheme() == "https" && u.host_str().is_some_and(|h| !internal_host(h))
+        };
         if !safe {
             return Err(EnvError::permanent(format!(
-                "image {}: the registry's token service {realm} is plain http:// off this machine",
-                self.shown
+                "image {}: the registry's token service {} is plain http:// or inside the node's or site's network; it is not asked",
+                self.shown,
+                u.host_str().unwrap_or("?")
             )));
         }
         let r = self
@@ -353,9 +404,9 @@ pub async fn resolve(cache: &Path, image: &str) -> Result<Image, EnvError> {
     let mut digest = check(&body, &want)?;
     let mut doc: Value = serde_json::from_slice(&body)
         .map_err(|e| EnvError::permanent(format!("image {r}: the manifest is not JSON: {e}")))?;
-    if ct.is_empty() {
-        ct = media_type(&doc, "");
-    }
+    // The document's own type wins over the header's (only the body is covered by the
+    // digest).
+    ct = media_type(&doc, &ct);
     if INDEX_TYPES.contains(&ct.as_str()) {
         let arch = oci_arch();
         let pick = doc
@@ -386,9 +437,7 @@ pub async fn resolve(cache: &Path, image: &str) -> Result<Image, EnvError> {
         doc = serde_json::from_slice(&body).map_err(|e| {
             EnvError::permanent(format!("image {r}: the manifest is not JSON: {e}"))
         })?;
-        if ct.is_empty() {
-            ct = media_type(&doc, "");
-        }
+        ct = media_type(&doc, &ct);
     }
     if !MANIFEST_TYPES.contains(&ct.as_str()) {
         return Err(EnvError::permanent(format!(
@@ -403,7 +452,14 @@ pub async fn resolve(cache: &Path, image: &str) -> Result<Image, EnvError> {
     if let Some(img) = read_cached(&dir) {
         return Ok(img);
     }
-    pull(&mut reg, &r, &doc, &hex, cache).await?;
+    tokio::time::timeout(PULL_LIMIT, pull(&mut reg, &r, &doc, &hex, cache))
+        .await
+        .map_err(|_| {
+            EnvError::passing(format!(
+                "image {r}: the pull took longer than {} minutes; stopped",
+                PULL_LIMIT.as_secs() / 60
+            ))
+        })??;
     read_cached(&dir).ok_or_else(|| {
         EnvError::passing(format!(
             "image {r}: {} is not usable after the pull",
@@ -481,7 +537,11 @@ async fn pull(
                 )))
             }
         };
-        let size = l.get("size").and_then(Value::as_u64).unwrap_or(0);
+        let size = l
+            .get("size")
+            .and_then(Value::as_u64)
+            .filter(|s| *s > 0)
+            .ok_or_else(|| bad(format!("layer {i} has no size")))?;
         total = total.saturating_add(size);
         plan.push((d.to_string(), gzip, size));
     }
@@ -588,8 +648,7 @@ async fn pull_into(
         let out = work
             .append(&name, 0o600)
             .map_err(|e| EnvError::passing(format!("cannot create {}: {e}", dest.display())))?;
-        let limit = if *size > 0 { *size } else { MAX_COMPRESSED };
-        let mut sink = Sink::new(out, limit, &dest);
+        let mut sink = Sink::new(out, *size, &dest);
         let mut resp = reg.get(&format!("blobs/{digest}"), "").await?;
         while let Some(chunk) = resp.chunk().await.map_err(|e| failed(digest, e))? {
             sink.write(&chunk)?;
@@ -605,7 +664,9 @@ async fn pull_into(
             let f = std::fs::File::open(&dest)
                 .map_err(|e| EnvError::passing(format!("cannot read {}: {e}", dest.display())))?;
             let src: Box<dyn Read> = if gzip {
-                Box::new(flate2::read::GzDecoder::new(std::io::BufReader::new(f)))
+                Box::new(flate2::read::MultiGzDecoder::new(std::io::BufReader::new(
+                    f,
+                )))
             } else {
                 Box::new(std::io::BufReader::new(f))
             };
@@ -627,4 +688,32 @@ async fn pull_into(
         devices_skipped: budget.devices_skipped,
         ..Default::default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_addresses_are_recognised() {
+        for h in [
+            "localhost",
+            "127.0.0.1",
+            "10.1.2.3",
+            "192.168.0.1",
+            "172.16.5.5",
+            "169.254.169.254",
+            "[::1]",
+            "fd00::1",
+            "fe80::1",
+            "100.64.0.1",
+            "x.local",
+            "[::ffff:10.0.0.1]",
+        ] {
+            assert!(internal_host(h), "{h}");
+        }
+        for h in ["auth.docker.io", "8.8.8.8", "ghcr.io", "[2001:db8::1]"] {
+            assert!(!internal_host(h), "{h}");
+        }
+    }
 }

@@ -36,6 +36,8 @@ pub struct Budget {
     pub entries: u64,
     /// Device nodes skipped.
     pub devices_skipped: u64,
+    /// Bytes of the decompressed layers read so far.
+    pub stream: u64,
     /// The most bytes the image may unpack to.
     pub max_bytes: u64,
     checked_at: u64,
@@ -224,22 +226,150 @@ fn empty_dir(dir: RawFd, keep: &HashSet<PathBuf>, path: &Path) -> std::io::Resul
 /// `root` (where the layers below it are).
 pub fn layer(root: &OwnedFd, src: impl Read, budget: &mut Budget) -> Result<(), String> {
     let root = root.as_raw_fd();
+    // The whole decompressed stream is bounded, and extension headers are read here with
+    // small limits (the tar reader would read a long name of any length into memory).
+    let mut counted = Counted {
+        inner: src,
+        left: budget.max_bytes.saturating_sub(budget.stream),
+        read: 0,
+    };
+    let result = entries(root, &mut counted, budget);
+    budget.stream = budget.stream.saturating_add(counted.read);
+    result
+}
+
+/// The most bytes one extension header (a long name, PAX records) may have.
+const MAX_EXTENSION: u64 = 64 << 10;
+
+/// A reader that fails once it has given `left` bytes.
+struct Counted<R> {
+    inner: R,
+    left: u64,
+    read: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return Err(std::io::Error::other(
+                "the image's layers decompress to more than the agent allows",
+            ));
+        }
+        let want = buf.len().min(self.left.min(usize::MAX as u64) as usize);
+        let n = self.inner.read(&mut buf[..want])?;
+        self.left -= n as u64;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+/// What GNU and PAX extension headers say about the next entry.
+#[derive(Default)]
+struct Extensions {
+    name: Option<Vec<u8>>,
+    link: Option<Vec<u8>>,
+    size: Option<u64>,
+}
+
+impl Extensions {
+    /// PAX records: `LEN KEY=VALUE\n`, LEN counting the whole record.
+    fn pax(&mut self, mut data: &[u8]) -> Result<(), String> {
+        while !data.is_empty() {
+            let sp = data
+                .iter()
+                .position(|b| *b == b' ')
+                .ok_or("a PAX record without a length")?;
+            let len: usize = std::str::from_utf8(&data[..sp])
+                .ok()
+                .and_then(|l| l.parse().ok())
+                .ok_or("a PAX record with a bad length")?;
+            if len <= sp + 1 || len > data.len() || data[len - 1] != b'\n' {
+                return Err("a PAX record with a bad length".into());
+            }
+            let kv = &data[sp + 1..len - 1];
+            if let Some(eq) = kv.iter().position(|b| *b == b'=') {
+                let (k, v) = (&kv[..eq], &kv[eq + 1..]);
+                match k {
+                    b"path" => self.name = Some(v.to_vec()),
+                    b"linkpath" => self.link = Some(v.to_vec()),
+                    b"size" => self.size = std::str::from_utf8(v).ok().and_then(|v| v.parse().ok()),
+                    _ => {}
+                }
+            }
+            data = &data[len..];
+        }
+        Ok(())
+    }
+}
+
+fn path_of(bytes: &[u8]) -> PathBuf {
+    let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+    PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&bytes[..end]))
+}
+
+fn entries(root: RawFd, src: impl Read, budget: &mut Budget) -> Result<(), String> {
+    use tar::EntryType as T;
     let mut archive = tar::Archive::new(src);
     // What this layer made: an opaque whiteout keeps them.
     let mut made: HashSet<PathBuf> = HashSet::new();
+    let mut ext = Extensions::default();
     let entries = archive
         .entries()
-        .map_err(|e| format!("the layer is not a tar stream: {e}"))?;
+        .map_err(|e| format!("the layer is not a tar stream: {e}"))?
+        .raw(true);
     for entry in entries {
         let mut entry = entry.map_err(|e| format!("the layer's tar stream is damaged: {e}"))?;
         budget.entries += 1;
         if budget.entries > MAX_ENTRIES {
-            return Err(format!("the image has more than {MAX_ENTRIES} files"));
+            return Err(format!("the image has more than {MAX_ENTRIES} entries"));
         }
-        let raw = entry
-            .path()
-            .map_err(|e| format!("an entry of the layer has no usable path: {e}"))?
-            .into_owned();
+        let kind = entry.header().entry_type();
+        let size = entry
+            .header()
+            .size()
+            .map_err(|e| format!("an entry of the layer has no usable size: {e}"))?;
+        if matches!(
+            kind,
+            T::GNULongName | T::GNULongLink | T::XHeader | T::XGlobalHeader
+        ) {
+            if size > MAX_EXTENSION {
+                return Err(format!(
+                    "an extension header of {size} bytes; at most {MAX_EXTENSION}"
+                ));
+            }
+            let mut data = Vec::with_capacity(size as usize);
+            (&mut entry)
+                .take(size)
+                .read_to_end(&mut data)
+                .map_err(|e| format!("the layer's tar stream is damaged: {e}"))?;
+            match kind {
+                T::GNULongName => ext.name = Some(data),
+                T::GNULongLink => ext.link = Some(data),
+                T::XHeader => ext.pax(&data)?,
+                _ => {}
+            }
+            continue;
+        }
+        let ext_now = std::mem::take(&mut ext);
+        if ext_now.size.is_some_and(|s| s != size) {
+            return Err("a file larger than 8 GiB (a PAX size); not supported".into());
+        }
+        let raw = ext_now
+            .name
+            .as_deref()
+            .map(path_of)
+            .unwrap_or_else(|| path_of(&entry.path_bytes()));
+        let link = ext_now
+            .link
+            .as_deref()
+            .map(path_of)
+            .or_else(|| entry.link_name_bytes().map(|b| path_of(&b)));
+        if size > 0 && !matches!(kind, T::Regular | T::Continuous) {
+            return Err(format!(
+                "{}: a {kind:?} entry with {size} bytes of data",
+                raw.display()
+            ));
+        }
         let Some(rel) = clean(&raw)? else {
             continue;
         };
@@ -257,13 +387,15 @@ pub fn layer(root: &OwnedFd, src: impl Read, budget: &mut Budget) -> Result<(), 
             continue;
         }
         if let Some(gone) = name_bytes.strip_prefix(b".wh.") {
+            if gone.is_empty() || gone == b"." || gone == b".." || gone.contains(&b'/') {
+                return Err(format!("{}: not a whiteout of an entry", rel.display()));
+            }
             let gone = CString::new(gone).map_err(|_| "a NUL byte in a whiteout".to_string())?;
             remove_at(pfd, &gone).map_err(os(rel.display()))?;
             continue;
         }
         let cname = cstr(Path::new(&name))?;
         let header = entry.header();
-        let kind = header.entry_type();
         let mode = header.mode().unwrap_or(0o644) & 0o1777;
         let uid = header.uid().unwrap_or(0) as libc::uid_t;
         let gid = header.gid().unwrap_or(0) as libc::gid_t;
@@ -275,7 +407,6 @@ pub fn layer(root: &OwnedFd, src: impl Read, budget: &mut Budget) -> Result<(), 
             remove_at(pfd, &cname).map_err(os(rel.display()))?;
         }
         made.insert(rel.clone());
-        use tar::EntryType as T;
         match kind {
             T::Directory => {
                 if !keep_dir {
@@ -317,8 +448,7 @@ pub fn layer(root: &OwnedFd, src: impl Read, budget: &mut Budget) -> Result<(), 
                 }
                 // SAFETY: a new descriptor, owned by the File.
                 let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
-                let size = header.size().unwrap_or(0);
-                if budget.bytes + size > budget.max_bytes {
+                if budget.bytes.saturating_add(size) > budget.max_bytes {
                     return Err(format!(
                         "the image unpacks to more than {} bytes (at {})",
                         budget.max_bytes,
@@ -366,9 +496,8 @@ pub fn layer(root: &OwnedFd, src: impl Read, budget: &mut Budget) -> Result<(), 
                 set_mtime(pfd, &cname, mtime);
             }
             T::Link => {
-                let target = entry
-                    .link_name()
-                    .map_err(|e| format!("{}: {e}", rel.display()))?
+                let target = link
+                    .clone()
                     .ok_or_else(|| format!("{}: a hard link without a target", rel.display()))?;
                 let Some(trel) = clean(&target)? else {
                     return Err(format!("{}: a hard link to the root", rel.display()));
@@ -427,8 +556,6 @@ pub fn layer(root: &OwnedFd, src: impl Read, budget: &mut Budget) -> Result<(), 
                 made.remove(&rel);
                 budget.devices_skipped += 1;
             }
-            // PAX and GNU extension headers are read by the tar reader itself.
-            T::XGlobalHeader | T::XHeader | T::GNULongName | T::GNULongLink => {}
             other => {
                 return Err(format!(
                     "{}: tar entries of type {other:?} are not supported",
@@ -608,6 +735,41 @@ mod tests {
             "now a file"
         );
         assert!(outside.join("secret").exists());
+    }
+
+    #[test]
+    fn extension_headers_and_whiteout_names_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = OwnedFd::from(std::fs::File::open(dir.path()).unwrap());
+        // A GNU long name declaring 1 GiB: refused before anything is read.
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::GNULongName);
+        h.set_size(1 << 30);
+        h.as_old_mut().name[..13].copy_from_slice(b"././@LongLink");
+        h.set_cksum();
+        let mut bomb = h.as_bytes().to_vec();
+        bomb.extend(std::iter::repeat_n(b'a', 4096));
+        let e = layer(&fd, bomb.as_slice(), &mut Budget::new(1 << 40)).unwrap_err();
+        assert!(e.contains("extension header"), "{e}");
+        // A long name that fits is used.
+        let mut b = tar::Builder::new(Vec::new());
+        let long = format!("{}/f", "d".repeat(200));
+        let mut h = tar::Header::new_gnu();
+        h.set_size(2);
+        h.set_mode(0o644);
+        b.append_data(&mut h, &long, &b"ok"[..]).unwrap();
+        let stream = b.into_inner().unwrap();
+        layer(&fd, stream.as_slice(), &mut Budget::new(1 << 20)).unwrap();
+        assert_eq!(std::fs::read(dir.path().join(&long)).unwrap(), b"ok");
+        // Whiteouts of '.' or '..' are refused, and the root stays.
+        for bad in [".wh..", ".wh..."] {
+            let e = unpack(dir.path(), &[tar_of(&[(bad, 'f', "")])]).unwrap_err();
+            assert!(e.contains("not a whiteout"), "{bad}: {e}");
+        }
+        assert!(dir.path().join(&long).exists());
+        // The decompressed stream is bounded as a whole.
+        let e = layer(&fd, stream.as_slice(), &mut Budget::new(1000)).unwrap_err();
+        assert!(e.contains("decompress to more"), "{e}");
     }
 
     #[test]
