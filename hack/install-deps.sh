@@ -28,6 +28,11 @@
 #                      tests run MPI hello worlds through it; mpiexec.mpich for bench-launch
 #   libpmi2-0-dev      Slurm's libpmi2 (a real PMI-2 client) for the same tests
 #   squashfs-tools     mksquashfs: the agent's uenv tests build the images they mount
+#   pkg-config, libpmix-dev
+#                      OpenPMIx's server library, which the agent's `pmix` feature (the PMIx
+#                      sidecar for OpenMPI) builds against
+#   libopenmpi-dev, openmpi-bin
+#                      mpicc.openmpi and OpenMPI 4.1: the PMIx tests run an MPI hello world
 #   crun               the OCI runtime the agent runs image jobs with (environment.image)
 #   docker-registry    the CNCF distribution registry: the agent's OCI tests push an image
 #                      to it and the agent pulls it from there
@@ -68,6 +73,10 @@ PACKAGES=(
   "mpiexec.mpich mpich"
   "/usr/include/slurm/pmi2.h libpmi2-0-dev"
   "mksquashfs squashfs-tools"
+  "pkg-config pkg-config"
+  "/usr/lib/*/pkgconfig/pmix.pc libpmix-dev"
+  "mpicc.openmpi libopenmpi-dev"
+  "mpirun.openmpi openmpi-bin"
   "crun crun"
   "docker-registry docker-registry"
 )

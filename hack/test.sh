@@ -23,8 +23,8 @@ cargo fmt --all -- --check
 echo "==> cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
 
-echo "==> cargo clippy -p lattice-agent --features nvidia (the NVML path builds without a GPU)"
-cargo clippy -p lattice-agent --all-targets --features nvidia -- -D warnings
+echo "==> cargo clippy -p lattice-agent --features nvidia,pmix (the NVML path builds without a GPU; the PMIx sidecar on OpenPMIx)"
+cargo clippy -p lattice-agent --all-targets --features nvidia,pmix -- -D warnings
 
 # The binaries the end-to-end tests start, built with the same dependency features as the
 # tests below (hack/lib/build.sh), so `cargo test` compiles only the test targets on top.
@@ -37,3 +37,9 @@ LATTICE_BIN="$LATTICE_BIN" hack/check-chart.sh
 
 echo "==> cargo test --workspace"
 cargo test --workspace --no-fail-fast -- --test-threads="${LATTICE_TEST_THREADS:-2}"
+
+# The agent with its PMIx sidecar (cargo feature pmix, on Debian's OpenPMIx): OpenMPI
+# ranks launched by the agents, the MPI tests again over the rebuilt binary.
+echo "==> cargo test -p lattice-agent --features pmix --test mpi (OpenMPI through PMIx)"
+cargo build -p lattice-agent --features pmix --bin lattice-agent
+cargo test -p lattice-agent --features pmix --test mpi --no-fail-fast -- --test-threads="${LATTICE_TEST_THREADS:-2}"

@@ -9,6 +9,7 @@
  * fence's local contribution up to the Rust side (which exchanges it across nodes
  * through the agent) and the combined data back down.
  */
+#include <pmix.h>
 #include <pmix_server.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -90,6 +91,23 @@ static pmix_status_t direct_modex(const pmix_proc_t *proc, const pmix_info_t inf
     return PMIX_ERR_NOT_SUPPORTED;
 }
 
+/* A local client went away without PMIx_Finalize (killed, crashed): reported like an
+ * abort with status LP_LOST, so the step ends on every node. */
+#define LP_LOST INT32_MIN
+
+static void lost(size_t id, pmix_status_t status, const pmix_proc_t *source,
+                 pmix_info_t info[], size_t ninfo, pmix_info_t results[], size_t nresults,
+                 pmix_event_notification_cbfunc_fn_t cbfunc, void *cbdata)
+{
+    (void) id; (void) status; (void) info; (void) ninfo; (void) results; (void) nresults;
+    if (NULL != on_abort && NULL != source) {
+        on_abort(source->rank, LP_LOST, "");
+    }
+    if (NULL != cbfunc) {
+        cbfunc(PMIX_EVENT_ACTION_COMPLETE, NULL, 0, NULL, NULL, cbdata);
+    }
+}
+
 static pmix_server_module_t module = {
     .client_connected = connected,
     .client_finalized = finalized,
@@ -109,6 +127,14 @@ int lp_init(const char *tmpdir, lp_fence_fn fence_cb, lp_abort_fn abort_cb)
     PMIX_INFO_LOAD(&info[1], PMIX_SYSTEM_TMPDIR, tmpdir, PMIX_STRING);
     rc = PMIx_server_init(&module, info, 2);
     PMIX_INFO_FREE(info, 2);
+    if (PMIX_SUCCESS == rc) {
+        pmix_status_t codes[2] = {PMIX_ERR_LOST_CONNECTION, PMIX_ERR_PROC_TERM_WO_SYNC};
+        rc = PMIx_Register_event_handler(codes, 2, NULL, 0, lost, NULL, NULL);
+        /* Registration may complete later (a reference number comes back). */
+        if (rc > 0) {
+            rc = PMIX_SUCCESS;
+        }
+    }
     return rc;
 }
 

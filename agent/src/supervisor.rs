@@ -461,9 +461,16 @@ struct Supervisor {
 
 /// A running PMI server and what it reports.
 struct PmiRun {
-    _server: PmiServer,
+    _server: PmiKeeper,
     _exchange: Arc<dyn Exchange>,
     events: tokio::sync::mpsc::UnboundedReceiver<PmiEvent>,
+}
+
+/// What keeps a step's PMI service running: the agent's PMI-2 server or a PMIx sidecar.
+#[allow(dead_code)]
+enum PmiKeeper {
+    Pmi2(PmiServer),
+    Pmix(crate::pmix::host::Sidecar),
 }
 
 /// How long the ranks of an aborted MPI step get between SIGTERM and SIGKILL (at most
@@ -581,23 +588,47 @@ impl Supervisor {
         let (tasks, fds) = match crate::tasks::for_step(alloc, &ctx.cfg.node) {
             None => (Vec::new(), Vec::new()),
             Some(t) => {
-                let pmi =
-                    match t.mpi {
-                        None | Some(MpiKind::None) => false,
-                        Some(MpiKind::Pmi2) => true,
-                        Some(MpiKind::Pmix) => return Err(
-                            "spec.launch.mpi is pmix, but this agent has no PMIx server; use pmi2"
-                                .into(),
-                        ),
-                    };
+                let (pmi, pmix) = match t.mpi {
+                    None | Some(MpiKind::None) => (false, false),
+                    Some(MpiKind::Pmi2) => (true, false),
+                    Some(MpiKind::Pmix) => (false, true),
+                };
+                if pmix && !cfg!(feature = "pmix") {
+                    // Every agent of this build would refuse it: not requeued.
+                    self.start_reason = Some(node_reason::ENVIRONMENT_UNAVAILABLE);
+                    return Err(format!(
+                        "spec.launch.mpi is pmix, but the agent of node {} was built without PMIx (cargo feature pmix); use pmi2, or OpenMPI's own mpirun",
+                        ctx.cfg.node
+                    ));
+                }
                 let slurm = vars.contains_key("SLURM_JOB_ID");
                 let cpus = crate::tasks::usable_cpus();
-                let plans = crate::tasks::plans(&t, alloc, slurm, &ctx.gpus, &cpus, pmi)?;
+                let mut plans = crate::tasks::plans(&t, alloc, slurm, &ctx.gpus, &cpus, pmi)?;
                 let fds = if pmi {
                     self.start_pmi(alloc, &t)?
                 } else {
                     Vec::new()
                 };
+                if pmix {
+                    let envs = self.start_pmix(alloc, &t, user.as_ref()).await?;
+                    // OpenMPI 4 takes a direct launch for one only where it sees Slurm's
+                    // step variables (its `schizo` detection); without them each rank
+                    // starts as a singleton.
+                    let (job, step) = t.jobid.rsplit_once('.').unwrap_or((&t.jobid, "0"));
+                    let slurm_vars = [
+                        ("SLURM_JOBID", job.to_string()),
+                        ("SLURM_STEP_ID", step.to_string()),
+                        ("SLURM_NODELIST", t.nodes.join(",")),
+                    ];
+                    for (plan, env) in plans.iter_mut().zip(envs) {
+                        plan.env.extend(env);
+                        for (k, v) in &slurm_vars {
+                            if !vars.contains_key(*k) {
+                                plan.env.push((k.to_string(), v.clone()));
+                            }
+                        }
+                    }
+                }
                 (plans, fds)
             }
         };
@@ -788,8 +819,89 @@ impl Supervisor {
         alloc: &Allocation,
         t: &crate::tasks::NodeTasks,
     ) -> Result<Vec<std::os::fd::OwnedFd>, String> {
-        let ctx = &self.ctx;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let exchange = self.exchange_for(alloc, t, &tx)?;
+        let info = StepInfo {
+            jobid: t.jobid.clone(),
+            size: t.size,
+            mapping: t.mapping.clone(),
+            local_ranks: t.ranks.clone(),
+            node: self.ctx.cfg.node.clone(),
+        };
+        let (server, fds) = PmiServer::start(info, exchange.clone(), tx)
+            .map_err(|e| format!("cannot start the step's PMI server: {e}"))?;
+        tracing::info!(allocation = %self.name(), ranks = ?t.ranks, size = t.size, nodes = t.nodes.len(), "PMI server started");
+        self.pmi = Some(PmiRun {
+            _server: PmiKeeper::Pmi2(server),
+            _exchange: exchange,
+            events: rx,
+        });
+        Ok(fds)
+    }
+
+    /// Start the PMIx sidecar of MPI step `alloc` for this node's tasks `t` (as `user`,
+    /// in the run's cgroups); the environment of each local rank.
+    async fn start_pmix(
+        &mut self,
+        alloc: &Allocation,
+        t: &crate::tasks::NodeTasks,
+        user: Option<&RunAs>,
+    ) -> Result<Vec<Vec<(String, String)>>, String> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let exchange = self.exchange_for(alloc, t, &tx)?;
+        let (uid, gid) = user.map_or_else(
+            || {
+                (
+                    nix::unistd::getuid().as_raw(),
+                    nix::unistd::getgid().as_raw(),
+                )
+            },
+            |u| (u.uid, u.gid),
+        );
+        let job = crate::pmix::Job {
+            nspace: t.jobid.clone(),
+            nodes: t.nodes.clone(),
+            node_index: t.node_index as u32,
+            ranks: t.layout.clone(),
+            uid,
+            gid,
+        };
+        let placement = crate::pmix::host::Placement {
+            user: user.map(|u| {
+                let groups = if u.groups.is_empty() {
+                    vec![u.gid]
+                } else {
+                    u.groups.clone()
+                };
+                (u.uid, u.gid, groups)
+            }),
+            cgroups: &self.rec.cgroups,
+        };
+        let (sidecar, envs) = crate::pmix::host::start(
+            &job,
+            placement,
+            exchange.clone(),
+            tx,
+            self.ctx.cfg.node.clone(),
+        )
+        .await?;
+        tracing::info!(allocation = %self.name(), ranks = ?t.ranks, size = t.size, nodes = t.nodes.len(), "PMIx sidecar started");
+        self.pmi = Some(PmiRun {
+            _server: PmiKeeper::Pmix(sidecar),
+            _exchange: exchange,
+            events: rx,
+        });
+        Ok(envs)
+    }
+
+    /// The fence exchange of MPI step `alloc` for this node's tasks `t`.
+    fn exchange_for(
+        &self,
+        alloc: &Allocation,
+        t: &crate::tasks::NodeTasks,
+        tx: &tokio::sync::mpsc::UnboundedSender<PmiEvent>,
+    ) -> Result<Arc<dyn Exchange>, String> {
+        let ctx = &self.ctx;
         let exchange: Arc<dyn Exchange> = if t.nodes.len() <= 1 {
             Arc::new(LocalExchange)
         } else {
@@ -819,22 +931,7 @@ impl Supervisor {
                 tx.clone(),
             ))
         };
-        let info = StepInfo {
-            jobid: t.jobid.clone(),
-            size: t.size,
-            mapping: t.mapping.clone(),
-            local_ranks: t.ranks.clone(),
-            node: ctx.cfg.node.clone(),
-        };
-        let (server, fds) = PmiServer::start(info, exchange.clone(), tx)
-            .map_err(|e| format!("cannot start the step's PMI server: {e}"))?;
-        tracing::info!(allocation = %self.name(), ranks = ?t.ranks, size = t.size, nodes = t.nodes.len(), "PMI server started");
-        self.pmi = Some(PmiRun {
-            _server: server,
-            _exchange: exchange,
-            events: rx,
-        });
-        Ok(fds)
+        Ok(exchange)
     }
 
     /// An MPI step aborted (here or on another node): stop this node's part of it.

@@ -32,6 +32,8 @@ pub struct NodeTasks {
     pub nodes: Vec<String>,
     /// The global ranks here, in local order.
     pub ranks: Vec<u32>,
+    /// The ranks of every node of the step, in node order.
+    pub layout: Vec<Vec<u32>>,
     /// Ranks in all.
     pub size: u32,
     /// `PMI_process_mapping`.
@@ -110,6 +112,7 @@ pub fn for_step(a: &Allocation, node: &str) -> Option<NodeTasks> {
         ranks,
         size,
         mapping: process_mapping(&l),
+        layout: l.clone(),
         mpi: launch.mpi.filter(|m| *m != MpiKind::None),
         jobid: format!("{parent}.{step}"),
         master: (

@@ -16,8 +16,13 @@ use common::*;
 use lattice_apis::{Allocation, AllocationPhase};
 use serde_json::{json, Value};
 
-/// Compile one of `tests/mpi/` into `dir`.
+/// Compile one of `tests/mpi/` into `dir` (MPI programs with MPICH).
 fn build(dir: &Path, source: &str, out: &str) -> PathBuf {
+    build_with(dir, source, out, "mpicc.mpich")
+}
+
+/// Compile one of `tests/mpi/` into `dir`, MPI programs with `mpicc`.
+fn build_with(dir: &Path, source: &str, out: &str, mpicc: &str) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/mpi")
         .join(source);
@@ -25,7 +30,7 @@ fn build(dir: &Path, source: &str, out: &str) -> PathBuf {
     let (cc, libs): (&str, &[&str]) = if source.starts_with("pmi2") {
         ("cc", &["-lpmi2"])
     } else {
-        ("mpicc.mpich", &[])
+        (mpicc, &[])
     };
     let made = Command::new(cc)
         .arg("-O2")
@@ -194,6 +199,98 @@ async fn the_fence_runs_over_a_tree_above_the_fan_in() {
             .map(|r| format!("hello rank={r} size=6 sum=15"))
             .collect::<Vec<_>>()
     );
+}
+
+/// OpenMPI 4.1 (Debian's, on OpenPMIx 4.2) launched directly by the agents: each
+/// node's PMIx sidecar serves its ranks, and the fence (OpenMPI's modex) crosses the
+/// nodes through the agents' exchange; then `MPI_Abort` tears the step down.
+#[cfg(feature = "pmix")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openmpi_ranks_wire_up_through_pmix_across_two_agents() {
+    let bins = tempfile::tempdir().unwrap();
+    let hello = build_with(bins.path(), "hello.c", "hello-ompi", "mpicc.openmpi");
+    let (c, _root) = cluster(&[]);
+    let (server, a, b) = (&c.server, &c.a, &c.b);
+    parent(server, &["node-a", "node-b"]).await;
+    let env = json!({
+        // TCP only, no fabric probing: the test's "nodes" share one machine's host name
+        // and /dev/shm, where OpenMPI's shared-memory segments of the two nodes would
+        // collide (real nodes have their own).
+        "OMPI_MCA_pml": "ob1",
+        "OMPI_MCA_btl": "self,tcp",
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    });
+    step(
+        server,
+        "job.0",
+        4,
+        None,
+        json!({"entrypoint": hello.display().to_string(), "args": [],
+               "launch": {"mpi": "pmix"}, "env": env}),
+    )
+    .await;
+    let lines = completed(server, "job.0", &[a, b]).await;
+    assert_eq!(
+        lines,
+        (0..4)
+            .map(|r| format!("hello rank={r} size=4 sum=6"))
+            .collect::<Vec<_>>()
+    );
+
+    // MPI_Abort reaches the sidecar as PMIx_Abort, and a rank killed in the middle is seen
+    // when its connection drops: either way the step ends on both nodes, at once.
+    for (n, mode, why) in [
+        (1, "abort", "rank 3 on node node-b called PMIx_Abort"),
+        (
+            2,
+            "crash",
+            "rank 3 on node node-b ended without PMIx finalize",
+        ),
+    ] {
+        let name = format!("job.{n}");
+        step(
+            server,
+            &name,
+            4,
+            None,
+            json!({"entrypoint": hello.display().to_string(), "args": [mode],
+                   "launch": {"mpi": "pmix"}, "env": env}),
+        )
+        .await;
+        torn_down(server, &name, why, &[a, b]).await;
+    }
+}
+
+/// Step `name` failed on both nodes with reason MpiAborted, saying `why`.
+#[cfg(feature = "pmix")]
+async fn torn_down(server: &Server, name: &str, why: &str, agents: &[&Agent]) {
+    let (a, b) = (agents[0], agents[1]);
+    let s = ended(server, name, agents).await;
+    assert_eq!(s.phase(), AllocationPhase::Failed, "{:?}", s.status);
+    let api = server.allocations();
+    let s = wait_for("both nodes' reports", LIMIT, || async {
+        api.get(name).await.ok().filter(|s| {
+            ["node-a", "node-b"].iter().all(|n| {
+                s.status
+                    .as_ref()
+                    .and_then(|st| st.node_states.get(*n))
+                    .is_some_and(|st| st.phase.is_terminal())
+            })
+        })
+    })
+    .await;
+    for node in ["node-a", "node-b"] {
+        let st = node_state(&s, node);
+        let msg = st.message.clone().unwrap_or_default();
+        assert!(
+            msg.contains(why),
+            "{node} says {msg:?}, not {why:?}\n{}\n{}",
+            a.log(),
+            b.log()
+        );
+        assert_eq!(st.reason.as_deref(), Some("MpiAborted"), "{node}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

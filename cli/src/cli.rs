@@ -255,7 +255,7 @@ pub struct LaunchArgs {
     #[arg(short = 'l', long)]
     pub label: bool,
     /// MPI wire-up: pmi2 (the agent's PMI server: PMI-2 and MPICH's PMI-1, through
-    /// PMI_FD), pmix (not available), or none [default: none]
+    /// PMI_FD), pmix (OpenMPI, where the agents are built with PMIx), or none [default: none]
     #[arg(long, value_name = "pmi2|pmix|none")]
     pub mpi: Option<String>,
     /// How ranks are laid out over the nodes: block (consecutive ranks share a node) or

@@ -207,6 +207,9 @@ pub async fn start(
                 }
                 (b'A', json) => {
                     let why = match serde_json::from_slice::<Aborted>(&json) {
+                        Ok(a) if a.rank != u32::MAX && a.status == i32::MIN => {
+                            format!("rank {} on node {node} ended without PMIx finalize", a.rank)
+                        }
                         Ok(a) if a.rank != u32::MAX => format!(
                             "rank {} on node {node} called PMIx_Abort (status {}){}",
                             a.rank,

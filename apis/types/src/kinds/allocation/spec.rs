@@ -103,8 +103,9 @@ pub struct AllocationSpec {
 pub struct StepLaunch {
     /// Process-management interface the tasks find each other through: `none` (the
     /// default), `pmi2` (the agent's PMI server, which speaks the PMI-2 wire and
-    /// MPICH's PMI-1 "simple" wire on the same socket), or `pmix` (refused: no PMIx
-    /// server is built in).
+    /// MPICH's PMI-1 "simple" wire on the same socket), or `pmix` (a PMIx server per
+    /// step and node for OpenMPI, in agents built with the `pmix` feature; others fail
+    /// the step with `environment_unavailable`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mpi: Option<MpiKind>,
     /// How ranks are laid out over the step's nodes: `block` (the default: consecutive

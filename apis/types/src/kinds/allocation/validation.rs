@@ -601,12 +601,6 @@ impl AllocationSpec {
                 "applies to job steps only (spec.stepOf); start the tasks with `lattice launch` inside the allocation, or remove launch",
             );
         }
-        if l.mpi == Some(MpiKind::Pmix) {
-            errs.push(
-                format!("{lp}.mpi"),
-                "pmix is not available: the agents have no PMIx server; use pmi2 (MPICH, Intel MPI, MVAPICH, libpmi2) or run OpenMPI with its own mpirun",
-            );
-        }
         match l.gpus_per_task {
             Some(0) => errs.push(
                 format!("{lp}.gpusPerTask"),
