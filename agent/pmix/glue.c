@@ -18,9 +18,13 @@
 
 typedef void (*lp_fence_fn)(const char *data, size_t ndata, void *cbfunc, void *cbdata);
 typedef void (*lp_abort_fn)(uint32_t rank, int status, const char *msg);
+typedef void (*lp_lost_fn)(uint32_t rank);
 
 static lp_fence_fn on_fence;
 static lp_abort_fn on_abort;
+static lp_lost_fn on_lost;
+/* The step's namespace: fences over it alone are served. */
+static char served[PMIX_MAX_NSLEN + 1];
 
 /* A one-shot completion flag for the library's asynchronous calls. */
 typedef struct {
@@ -75,8 +79,11 @@ static pmix_status_t fence(const pmix_proc_t procs[], size_t nprocs, const pmix_
                            size_t ninfo, char *data, size_t ndata, pmix_modex_cbfunc_t cbfunc,
                            void *cbdata)
 {
-    (void) procs; (void) nprocs; (void) info; (void) ninfo;
-    if (NULL == on_fence) {
+    (void) info; (void) ninfo;
+    /* Fences over the whole step only: the agents' exchange runs them in one order on
+     * every node; a fence over some ranks would pair with another one elsewhere. */
+    if (NULL == on_fence || 1 != nprocs || PMIX_RANK_WILDCARD != procs[0].rank
+        || 0 != strncmp(procs[0].nspace, served, PMIX_MAX_NSLEN)) {
         return PMIX_ERR_NOT_SUPPORTED;
     }
     on_fence(data, ndata, (void *) cbfunc, cbdata);
@@ -91,17 +98,15 @@ static pmix_status_t direct_modex(const pmix_proc_t *proc, const pmix_info_t inf
     return PMIX_ERR_NOT_SUPPORTED;
 }
 
-/* A local client went away without PMIx_Finalize (killed, crashed): reported like an
- * abort with status LP_LOST, so the step ends on every node. */
-#define LP_LOST INT32_MIN
-
+/* A local client went away without PMIx_Finalize (killed, crashed): the step ends on
+ * every node. */
 static void lost(size_t id, pmix_status_t status, const pmix_proc_t *source,
                  pmix_info_t info[], size_t ninfo, pmix_info_t results[], size_t nresults,
                  pmix_event_notification_cbfunc_fn_t cbfunc, void *cbdata)
 {
     (void) id; (void) status; (void) info; (void) ninfo; (void) results; (void) nresults;
-    if (NULL != on_abort && NULL != source) {
-        on_abort(source->rank, LP_LOST, "");
+    if (NULL != on_lost && NULL != source) {
+        on_lost(source->rank);
     }
     if (NULL != cbfunc) {
         cbfunc(PMIX_EVENT_ACTION_COMPLETE, NULL, 0, NULL, NULL, cbdata);
@@ -116,12 +121,13 @@ static pmix_server_module_t module = {
     .direct_modex = direct_modex,
 };
 
-int lp_init(const char *tmpdir, lp_fence_fn fence_cb, lp_abort_fn abort_cb)
+int lp_init(const char *tmpdir, lp_fence_fn fence_cb, lp_abort_fn abort_cb, lp_lost_fn lost_cb)
 {
     pmix_info_t *info;
     pmix_status_t rc;
     on_fence = fence_cb;
     on_abort = abort_cb;
+    on_lost = lost_cb;
     PMIX_INFO_CREATE(info, 2);
     PMIX_INFO_LOAD(&info[0], PMIX_SERVER_TMPDIR, tmpdir, PMIX_STRING);
     PMIX_INFO_LOAD(&info[1], PMIX_SYSTEM_TMPDIR, tmpdir, PMIX_STRING);
@@ -165,6 +171,7 @@ int lp_register(const char *nspace, const char *jobid, uint32_t nnodes, uint32_t
     lp_wait_t w = {1, PMIX_SUCCESS};
     uint32_t zero = 0, leader = nlocal > 0 ? local[0] : 0;
 
+    strncpy(served, nspace, PMIX_MAX_NSLEN);
     if (PMIX_SUCCESS != (rc = PMIx_generate_regex(hosts_csv, &node_map))) {
         return rc;
     }
@@ -190,8 +197,8 @@ int lp_register(const char *nspace, const char *jobid, uint32_t nnodes, uint32_t
     PMIX_INFO_LOAD(&info[i++], PMIX_MAX_PROCS, &univ, PMIX_UINT32);
     PMIX_INFO_LOAD(&info[i++], PMIX_APP_SIZE, &univ, PMIX_UINT32);
     PMIX_INFO_LOAD(&info[i++], PMIX_JOBID, jobid, PMIX_STRING);
-    PMIX_INFO_LOAD(&info[i++], PMIX_NODE_MAP, node_map, PMIX_STRING);
-    PMIX_INFO_LOAD(&info[i++], PMIX_PROC_MAP, proc_map, PMIX_STRING);
+    PMIX_INFO_LOAD(&info[i++], PMIX_NODE_MAP, node_map, PMIX_REGEX);
+    PMIX_INFO_LOAD(&info[i++], PMIX_PROC_MAP, proc_map, PMIX_REGEX);
     PMIX_INFO_LOAD(&info[i++], PMIX_NUM_NODES, &nnodes, PMIX_UINT32);
     PMIX_INFO_LOAD(&info[i++], PMIX_NODEID, &nodeid, PMIX_UINT32);
     PMIX_INFO_LOAD(&info[i++], PMIX_HOSTNAME, host, PMIX_STRING);

@@ -858,6 +858,14 @@ impl Supervisor {
             },
             |u| (u.uid, u.gid),
         );
+        // The server's rendezvous directory: the user's, in the run directory.
+        let tmpdir = crate::files::Dir::open(&self.rec.run_dir)
+            .and_then(|d| d.fresh_dir("pmix", 0o700))
+            .and_then(|d| {
+                d.give(uid, gid, 0o700)?;
+                Ok(d)
+            })
+            .map_err(|e| format!("cannot make the PMIx server's directory: {e}"))?;
         let job = crate::pmix::Job {
             nspace: t.jobid.clone(),
             nodes: t.nodes.clone(),
@@ -865,6 +873,7 @@ impl Supervisor {
             ranks: t.layout.clone(),
             uid,
             gid,
+            tmpdir: tmpdir.path().display().to_string(),
         };
         let placement = crate::pmix::host::Placement {
             user: user.map(|u| {

@@ -485,7 +485,7 @@ impl PmiExchange for Service {
         let link = self
             .link(&r.step_uid, r.attempt, r.from_index, who.as_deref())
             .await?;
-        let _ = link.events.send(PmiEvent::Abort(r.message));
+        let _ = link.events.send(PmiEvent::Abort(super::tidy(&r.message)));
         Ok(Response::new(proto::AbortReply {}))
     }
 }

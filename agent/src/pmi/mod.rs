@@ -41,7 +41,7 @@ const MAX_BUDGET: usize = 1 << 30;
 const MAX_MESSAGE: usize = 1024;
 
 /// `message` cut to [`MAX_MESSAGE`] bytes, control characters replaced.
-fn tidy(message: &str) -> String {
+pub(crate) fn tidy(message: &str) -> String {
     let mut out: String = message
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })

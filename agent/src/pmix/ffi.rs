@@ -5,9 +5,10 @@ use std::ffi::{c_char, c_int, c_void};
 pub type FenceFn =
     extern "C" fn(data: *const c_char, ndata: usize, cbfunc: *mut c_void, cbdata: *mut c_void);
 pub type AbortFn = extern "C" fn(rank: u32, status: c_int, msg: *const c_char);
+pub type LostFn = extern "C" fn(rank: u32);
 
 extern "C" {
-    pub fn lp_init(tmpdir: *const c_char, fence: FenceFn, abort: AbortFn) -> c_int;
+    pub fn lp_init(tmpdir: *const c_char, fence: FenceFn, abort: AbortFn, lost: LostFn) -> c_int;
     pub fn lp_finalize();
     pub fn lp_error(rc: c_int) -> *const c_char;
     #[allow(clippy::too_many_arguments)]

@@ -12,9 +12,22 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::{Aborted, Job, MAX_CONTRIBUTION_PER_RANK, MAX_FRAME};
 use crate::pmi::{Exchange, PmiEvent};
+use std::future::Future;
+use std::pin::Pin;
 
 /// How long the sidecar may take to register the step and its ranks.
 const SETUP_LIMIT: Duration = Duration::from_secs(30);
+
+/// The most a handshake's environments may take.
+const MAX_ENVIRONMENTS: usize = 16 << 20;
+/// The most an abort or error frame may take (its text is cut to 1 KiB after).
+const MAX_TEXT: usize = 4 << 10;
+/// The most one node may contribute to one fence (hex-encoded twice its size in the
+/// exchange, whose messages are at most 64 MiB).
+const MAX_CONTRIBUTION: usize = 16 << 20;
+
+/// How long a sidecar may have been gone before the step is stopped for it.
+const SIDECAR_GONE_GRACE: Duration = Duration::from_secs(5);
 
 /// A running sidecar: killed, and its fence relay stopped, when dropped.
 #[derive(Debug)]
@@ -29,7 +42,12 @@ impl Drop for Sidecar {
     }
 }
 
-async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> std::io::Result<Option<(u8, Vec<u8>)>> {
+/// Read one frame whose payload may have at most `limit(kind)` bytes (checked before
+/// anything is allocated).
+async fn read_frame(
+    r: &mut (impl AsyncReadExt + Unpin),
+    limit: impl Fn(u8) -> usize,
+) -> std::io::Result<Option<(u8, Vec<u8>)>> {
     let mut head = [0u8; 5];
     match r.read_exact(&mut head).await {
         Ok(_) => {}
@@ -37,9 +55,11 @@ async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> std::io::Result<Opti
         Err(e) => return Err(e),
     }
     let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    if len > MAX_FRAME {
+    let most = limit(head[0]).min(MAX_FRAME);
+    if len > most {
         return Err(std::io::Error::other(format!(
-            "a {len}-byte frame from the PMIx sidecar; at most {MAX_FRAME}"
+            "a {len}-byte {:?} frame from the PMIx sidecar; at most {most}",
+            head[0] as char
         )));
     }
     let mut payload = vec![0u8; len];
@@ -101,7 +121,13 @@ pub async fn start(
     unsafe {
         cmd.pre_exec(move || {
             crate::runtime::cloexec_inherited();
-            if nix::libc::dup2(raw, 3) < 0 {
+            // dup2 onto itself keeps the close-on-exec flag just set: cleared by hand.
+            let rc = if raw == 3 {
+                nix::libc::fcntl(3, nix::libc::F_SETFD, 0)
+            } else {
+                nix::libc::dup2(raw, 3)
+            };
+            if rc < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             crate::cgroup::join(&procs)?;
@@ -132,12 +158,20 @@ pub async fn start(
         write_frame(&mut wr, b'J', &json)
             .await
             .map_err(|e| format!("cannot reach the PMIx sidecar: {e}"))?;
-        match read_frame(&mut rd).await {
+        match read_frame(&mut rd, |k| {
+            if k == b'E' {
+                MAX_ENVIRONMENTS
+            } else {
+                MAX_TEXT
+            }
+        })
+        .await
+        {
             Ok(Some((b'E', b))) => serde_json::from_slice::<Vec<Vec<(String, String)>>>(&b)
                 .map_err(|e| format!("the PMIx sidecar's environments: {e}")),
             Ok(Some((b'X', b))) => Err(format!(
                 "the PMIx sidecar failed: {}",
-                String::from_utf8_lossy(&b)
+                crate::pmi::tidy(&String::from_utf8_lossy(&b))
             )),
             Ok(_) => Err("the PMIx sidecar ended before it registered the ranks".into()),
             Err(e) => Err(format!("the PMIx sidecar: {e}")),
@@ -155,91 +189,21 @@ pub async fn start(
             envs.len()
         ));
     }
-    let limit = local.max(1).saturating_mul(MAX_CONTRIBUTION_PER_RANK);
-    let index = job.node_index as usize;
-    let nspace = job.nspace.clone();
-    let relay = tokio::spawn(async move {
-        let mut round: u64 = 0;
-        loop {
-            let frame = match read_frame(&mut rd).await {
-                Ok(Some(f)) => f,
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::warn!(step = %nspace, error = %e, "PMIx sidecar");
-                    return;
-                }
-            };
-            match frame {
-                (b'F', blob) => {
-                    let all = if blob.len() > limit {
-                        Err(format!(
-                            "node {node} contributed {} bytes to a PMIx fence; at most {limit}",
-                            blob.len()
-                        ))
-                    } else {
-                        let mut puts = BTreeMap::new();
-                        puts.insert(format!("pmix/{index:06}"), hex::encode(&blob));
-                        exchange.fence(round, puts).await.and_then(|all| {
-                            // Every node's contribution, in node order (the keys sort so).
-                            let mut out = Vec::new();
-                            for (k, v) in all {
-                                if !k.starts_with("pmix/") {
-                                    continue;
-                                }
-                                out.extend(hex::decode(v).map_err(|e| {
-                                    format!("a PMIx fence contribution ({k}) is not hex: {e}")
-                                })?);
-                            }
-                            Ok(out)
-                        })
-                    };
-                    round += 1;
-                    let sent = match &all {
-                        Ok(data) => write_frame(&mut wr, b'R', data).await,
-                        Err(e) => {
-                            let _ = events.send(PmiEvent::Abort(format!("PMIx fence failed: {e}")));
-                            write_frame(&mut wr, b'X', e.as_bytes()).await
-                        }
-                    };
-                    if sent.is_err() {
-                        return;
-                    }
-                }
-                (b'A', json) => {
-                    let why = match serde_json::from_slice::<Aborted>(&json) {
-                        Ok(a) if a.rank != u32::MAX && a.status == i32::MIN => {
-                            format!("rank {} on node {node} ended without PMIx finalize", a.rank)
-                        }
-                        Ok(a) if a.rank != u32::MAX => format!(
-                            "rank {} on node {node} called PMIx_Abort (status {}){}",
-                            a.rank,
-                            a.status,
-                            if a.message.is_empty() {
-                                String::new()
-                            } else {
-                                format!(": {}", a.message)
-                            }
-                        ),
-                        _ => format!("a rank on node {node} called PMIx_Abort"),
-                    };
-                    exchange.abort(&why).await;
-                    let _ = events.send(PmiEvent::Abort(why));
-                }
-                (b'X', text) => {
-                    let why = format!(
-                        "the PMIx sidecar failed: {}",
-                        String::from_utf8_lossy(&text)
-                    );
-                    let _ = events.send(PmiEvent::Abort(why));
-                    return;
-                }
-                (other, _) => {
-                    tracing::warn!(step = %nspace, kind = %(other as char), "unexpected frame from the PMIx sidecar");
-                    return;
-                }
-            }
-        }
-    });
+    let limit = local
+        .max(1)
+        .saturating_mul(MAX_CONTRIBUTION_PER_RANK)
+        .min(MAX_CONTRIBUTION);
+    let relay = tokio::spawn(relay(Relay {
+        rd,
+        wr,
+        exchange,
+        events,
+        node,
+        index: job.node_index as usize,
+        nodes: job.nodes.len(),
+        nspace: job.nspace.clone(),
+        limit,
+    }));
     Ok((
         Sidecar {
             _child: child,
@@ -247,4 +211,210 @@ pub async fn start(
         },
         envs,
     ))
+}
+
+/// What the relay between a sidecar and the step's exchange holds.
+struct Relay {
+    rd: tokio::net::unix::OwnedReadHalf,
+    wr: tokio::net::unix::OwnedWriteHalf,
+    exchange: Arc<dyn Exchange>,
+    events: UnboundedSender<PmiEvent>,
+    node: String,
+    index: usize,
+    nodes: usize,
+    nspace: String,
+    limit: usize,
+}
+
+type FenceResult = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>>;
+
+/// Every node's contribution from an exchange's answer: exactly the keys `pmix/000000`
+/// to `pmix/<nodes-1>`, in node order.
+fn gather(all: &BTreeMap<String, String>, nodes: usize) -> Result<Vec<u8>, String> {
+    if all.len() != nodes {
+        return Err(format!(
+            "a PMIx fence came back with {} contributions for {nodes} nodes",
+            all.len()
+        ));
+    }
+    let mut out = Vec::new();
+    for i in 0..nodes {
+        let k = format!("pmix/{i:06}");
+        let v = all
+            .get(&k)
+            .ok_or_else(|| format!("a PMIx fence came back without node {i}'s contribution"))?;
+        out.extend(
+            hex::decode(v)
+                .map_err(|e| format!("node {i}'s PMIx fence contribution is not hex: {e}"))?,
+        );
+    }
+    Ok(out)
+}
+
+/// Carry the sidecar's fences to the exchange and its aborts to the supervisor, until the
+/// step ends (this task is aborted) or the sidecar goes away, which ends the step too.
+async fn relay(r: Relay) {
+    let Relay {
+        mut rd,
+        mut wr,
+        exchange,
+        events,
+        node,
+        index,
+        nodes,
+        nspace,
+        limit,
+    } = r;
+    // Frames are read by a task of their own: a read cut off half-way would lose the
+    // stream's framing.
+    let (tx, mut frames) = tokio::sync::mpsc::channel::<std::io::Result<(u8, Vec<u8>)>>(4);
+    let reader = tokio::spawn(async move {
+        loop {
+            let f = read_frame(&mut rd, |k| if k == b'F' { limit } else { MAX_TEXT }).await;
+            let end = !matches!(f, Ok(Some(_)));
+            let item = match f {
+                Ok(Some(x)) => Ok(x),
+                Ok(None) => Err(std::io::Error::other("the PMIx sidecar ended")),
+                Err(e) => Err(e),
+            };
+            if tx.send(item).await.is_err() || end {
+                return;
+            }
+        }
+    });
+    let _reader = AbortOnDrop(reader);
+    let mut round: u64 = 0;
+    let mut fence: Option<FenceResult> = None;
+    let mut aborted = false;
+    let stop = |why: String| {
+        let _ = events.send(PmiEvent::Abort(why));
+    };
+    loop {
+        tokio::select! {
+            done = async { fence.as_mut().expect("guarded").await }, if fence.is_some() => {
+                fence = None;
+                let sent = match &done {
+                    Ok(data) => write_frame(&mut wr, b'R', data).await,
+                    Err(e) => {
+                        stop(format!("PMIx fence failed: {e}"));
+                        write_frame(&mut wr, b'X', e.as_bytes()).await
+                    }
+                };
+                if sent.is_err() {
+                    if !aborted {
+                        stop(format!("the PMIx sidecar of node {node} went away"));
+                    }
+                    return;
+                }
+            }
+            frame = frames.recv() => {
+                let (kind, data) = match frame {
+                    Some(Ok(f)) => f,
+                    Some(Err(e)) => {
+                        if !aborted {
+                            // The run's end takes the sidecar with it (it lives in the
+                            // run's cgroups) and then stops this relay: only a sidecar
+                            // that died while the ranks run is still here after a while.
+                            tokio::time::sleep(SIDECAR_GONE_GRACE).await;
+                            tracing::warn!(step = %nspace, error = %e, "PMIx sidecar");
+                            stop(format!("the PMIx sidecar of node {node} went away: {e}"));
+                        }
+                        return;
+                    }
+                    None => return,
+                };
+                match kind {
+                    b'F' if fence.is_none() => {
+                        let mut puts = BTreeMap::new();
+                        puts.insert(format!("pmix/{index:06}"), hex::encode(&data));
+                        let ex = exchange.clone();
+                        let r = round;
+                        round += 1;
+                        fence = Some(Box::pin(async move {
+                            let all = ex.fence(r, puts).await?;
+                            gather(&all, nodes)
+                        }));
+                    }
+                    b'F' => {
+                        stop(format!("the PMIx sidecar of node {node} started a fence before the last one ended"));
+                        return;
+                    }
+                    b'A' if !aborted => {
+                        aborted = true;
+                        let why = match serde_json::from_slice::<Aborted>(&data) {
+                            Ok(a) if a.rank != u32::MAX && a.lost => format!(
+                                "rank {} on node {node} ended without PMIx finalize",
+                                a.rank
+                            ),
+                            Ok(a) if a.rank != u32::MAX => format!(
+                                "rank {} on node {node} called PMIx_Abort (status {}){}",
+                                a.rank,
+                                a.status,
+                                if a.message.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(": {}", a.message)
+                                }
+                            ),
+                            _ => format!("a rank on node {node} called PMIx_Abort"),
+                        };
+                        let why = crate::pmi::tidy(&why);
+                        exchange.abort(&why).await;
+                        stop(why);
+                    }
+                    // Later aborts of the same step change nothing.
+                    b'A' => {}
+                    b'X' => {
+                        if !aborted {
+                            stop(crate::pmi::tidy(&format!(
+                                "the PMIx sidecar of node {node} failed: {}",
+                                String::from_utf8_lossy(&data)
+                            )));
+                        }
+                        return;
+                    }
+                    other => {
+                        stop(format!(
+                            "the PMIx sidecar of node {node} sent an unknown frame {:?}",
+                            other as char
+                        ));
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fence_takes_exactly_one_contribution_per_node_in_order() {
+        let mut all = BTreeMap::new();
+        all.insert("pmix/000001".to_string(), hex::encode(b"b"));
+        all.insert("pmix/000000".to_string(), hex::encode(b"a"));
+        assert_eq!(gather(&all, 2).unwrap(), b"ab");
+        // A peer that adds a key, or leaves one out, is refused.
+        let mut extra = all.clone();
+        extra.insert("pmix/000002".into(), hex::encode(b"c"));
+        assert!(gather(&extra, 2).is_err());
+        let mut renamed = all.clone();
+        renamed.remove("pmix/000001");
+        renamed.insert("pmix/1".into(), hex::encode(b"b"));
+        assert!(gather(&renamed, 2).is_err());
+        let mut bad = all;
+        bad.insert("pmix/000001".into(), "zz".into());
+        assert!(gather(&bad, 2).is_err());
+    }
 }

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 /// The most one frame may carry (a fence's contributions from every node).
 pub const MAX_FRAME: usize = 64 << 20;
 /// The most one node's fence contribution may be, per local rank.
-pub const MAX_CONTRIBUTION_PER_RANK: usize = 256 << 10;
+pub const MAX_CONTRIBUTION_PER_RANK: usize = 64 << 10;
 
 /// What the sidecar needs to know of the step.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,6 +49,8 @@ pub struct Job {
     pub uid: u32,
     /// ... and their group.
     pub gid: u32,
+    /// The server's rendezvous directory (the user's own).
+    pub tmpdir: String,
 }
 
 impl Job {
@@ -67,6 +69,9 @@ pub struct Aborted {
     pub status: i32,
     /// What it said.
     pub message: String,
+    /// It went away without finalizing (no abort call).
+    #[serde(default)]
+    pub lost: bool,
 }
 
 /// Write one frame.

@@ -60,6 +60,18 @@ extern "C" fn on_abort(rank: u32, status: c_int, msg: *const c_char) {
         rank,
         status,
         message,
+        lost: false,
+    }) {
+        send(b'A', &json);
+    }
+}
+
+extern "C" fn on_lost(rank: u32) {
+    if let Ok(json) = serde_json::to_vec(&Aborted {
+        rank,
+        status: 0,
+        message: String::new(),
+        lost: true,
     }) {
         send(b'A', &json);
     }
@@ -91,7 +103,11 @@ pub fn run(fd: i32) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("lattice pmix-server: {e}");
-            let _ = write_frame(&mut sock, b'X', e.as_bytes());
+            if TO_AGENT.get().is_some() {
+                send(b'X', e.as_bytes());
+            } else {
+                let _ = write_frame(&mut sock, b'X', e.as_bytes());
+            }
             1
         }
     }
@@ -105,34 +121,16 @@ fn serve(sock: &mut UnixStream) -> Result<(), String> {
     let writer = sock.try_clone().map_err(|e| e.to_string())?;
     let _ = TO_AGENT.set(Mutex::new(writer));
 
-    // The rendezvous directory: the user's own, short (a socket path has 108 bytes).
-    let tmp = tempdir()?;
-    let result = run_server(sock, &job, &tmp);
-    let _ = std::fs::remove_dir_all(&tmp);
-    result
-}
-
-fn tempdir() -> Result<std::path::PathBuf, String> {
-    let mut template = *b"/tmp/lattice-pmix-XXXXXX\0";
-    // SAFETY: mkdtemp fills the template in place.
-    let p = unsafe { nix::libc::mkdtemp(template.as_mut_ptr().cast()) };
-    if p.is_null() {
-        return Err(format!(
-            "cannot make a directory in /tmp: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    let s = CStr::from_bytes_until_nul(&template)
-        .map_err(|e| e.to_string())?
-        .to_string_lossy()
-        .into_owned();
-    Ok(s.into())
+    // The rendezvous directory: the user's own, made by the agent in the run directory
+    // (removed with it, also when this process is killed).
+    let tmp = std::path::PathBuf::from(&job.tmpdir);
+    run_server(sock, &job, &tmp)
 }
 
 fn run_server(sock: &mut UnixStream, job: &Job, tmp: &std::path::Path) -> Result<(), String> {
     let dir = cstring(&tmp.display().to_string())?;
     // SAFETY: valid C strings and callbacks that live as long as the process.
-    let rc = unsafe { ffi::lp_init(dir.as_ptr(), on_fence, on_abort) };
+    let rc = unsafe { ffi::lp_init(dir.as_ptr(), on_fence, on_abort, on_lost) };
     if rc != 0 {
         return Err(format!("PMIx_server_init: {}", error(rc)));
     }
