@@ -486,15 +486,7 @@ fn spawn_task(
     }
     cmd.envs(task.env.iter().cloned());
     let keep = task.keep_fd;
-    // SAFETY: a plain C struct, filled before the fork.
-    let mut cpus: nix::libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let bind = !task.cpus.is_empty();
-    for c in &task.cpus {
-        if *c < nix::libc::CPU_SETSIZE as usize {
-            // SAFETY: the index is within the set.
-            unsafe { nix::libc::CPU_SET(*c, &mut cpus) };
-        }
-    }
+    let cpus = cpu_set(&task.cpus);
     let groups = groups.to_vec();
     let cwd = cwd.to_owned();
     let cgroups = cgroups.to_vec();
@@ -510,14 +502,8 @@ fn spawn_task(
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            if bind
-                && nix::libc::sched_setaffinity(
-                    0,
-                    std::mem::size_of::<nix::libc::cpu_set_t>(),
-                    &cpus,
-                ) < 0
-            {
-                return Err(std::io::Error::last_os_error());
+            if let Some(set) = &cpus {
+                bind_to(set)?;
             }
             crate::cgroup::join(&cgroups)?;
             if let Some((uid, gid)) = ids {
@@ -564,15 +550,7 @@ fn spawn_container(
     .stderr(Stdio::from(err.try_clone()?))
     .process_group(group.map_or(0, |g| g as i32));
     let keep = task.keep_fd;
-    // SAFETY: a plain C struct, filled before the fork.
-    let mut cpus: nix::libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let bind = !task.cpus.is_empty();
-    for c in &task.cpus {
-        if *c < nix::libc::CPU_SETSIZE as usize {
-            // SAFETY: the index is within the set.
-            unsafe { nix::libc::CPU_SET(*c, &mut cpus) };
-        }
-    }
+    let cpus = cpu_set(&task.cpus);
     let cgroups = cgroups.to_vec();
     let hide = prepared.hide_unified;
     let unified = c"/sys/fs/cgroup/unified";
@@ -593,14 +571,8 @@ fn spawn_container(
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            if bind
-                && nix::libc::sched_setaffinity(
-                    0,
-                    std::mem::size_of::<nix::libc::cpu_set_t>(),
-                    &cpus,
-                ) < 0
-            {
-                return Err(std::io::Error::last_os_error());
+            if let Some(set) = &cpus {
+                bind_to(set)?;
             }
             crate::cgroup::join(&cgroups)?;
             if hide
@@ -614,6 +586,33 @@ fn spawn_container(
     }
     let child = cmd.spawn()?;
     Ok(child.id())
+}
+
+/// The CPU set of a task's binding (`None`: not bound), built before the fork.
+fn cpu_set(cpus: &[usize]) -> Option<nix::libc::cpu_set_t> {
+    if cpus.is_empty() {
+        return None;
+    }
+    // SAFETY: a plain C struct.
+    let mut set: nix::libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for c in cpus {
+        if *c < nix::libc::CPU_SETSIZE as usize {
+            // SAFETY: the index is within the set.
+            unsafe { nix::libc::CPU_SET(*c, &mut set) };
+        }
+    }
+    Some(set)
+}
+
+/// Bind the calling process to `set` (async-signal-safe: between fork and exec).
+fn bind_to(set: &nix::libc::cpu_set_t) -> std::io::Result<()> {
+    // SAFETY: sched_setaffinity on ourselves with a valid set.
+    if unsafe { nix::libc::sched_setaffinity(0, std::mem::size_of::<nix::libc::cpu_set_t>(), set) }
+        < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// SIGKILL whatever is left of the process group (and cgroup) and reap it, until

@@ -262,12 +262,13 @@ async fn openmpi_ranks_wire_up_through_pmix_across_two_agents() {
     }
 }
 
-/// Step `name` failed on both nodes with reason MpiAborted, saying `why`.
-#[cfg(feature = "pmix")]
+/// Step `name` failed, each node saying `why`, the first with reason MpiAborted (the
+/// step fails with the first node's report; the other's follows).
 async fn torn_down(server: &Server, name: &str, why: &str, agents: &[&Agent]) {
     let (a, b) = (agents[0], agents[1]);
+    // Without the teardown, the other ranks would wait in MPI_Barrier until the walltime.
     let s = ended(server, name, agents).await;
-    assert_eq!(s.phase(), AllocationPhase::Failed, "{:?}", s.status);
+    assert_eq!(s.phase(), AllocationPhase::Failed, "{why}: {:?}", s.status);
     let api = server.allocations();
     let s = wait_for("both nodes' reports", LIMIT, || async {
         api.get(name).await.ok().filter(|s| {
@@ -282,6 +283,7 @@ async fn torn_down(server: &Server, name: &str, why: &str, agents: &[&Agent]) {
     .await;
     for node in ["node-a", "node-b"] {
         let st = node_state(&s, node);
+        assert!(st.phase.is_terminal(), "{why}: {node}: {st:?}");
         let msg = st.message.clone().unwrap_or_default();
         assert!(
             msg.contains(why),
@@ -289,8 +291,11 @@ async fn torn_down(server: &Server, name: &str, why: &str, agents: &[&Agent]) {
             a.log(),
             b.log()
         );
-        assert_eq!(st.reason.as_deref(), Some("MpiAborted"), "{node}");
     }
+    assert_eq!(
+        node_state(&s, "node-a").reason.as_deref(),
+        Some("MpiAborted")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,37 +373,7 @@ async fn a_rank_that_dies_or_aborts_tears_the_step_down_on_every_node() {
                    "launch": {"mpi": "pmi2"}}),
         )
         .await;
-        // Without the teardown, ranks 0-2 would wait in MPI_Barrier until the walltime.
-        let s = ended(server, &name, &[a, b]).await;
-        assert_eq!(s.phase(), AllocationPhase::Failed, "{mode}: {:?}", s.status);
-        // The step fails with the first node's report; the other's follows.
-        let api = server.allocations();
-        let s = wait_for("both nodes' reports", LIMIT, || async {
-            api.get(&name).await.ok().filter(|s| {
-                ["node-a", "node-b"].iter().all(|n| {
-                    s.status
-                        .as_ref()
-                        .and_then(|st| st.node_states.get(*n))
-                        .is_some_and(|st| st.phase.is_terminal())
-                })
-            })
-        })
-        .await;
-        for node in ["node-a", "node-b"] {
-            let st = node_state(&s, node);
-            assert!(st.phase.is_terminal(), "{mode}: {node}: {st:?}");
-            let msg = st.message.clone().unwrap_or_default();
-            assert!(
-                msg.contains(why),
-                "{mode}: {node} says {msg:?}, not {why:?}\n{}\n{}",
-                a.log(),
-                b.log()
-            );
-        }
-        assert_eq!(
-            node_state(&s, "node-a").reason.as_deref(),
-            Some("MpiAborted")
-        );
+        torn_down(server, &name, why, &[a, b]).await;
     }
     assert_eq!(
         server.allocations().get("job").await.unwrap().phase(),
