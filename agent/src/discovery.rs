@@ -215,6 +215,28 @@ pub struct NodeFacts {
     pub fingerprint: String,
     /// The facts hashed into the fingerprint.
     pub facts: BTreeMap<String, String>,
+    /// What this agent can run besides plain processes (`status.agent.capabilities`).
+    pub capabilities: Vec<String>,
+}
+
+/// What an agent with `cfg` can run besides plain processes.
+pub fn capabilities(cfg: &Config) -> Vec<String> {
+    use lattice_apis::kinds::node::capability;
+    let mut out = Vec::new();
+    if nix::unistd::geteuid().is_root()
+        && !cfg.no_cgroups
+        && crate::supervisor::find_program(&cfg.oci_runtime).is_some()
+    {
+        out.push(capability::OCI.to_string());
+    }
+    if cfg!(feature = "pmix") {
+        out.push(capability::PMIX.to_string());
+    }
+    if cfg.uenv_repo.is_some() {
+        out.push(capability::UENV.to_string());
+    }
+    out.sort();
+    out
 }
 
 /// The GPU discovery the flags (and features) ask for.
@@ -314,6 +336,7 @@ pub fn discover(cfg: &Config, gpus: &dyn GpuDiscovery, proc_root: &Path) -> Node
         architecture,
         fingerprint: fingerprint(&facts),
         facts,
+        capabilities: capabilities(cfg),
     }
 }
 

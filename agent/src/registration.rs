@@ -90,6 +90,7 @@ pub fn status_patch(node: &Node, facts: &NodeFacts, address: &str, started: Time
             "kernelVersion": facts.kernel_version,
             "architecture": facts.architecture,
             "startTime": started,
+            "capabilities": facts.capabilities,
         },
     });
     let mut patch = json!({});

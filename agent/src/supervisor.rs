@@ -263,7 +263,7 @@ pub fn workload_cwd(alloc: &Allocation, rec: &TaskRecord) -> std::path::PathBuf 
 
 /// `program` as given when it has a `/`, else the first executable of that name on the
 /// agent's fixed `PATH`.
-fn find_program(program: &Path) -> Option<PathBuf> {
+pub(crate) fn find_program(program: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let runnable = |p: &Path| {
         std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)

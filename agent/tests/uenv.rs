@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
-use lattice_apis::AllocationPhase;
+use lattice_apis::{Allocation, AllocationPhase};
 use serde_json::json;
 use sha2::Digest;
 
@@ -88,6 +88,7 @@ async fn a_uenv_is_mounted_for_the_run_its_steps_and_attach_sessions_only() {
         &repo.display().to_string(),
         &mount,
     );
+    registered(&server, &node).await;
 
     let script = format!(
         "#!/bin/sh\nhello-uenv\ngrep -c ' {m} .* squashfs ' /proc/self/mountinfo\ntouch {m}/x 2>/dev/null || echo read-only\nexec sleep 300\n",
@@ -213,6 +214,7 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
         &format!("http://127.0.0.1:{port}/"),
         &mount,
     );
+    registered(&server, &node).await;
     for (name, uenv, want) in [
         ("good", "tools/1.0", "hello from the uenv"),
         ("unknown", "nvhpc/24.1:v2", "uenv nvhpc/24.1:v2 is not in"),
@@ -256,6 +258,7 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
         &format!("http://127.0.0.1:{port}/"),
         &mount,
     );
+    registered(&server, &node2).await;
     create(
         &server,
         "corrupt",
@@ -273,4 +276,59 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
         a.status.as_ref().and_then(|s| s.reason.as_deref()),
         Some("start_failed")
     );
+}
+
+/// Work that needs what no agent reports (`status.agent.capabilities`) is refused when it
+/// is submitted, naming the field and what agents need; once an agent that can run it
+/// registers, the same work is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_no_node_can_run_is_refused_at_admission() {
+    let server = Server::start();
+    let root = tempfile::tempdir().unwrap();
+    let plain = Agent::start(&server, "plain", root.path(), &[]);
+    registered(&server, "plain").await;
+    let node = server.nodes().get("plain").await.unwrap();
+    let caps = node
+        .status
+        .and_then(|s| s.agent)
+        .map(|a| a.capabilities)
+        .unwrap_or_default();
+    assert!(!caps.iter().any(|c| c == "uenv"), "{caps:?}");
+    let alloc = |name: &str| -> Allocation {
+        serde_json::from_value(json!({
+            "apiVersion": "lattice.dev/v1alpha1", "kind": "Allocation",
+            "metadata": {"name": name, "annotations": {"lattice.dev/hold": "true"}},
+            "spec": {"entrypoint": "true", "environment": {"uenv": "tools/1.0:v1"}},
+        }))
+        .unwrap()
+    };
+    let refused = server
+        .allocations()
+        .create(&lattice_runtime::PostParams::default(), &alloc("nowhere"))
+        .await
+        .expect_err("no node has a uenv repository");
+    let said = refused.to_string();
+    assert!(
+        said.contains("spec.environment.uenv")
+            && said.contains("no agent reports the uenv capability")
+            && said.contains("--uenv-repo"),
+        "{said}\n{}",
+        plain.log()
+    );
+    // An agent with a repository can run it.
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, mount) = repository(dir.path());
+    let _able = uenv_agent(
+        &server,
+        "able",
+        root.path(),
+        &repo.display().to_string(),
+        &mount,
+    );
+    registered(&server, "able").await;
+    server
+        .allocations()
+        .create(&lattice_runtime::PostParams::default(), &alloc("somewhere"))
+        .await
+        .expect("admitted once a node can run it");
 }

@@ -640,6 +640,21 @@ where
 }
 
 /// Create an allocation in tenant `default` from a spec (JSON).
+/// Wait until `node`'s agent has registered (its `status.agent` is written): admission
+/// reads what agents can run from there.
+pub async fn registered(server: &Server, node: &str) {
+    let nodes = server.nodes();
+    wait_for("the agent's registration", LIMIT, || async {
+        nodes
+            .get(node)
+            .await
+            .ok()
+            .filter(|n| n.status.as_ref().and_then(|s| s.agent.as_ref()).is_some())
+            .map(|_| ())
+    })
+    .await
+}
+
 pub async fn create(server: &Server, name: &str, spec: Value) -> Allocation {
     create_with(server, name, spec, json!({})).await
 }

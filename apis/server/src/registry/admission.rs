@@ -644,6 +644,112 @@ impl SpecCheck<'_> {
         format!("{}.{f}", self.field)
     }
 
+    /// Work that needs what only some agents can run (`needs`: capability and field) is
+    /// admitted only where it can run: a job step, when every node of its allocation
+    /// reports the capability; other work, when some node of the cluster does.
+    async fn runnable(
+        &self,
+        spec: &lattice_apis::AllocationSpec,
+        needs: &[(&'static str, &'static str)],
+    ) -> ApiResult<()> {
+        use lattice_apis::kinds::node::capability;
+        let hint = |c: &str| {
+            match c {
+            capability::OCI => "agents run OCI images as root, with an OCI runtime (lattice-agent --oci-runtime) and cgroups",
+            capability::UENV => "agents mount uenv images from a repository (lattice-agent --uenv-repo)",
+            capability::PMIX => "agents serve PMIx when built with the cargo feature pmix; use --mpi=pmi2 for MPICH, or OpenMPI's own mpirun",
+            _ => "",
+        }
+        };
+        let nk = crate::registry::objects::kind_by_plural("nodes")
+            .ok_or_else(|| ApiError::internal("nodes not registered"))?;
+        let list = self
+            .res
+            .list(
+                nk,
+                None,
+                &crate::registry::resources::ListOptions::default(),
+            )
+            .await?;
+        let nodes: Vec<&Value> = list
+            .get("items")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().collect())
+            .unwrap_or_default();
+        let caps = |n: &Value| -> Vec<String> {
+            n.pointer("/status/agent/capabilities")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let name = |n: &Value| {
+            n.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        if let Some(parent) = &spec.step_of {
+            // A step runs on its allocation's nodes (checked above to exist).
+            let ak = crate::registry::objects::kind_by_plural("allocations")
+                .ok_or_else(|| ApiError::internal("allocations not registered"))?;
+            let Ok(p) = self.res.get(ak, Some(self.ns), parent).await else {
+                return Ok(());
+            };
+            let assigned: Vec<String> = p
+                .pointer("/status/assignedNodes")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default();
+            for (c, field) in needs {
+                let missing: Vec<&String> = assigned
+                    .iter()
+                    .filter(|a| {
+                        !nodes
+                            .iter()
+                            .any(|n| name(n) == **a && caps(n).iter().any(|x| x == c))
+                    })
+                    .collect();
+                if !missing.is_empty() {
+                    return Err(invalid(
+                        self.kind,
+                        self.obj,
+                        &self.at(field),
+                        format!(
+                            "the step runs on the nodes of allocation {parent:?}, and {} cannot run it: their agents do not report the {c} capability (status.agent.capabilities); {}",
+                            missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+                            hint(c)
+                        ),
+                    ));
+                }
+            }
+            return Ok(());
+        }
+        for (c, field) in needs {
+            if !nodes.iter().any(|n| caps(n).iter().any(|x| x == c)) {
+                return Err(invalid(
+                    self.kind,
+                    self.obj,
+                    &self.at(field),
+                    format!(
+                        "no node of the cluster can run this: no agent reports the {c} capability (status.agent.capabilities); {}",
+                        hint(c)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     async fn spec(
         &self,
         spec: &lattice_apis::AllocationSpec,
@@ -694,6 +800,19 @@ impl SpecCheck<'_> {
                     ));
                 }
             }
+        }
+        let needs = lattice_apis::kinds::node::capability::needed(spec);
+        if !needs.is_empty()
+            && changed(&|x| {
+                format!(
+                    "{:?}{:?}{:?}",
+                    lattice_apis::kinds::node::capability::needed(x),
+                    x.step_of,
+                    x.environment
+                )
+            })
+        {
+            self.runnable(spec, &needs).await?;
         }
         if let Some(vc_name) = spec.vcluster.as_ref().filter(|v| !v.is_empty()) {
             let vk = crate::registry::objects::kind_by_plural("vclusters")

@@ -252,6 +252,52 @@ pub struct NodeAgentInfo {
     /// When the agent process started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
+    /// What the agent can run besides plain processes ([`capability`]): `oci` (OCI
+    /// images, `environment.image`), `uenv` (uenv images), `pmix` (`spec.launch.mpi:
+    /// pmix`). The scheduler places work only where it can run, and admission refuses
+    /// work no node can run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+}
+
+/// The capabilities an agent reports in `status.agent.capabilities`.
+pub mod capability {
+    /// OCI images (a root agent with an OCI runtime and cgroups).
+    pub const OCI: &str = "oci";
+    /// uenv images (a uenv repository).
+    pub const UENV: &str = "uenv";
+    /// PMIx for OpenMPI (an agent built with the `pmix` feature).
+    pub const PMIX: &str = "pmix";
+
+    /// The capabilities allocation spec `spec` needs of every node it runs on, with the
+    /// field that asks for each.
+    pub fn needed(spec: &crate::AllocationSpec) -> Vec<(&'static str, &'static str)> {
+        let mut out = Vec::new();
+        if let Some(env) = &spec.environment {
+            if env.image.is_some() {
+                out.push((OCI, "environment.image"));
+            }
+            if env.uenv.is_some() {
+                out.push((UENV, "environment.uenv"));
+            } else if env.tools_uenv.is_some() {
+                out.push((UENV, "environment.toolsUenv"));
+            }
+        }
+        if spec
+            .launch
+            .as_ref()
+            .and_then(|l| l.mpi)
+            .is_some_and(|m| m == crate::MpiKind::Pmix)
+        {
+            out.push((PMIX, "launch.mpi"));
+        }
+        out
+    }
+
+    /// The scheduler's name for capability `c` as a node feature.
+    pub fn feature(c: &str) -> String {
+        format!("lattice.dev/{c}")
+    }
 }
 
 /// Observed node state.

@@ -300,6 +300,13 @@ pub fn inventory(
         let st = n.status.as_ref();
         let cap = st.map(|s| s.capacity.clone()).unwrap_or_default();
         let mut features = n.spec.features.clone();
+        // What the agent can run: work that needs it goes only there.
+        features.extend(
+            st.and_then(|s| s.agent.as_ref())
+                .into_iter()
+                .flat_map(|a| a.capabilities.iter())
+                .map(|c| lattice_apis::kinds::node::capability::feature(c)),
+        );
         features.sort();
         features.dedup();
         let home = n
@@ -624,6 +631,12 @@ pub fn pending_job(
             .and_then(|v| v.spec.borrowing.allow_borrow)
             .unwrap_or(false);
     let mut features = c.features.clone();
+    // An image or a uenv runs only where the agent can run it.
+    features.extend(
+        lattice_apis::kinds::node::capability::needed(&a.spec)
+            .into_iter()
+            .map(|(c, _)| lattice_apis::kinds::node::capability::feature(c)),
+    );
     features.sort();
     features.dedup();
     PendingJob {
@@ -824,6 +837,31 @@ mod tests {
             v
         };
         let cat = NodeCatalog::new(vec![node(0, &["h100", "nvme"]), node(1, &["nvme"])]);
+        assert!(matches!(
+            cat.filter(cat.class_of(0), &job),
+            FilterOutcome::Feasible { .. }
+        ));
+        assert_eq!(cat.filter(cat.class_of(1), &job), FilterOutcome::Features);
+    }
+
+    /// An image job needs a node whose agent runs OCI images (`status.agent.capabilities`
+    /// become `lattice.dev/<capability>` features of the node).
+    #[test]
+    fn work_goes_only_where_the_agent_can_run_it() {
+        use lattice_scheduler::catalog::{FilterOutcome, NodeCatalog};
+        let a: Allocation = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "t1"},
+            "spec": {"entrypoint": "/bin/true", "environment": {"image": "ubuntu:24.04"}},
+        }))
+        .expect("allocation");
+        let job = pending_job(JobId(1), &a, TenantId(0), VClusterId(0), None, 0);
+        assert_eq!(job.constraints.features, ["lattice.dev/oci"]);
+        let node = |i: u32, features: &[&str]| {
+            let mut v = NodeView::slot(i);
+            v.features = features.iter().map(|f| f.to_string()).collect();
+            v
+        };
+        let cat = NodeCatalog::new(vec![node(0, &["lattice.dev/oci"]), node(1, &[])]);
         assert!(matches!(
             cat.filter(cat.class_of(0), &job),
             FilterOutcome::Feasible { .. }
