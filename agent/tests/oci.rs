@@ -405,6 +405,86 @@ async fn the_working_directory_is_entered_as_the_user() {
     assert!(out.contains("can't cd") && !out.contains("passwd"), "{out}");
 }
 
+/// The node's GPUs (here fake device nodes: the node has GPU 0 of two) and the job's
+/// uenv mounts are passed into the container; the other GPU is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nodes_gpus_and_the_jobs_uenv_reach_the_container() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(user) = setup() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path());
+    test_image(
+        &reg.addr,
+        &format!("lattice-oci-gpu-{}", std::process::id()),
+    )
+    .await;
+    let (repo, mount) = uenv_repository(dir.path());
+    let dev = open_dir();
+    for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
+        let p = dev.path().join(name);
+        nix::sys::stat::mknod(
+            &p,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(240, minor),
+        )
+        .expect("mknod");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let server = Server::start();
+    let root = open_dir();
+    let (dev_dir, repo, mount_s) = (
+        dev.path().display().to_string(),
+        repo.display().to_string(),
+        mount.display().to_string(),
+    );
+    let agent = Agent::start(
+        &server,
+        "node-a",
+        root.path(),
+        &[
+            "--device-dir",
+            &dev_dir,
+            "--gpu-devices",
+            "0",
+            "--uenv-repo",
+            &repo,
+            "--uenv-mount-points",
+            &mount_s,
+        ],
+    );
+    create_with(
+        &server,
+        "gpu-box",
+        json!({"entrypoint": format!("ls /dev | grep nvidia; {mount_s}/bin/hello-uenv; grep -c ^ID=lattice-test /etc/os-release"),
+               "requeue": {"policy": "never"},
+               "environment": {"image": format!("{}/lattice/test:v1", reg.addr),
+                               "toolsUenv": "tools/1.0:v1"}}),
+        user_meta(&user.name),
+    )
+    .await;
+    bind(&server, "gpu-box", &["node-a"], Some(600)).await;
+    let a = wait_terminal(&server, "gpu-box").await;
+    let (_, out) = server.logs("gpu-box", "").await;
+    assert_eq!(
+        a.phase(),
+        AllocationPhase::Completed,
+        "{out}\n{}",
+        agent.log()
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "nvidia0",
+            "nvidiactl",
+            &format!("hello from the uenv at {mount_s}/bin"),
+            "1"
+        ],
+        "{out}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_image_fails_the_allocation_without_requeue() {
     let Some(user) = setup() else { return };

@@ -15,42 +15,6 @@ use lattice_apis::{Allocation, AllocationPhase};
 use serde_json::json;
 use sha2::Digest;
 
-/// A repository in `dir` with one image, `tools/1.0:v1`, mounted at `dir/user-environment`
-/// (made here), whose view `default` puts its `bin` on `PATH`; the repository and the
-/// mount point.
-fn repository(dir: &Path) -> (PathBuf, PathBuf) {
-    let mount = dir.join("user-environment");
-    std::fs::create_dir(&mount).unwrap();
-    let tree = dir.join("tree");
-    std::fs::create_dir_all(tree.join("bin")).unwrap();
-    let tool = tree.join("bin/hello-uenv");
-    std::fs::write(
-        &tool,
-        "#!/bin/sh\necho \"hello from the uenv at $(dirname \"$0\")\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let repo = dir.join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
-    let image = repo.join("tools-1.0-v1.squashfs");
-    let made = Command::new("mksquashfs")
-        .arg(&tree)
-        .arg(&image)
-        .args(["-quiet", "-no-progress", "-noappend", "-all-root"])
-        .status()
-        .expect("mksquashfs (squashfs-tools): run hack/install-deps.sh");
-    assert!(made.success());
-    let sha = hex::encode(sha2::Sha256::digest(std::fs::read(&image).unwrap()));
-    let index = json!({"images": [{
-        "name": "tools", "version": "1.0", "tag": "v1",
-        "file": "tools-1.0-v1.squashfs", "sha256": sha,
-        "mount": mount.display().to_string(),
-        "views": {"default": {"prepend": {"PATH": format!("{}/bin", mount.display())}}},
-    }]});
-    std::fs::write(repo.join("index.json"), index.to_string()).unwrap();
-    (repo, mount)
-}
-
 /// An agent for `node` taking its uenvs from `repo`, mounting them at `mount`.
 fn uenv_agent(server: &Server, node: &str, root: &Path, repo: &str, mount: &Path) -> Agent {
     Agent::start(
@@ -77,7 +41,7 @@ async fn a_uenv_is_mounted_for_the_run_its_steps_and_attach_sessions_only() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (repo, mount) = repository(dir.path());
+    let (repo, mount) = uenv_repository(dir.path());
     let server = Server::start();
     let root = tempfile::tempdir().unwrap();
     let node = format!("uenv-{}", std::process::id());
@@ -165,7 +129,7 @@ async fn an_unknown_or_corrupt_uenv_fails_the_run_saying_why() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (repo, mount) = repository(dir.path());
+    let (repo, mount) = uenv_repository(dir.path());
     // Served over HTTP as well: the same repository from a web server.
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -317,7 +281,7 @@ async fn work_no_node_can_run_is_refused_at_admission() {
     );
     // An agent with a repository can run it.
     let dir = tempfile::tempdir().unwrap();
-    let (repo, mount) = repository(dir.path());
+    let (repo, mount) = uenv_repository(dir.path());
     let _able = uenv_agent(
         &server,
         "able",

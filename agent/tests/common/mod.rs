@@ -971,3 +971,41 @@ __attribute__((constructor)) static void mark(void) {{
     std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755)).unwrap();
     lib
 }
+
+/// A repository in `dir` with one image, `tools/1.0:v1`, mounted at `dir/user-environment`
+/// (made here), whose view `default` puts its `bin` on `PATH`; the repository and the
+/// mount point.
+pub fn uenv_repository(dir: &Path) -> (PathBuf, PathBuf) {
+    let mount = dir.join("user-environment");
+    std::fs::create_dir(&mount).unwrap();
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(tree.join("bin")).unwrap();
+    let tool = tree.join("bin/hello-uenv");
+    std::fs::write(
+        &tool,
+        "#!/bin/sh\necho \"hello from the uenv at $(dirname \"$0\")\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let repo = dir.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    let image = repo.join("tools-1.0-v1.squashfs");
+    let made = Command::new("mksquashfs")
+        .arg(&tree)
+        .arg(&image)
+        .args(["-quiet", "-no-progress", "-noappend", "-all-root"])
+        .status()
+        .expect("mksquashfs (squashfs-tools): run hack/install-deps.sh");
+    assert!(made.success());
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+        std::fs::read(&image).unwrap(),
+    ));
+    let index = json!({"images": [{
+        "name": "tools", "version": "1.0", "tag": "v1",
+        "file": "tools-1.0-v1.squashfs", "sha256": sha,
+        "mount": mount.display().to_string(),
+        "views": {"default": {"prepend": {"PATH": format!("{}/bin", mount.display())}}},
+    }]});
+    std::fs::write(repo.join("index.json"), index.to_string()).unwrap();
+    (repo, mount)
+}
