@@ -6,14 +6,12 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use common::*;
 use lattice_apis::{Allocation, AllocationPhase};
 use serde_json::json;
-use sha2::Digest;
 
 /// An agent for `node` taking its uenvs from `repo`, mounting them at `mount`.
 fn uenv_agent(server: &Server, node: &str, root: &Path, repo: &str, mount: &Path) -> Agent {
