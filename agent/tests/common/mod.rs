@@ -639,7 +639,6 @@ where
     }
 }
 
-/// Create an allocation in tenant `default` from a spec (JSON).
 /// Wait until `node`'s agent has registered (its `status.agent` is written): admission
 /// reads what agents can run from there.
 pub async fn registered(server: &Server, node: &str) {
@@ -655,6 +654,7 @@ pub async fn registered(server: &Server, node: &str) {
     .await
 }
 
+/// Create an allocation in tenant `default` from a spec (JSON).
 pub async fn create(server: &Server, name: &str, spec: Value) -> Allocation {
     create_with(server, name, spec, json!({})).await
 }

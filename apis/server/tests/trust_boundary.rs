@@ -1381,3 +1381,80 @@ async fn people_see_that_a_node_is_taken_not_by_whom() {
         );
     }
 }
+
+/// Node `name` (made if missing) with agent capabilities `caps`.
+async fn capable_node(c: &Cluster, name: &str, caps: Value) {
+    let sys = token_system();
+    let (code, v) = c
+        .send(
+            &sys,
+            "POST",
+            &format!("{API}/nodes"),
+            Some(json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Node",
+                        "metadata": {"name": name}, "spec": {}})),
+        )
+        .await;
+    assert!(code == 201 || code == 409, "{v}");
+    let (code, v) = c
+        .send(
+            &sys,
+            "PATCH",
+            &format!("{API}/nodes/{name}/status"),
+            Some(json!({"status": {"agent": {"capabilities": caps}}})),
+        )
+        .await;
+    assert_eq!(code, 200, "{v}");
+}
+
+/// Work that needs what only some agents run (`status.agent.capabilities`) is admitted
+/// only where it can run: an image job when some node reports `oci`; a PMIx step when
+/// every node of its allocation reports `pmix`, naming those that do not.
+#[tokio::test]
+async fn work_is_admitted_only_where_an_agent_can_run_it() {
+    let c = cluster().await;
+    let sys = token_system();
+    let alice = token("alice", &["t1"], Role::User);
+    capable_node(&c, "n1", json!(["pmix"])).await;
+    capable_node(&c, "n2", json!([])).await;
+    let path = format!("{API}/namespaces/t1/allocations");
+    let mut boxed = alloc("boxed");
+    boxed["spec"]["environment"] = json!({"image": "ubuntu:24.04"});
+    let (code, v) = c.send(&alice, "POST", &path, Some(boxed.clone())).await;
+    assert_eq!(code, 422, "{v}");
+    let said = v["message"].as_str().unwrap();
+    assert!(
+        said.contains("spec.environment.image") && said.contains("oci capability"),
+        "{said}"
+    );
+    capable_node(&c, "n2", json!(["oci"])).await;
+    let (code, v) = c.send(&alice, "POST", &path, Some(boxed)).await;
+    assert_eq!(code, 201, "{v}");
+
+    // A PMIx step of an allocation on n1 (pmix) and n2 (none).
+    let (code, job) = c.send(&alice, "POST", &path, Some(alloc("job"))).await;
+    assert_eq!(code, 201, "{job}");
+    let (code, mut a) = c.send(&sys, "GET", &format!("{path}/job"), None).await;
+    assert_eq!(code, 200);
+    a["status"] = json!({"phase": "Running", "attempt": 1, "assignedNodes": ["n1", "n2"]});
+    let (code, v) = c
+        .send(&sys, "PUT", &format!("{path}/job/status"), Some(a))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let mut step = alloc("job.0");
+    step["spec"]["stepOf"] = json!("job");
+    step["spec"]["launch"] = json!({"mpi": "pmix"});
+    step["metadata"]["ownerReferences"] = json!([{"apiVersion": "lattice.dev/v1alpha1",
+        "kind": "Allocation", "name": "job", "uid": job["metadata"]["uid"], "controller": true}]);
+    let (code, v) = c.send(&alice, "POST", &path, Some(step.clone())).await;
+    assert_eq!(code, 422, "{v}");
+    let said = v["message"].as_str().unwrap();
+    assert!(
+        said.contains("spec.launch.mpi")
+            && said.contains("n2 cannot run it")
+            && !said.contains("n1,"),
+        "{said}"
+    );
+    capable_node(&c, "n2", json!(["oci", "pmix"])).await;
+    let (code, v) = c.send(&alice, "POST", &path, Some(step)).await;
+    assert_eq!(code, 201, "{v}");
+}

@@ -639,6 +639,25 @@ struct SpecCheck<'a> {
     field: &'a str,
 }
 
+/// Whether Node `n` reports capability `c` (and is not disabled).
+fn has(n: &Value, c: &str) -> bool {
+    n.pointer("/spec/disabled").and_then(Value::as_bool) != Some(true)
+        && n.pointer("/status/agent/capabilities")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(c)))
+}
+
+/// What agents need for capability `c`.
+fn hint(c: &str) -> &'static str {
+    use lattice_apis::kinds::node::capability;
+    match c {
+        capability::OCI => "agents run OCI images as root, with an OCI runtime (lattice-agent --oci-runtime) and cgroups",
+        capability::UENV => "agents mount uenv images from a repository (lattice-agent --uenv-repo)",
+        capability::PMIX => "agents serve PMIx when built with the cargo feature pmix; use --mpi=pmi2 for MPICH, or OpenMPI's own mpirun",
+        _ => "",
+    }
+}
+
 impl SpecCheck<'_> {
     fn at(&self, f: &str) -> String {
         format!("{}.{f}", self.field)
@@ -646,60 +665,20 @@ impl SpecCheck<'_> {
 
     /// Work that needs what only some agents can run (`needs`: capability and field) is
     /// admitted only where it can run: a job step, when every node of its allocation
-    /// reports the capability; other work, when some node of the cluster does.
+    /// reports the capability (a step of an allocation not yet placed: when the allocation
+    /// needs it too, so the scheduler places it on such nodes, else as other work); other
+    /// work, when some node of the cluster does.
     async fn runnable(
         &self,
         spec: &lattice_apis::AllocationSpec,
         needs: &[(&'static str, &'static str)],
     ) -> ApiResult<()> {
-        use lattice_apis::kinds::node::capability;
-        let hint = |c: &str| {
-            match c {
-            capability::OCI => "agents run OCI images as root, with an OCI runtime (lattice-agent --oci-runtime) and cgroups",
-            capability::UENV => "agents mount uenv images from a repository (lattice-agent --uenv-repo)",
-            capability::PMIX => "agents serve PMIx when built with the cargo feature pmix; use --mpi=pmi2 for MPICH, or OpenMPI's own mpirun",
-            _ => "",
-        }
-        };
         let nk = crate::registry::objects::kind_by_plural("nodes")
             .ok_or_else(|| ApiError::internal("nodes not registered"))?;
-        let list = self
-            .res
-            .list(
-                nk,
-                None,
-                &crate::registry::resources::ListOptions::default(),
-            )
-            .await?;
-        let nodes: Vec<&Value> = list
-            .get("items")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().collect())
-            .unwrap_or_default();
-        let caps = |n: &Value| -> Vec<String> {
-            n.pointer("/status/agent/capabilities")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(String::from)
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let name = |n: &Value| {
-            n.pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string()
-        };
         if let Some(parent) = &spec.step_of {
-            // A step runs on its allocation's nodes (checked above to exist).
             let ak = crate::registry::objects::kind_by_plural("allocations")
                 .ok_or_else(|| ApiError::internal("allocations not registered"))?;
-            let Ok(p) = self.res.get(ak, Some(self.ns), parent).await else {
-                return Ok(());
-            };
+            let p = self.res.get(ak, Some(self.ns), parent).await?;
             let assigned: Vec<String> = p
                 .pointer("/status/assignedNodes")
                 .and_then(Value::as_array)
@@ -710,42 +689,86 @@ impl SpecCheck<'_> {
                         .collect()
                 })
                 .unwrap_or_default();
-            for (c, field) in needs {
-                let missing: Vec<&String> = assigned
-                    .iter()
-                    .filter(|a| {
-                        !nodes
-                            .iter()
-                            .any(|n| name(n) == **a && caps(n).iter().any(|x| x == c))
-                    })
-                    .collect();
-                if !missing.is_empty() {
-                    return Err(invalid(
-                        self.kind,
-                        self.obj,
-                        &self.at(field),
-                        format!(
-                            "the step runs on the nodes of allocation {parent:?}, and {} cannot run it: their agents do not report the {c} capability (status.agent.capabilities); {}",
-                            missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
-                            hint(c)
-                        ),
-                    ));
+            if !assigned.is_empty() {
+                for (c, field) in needs {
+                    let mut missing = Vec::new();
+                    // Each of the allocation's nodes, read by name.
+                    for a in &assigned {
+                        let n = self.res.get(nk, None, a).await.ok();
+                        if !n.as_ref().is_some_and(|n| has(n, c)) {
+                            missing.push(a.as_str());
+                        }
+                    }
+                    if !missing.is_empty() {
+                        return Err(invalid(
+                            self.kind,
+                            self.obj,
+                            &self.at(field),
+                            format!(
+                                "the step runs on the nodes of allocation {parent:?}, and {} cannot run it: their agents do not report the {c} capability (status.agent.capabilities); {}",
+                                missing.join(", "),
+                                hint(c)
+                            ),
+                        ));
+                    }
                 }
+                return Ok(());
             }
-            return Ok(());
+            let parent_needs: Vec<&str> =
+                lattice_apis::AllocationSpec::deserialize(p.get("spec").unwrap_or(&Value::Null))
+                    .map(|s| {
+                        lattice_apis::kinds::node::capability::needed(&s)
+                            .into_iter()
+                            .map(|(c, _)| c)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+            let rest: Vec<(&'static str, &'static str)> = needs
+                .iter()
+                .filter(|(c, _)| !parent_needs.contains(c))
+                .copied()
+                .collect();
+            return self.somewhere(nk, &rest).await;
         }
-        for (c, field) in needs {
-            if !nodes.iter().any(|n| caps(n).iter().any(|x| x == c)) {
-                return Err(invalid(
-                    self.kind,
-                    self.obj,
-                    &self.at(field),
-                    format!(
-                        "no node of the cluster can run this: no agent reports the {c} capability (status.agent.capabilities); {}",
-                        hint(c)
-                    ),
-                ));
+        self.somewhere(nk, needs).await
+    }
+
+    /// Some node of the cluster reports each capability of `needs` (Nodes read a page at
+    /// a time, until each is found).
+    async fn somewhere(
+        &self,
+        nk: &'static KindInfo,
+        needs: &[(&'static str, &'static str)],
+    ) -> ApiResult<()> {
+        let mut left: Vec<(&'static str, &'static str)> = needs.to_vec();
+        let mut opts = crate::registry::resources::ListOptions {
+            limit: 500,
+            ..Default::default()
+        };
+        while !left.is_empty() {
+            let page = self.res.list(nk, None, &opts).await?;
+            if let Some(items) = page.get("items").and_then(Value::as_array) {
+                left.retain(|(c, _)| !items.iter().any(|n| has(n, c)));
             }
+            match page
+                .pointer("/metadata/continue")
+                .and_then(Value::as_str)
+                .filter(|t| !t.is_empty())
+            {
+                Some(t) => opts.continue_token = Some(t.to_string()),
+                None => break,
+            }
+        }
+        if let Some((c, field)) = left.first() {
+            return Err(invalid(
+                self.kind,
+                self.obj,
+                &self.at(field),
+                format!(
+                    "no node of the cluster can run this: no agent reports the {c} capability (status.agent.capabilities); {}",
+                    hint(c)
+                ),
+            ));
         }
         Ok(())
     }

@@ -268,6 +268,8 @@ pub mod capability {
     pub const UENV: &str = "uenv";
     /// PMIx for OpenMPI (an agent built with the `pmix` feature).
     pub const PMIX: &str = "pmix";
+    /// Every capability there is (others an agent reports are ignored).
+    pub const ALL: [&str; 3] = [OCI, PMIX, UENV];
 
     /// The capabilities allocation spec `spec` needs of every node it runs on, with the
     /// field that asks for each.

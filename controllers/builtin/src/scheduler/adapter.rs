@@ -299,12 +299,20 @@ pub fn inventory(
         let id = NodeId(i as u32);
         let st = n.status.as_ref();
         let cap = st.map(|s| s.capacity.clone()).unwrap_or_default();
-        let mut features = n.spec.features.clone();
-        // What the agent can run: work that needs it goes only there.
+        // `lattice.dev/...` features are the agents' capabilities alone (a spec cannot
+        // claim them), and only the known ones.
+        let mut features: Vec<String> = n
+            .spec
+            .features
+            .iter()
+            .filter(|f| !f.starts_with("lattice.dev/"))
+            .cloned()
+            .collect();
         features.extend(
             st.and_then(|s| s.agent.as_ref())
                 .into_iter()
                 .flat_map(|a| a.capabilities.iter())
+                .filter(|c| lattice_apis::kinds::node::capability::ALL.contains(&c.as_str()))
                 .map(|c| lattice_apis::kinds::node::capability::feature(c)),
         );
         features.sort();
