@@ -494,17 +494,7 @@ async fn gpu_device_nodes_of_other_gpus_are_denied() {
     let server = Server::start();
     let root = open_dir();
     let dev = open_dir();
-    for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
-        let p = dev.path().join(name);
-        nix::sys::stat::mknod(
-            &p,
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::from_bits_truncate(0o666),
-            nix::sys::stat::makedev(240, minor),
-        )
-        .expect("mknod");
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
-    }
+    fake_gpus(dev.path());
     let dev_dir = dev.path().display().to_string();
     let _agent = Agent::start(
         &server,

@@ -188,17 +188,7 @@ async fn attach_runs_as_the_user_in_the_runs_directory_and_cgroup() {
     bind(&server, "held", &[&node], Some(600)).await;
     wait_phase(&server, "held", AllocationPhase::Running).await;
     let attach = |args: &[&str]| {
-        let out = std::process::Command::new(workspace_bin("lattice"))
-            .arg("attach")
-            .arg("held")
-            .args(args)
-            .env("LATTICE_API_URL", &server.url)
-            .env("LATTICE_TOKEN", &server.token)
-            .env_remove("LATTICE_TOKEN_FILE")
-            .env_remove("LATTICE_CONFIG")
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("lattice attach");
+        let out = attach(&server, "held", args);
         let text = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
         assert!(
             out.status.success(),

@@ -299,16 +299,16 @@ async fn an_image_job_runs_in_the_image_as_the_user_with_its_steps_ranks_on_pmi(
     assert!(cached.join("rootfs").join(&marker).exists());
 
     // An attach session enters the container: the image's files and environment.
-    let out = Command::new(workspace_bin("lattice"))
-        .args(["attach", "boxed", "--", "sh", "-c"])
-        .arg("grep ^ID= /etc/os-release; echo \"attached uid=$(id -u) $IMAGE_GREETING\"; grep ^NoNewPrivs /proc/self/status")
-        .env("LATTICE_API_URL", &server.url)
-        .env("LATTICE_TOKEN", &server.token)
-        .env_remove("LATTICE_TOKEN_FILE")
-        .env_remove("LATTICE_CONFIG")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("lattice attach");
+    let out = attach(
+        &server,
+        "boxed",
+        &[
+            "--",
+            "sh",
+            "-c",
+            "grep ^ID= /etc/os-release; echo \"attached uid=$(id -u) $IMAGE_GREETING\"; grep ^NoNewPrivs /proc/self/status",
+        ],
+    );
     let said = String::from_utf8_lossy(&out.stdout);
     for w in [
         "ID=lattice-test".to_string(),
@@ -409,7 +409,6 @@ async fn the_working_directory_is_entered_as_the_user() {
 /// uenv mounts are passed into the container; the other GPU is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_nodes_gpus_and_the_jobs_uenv_reach_the_container() {
-    use std::os::unix::fs::PermissionsExt;
     let Some(user) = setup() else { return };
     let dir = tempfile::tempdir().unwrap();
     let reg = registry(dir.path());
@@ -420,17 +419,7 @@ async fn the_nodes_gpus_and_the_jobs_uenv_reach_the_container() {
     .await;
     let (repo, mount) = uenv_repository(dir.path());
     let dev = open_dir();
-    for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
-        let p = dev.path().join(name);
-        nix::sys::stat::mknod(
-            &p,
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::from_bits_truncate(0o666),
-            nix::sys::stat::makedev(240, minor),
-        )
-        .expect("mknod");
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
-    }
+    fake_gpus(dev.path());
     let server = Server::start();
     let root = open_dir();
     let (dev_dir, repo, mount_s) = (

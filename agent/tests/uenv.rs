@@ -103,15 +103,7 @@ async fn a_uenv_is_mounted_for_the_run_its_steps_and_attach_sessions_only() {
     assert!(out.contains("hello from the uenv"), "{out}");
 
     // An attach session enters the run's namespace.
-    let out = Command::new(workspace_bin("lattice"))
-        .args(["attach", "held", "--", "sh", "-c", "hello-uenv"])
-        .env("LATTICE_API_URL", &server.url)
-        .env("LATTICE_TOKEN", &server.token)
-        .env_remove("LATTICE_TOKEN_FILE")
-        .env_remove("LATTICE_CONFIG")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("lattice attach");
+    let out = attach(&server, "held", &["--", "sh", "-c", "hello-uenv"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("hello from the uenv"),

@@ -1009,3 +1009,35 @@ pub fn uenv_repository(dir: &Path) -> (PathBuf, PathBuf) {
     std::fs::write(repo.join("index.json"), index.to_string()).unwrap();
     (repo, mount)
 }
+
+/// `lattice attach NAME ARGS...` against `server` as its admin, without a terminal.
+pub fn attach(server: &Server, name: &str, args: &[&str]) -> std::process::Output {
+    Command::new(workspace_bin("lattice"))
+        .arg("attach")
+        .arg(name)
+        .args(args)
+        .env("LATTICE_API_URL", &server.url)
+        .env("LATTICE_TOKEN", &server.token)
+        .env_remove("LATTICE_TOKEN_FILE")
+        .env_remove("LATTICE_CONFIG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("lattice attach")
+}
+
+/// Fake GPU device nodes in `dir`: `nvidia0`, `nvidia1` and `nvidiactl`, character devices
+/// of an unassigned major (an allowed open fails with ENXIO, a denied one with EPERM),
+/// readable by everyone.
+pub fn fake_gpus(dir: &Path) {
+    for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
+        let p = dir.join(name);
+        nix::sys::stat::mknod(
+            &p,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(240, minor),
+        )
+        .expect("mknod");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+}
