@@ -253,7 +253,7 @@ fn unsuitable(why: FilterOutcome, sensitive: bool) -> &'static str {
         FilterOutcome::GpuType => "has a different GPU type than resources.constraints.gpuType",
         FilterOutcome::GpuCount => "has fewer GPUs than resources.constraints.gpuCount",
         FilterOutcome::Features => {
-            "lacks a feature in resources.constraints.features, or every feature of a resources.constraints.anyOf group"
+            "lacks a feature in resources.constraints.features, or every feature of a resources.constraints.anyOf group, or a capability its agent must report for environment.image, environment.uenv or launch.mpi (lattice.dev/oci, /uenv, /pmix)"
         }
         FilterOutcome::Memory => "has less memory than resources.constraints.memoryGb",
         FilterOutcome::UnifiedMemory => {
