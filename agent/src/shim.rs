@@ -184,16 +184,7 @@ pub fn run(args: ShimArgs) -> i32 {
         }
     };
     let Some((program, rest)) = args.command.split_first() else {
-        write_json(
-            dir,
-            EXIT_FILE,
-            &ExitRecord {
-                exit_code: None,
-                signal: None,
-                start_error: Some("no command given".into()),
-                end_time: Utc::now(),
-            },
-        );
+        fail("no command given".into());
         return 2;
     };
     let ShimPlan {
@@ -311,16 +302,7 @@ pub fn run(args: ShimArgs) -> i32 {
                 if let Some(first) = pids.first() {
                     kill_the_rest(*first, &args.cgroup);
                 }
-                write_json(
-                    dir,
-                    EXIT_FILE,
-                    &ExitRecord {
-                        exit_code: None,
-                        signal: None,
-                        start_error: Some(why),
-                        end_time: Utc::now(),
-                    },
-                );
+                fail(why);
                 return 127;
             }
         }

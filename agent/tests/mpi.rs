@@ -44,6 +44,14 @@ fn build_with(dir: &Path, source: &str, out: &str, mpicc: &str) -> PathBuf {
     bin
 }
 
+/// What `tests/mpi/hello.c` prints with `n` ranks, sorted.
+fn hellos(n: u32) -> Vec<String> {
+    let sum: u32 = (0..n).sum();
+    (0..n)
+        .map(|r| format!("hello rank={r} size={n} sum={sum}"))
+        .collect()
+}
+
 /// A parent allocation `job` running on `nodes`.
 async fn parent(server: &Server, nodes: &[&str]) {
     create(server, "job", json!({"entrypoint": "sleep 600"})).await;
@@ -193,12 +201,7 @@ async fn the_fence_runs_over_a_tree_above_the_fan_in() {
     .await;
     let agents: Vec<&Agent> = [&c.a, &c.b].into_iter().chain(&c.more).collect();
     let lines = completed(server, "job.0", &agents).await;
-    assert_eq!(
-        lines,
-        (0..6)
-            .map(|r| format!("hello rank={r} size=6 sum=15"))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(lines, hellos(6));
 }
 
 /// OpenMPI 4.1 (Debian's, on OpenPMIx 4.2) launched directly by the agents: each
@@ -231,12 +234,7 @@ async fn openmpi_ranks_wire_up_through_pmix_across_two_agents() {
     )
     .await;
     let lines = completed(server, "job.0", &[a, b]).await;
-    assert_eq!(
-        lines,
-        (0..4)
-            .map(|r| format!("hello rank={r} size=4 sum=6"))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(lines, hellos(4));
 
     // MPI_Abort reaches the sidecar as PMIx_Abort, and a rank killed in the middle is seen
     // when its connection drops: either way the step ends on both nodes, at once.
@@ -317,12 +315,7 @@ async fn mpich_and_libpmi2_ranks_wire_up_across_two_agents() {
     )
     .await;
     let lines = completed(server, "job.0", &[a, b]).await;
-    assert_eq!(
-        lines,
-        (0..4)
-            .map(|r| format!("hello rank={r} size=4 sum=6"))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(lines, hellos(4));
 
     // libpmi2 (PMI-2), cyclic: rank r on node r mod 2; every rank reads every put.
     step(

@@ -45,6 +45,14 @@ impl V2 {
     }
 }
 
+/// The next event of a step's PMI server (within 5 s).
+async fn next_event(rx: &mut mpsc::UnboundedReceiver<PmiEvent>) -> PmiEvent {
+    tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 fn client(fd: OwnedFd) -> UnixStream {
     let s = UnixStream::from(fd);
     s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
@@ -148,10 +156,7 @@ async fn a_rank_that_dies_or_aborts_ends_the_step() {
     })
     .await
     .unwrap();
-    let ev = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let ev = next_event(&mut rx).await;
     assert_eq!(
         ev,
         PmiEvent::Abort(
@@ -191,10 +196,7 @@ async fn a_rank_that_dies_or_aborts_ends_the_step() {
     })
     .await
     .unwrap();
-    let ev = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let ev = next_event(&mut rx).await;
     assert_eq!(
         ev,
         PmiEvent::Abort("rank 0 on node n0 called PMI2_Abort: bad input; giving up".into())

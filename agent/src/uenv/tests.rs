@@ -35,6 +35,11 @@ fn repo_with(images: &[(&str, &[u8])]) -> (tempfile::TempDir, Index) {
     (dir, index)
 }
 
+/// Replace the repository's index.
+fn write_index(repo: &Path, index: &Index) {
+    std::fs::write(repo.join("index.json"), serde_json::to_vec(index).unwrap()).unwrap();
+}
+
 fn allowed() -> Vec<PathBuf> {
     vec![PathBuf::from("/uenv0"), PathBuf::from("/uenv1")]
 }
@@ -92,11 +97,7 @@ async fn what_the_repository_lacks_or_corrupts_is_refused_by_name() {
     );
     // A file that does not match the index's SHA-256 is not used (nor kept).
     index.images[0].sha256 = hex::encode(Sha256::digest(b"something else"));
-    std::fs::write(
-        repo.path().join("index.json"),
-        serde_json::to_vec(&index).unwrap(),
-    )
-    .unwrap();
+    write_index(repo.path(), &index);
     let e = resolve(&r, cache.path(), &allowed(), "gnu", None)
         .await
         .unwrap_err();
@@ -114,11 +115,7 @@ async fn what_the_repository_lacks_or_corrupts_is_refused_by_name() {
     index.images[0].sha256 = hex::encode(Sha256::digest(b"image one"));
     for bad in ["/opt/../etc", "/etc", "/uenv0/../etc"] {
         index.images[0].mount = Some(bad.into());
-        std::fs::write(
-            repo.path().join("index.json"),
-            serde_json::to_vec(&index).unwrap(),
-        )
-        .unwrap();
+        write_index(repo.path(), &index);
         let e = resolve(&r, cache.path(), &allowed(), "gnu", None)
             .await
             .unwrap_err();
@@ -130,11 +127,7 @@ async fn what_the_repository_lacks_or_corrupts_is_refused_by_name() {
     // A file outside the repository.
     index.images[0].mount = None;
     index.images[0].file = "../../etc/shadow".into();
-    std::fs::write(
-        repo.path().join("index.json"),
-        serde_json::to_vec(&index).unwrap(),
-    )
-    .unwrap();
+    write_index(repo.path(), &index);
     let e = resolve(
         &r,
         cache.path(),

@@ -61,6 +61,19 @@ fn decode<'v, T: Deserialize<'v>>(kind: &KindInfo, v: &'v Value) -> ApiResult<T>
         .map_err(|e| ApiError::internal(format!("a stored {} does not decode: {e}", kind.kind)))
 }
 
+/// The strings of the array at `pointer` in `v` (none when it is missing).
+fn strings_at(v: &Value, pointer: &str) -> Vec<String> {
+    v.pointer(pointer)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn annotations(obj: &Value) -> Option<&Map<String, Value>> {
     obj.pointer("/metadata/annotations")?.as_object()
 }
@@ -679,16 +692,7 @@ impl SpecCheck<'_> {
             let ak = crate::registry::objects::kind_by_plural("allocations")
                 .ok_or_else(|| ApiError::internal("allocations not registered"))?;
             let p = self.res.get(ak, Some(self.ns), parent).await?;
-            let assigned: Vec<String> = p
-                .pointer("/status/assignedNodes")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(String::from)
-                        .collect()
-                })
-                .unwrap_or_default();
+            let assigned = strings_at(&p, "/status/assignedNodes");
             if !assigned.is_empty() {
                 for (c, field) in needs {
                     let mut missing = Vec::new();
@@ -1027,17 +1031,7 @@ async fn vcluster(
             ),
         ));
     }
-    let homes = |v: &Value| -> Vec<String> {
-        v.pointer("/spec/homeNodes")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(String::from)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let homes = |v: &Value| strings_at(v, "/spec/homeNodes");
     let before = old.map(homes).unwrap_or_default();
     let ns = new
         .pointer("/metadata/namespace")
