@@ -134,6 +134,9 @@ pub enum Command {
     /// Administration: tenants, vClusters, configuration, Raft status
     #[command(subcommand)]
     Admin(Box<AdminCommand>),
+    /// Who you are and what you may do: `whoami`, `can-i VERB RESOURCE`
+    #[command(subcommand)]
+    Auth(AuthCommand),
     /// Print a shell completion script (bash, zsh, fish, ...)
     Completion(CompletionArgs),
     /// Print shell functions sbatch, squeue, scancel, salloc, srun, sinfo, sacct
@@ -514,12 +517,81 @@ pub enum AdminCommand {
     /// The cluster CA and its certificates (store members, administrators, ...), offline
     #[command(subcommand)]
     Pki(crate::cmd::pki::PkiCommand),
+    /// API tokens for automation accounts (GitOps bots, CI, site controllers)
+    #[command(subcommand)]
+    Token(AdminTokenCommand),
     /// Same as `lattice node drain`
     #[command(hide = true)]
     Drain(NodeDrainArgs),
     /// Same as `lattice node undrain`
     #[command(hide = true)]
     Undrain(NodeIdArg),
+}
+
+/// `lattice auth ...`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum AuthCommand {
+    /// Whether you (or, with --as, another user) may do VERB on RESOURCE: prints yes or
+    /// no (exit status 0 or 1) and, with -v, why and the roles held
+    CanI {
+        /// get, list, watch, create, update, patch, delete, connect, claim, impersonate
+        verb: String,
+        /// A kind (allocations, dags, nodes, roles, ...), `allocations/log`, or a route
+        /// resource (clusterconfig, apitokens, ...)
+        resource: String,
+        /// One object, by name
+        name: Option<String>,
+        /// Ask as this user (needs the impersonate verb on users: administrators)
+        #[arg(long = "as")]
+        as_user: Option<String>,
+        /// ... in this group (repeatable)
+        #[arg(long = "as-group")]
+        as_group: Vec<String>,
+    },
+    /// The user the server sees, its groups and the roles it holds
+    Whoami,
+}
+
+/// `lattice admin token ...`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum AdminTokenCommand {
+    /// Issue a token for an automation account; the token is on the last line (shown once)
+    Create {
+        /// The account's user name (what RoleBindings name, as a ServiceAccount or User)
+        #[arg(long)]
+        user: String,
+        /// The tenant the role applies in (without: cluster-wide)
+        #[arg(long)]
+        tenant: Option<String>,
+        /// A ClusterRole the token holds (built in: system-admin, tenant-admin, operator,
+        /// user, readonly, claiming-user); without, only what bindings grant the account
+        #[arg(long)]
+        role: Option<String>,
+        /// A group the account is in (repeatable)
+        #[arg(long = "group")]
+        groups: Vec<String>,
+        /// How long it is valid, e.g. 12h, 30d (at most 366d)
+        #[arg(long, default_value = "30d")]
+        ttl: String,
+        /// What it is for (shown by `list`)
+        #[arg(long)]
+        description: Option<String>,
+    },
+    /// List the tokens (never their secrets)
+    List {
+        /// Only this account's
+        #[arg(long)]
+        user: Option<String>,
+    },
+    /// Revoke a token by its id, or every token of an account with --user: refused by
+    /// every API server within a moment
+    Revoke {
+        /// The token's id (`list` shows it)
+        id: Option<String>,
+        /// Every token of this account
+        #[arg(long, conflicts_with = "id")]
+        user: Option<String>,
+    },
 }
 
 /// `lattice admin node ...`.

@@ -392,6 +392,7 @@ async fn dispatch(
         Command::Node(c) => cmd::nodes::node(&mut ctx, &c, out, err).await,
         Command::Dag(c) => cmd::dag::run(&mut ctx, &c, &mut opts.stdin, out, err).await,
         Command::Admin(c) => cmd::admin::run(&mut ctx, &c, out, err).await,
+        Command::Auth(c) => cmd::auth::run(&ctx, &c, out).await,
         Command::Compat(a) => {
             cmd::compat::run(&mut ctx, &a, &mut opts.stdin, out, err, shutdown).await
         }

@@ -37,6 +37,9 @@ pub struct Claims {
     /// A job token's allocation: the token acts for the job and dies with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alloc: Option<BoundAllocation>,
+    /// Groups the subject is in (RoleBindings and ClusterRoleBindings may name them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
 }
 
 /// Turns a request's credentials into a user. `Ok(None)`: no credentials given.
@@ -129,6 +132,7 @@ impl JwtAuthenticator {
             role: c.role,
             bound_to: c.alloc,
             expires: Some(c.exp),
+            groups: c.groups,
             ..Default::default()
         };
         let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
@@ -170,6 +174,7 @@ pub fn mint_job_token(secret: &[u8], sub: &str, alloc: BoundAllocation, ttl: Dur
         role: Role::User,
         exp: exp.as_secs(),
         alloc: Some(alloc),
+        groups: Vec::new(),
     };
     jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),
@@ -202,6 +207,7 @@ pub fn mint_token(
         role,
         exp: exp.as_secs(),
         alloc: None,
+        groups: Vec::new(),
     };
     jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),
@@ -292,17 +298,27 @@ pub(crate) async fn authenticate_request(
     if !inner.config.auth {
         return Ok(UserInfo::anonymous_admin());
     }
-    if let Some(cert) = peer {
-        return crate::node_identity::cert_user(inner, cert).await;
+    let mut user = if let Some(cert) = peer {
+        crate::node_identity::cert_user(inner, cert).await?
+    } else if let Some(u) = crate::api_tokens::authenticate(inner, headers).await? {
+        u
+    } else {
+        match inner.authenticator.authenticate(headers).await? {
+            Some(u) if u.bound_to.is_some() => job_token_alive(inner, u).await?,
+            Some(u) => u,
+            None => {
+                return Err(ApiError::unauthorized(
+                    "authentication required: send 'Authorization: Bearer <token>' (node \
+                     agents: their node certificate over HTTPS)",
+                ))
+            }
+        }
+    };
+    if !user.is_system() && user.role != Role::Node {
+        inner.rbac.ready(&inner.resources.backend).await?;
+        inner.rbac.resolve(&mut user);
     }
-    match inner.authenticator.authenticate(headers).await? {
-        Some(u) if u.bound_to.is_some() => job_token_alive(inner, u).await,
-        Some(u) => Ok(u),
-        None => Err(ApiError::unauthorized(
-            "authentication required: send 'Authorization: Bearer <token>' (node agents: \
-             their node certificate over HTTPS)",
-        )),
-    }
+    Ok(user)
 }
 
 #[cfg(test)]

@@ -30,7 +30,9 @@ use axum::routing::{any, get, post};
 use axum::Router;
 use lattice_store::KvBackend;
 
+pub mod access;
 pub mod agents;
+pub mod api_tokens;
 pub mod attach;
 pub mod auth;
 pub mod cluster_config;
@@ -55,7 +57,7 @@ pub mod watch;
 
 // The registry's modules at the crate's root, where callers have always found them.
 pub use registry::{
-    admission, apply, authz, in_process, objects, parse, patch, quota, redact, resources,
+    admission, apply, authz, in_process, objects, parse, patch, quota, rbac, redact, resources,
     selectors, watch_cache,
 };
 
@@ -136,6 +138,10 @@ pub struct Inner {
     pub heartbeats: heartbeat::Sequences,
     /// Revoked client certificates.
     pub revocations: node_identity::Revocations,
+    /// The role bindings, kept from the store.
+    pub rbac: rbac::Rbac,
+    /// The API tokens, kept from the store.
+    pub api_tokens: api_tokens::Tokens,
     /// Per-identity limits and what each identity holds of them.
     pub limiter: Arc<limits::Limiter>,
     /// The heartbeat reader thread, started with the first heartbeat stream (`None`
@@ -150,6 +156,8 @@ pub struct Inner {
     openapi_hash: String,
     /// How node agents are reached (logs, attach).
     pub agents: agents::Agents,
+    /// Set once the built-in roles are being written.
+    seeded: std::sync::OnceLock<()>,
 }
 
 impl Inner {
@@ -220,12 +228,15 @@ impl ApiServer {
             authenticator,
             heartbeats: heartbeat::Sequences::default(),
             revocations: node_identity::Revocations::default(),
+            rbac: rbac::Rbac::default(),
+            api_tokens: api_tokens::Tokens::default(),
             heartbeat_reader: std::sync::OnceLock::new(),
             agents,
             shutting_down: tokio::sync::watch::channel(false).0,
             readiness: std::sync::RwLock::new(Vec::new()),
             openapi_doc,
             openapi_hash,
+            seeded: std::sync::OnceLock::new(),
         };
         ApiServer {
             inner: Arc::new(inner),
@@ -311,6 +322,18 @@ impl ApiServer {
                 axum::routing::delete(node_identity::delete_token),
             )
             .route("/v1/admin/nodes/{name}/revoke", post(node_identity::revoke))
+            .route(
+                "/v1/admin/tokens",
+                get(api_tokens::tokens)
+                    .post(api_tokens::tokens)
+                    .delete(api_tokens::tokens),
+            )
+            .route(
+                "/v1/admin/tokens/{id}",
+                axum::routing::delete(api_tokens::delete),
+            )
+            .route("/v1/auth/can-i", post(access::can_i))
+            .route("/v1/auth/whoami", get(access::whoami))
             .fallback(not_found)
             .layer(axum::middleware::from_fn_with_state(
                 self.inner.clone(),
@@ -324,6 +347,32 @@ impl ApiServer {
             .with_state(self.inner.clone())
     }
 
+    /// Writes the built-in roles into the store (once per server, in the background,
+    /// retried until the store takes them): see [`rbac::seed_builtins`].
+    fn seed_builtin_roles(&self) {
+        if self.inner.seeded.set(()).is_err() {
+            return;
+        }
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut wait = Duration::from_millis(200);
+            loop {
+                let Some(inner) = inner.upgrade() else {
+                    return;
+                };
+                match rbac::seed_builtins(&inner.resources).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::warn!(error = %e.message, "cannot write the built-in roles yet; retrying")
+                    }
+                }
+                drop(inner);
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
+        });
+    }
+
     /// Serve until `shutdown` resolves, then drain connections gracefully.
     pub async fn serve(
         self,
@@ -332,6 +381,7 @@ impl ApiServer {
     ) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         tracing::info!(%addr, "lattice API server listening");
+        self.seed_builtin_roles();
         let inner = self.inner.clone();
         let signal = async move {
             shutdown.await;
@@ -359,6 +409,7 @@ impl ApiServer {
     ) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         tracing::info!(%addr, "lattice API server listening (TLS)");
+        self.seed_builtin_roles();
         let inner = self.inner.clone();
         let signal = async move {
             shutdown.await;

@@ -16,24 +16,22 @@
 //!   server keeps the set in memory, fed by a watch, so a revocation takes effect
 //!   everywhere within a moment.
 
-use std::collections::HashSet;
-use std::sync::{Arc, OnceLock, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures::StreamExt;
 use lattice_apis::node_identity::{
     parse_bootstrap_token, BootstrapToken, BootstrapTokenRequest, CertificateRequest,
     CertificateResponse, DEFAULT_TOKEN_TTL_SECS, MAX_TOKEN_TTL_SECS,
 };
 use lattice_pki::{CertInfo, Identity, IssueRequest, Usage};
 use lattice_store::{
-    prefix_end, Compare, CompareResult, DeleteRangeRequest, EventType, KeyRange, KvBackend,
-    PutRequest, RangeRequest, TxnOp, TxnRequest, WatchRequest,
+    prefix_end, Compare, CompareResult, DeleteRangeRequest, KeyRange, KvBackend, PutRequest,
+    RangeRequest, TxnOp, TxnRequest,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -93,17 +91,17 @@ fn unix(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     unix(SystemTime::now())
 }
 
-fn rfc3339(secs: u64) -> String {
+pub(crate) fn rfc3339(secs: u64) -> String {
     chrono::DateTime::<chrono::Utc>::from_timestamp(secs as i64, 0)
         .unwrap_or_default()
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-fn sha256_hex(s: &str) -> String {
+pub(crate) fn sha256_hex(s: &str) -> String {
     ring::digest::digest(&ring::digest::SHA256, s.as_bytes())
         .as_ref()
         .iter()
@@ -111,7 +109,7 @@ fn sha256_hex(s: &str) -> String {
         .collect()
 }
 
-fn random_word(n: usize) -> ApiResult<String> {
+pub(crate) fn random_word(n: usize) -> ApiResult<String> {
     use ring::rand::SecureRandom;
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut bytes = vec![0u8; n];
@@ -126,7 +124,7 @@ fn random_word(n: usize) -> ApiResult<String> {
         .collect())
 }
 
-async fn read_json<T: serde::de::DeserializeOwned>(
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     backend: &dyn KvBackend,
     key: &str,
 ) -> ApiResult<Option<(T, i64)>> {
@@ -138,7 +136,7 @@ async fn read_json<T: serde::de::DeserializeOwned>(
     }
 }
 
-fn to_bytes<T: Serialize>(v: &T) -> ApiResult<Bytes> {
+pub(crate) fn to_bytes<T: Serialize>(v: &T) -> ApiResult<Bytes> {
     serde_json::to_vec(v)
         .map(Bytes::from)
         .map_err(|e| ApiError::internal(e.to_string()))
@@ -197,112 +195,29 @@ pub async fn cert_user(inner: &Inner, cert: &CertInfo) -> ApiResult<UserInfo> {
 }
 
 /// The revoked serials, kept in memory from a watch of the store.
-#[derive(Default, Clone)]
+#[derive(Clone)]
 pub struct Revocations {
-    shared: Arc<RevokedSet>,
-    started: Arc<OnceLock<()>>,
+    revoked: crate::registry::follow::Follower,
 }
 
-#[derive(Default)]
-struct RevokedSet {
-    serials: RwLock<HashSet<String>>,
-    /// Set once the watch has listed everything.
-    synced: std::sync::atomic::AtomicBool,
+impl Default for Revocations {
+    fn default() -> Self {
+        Self {
+            revoked: crate::registry::follow::Follower::new(REVOKED),
+        }
+    }
 }
 
 impl Revocations {
     /// Whether `serial` is revoked. Until the watch has listed everything once, the store
     /// is asked directly.
     pub async fn is_revoked(&self, backend: &Arc<dyn KvBackend>, serial: &str) -> ApiResult<bool> {
-        self.started.get_or_init(|| {
-            tokio::spawn(follow_revocations(
-                Arc::downgrade(&self.shared),
-                backend.clone(),
-            ));
-        });
-        if self
-            .shared
-            .synced
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
-            let set = self
-                .shared
-                .serials
-                .read()
-                .unwrap_or_else(|p| p.into_inner());
-            return Ok(set.contains(serial));
+        self.revoked.start(backend);
+        let key = format!("{REVOKED}{serial}");
+        if self.revoked.synced() {
+            return Ok(self.revoked.get(key.as_bytes()).is_some());
         }
-        Ok(backend
-            .get(Bytes::from(format!("{REVOKED}{serial}")))
-            .await?
-            .is_some())
-    }
-}
-
-/// List the revoked serials, then follow the prefix; relist after any error. Ends when the
-/// API server that owns the set is gone.
-async fn follow_revocations(set: std::sync::Weak<RevokedSet>, backend: Arc<dyn KvBackend>) {
-    let prefix = Bytes::from_static(REVOKED.as_bytes());
-    let serial_of = |key: &[u8]| {
-        String::from_utf8_lossy(key.strip_prefix(REVOKED.as_bytes()).unwrap_or(key)).to_string()
-    };
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        let run = async {
-            let listed = backend
-                .range(RangeRequest {
-                    range: KeyRange::between(prefix.clone(), prefix_end(&prefix)),
-                    keys_only: true,
-                    ..Default::default()
-                })
-                .await?;
-            let mut watch = backend
-                .watch(WatchRequest {
-                    range: KeyRange::between(prefix.clone(), prefix_end(&prefix)),
-                    start_revision: listed.revision + 1,
-                    ..Default::default()
-                })
-                .await?;
-            {
-                let Some(set) = set.upgrade() else {
-                    return Ok(());
-                };
-                let mut s = set.serials.write().unwrap_or_else(|p| p.into_inner());
-                *s = listed.kvs.iter().map(|kv| serial_of(&kv.key)).collect();
-                set.synced.store(true, std::sync::atomic::Ordering::Release);
-            }
-            while let Some(batch) = watch.next().await {
-                let batch = batch?;
-                let Some(set) = set.upgrade() else {
-                    return Ok(());
-                };
-                let mut s = set.serials.write().unwrap_or_else(|p| p.into_inner());
-                for ev in batch.events {
-                    let serial = serial_of(&ev.kv.key);
-                    match ev.kind {
-                        EventType::Put => s.insert(serial),
-                        EventType::Delete => s.remove(&serial),
-                    };
-                }
-            }
-            Ok::<(), lattice_store::StoreError>(())
-        };
-        match run.await {
-            Ok(()) if set.strong_count() == 0 => return,
-            Ok(()) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "following certificate revocations failed; retrying")
-            }
-        }
-        if let Some(set) = set.upgrade() {
-            // While the set may be stale, `is_revoked` asks the store.
-            set.synced
-                .store(false, std::sync::atomic::Ordering::Release);
-        } else {
-            return;
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        Ok(backend.get(Bytes::from(key)).await?.is_some())
     }
 }
 

@@ -172,6 +172,21 @@ async fn fixture() -> Fixture {
     )
     .await;
     assert_eq!(c, 200, "{e}");
+    // Sensitive work claims nodes: alice holds claiming-user in t1.
+    let (c, e) = call(
+        &s,
+        Method::POST,
+        &format!("{API}/namespaces/t1/rolebindings"),
+        &admin,
+        Some(
+            json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "RoleBinding",
+                    "metadata": {"name": "alice-claims", "namespace": "t1"},
+                    "roleRef": {"kind": "ClusterRole", "name": "claiming-user"},
+                    "subjects": [{"kind": "User", "name": "alice"}]}),
+        ),
+    )
+    .await;
+    assert_eq!(c, 201, "{e}");
     for (name, running, sensitive) in [
         ("a1", true, false),
         ("p1", false, false),
@@ -182,7 +197,15 @@ async fn fixture() -> Fixture {
         if sensitive {
             a["spec"]["sensitive"] = json!(true);
         }
-        let (c, mut a) = call(&s, Method::POST, &allocs("t1"), &alice, Some(a)).await;
+        // (The binding reaches the server's copy of the bindings within moments.)
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let (c, mut a) = loop {
+            let (c, v) = call(&s, Method::POST, &allocs("t1"), &alice, Some(a.clone())).await;
+            if c != 403 || std::time::Instant::now() > deadline {
+                break (c, v);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         assert_eq!(c, 201, "{a}");
         if running {
             a["status"] = json!({"phase": "Running", "assignedNodes": ["n1"]});

@@ -31,6 +31,45 @@ fn token(user: &str, tenants: &[&str], role: Role) -> String {
     mint_token(SECRET, user, &t, role, Duration::from_secs(600))
 }
 
+/// Binds `claiming-user` to `user` in `tenant` (sensitive work claims nodes), and waits
+/// until the server's copy of the bindings has it.
+async fn claimer(c: &Cluster, tenant: &str, user: &str) {
+    let admin = token("ops", &["*"], Role::Admin);
+    let (code, v) = c
+        .send(
+            &admin,
+            "POST",
+            &format!("{API}/namespaces/{tenant}/rolebindings"),
+            Some(
+                json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "RoleBinding",
+                        "metadata": {"name": format!("{user}-claims"), "namespace": tenant},
+                        "roleRef": {"kind": "ClusterRole", "name": "claiming-user"},
+                        "subjects": [{"kind": "User", "name": user}]}),
+            ),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let me = token(user, &[], Role::Readonly);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while c
+        .send(
+            &me,
+            "GET",
+            &format!("{API}/namespaces/{tenant}/allocations"),
+            None,
+        )
+        .await
+        .0
+        == 403
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the binding never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn cluster() -> Cluster {
     cluster_with(Duration::from_secs(3600)).await
 }
@@ -1126,6 +1165,7 @@ async fn logs_and_attach_of_others_and_of_sensitive_work_are_refused() {
     let path = format!("{API}/namespaces/t1/allocations");
     let mut sensitive = alloc("s1");
     sensitive["spec"]["sensitive"] = json!(true);
+    claimer(&c, "t1", "bob").await;
     for a in [alloc("b1"), sensitive] {
         let (code, v) = c.send(&bob, "POST", &path, Some(a)).await;
         assert_eq!(code, 201, "{v}");
@@ -1208,6 +1248,8 @@ async fn preemption_class_and_sensitivity_are_the_tenants_contract() {
         .await;
     assert_eq!(code, 200, "{v}");
     let carol = token("carol", &["t2"], Role::User);
+    claimer(&c, "t2", "carol").await;
+    claimer(&c, "t1", "alice").await;
     let mut s = alloc("secret");
     s["spec"]["sensitive"] = json!(true);
     let (code, v) = c

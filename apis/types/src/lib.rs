@@ -114,6 +114,9 @@ pub use kinds::network_domain::{
 pub use kinds::node::{
     Gpu, Node, NodeAgentInfo, NodeCapacity, NodeDrain, NodeOwner, NodeSpec, NodeState, NodeStatus,
 };
+pub use kinds::rbac::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject, SubjectKind,
+};
 pub use kinds::tenant::{
     Tenant, TenantQuota, TenantRunAs, TenantSpec, TenantStatus, TenantUsage, UsageBucket,
 };

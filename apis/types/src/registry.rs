@@ -2,8 +2,15 @@
 //! print a kind without knowing its Rust type.
 
 use crate::kinds::{
-    allocation::Allocation, dag::Dag, event::Event, lease::Lease, network_domain::NetworkDomain,
-    node::Node, tenant::Tenant, vcluster::VCluster,
+    allocation::Allocation,
+    dag::Dag,
+    event::Event,
+    lease::Lease,
+    network_domain::NetworkDomain,
+    node::Node,
+    rbac::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+    tenant::Tenant,
+    vcluster::VCluster,
 };
 use crate::resource::{admit_json, schema_json};
 pub use crate::validation::{FieldError, ValidationErrors};
@@ -240,6 +247,9 @@ const LEASE_COLUMNS: &[PrinterColumn] = &[
     col("TRANSITIONS", ".spec.leaseTransitions", "integer", 1),
 ];
 
+const ROLE_COLUMNS: &[PrinterColumn] = &[NAME, AGE];
+const BINDING_COLUMNS: &[PrinterColumn] = &[NAME, col("ROLE", ".roleRef.name", "string", 0), AGE];
+
 const EVENT_COLUMNS: &[PrinterColumn] = &[
     col("LAST SEEN", ".lastTimestamp", "date", 0),
     col("TYPE", ".type", "string", 0),
@@ -373,6 +383,54 @@ static KINDS: &[KindInfo] = &[
         schema: schema_json::<Event>,
         admit: admit_json::<Event>,
     },
+    KindInfo {
+        kind: "Role",
+        plural: "roles",
+        singular: "role",
+        short_names: &[],
+        namespaced: true,
+        has_status: false,
+        printer_columns: ROLE_COLUMNS,
+        selectable_fields: &[],
+        schema: schema_json::<Role>,
+        admit: admit_json::<Role>,
+    },
+    KindInfo {
+        kind: "ClusterRole",
+        plural: "clusterroles",
+        singular: "clusterrole",
+        short_names: &[],
+        namespaced: false,
+        has_status: false,
+        printer_columns: ROLE_COLUMNS,
+        selectable_fields: &[],
+        schema: schema_json::<ClusterRole>,
+        admit: admit_json::<ClusterRole>,
+    },
+    KindInfo {
+        kind: "RoleBinding",
+        plural: "rolebindings",
+        singular: "rolebinding",
+        short_names: &[],
+        namespaced: true,
+        has_status: false,
+        printer_columns: BINDING_COLUMNS,
+        selectable_fields: &["roleRef.name"],
+        schema: schema_json::<RoleBinding>,
+        admit: admit_json::<RoleBinding>,
+    },
+    KindInfo {
+        kind: "ClusterRoleBinding",
+        plural: "clusterrolebindings",
+        singular: "clusterrolebinding",
+        short_names: &[],
+        namespaced: false,
+        has_status: false,
+        printer_columns: BINDING_COLUMNS,
+        selectable_fields: &["roleRef.name"],
+        schema: schema_json::<ClusterRoleBinding>,
+        admit: admit_json::<ClusterRoleBinding>,
+    },
 ];
 
 /// All kinds, in a stable order.
@@ -454,7 +512,11 @@ mod tests {
         check::<Node>();
         check::<Lease>();
         check::<Event>();
-        assert_eq!(kinds().len(), 8);
+        check::<Role>();
+        check::<ClusterRole>();
+        check::<RoleBinding>();
+        check::<ClusterRoleBinding>();
+        assert_eq!(kinds().len(), 12);
         assert!(!find_kind("tenant").expect("tenant").namespaced);
         assert!(!find_kind("node").expect("node").namespaced);
     }

@@ -1060,6 +1060,7 @@ pub async fn run(
         AdminCommand::Undrain(a) => crate::cmd::nodes::undrain(ctx, &a.id, out).await,
         AdminCommand::Config(c) => cluster_config(ctx, c, out).await,
         AdminCommand::Pki(p) => crate::cmd::pki::run(p, out),
+        AdminCommand::Token(t) => crate::cmd::auth::token(ctx, t, out).await,
     }
 }
 

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod api_resources;
 pub mod apply;
 pub mod attach;
+pub mod auth;
 pub mod compat;
 pub mod completion;
 pub mod config_cmd;

@@ -119,6 +119,8 @@ pub async fn admit_write(
         ));
     }
     system_owned_metadata(caller, kind, old, &new)?;
+    crate::registry::rbac::admit_write(res, caller, kind, &new).await?;
+    claim(caller, kind, old, &new)?;
     others_work(caller, kind, old, &new)?;
     user_label(caller, kind, &new)?;
     owner_references(res, caller, kind, old, &new).await?;
@@ -230,7 +232,11 @@ pub async fn admit_delete(
     kind: &'static KindInfo,
     old: &Value,
 ) -> ApiResult<()> {
-    if caller.is_system() || caller.role == Role::Admin {
+    if caller.is_system() {
+        return Ok(());
+    }
+    crate::registry::rbac::admit_delete(caller, kind, old)?;
+    if caller.role == Role::Admin {
         return Ok(());
     }
     if caller.role == Role::Node {
@@ -435,6 +441,37 @@ fn system_owned_metadata(
         }
     }
     Ok(())
+}
+
+/// Sensitive work claims nodes for itself alone: making an allocation sensitive takes the
+/// `claim` verb in its tenant (the `claiming-user` and `tenant-admin` roles hold it).
+fn claim(
+    caller: &UserInfo,
+    kind: &'static KindInfo,
+    old: Option<&Value>,
+    new: &Value,
+) -> ApiResult<()> {
+    let sensitive = |v: &Value| v.pointer("/spec/sensitive").and_then(Value::as_bool) == Some(true);
+    if kind.kind != "Allocation" || !sensitive(new) || old.is_some_and(sensitive) {
+        return Ok(());
+    }
+    let ns = new.pointer("/metadata/namespace").and_then(Value::as_str);
+    crate::registry::authz::authorize(
+        caller,
+        &crate::registry::authz::Attributes::kind(crate::registry::authz::Verb::Claim, kind, ns),
+    )
+    .map_err(|e| {
+        forbidden(
+            kind,
+            new,
+            "spec.sensitive",
+            format!(
+                "{}; sensitive work claims nodes for itself alone, which takes the \
+                 claiming-user role in the tenant (its tenant admin binds it)",
+                e.message
+            ),
+        )
+    })
 }
 
 /// Another user's Allocation or Dag runs as that user: an admin may cancel, hold, label
@@ -973,6 +1010,9 @@ async fn tenant_admin(
         None => Vec::new(),
     };
     if caller.role == Role::User && admins.iter().any(|a| a == &caller.name) {
+        return Ok(());
+    }
+    if crate::registry::rbac::holds(caller, lattice_apis::kinds::rbac::builtin::TENANT_ADMIN, ns) {
         return Ok(());
     }
     Err(forbidden(

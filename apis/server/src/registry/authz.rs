@@ -25,6 +25,7 @@ use serde_json::Value;
 
 use crate::registry::errors::{ApiError, ApiResult};
 use crate::registry::identity::{Role, UserInfo};
+use crate::registry::rbac;
 use crate::registry::selectors::FieldSelector;
 
 /// What a request does.
@@ -46,6 +47,10 @@ pub enum Verb {
     Delete,
     /// Open a session into a workload (attach) or read its output (logs).
     Connect,
+    /// Submit sensitive work, which claims nodes for itself alone.
+    Claim,
+    /// Ask as another user (`lattice auth can-i --as`).
+    Impersonate,
 }
 
 impl Verb {
@@ -64,6 +69,8 @@ impl Verb {
             Verb::Patch => "patch",
             Verb::Delete => "delete",
             Verb::Connect => "connect to",
+            Verb::Claim => "claim nodes with",
+            Verb::Impersonate => "impersonate",
         }
     }
 }
@@ -149,6 +156,10 @@ pub mod resource {
     pub const NODE_CERTIFICATES: &str = "nodecertificates";
     /// Attach tickets redeemed by node agents.
     pub const ATTACH_TICKETS: &str = "attachtickets";
+    /// API tokens (`lattice admin token`).
+    pub const API_TOKENS: &str = "apitokens";
+    /// Users, as what `impersonate` is asked on.
+    pub const USERS: &str = "users";
 }
 
 fn deny(user: &UserInfo, a: &Attributes, why: impl std::fmt::Display) -> ApiError {
@@ -186,17 +197,7 @@ pub fn authorize(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
     match user.role {
         Role::System => Ok(()),
         Role::Node => node(user, a),
-        Role::Admin => {
-            if a.is_status_write() {
-                return Err(deny(user, a, STATUS_IS_SYSTEMS));
-            }
-            if a.resource == resource::ATTACH_TICKETS {
-                // A ticket grants a session as the allocation's user on its node.
-                return Err(deny(user, a, "attach tickets are redeemed by node agents"));
-            }
-            Ok(())
-        }
-        Role::User | Role::Readonly => person(user, a),
+        Role::Admin | Role::User | Role::Readonly => person(user, a),
     }
 }
 
@@ -217,7 +218,8 @@ fn owner_selector_is_own(user: &UserInfo, a: &Attributes) -> bool {
             .any(|r| r.field == "status.owner.tenant" && r.equal && user.in_tenant(&r.value))
 }
 
-/// Users and readonly users.
+/// People and automation accounts: what no role can grant is refused first; then the
+/// roles they hold decide ([`rbac`]).
 fn person(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
     if let (Some(b), Verb::Connect) = (&user.bound_to, a.verb) {
         // A job's token does what commands in a job do (submit, start steps, list,
@@ -241,9 +243,6 @@ fn person(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
             ));
         }
     }
-    if user.role == Role::Readonly && !a.verb.is_read() {
-        return Err(deny(user, a, "the readonly role may only read"));
-    }
     if a.resource == "nodes" && !user.all_tenants() && !owner_selector_is_own(user, a) {
         // Who owns a node is hidden from people outside the owning tenant (see
         // `crate::registry::redact`); selecting on it would tell them anyway.
@@ -256,49 +255,52 @@ fn person(user: &UserInfo, a: &Attributes) -> ApiResult<()> {
     if a.is_status_write() {
         return Err(deny(user, a, STATUS_IS_SYSTEMS));
     }
-    match a.resource {
-        resource::CLUSTER_CONFIG if a.verb.is_read() => return Ok(()),
-        resource::CLUSTER_CONFIG | resource::BOOTSTRAP_TOKENS | resource::NODE_CERTIFICATES => {
-            return Err(deny(user, a, "it is for administrators"))
-        }
-        resource::ATTACH_TICKETS => return Err(deny(user, a, "it is for node agents")),
-        "tenants" => {
-            // A person sees the tenants they belong to, and all of them only with access
-            // to all; nobody but an admin changes a tenant (its quotas and policies bind
-            // its own admins too).
-            if !a.verb.is_read() {
-                return Err(deny(user, a, "tenants are changed by administrators"));
+    if a.resource == resource::ATTACH_TICKETS {
+        // A ticket grants a session as the allocation's user on its node.
+        return Err(deny(user, a, "attach tickets are redeemed by node agents"));
+    }
+    if rbac::allows(user, a) {
+        return Ok(());
+    }
+    Err(deny(user, a, why_not(user, a)))
+}
+
+/// Why no role of `user` allows `a`, in the words that help most.
+fn why_not(user: &UserInfo, a: &Attributes) -> String {
+    let grants: Vec<rbac::Grant> = rbac::all_grants(user)
+        .filter(|g| g.role != lattice_apis::kinds::rbac::builtin::BASIC)
+        .collect();
+    if a.namespaced {
+        match a.namespace {
+            Some(t)
+                if !grants
+                    .iter()
+                    .any(|g| g.tenant.as_deref().is_none_or(|x| x == t)) =>
+            {
+                return "not a member of this tenant: no role is bound to you in it (its \
+                        tenant admin can bind one with a RoleBinding)"
+                    .into();
             }
-            return match a.name {
-                Some(n) if user.in_tenant(n) => Ok(()),
-                _ if user.all_tenants() => Ok(()),
-                Some(_) => Err(deny(user, a, "not a member of this tenant")),
-                None => Err(deny(
-                    user,
-                    a,
-                    "listing tenants needs access to every tenant; get your own by name",
-                )),
-            };
+            None if !grants.iter().any(|g| g.tenant.is_none()) => {
+                return "listing across tenants needs access to every tenant (a role bound \
+                        cluster-wide); name a tenant"
+                    .into();
+            }
+            _ => {}
         }
-        _ => {}
     }
-    if !a.namespaced {
-        return if a.verb.is_read() {
-            Ok(())
+    if a.resource == "tenants" && a.name.is_none() && a.verb.is_read() {
+        return "listing tenants needs access to every tenant; get your own by name".into();
+    }
+    let held: Vec<String> = grants.iter().map(|g| g.to_string()).collect();
+    format!(
+        "no role you hold allows it (you hold: {}); `lattice auth can-i` tells what you may do",
+        if held.is_empty() {
+            "none".to_string()
         } else {
-            Err(deny(user, a, "cluster-scoped kinds are admin-only"))
-        };
-    }
-    match a.namespace {
-        Some(t) if user.in_tenant(t) => Ok(()),
-        Some(_) => Err(deny(user, a, "not a member of this tenant")),
-        None if user.all_tenants() => Ok(()),
-        None => Err(deny(
-            user,
-            a,
-            "listing across tenants needs access to every tenant",
-        )),
-    }
+            held.join(", ")
+        }
+    )
 }
 
 /// NodeRestriction: a node's agent touches its own Node, its heartbeat Lease and the

@@ -73,6 +73,20 @@ pub struct UserInfo {
     /// For a bearer token: when it expires (seconds since the epoch). Certificates carry
     /// theirs in [`cert`](Self::cert).
     pub expires: Option<u64>,
+    /// The groups its credentials list (OIDC groups, a token's `groups` claim).
+    pub groups: Vec<String>,
+    /// Authenticated with an API token (`lattice admin token`): an automation account,
+    /// matched by `ServiceAccount` subjects.
+    pub service_account: bool,
+    /// What its role bindings grant: the RoleBindings and ClusterRoleBindings naming it or
+    /// its groups, the tenants listing it as an admin, an API token's role. Resolved when
+    /// it authenticates ([`crate::registry::rbac::Rbac::resolve`]); what its credentials'
+    /// [`role`](Self::role) grants is added by the authorizer.
+    pub grants: std::sync::Arc<Vec<crate::registry::rbac::Grant>>,
+    /// [`grants`](Self::grants) holds everything, the credentials' role included
+    /// (set by [`crate::registry::rbac::apply_grants`]); otherwise the authorizer adds
+    /// what [`role`](Self::role) and [`tenants`](Self::tenants) grant.
+    pub grants_resolved: bool,
 }
 
 /// The user name of a node's agent: `system:node:<name>`.

@@ -14,6 +14,8 @@
 //! | [`objects`], [`parse`] | object keys and metadata; request bodies (JSON, YAML) |
 //! | [`selectors`] | label and field selectors |
 //! | [`watch_cache`] | the watch cache: one store watch per kind, fanned out |
+//! | [`follow`] | an in-memory copy of a store prefix, kept by a watch |
+//! | [`rbac`] | role bindings: who holds which role where; the escalation check |
 //! | [`quota`] | per-tenant object-count quotas |
 //! | [`redact`] | what a reader outside the owning tenant does not see |
 //! | [`settings`] | the cluster settings as stored, and the limits in force |
@@ -28,12 +30,14 @@ pub mod admission;
 pub mod apply;
 pub mod authz;
 pub mod errors;
+pub mod follow;
 pub mod identity;
 pub mod in_process;
 pub mod objects;
 pub mod parse;
 pub mod patch;
 pub mod quota;
+pub mod rbac;
 pub mod redact;
 pub mod resources;
 pub mod selectors;

@@ -6,6 +6,7 @@ pub mod event;
 pub mod lease;
 pub mod network_domain;
 pub mod node;
+pub mod rbac;
 pub mod tenant;
 pub mod topology;
 pub mod vcluster;
