@@ -36,6 +36,8 @@
 #   crun               the OCI runtime the agent runs image jobs with (environment.image)
 #   docker-registry    the CNCF distribution registry: the agent's OCI tests push an image
 #                      to it and the agent pulls it from there
+#   nodejs, npm        Node.js for the test OpenID provider (hack/oidc: panva's certified
+#                      oidc-provider from the npm registry, see install_oidc_provider)
 #   kubectl            not a Debian package: see install_kubectl
 #   helm-python-sdk, kubernetes-validate
 #                      render and validate the Helm chart (hack/check-chart.sh): see
@@ -79,6 +81,8 @@ PACKAGES=(
   "mpirun.openmpi openmpi-bin"
   "crun crun"
   "docker-registry docker-registry"
+  "node nodejs"
+  "npm npm"
 )
 if [ "${1:-}" = --peers ]; then
   PACKAGES+=(
@@ -209,7 +213,23 @@ install_chart_tools() {
   echo "$stamp" >"$venv/.requirements-sha256"
 }
 
+# The OpenID provider the login tests run (cli/tests/login.rs): hack/oidc's package-lock.json
+# pins oidc-provider and every dependency by version and integrity hash; `npm ci` installs
+# exactly that into hack/oidc/node_modules, again only when the lock file changes.
+install_oidc_provider() {
+  local dir=hack/oidc stamp
+  stamp=$(sha256sum <"$dir/package-lock.json" | cut -d' ' -f1)
+  if [ -d "$dir/node_modules/oidc-provider" ] && [ "$(cat "$dir/node_modules/.lock-sha256" 2>/dev/null)" = "$stamp" ]; then
+    echo "install-deps: $dir/node_modules has its package-lock.json, skipping"
+    return
+  fi
+  echo "install-deps: npm ci in $dir (oidc-provider)"
+  (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$stamp" >"$dir/node_modules/.lock-sha256"
+}
+
 install_debian_packages
 install_kubectl
 install_chart_tools
+install_oidc_provider
 echo "install-deps: done"

@@ -137,6 +137,13 @@ pub enum Command {
     /// Who you are and what you may do: `whoami`, `can-i VERB RESOURCE`
     #[command(subcommand)]
     Auth(AuthCommand),
+    /// Log in through the site's identity provider (OIDC); the tokens are kept for this
+    /// server under ~/.config/lattice/tokens (0600) and refreshed silently
+    Login(LoginArgs),
+    /// Forget this server's login (and revoke its refresh token)
+    Logout,
+    /// The user the server sees, its groups and the roles it holds
+    Whoami,
     /// Print a shell completion script (bash, zsh, fish, ...)
     Completion(CompletionArgs),
     /// Print shell functions sbatch, squeue, scancel, salloc, srun, sinfo, sacct
@@ -526,6 +533,25 @@ pub enum AdminCommand {
     /// Same as `lattice node undrain`
     #[command(hide = true)]
     Undrain(NodeIdArg),
+}
+
+/// `lattice login`.
+#[derive(Debug, Clone, Args)]
+pub struct LoginArgs {
+    /// device (a URL and a code, for machines without a browser), browser (authorization
+    /// code + PKCE, redirected to this machine), manual (paste the address back); default:
+    /// browser when one can be opened, device otherwise
+    #[arg(long, value_enum)]
+    pub flow: Option<crate::login::Flow>,
+    /// The API server to log in to (default: the configured one)
+    #[arg(long)]
+    pub server: Option<String>,
+    /// Which of the server's identity providers (default: its first)
+    #[arg(long)]
+    pub issuer: Option<String>,
+    /// Log in as this client instead of the one the server names
+    #[arg(long)]
+    pub client_id: Option<String>,
 }
 
 /// `lattice auth ...`.

@@ -10,6 +10,7 @@ pub mod cmd;
 pub mod config;
 pub mod errors;
 pub mod kinds;
+pub mod login;
 pub mod manifest;
 pub mod output;
 
@@ -317,15 +318,60 @@ async fn dispatch(
         }
         _ => {}
     }
-    let settings = config::load(&flags, env, false)?;
+    let mut settings = config::load(&flags, env, false)?;
+    let ca_pem = match &settings.ca_file {
+        Some(p) => Some(std::fs::read(p).map_err(|e| {
+            CliError::new(format!("read CA file {}", p.display()), e.to_string())
+                .hint("check --certificate-authority, LATTICE_CA_FILE or ca_file in the config")
+        })?),
+        None => None,
+    };
+    match &cli.command {
+        Command::Login(a) => {
+            let server = a
+                .server
+                .as_deref()
+                .map(config::normalize_url)
+                .unwrap_or_else(|| settings.api_url.clone());
+            let req = login::LoginRequest {
+                server: &server,
+                flow: a.flow,
+                issuer: a.issuer.as_deref(),
+                client_id: a.client_id.as_deref(),
+                insecure: settings.insecure,
+                ca_pem: ca_pem.as_deref(),
+            };
+            let mut input = std::io::BufReader::new(&mut opts.stdin);
+            let path = login::login(env, &req, err, &mut input).await?;
+            writeln!(out, "Logged in to {server} (tokens in {}).", path.display())?;
+            settings.api_url = server;
+            settings.token =
+                login::token_for(env, &settings.api_url, settings.insecure, ca_pem.as_deref())
+                    .await?;
+        }
+        Command::Logout => {
+            let had =
+                login::logout(env, &settings.api_url, settings.insecure, ca_pem.as_deref()).await?;
+            writeln!(
+                out,
+                "{}",
+                if had {
+                    format!("Logged out of {}.", settings.api_url)
+                } else {
+                    format!("Not logged in to {}.", settings.api_url)
+                }
+            )?;
+            return Ok(0);
+        }
+        _ => {}
+    }
+    // Without a configured token, this server's login, if any (refreshed when due).
+    if settings.token.is_none() {
+        settings.token =
+            login::token_for(env, &settings.api_url, settings.insecure, ca_pem.as_deref()).await?;
+    }
     let tls = client::TlsOptions {
-        ca_pem: match &settings.ca_file {
-            Some(p) => Some(std::fs::read(p).map_err(|e| {
-                CliError::new(format!("read CA file {}", p.display()), e.to_string())
-                    .hint("check --certificate-authority, LATTICE_CA_FILE or ca_file in the config")
-            })?),
-            None => None,
-        },
+        ca_pem,
         insecure: settings.insecure,
         user_agent: Some(client::USER_AGENT.to_string()),
     };
@@ -393,6 +439,10 @@ async fn dispatch(
         Command::Dag(c) => cmd::dag::run(&mut ctx, &c, &mut opts.stdin, out, err).await,
         Command::Admin(c) => cmd::admin::run(&mut ctx, &c, out, err).await,
         Command::Auth(c) => cmd::auth::run(&ctx, &c, out).await,
+        Command::Whoami => cmd::auth::run(&ctx, &cli::AuthCommand::Whoami, out).await,
+        // Logged in: what the server makes of the new token.
+        Command::Login(_) => cmd::auth::run(&ctx, &cli::AuthCommand::Whoami, out).await,
+        Command::Logout => Ok(0),
         Command::Compat(a) => {
             cmd::compat::run(&mut ctx, &a, &mut opts.stdin, out, err, shutdown).await
         }

@@ -1,6 +1,7 @@
 //! `POST /v1/auth/can-i` (what `lattice auth can-i` asks) and `GET /v1/auth/whoami`: the
 //! authorizer's answer for the caller, or, with `as`, for another user (which needs
-//! `impersonate` on `users`).
+//! `impersonate` on `users`); and `GET /v1/auth/discovery` (public): which identity
+//! providers `lattice login` may log in with.
 
 use std::sync::Arc;
 
@@ -136,6 +137,35 @@ pub async fn can_i(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bo
     }
     .await;
     r.unwrap_or_else(|e: ApiError| e.into_response())
+}
+
+/// Where `lattice login` learns the identity providers (public).
+pub const DISCOVERY_PATH: &str = "/v1/auth/discovery";
+/// The same, where the product documentation puts it.
+pub const SEED_DISCOVERY_PATH: &str = "/api/v1/auth/discovery";
+
+/// `GET /v1/auth/discovery`: `{issuers: [{issuer, clientId}], issuer, client_id,
+/// idp_url}` (the last three: the first issuer, in the product documentation's names).
+pub async fn discovery(State(inner): State<Arc<Inner>>) -> Response {
+    let issuers: Vec<_> = inner
+        .authenticator
+        .oidc_issuers()
+        .into_iter()
+        .map(|i| {
+            let client = i.client_id.clone().or_else(|| i.audiences.first().cloned());
+            json!({"issuer": i.issuer, "clientId": client, "scopes": i.scopes})
+        })
+        .collect();
+    let first = issuers.first().cloned().unwrap_or(json!({}));
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "issuers": issuers,
+            "issuer": first.get("issuer"),
+            "idp_url": first.get("issuer"),
+            "client_id": first.get("clientId"),
+        }),
+    )
 }
 
 /// `GET /v1/auth/whoami`.

@@ -46,6 +46,11 @@ pub struct Claims {
 #[async_trait]
 pub trait Authenticator: Send + Sync + 'static {
     async fn authenticate(&self, headers: &HeaderMap) -> ApiResult<Option<UserInfo>>;
+
+    /// The identity providers it trusts (for `GET /v1/auth/discovery`); none by default.
+    fn oidc_issuers(&self) -> Vec<crate::oidc::IssuerConfig> {
+        Vec::new()
+    }
 }
 
 /// Authentication off: everyone is an admin (tests, `--dev`).
@@ -255,6 +260,8 @@ fn public(path: &str) -> bool {
         path,
         "/healthz" | "/livez" | "/readyz" | "/metrics" | "/version"
     ) || path == crate::node_identity::BOOTSTRAP_PATH
+        || path == crate::access::DISCOVERY_PATH
+        || path == crate::access::SEED_DISCOVERY_PATH
 }
 
 /// Middleware around every route: authenticates the caller (401 without valid

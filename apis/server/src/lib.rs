@@ -46,6 +46,7 @@ pub mod limits;
 pub mod logs;
 pub mod metrics;
 pub mod node_identity;
+pub mod oidc;
 pub mod openapi;
 pub mod ranges;
 pub mod registry;
@@ -333,6 +334,8 @@ impl ApiServer {
                 axum::routing::delete(api_tokens::delete),
             )
             .route("/v1/auth/can-i", post(access::can_i))
+            .route(access::DISCOVERY_PATH, get(access::discovery))
+            .route(access::SEED_DISCOVERY_PATH, get(access::discovery))
             .route("/v1/auth/whoami", get(access::whoami))
             .fallback(not_found)
             .layer(axum::middleware::from_fn_with_state(

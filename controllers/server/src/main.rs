@@ -192,6 +192,15 @@ struct ServeArgs {
     /// HS256 secret for API tokens (default: generated once into <data-dir>/jwt.secret).
     #[arg(long, env = "LATTICE_JWT_SECRET_FILE")]
     jwt_secret_file: Option<PathBuf>,
+    /// The identity providers whose ID tokens are accepted (YAML: `issuers:` with issuer,
+    /// audiences, usernameClaim, groupsClaim, tenantsClaim, ...; docs/security.md). With
+    /// it, the server's own HS256 tokens (admin.token) are refused unless
+    /// --oidc-allow-hs256 (break-glass) or --dev.
+    #[arg(long, env = "LATTICE_OIDC_CONFIG")]
+    oidc_config: Option<PathBuf>,
+    /// With --oidc-config: keep accepting the server's own HS256 tokens (break-glass).
+    #[arg(long, env = "LATTICE_OIDC_ALLOW_HS256")]
+    oidc_allow_hs256: bool,
     /// Largest key the store accepts, in bytes.
     #[arg(long, default_value_t = Limits::default().max_key_bytes, env = "LATTICE_MAX_KEY_BYTES")]
     max_key_bytes: usize,
@@ -607,7 +616,23 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
         .clone()
         .unwrap_or_else(|| data_dir.join("jwt.secret"));
     let jwt_secret = secret(&secret_path)?;
-    let api = lattice_apiserver::ApiServer::new(
+    let authenticator: Arc<dyn lattice_apiserver::Authenticator> = match &args.oidc_config {
+        Some(path) => {
+            let cfg = lattice_apiserver::oidc::OidcConfig::load(path)?;
+            let hs256 = (args.oidc_allow_hs256 || args.dev)
+                .then(|| lattice_apiserver::JwtAuthenticator::new(&jwt_secret));
+            tracing::info!(
+                issuers = ?cfg.issuers.iter().map(|i| i.issuer.as_str()).collect::<Vec<_>>(),
+                hs256 = hs256.is_some(),
+                "OIDC login enabled"
+            );
+            Arc::new(lattice_apiserver::oidc::OidcAuthenticator::new(
+                &cfg, hs256,
+            )?)
+        }
+        None => Arc::new(lattice_apiserver::JwtAuthenticator::new(&jwt_secret)),
+    };
+    let api = lattice_apiserver::ApiServer::with_authenticator(
         backend.clone(),
         lattice_apiserver::ApiConfig {
             jwt_secret: jwt_secret.clone(),
@@ -621,6 +646,7 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
             object_quotas: args.api_limits.object_quotas(),
             ..Default::default()
         },
+        authenticator,
     );
     // Built-in controllers: run on the Raft leader only (every member of a single-member
     // store is its leader), hand over when leadership moves.
