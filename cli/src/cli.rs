@@ -137,6 +137,9 @@ pub enum Command {
     /// Who you are and what you may do: `whoami`, `can-i VERB RESOURCE`
     #[command(subcommand)]
     Auth(AuthCommand),
+    /// The audit log: query, export, verify
+    #[command(subcommand)]
+    Audit(AuditCommand),
     /// Log in through the site's identity provider (OIDC); the tokens are kept for this
     /// server under ~/.config/lattice/tokens (0600) and refreshed silently
     Login(LoginArgs),
@@ -533,6 +536,50 @@ pub enum AdminCommand {
     /// Same as `lattice node undrain`
     #[command(hide = true)]
     Undrain(NodeIdArg),
+}
+
+/// `lattice audit ...`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum AuditCommand {
+    /// Records of the server's audit log that match (newest last); the global -n/--tenant
+    /// narrows to one tenant's records (what its tenant admins may read)
+    Query {
+        /// Only this user's
+        #[arg(long)]
+        user: Option<String>,
+        /// Only since this time (RFC 3339) or for this long (1h, 30m, 2d)
+        #[arg(long)]
+        since: Option<String>,
+        /// Only this verb (create, patch, delete, connect, ...)
+        #[arg(long)]
+        verb: Option<String>,
+        /// Only this resource (allocations, rolebindings, ...)
+        #[arg(long)]
+        resource: Option<String>,
+        /// Only allow or deny
+        #[arg(long)]
+        decision: Option<String>,
+        /// At most this many (the newest)
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// All tenants (an administrator's query), not only the current one's
+        #[arg(short = 'A', long)]
+        all_tenants: bool,
+    },
+    /// The server's log as JSON lines, as written (for archives and `verify --file`)
+    Export {
+        /// Only since this time (RFC 3339) or for this long (1h, 30m, 2d)
+        #[arg(long)]
+        since: Option<String>,
+    },
+    /// Check the chain: every record's hash and signature, that none is missing, reordered
+    /// or edited; exit 1 if anything is wrong. Without --file the server checks its own log
+    Verify {
+        /// Check this exported file (`-`: standard input) here, against the servers'
+        /// public keys
+        #[arg(long)]
+        file: Option<std::path::PathBuf>,
+    },
 }
 
 /// `lattice login`.

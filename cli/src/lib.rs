@@ -440,6 +440,7 @@ async fn dispatch(
         Command::Admin(c) => cmd::admin::run(&mut ctx, &c, out, err).await,
         Command::Auth(c) => cmd::auth::run(&ctx, &c, out).await,
         Command::Whoami => cmd::auth::run(&ctx, &cli::AuthCommand::Whoami, out).await,
+        Command::Audit(c) => cmd::auth::audit(&ctx, &c, &mut opts.stdin, out).await,
         // Logged in: what the server makes of the new token.
         Command::Login(_) => cmd::auth::run(&ctx, &cli::AuthCommand::Whoami, out).await,
         Command::Logout => Ok(0),

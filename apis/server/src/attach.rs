@@ -160,6 +160,7 @@ async fn finish(
                 .subresource(Some("attach")),
         )?;
         admit_connect(&inner.resources, &user, &obj, Connect::Attach).await?;
+        crate::audit::sensitive_access(inner, &user, &obj, "attach", &format!("GET {uri}")).await?;
         let req = Request::parse(uri)?;
         // Held by the relay: the session counts until either side closes.
         let slot = inner

@@ -34,6 +34,7 @@ pub mod access;
 pub mod agents;
 pub mod api_tokens;
 pub mod attach;
+pub mod audit;
 pub mod auth;
 pub mod cluster_config;
 pub mod compactor;
@@ -159,6 +160,15 @@ pub struct Inner {
     pub agents: agents::Agents,
     /// Set once the built-in roles are being written.
     seeded: std::sync::OnceLock<()>,
+    /// The audit log, when this server keeps one ([`ApiServer::set_audit`]).
+    audit: std::sync::OnceLock<Arc<audit::Auditor>>,
+}
+
+impl Inner {
+    /// The audit log, when this server keeps one.
+    pub fn auditor(&self) -> Option<Arc<audit::Auditor>> {
+        self.audit.get().cloned()
+    }
 }
 
 impl Inner {
@@ -238,6 +248,7 @@ impl ApiServer {
             openapi_doc,
             openapi_hash,
             seeded: std::sync::OnceLock::new(),
+            audit: std::sync::OnceLock::new(),
         };
         ApiServer {
             inner: Arc::new(inner),
@@ -337,7 +348,15 @@ impl ApiServer {
             .route(access::DISCOVERY_PATH, get(access::discovery))
             .route(access::SEED_DISCOVERY_PATH, get(access::discovery))
             .route("/v1/auth/whoami", get(access::whoami))
+            .route("/v1/audit", get(audit::query))
+            .route("/v1/audit/export", get(audit::export))
+            .route("/v1/audit/keys", get(audit::keys))
+            .route("/v1/audit/verify", get(audit::verify))
             .fallback(not_found)
+            .layer(axum::middleware::from_fn_with_state(
+                self.inner.clone(),
+                audit::layer,
+            ))
             .layer(axum::middleware::from_fn_with_state(
                 self.inner.clone(),
                 limits::admit,
@@ -348,6 +367,20 @@ impl ApiServer {
             ))
             .layer(tower_http::trace::TraceLayer::new_for_http())
             .with_state(self.inner.clone())
+    }
+
+    /// Keeps an audit log (see [`audit`]); once, before serving.
+    pub fn set_audit(&self, a: Arc<audit::Auditor>) {
+        self.inner.metrics.add_registry(a.counts.registry());
+        self.inner
+            .resources
+            .set_sensitive_writes(Arc::new(audit::SensitiveHook(a.clone())));
+        let _ = self.inner.audit.set(a);
+    }
+
+    /// The audit log, if kept.
+    pub fn auditor(&self) -> Option<Arc<audit::Auditor>> {
+        self.inner.auditor()
     }
 
     /// Writes the built-in roles into the store (once per server, in the background,

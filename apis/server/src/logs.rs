@@ -182,6 +182,7 @@ async fn serve(
 
     let alloc = inner.resources.get(allocations, Some(ns), name).await?;
     admit_connect(&inner.resources, &user, &alloc, Connect::Logs).await?;
+    crate::audit::sensitive_access(inner, &user, &alloc, "log", &format!("GET {uri}")).await?;
     let all = nodes_of(&alloc);
     let selected: Vec<String> = match get("node") {
         Some(n) if all.iter().any(|x| x == n) => vec![n.to_string()],

@@ -72,6 +72,7 @@
 #![warn(missing_docs)]
 
 pub mod attach;
+pub mod audit;
 pub mod cluster_config;
 pub mod extender;
 pub mod intent;

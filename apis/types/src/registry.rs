@@ -3,6 +3,7 @@
 
 use crate::kinds::{
     allocation::Allocation,
+    audit_policy::AuditPolicy,
     dag::Dag,
     event::Event,
     lease::Lease,
@@ -431,6 +432,18 @@ static KINDS: &[KindInfo] = &[
         schema: schema_json::<ClusterRoleBinding>,
         admit: admit_json::<ClusterRoleBinding>,
     },
+    KindInfo {
+        kind: "AuditPolicy",
+        plural: "auditpolicies",
+        singular: "auditpolicy",
+        short_names: &[],
+        namespaced: false,
+        has_status: false,
+        printer_columns: ROLE_COLUMNS,
+        selectable_fields: &[],
+        schema: schema_json::<AuditPolicy>,
+        admit: admit_json::<AuditPolicy>,
+    },
 ];
 
 /// All kinds, in a stable order.
@@ -516,7 +529,8 @@ mod tests {
         check::<ClusterRole>();
         check::<RoleBinding>();
         check::<ClusterRoleBinding>();
-        assert_eq!(kinds().len(), 12);
+        check::<AuditPolicy>();
+        assert_eq!(kinds().len(), 13);
         assert!(!find_kind("tenant").expect("tenant").namespaced);
         assert!(!find_kind("node").expect("node").namespaced);
     }

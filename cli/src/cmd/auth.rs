@@ -4,7 +4,7 @@ use std::io::Write;
 
 use serde_json::{json, Value};
 
-use crate::cli::{AdminTokenCommand, AuthCommand};
+use crate::cli::{AdminTokenCommand, AuditCommand, AuthCommand};
 use crate::client::WriteOptions;
 use crate::errors::CliError;
 use crate::output::Table;
@@ -213,4 +213,167 @@ pub async fn token(ctx: &Ctx, c: &AdminTokenCommand, out: &mut dyn Write) -> Res
             Ok(0)
         }
     }
+}
+
+fn query_string(pairs: &[(&str, Option<&str>)]) -> String {
+    let kept: Vec<(&str, &str)> = pairs
+        .iter()
+        .filter_map(|(k, v)| v.map(|v| (*k, v)))
+        .collect();
+    if kept.is_empty() {
+        return String::new();
+    }
+    reqwest::Url::parse_with_params("http://x/", kept)
+        .ok()
+        .and_then(|u| u.query().map(|q| format!("?{q}")))
+        .unwrap_or_default()
+}
+
+/// `lattice audit ...`.
+pub async fn audit(
+    ctx: &Ctx,
+    c: &AuditCommand,
+    stdin: &mut dyn std::io::Read,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
+    match c {
+        AuditCommand::Query {
+            user,
+            since,
+            verb,
+            resource,
+            decision,
+            limit,
+            all_tenants,
+        } => {
+            let limit = limit.to_string();
+            let tenant = (!all_tenants).then_some(ctx.tenant.as_str());
+            let q = query_string(&[
+                ("user", user.as_deref()),
+                ("since", since.as_deref()),
+                ("verb", verb.as_deref()),
+                ("resource", resource.as_deref()),
+                ("decision", decision.as_deref()),
+                ("tenant", tenant),
+                ("limit", Some(&limit)),
+            ]);
+            let v = ctx
+                .client
+                .get(&format!("/v1/audit{q}"))
+                .await
+                .map_err(|e| CliError::from_client("query the audit log", e))?;
+            if matches!(ctx.output, Some(crate::output::OutputFormat::Json)) {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string_pretty(&v["items"]).unwrap_or_default()
+                )?;
+                return Ok(0);
+            }
+            let mut t = Table::new(
+                [
+                    "TIME", "USER", "VERB", "RESOURCE", "TENANT", "NAME", "DECISION", "CODE",
+                    "SOURCE",
+                ]
+                .map(String::from)
+                .to_vec(),
+            );
+            for i in v["items"].as_array().into_iter().flatten() {
+                let resource = match i["subresource"].as_str() {
+                    Some(s) => format!("{}/{s}", text(i, "/resource")),
+                    None => text(i, "/resource").to_string(),
+                };
+                let decision = if i["sensitive"].as_bool() == Some(true) {
+                    format!("{} (sensitive)", text(i, "/decision"))
+                } else {
+                    text(i, "/decision").to_string()
+                };
+                t.rows.push(vec![
+                    text(i, "/time").to_string(),
+                    text(i, "/user").to_string(),
+                    text(i, "/verb").to_string(),
+                    resource,
+                    text(i, "/tenant").to_string(),
+                    text(i, "/name").to_string(),
+                    decision,
+                    i["code"].as_u64().map_or("—".into(), |c| c.to_string()),
+                    text(i, "/source").to_string(),
+                ]);
+            }
+            write!(out, "{}", t.render(false))?;
+            Ok(0)
+        }
+        AuditCommand::Export { since } => {
+            let q = query_string(&[("since", since.as_deref())]);
+            let text = ctx
+                .client
+                .get_text(&format!("/v1/audit/export{q}"))
+                .await
+                .map_err(|e| CliError::from_client("export the audit log", e))?;
+            write!(out, "{text}")?;
+            Ok(0)
+        }
+        AuditCommand::Verify { file: None } => {
+            let v = ctx
+                .client
+                .get("/v1/audit/verify")
+                .await
+                .map_err(|e| CliError::from_client("verify the audit log", e))?;
+            let report: lattice_apis::audit::Report =
+                serde_json::from_value(v["report"].clone()).unwrap_or_default();
+            print_report(out, &report)
+        }
+        AuditCommand::Verify { file: Some(path) } => {
+            let mut text = String::new();
+            if path.as_os_str() == "-" {
+                stdin
+                    .read_to_string(&mut text)
+                    .map_err(|e| CliError::new("read standard input", e.to_string()))?;
+            } else {
+                text = std::fs::read_to_string(path).map_err(|e| {
+                    CliError::new(format!("read {}", path.display()), e.to_string())
+                })?;
+            }
+            let v = ctx
+                .client
+                .get("/v1/audit/keys")
+                .await
+                .map_err(|e| CliError::from_client("read the servers' audit keys", e))?;
+            let keys = v["keys"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|k| {
+                    Some((
+                        k["keyId"].as_str()?.to_string(),
+                        lattice_apis::audit::base64_decode(k["publicKey"].as_str()?)?,
+                    ))
+                })
+                .collect();
+            let report = lattice_apis::audit::verify(text.lines(), &keys, false);
+            print_report(out, &report)
+        }
+    }
+}
+
+fn print_report(out: &mut dyn Write, r: &lattice_apis::audit::Report) -> Result<i32, CliError> {
+    let mut chains: Vec<_> = r.chains.iter().collect();
+    chains.sort();
+    for (server, (first, last, _)) in chains {
+        writeln!(out, "chain {server}: records {first} to {last}")?;
+    }
+    if r.ok() {
+        writeln!(out, "intact: {} records verified", r.records)?;
+        return Ok(0);
+    }
+    for p in &r.problems {
+        writeln!(out, "problem: {p}")?;
+    }
+    writeln!(
+        out,
+        "NOT intact: {} problems in {} records",
+        r.problems.len(),
+        r.records
+    )?;
+    Ok(1)
 }

@@ -201,6 +201,22 @@ struct ServeArgs {
     /// With --oidc-config: keep accepting the server's own HS256 tokens (break-glass).
     #[arg(long, env = "LATTICE_OIDC_ALLOW_HS256")]
     oidc_allow_hs256: bool,
+    /// Where the audit log, its rotated files and its signing key live (default
+    /// <data-dir>/audit).
+    #[arg(long, env = "LATTICE_AUDIT_DIR")]
+    audit_dir: Option<PathBuf>,
+    /// Rotate the audit log at this size (K, M, G, Ki, Mi, Gi suffixes).
+    #[arg(long, default_value = "100Mi", value_parser = parse_bytes_arg, env = "LATTICE_AUDIT_MAX_FILE_BYTES")]
+    audit_max_file_bytes: u64,
+    /// Rotated audit log files kept (older ones are removed).
+    #[arg(long, default_value_t = 10, env = "LATTICE_AUDIT_MAX_FILES")]
+    audit_max_files: usize,
+    /// Also POST audit records (JSON arrays, batched) to this URL.
+    #[arg(long, env = "LATTICE_AUDIT_WEBHOOK")]
+    audit_webhook: Option<String>,
+    /// Also send audit records to this syslog receiver (HOST:PORT, RFC 5424 over UDP).
+    #[arg(long, env = "LATTICE_AUDIT_SYSLOG")]
+    audit_syslog: Option<std::net::SocketAddr>,
     /// Largest key the store accepts, in bytes.
     #[arg(long, default_value_t = Limits::default().max_key_bytes, env = "LATTICE_MAX_KEY_BYTES")]
     max_key_bytes: usize,
@@ -647,6 +663,23 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
             ..Default::default()
         },
         authenticator,
+    );
+    let audit = lattice_apiserver::audit::AuditConfig {
+        max_file_bytes: args.audit_max_file_bytes,
+        max_files: args.audit_max_files,
+        webhook: args.audit_webhook.clone(),
+        syslog: args.audit_syslog,
+        ..lattice_apiserver::audit::AuditConfig::new(
+            args.audit_dir
+                .clone()
+                .unwrap_or_else(|| data_dir.join("audit")),
+            format!("member-{}", args.node_id),
+        )
+    };
+    api.set_audit(
+        lattice_apiserver::audit::Auditor::start(audit, backend.clone())
+            .await
+            .context("opening the audit log")?,
     );
     // Built-in controllers: run on the Raft leader only (every member of a single-member
     // store is its leader), hand over when leadership moves.

@@ -72,7 +72,7 @@ pub const PROTOCOL: &str = "lattice-heartbeat/1";
 /// [`ApiServer::serve`](crate::ApiServer::serve) (`ConnectInfo`), so that an upgraded
 /// heartbeat connection can be handed to the [`reader`] thread.
 #[derive(Debug, Clone, Copy)]
-pub struct ConnFd(pub std::os::fd::RawFd);
+pub struct ConnFd(pub std::os::fd::RawFd, pub Option<std::net::SocketAddr>);
 
 impl
     axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
@@ -86,7 +86,7 @@ impl
         if let Err(e) = stream.io().set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
-        ConnFd(stream.io().as_raw_fd())
+        ConnFd(stream.io().as_raw_fd(), Some(*stream.remote_addr()))
     }
 }
 

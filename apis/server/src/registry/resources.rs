@@ -101,6 +101,28 @@ pub struct Resources {
     quotas: Option<Arc<crate::registry::quota::Counts>>,
     /// Decoded copies of the objects admission reads on every write ([`Self::typed`]).
     typed: Arc<TypedCache>,
+    /// Told of every person's write of sensitive work before it is committed (the audit
+    /// log: see [`SensitiveWrites`]).
+    sensitive: Arc<std::sync::OnceLock<Arc<dyn SensitiveWrites>>>,
+}
+
+/// What must happen before a person's write of sensitive work is committed: the audit
+/// log commits its record of it (through the store), and an error stops the write.
+#[async_trait::async_trait]
+pub trait SensitiveWrites: Send + Sync {
+    /// `caller` is about to `verb` (create, update, delete) `kind` `ns/name`.
+    async fn before(
+        &self,
+        caller: &UserInfo,
+        verb: &str,
+        kind: &'static KindInfo,
+        ns: Option<&str>,
+        name: &str,
+    ) -> ApiResult<()>;
+}
+
+fn is_sensitive(v: &Value) -> bool {
+    v.pointer("/spec/sensitive").and_then(Value::as_bool) == Some(true)
 }
 
 /// Most entries [`TypedCache`] holds before it starts over: admission reads Tenants and
@@ -143,7 +165,44 @@ impl Resources {
             trusted: false,
             quotas: None,
             typed: Arc::default(),
+            sensitive: Arc::default(),
         }
+    }
+
+    /// Calls `hook` before every person's write of sensitive work (once; later calls do
+    /// nothing).
+    pub fn set_sensitive_writes(&self, hook: Arc<dyn SensitiveWrites>) {
+        let _ = self.sensitive.set(hook);
+    }
+
+    /// Tells the hook of a person's write of `kind` `old` → `new` when either is sensitive.
+    async fn before_sensitive(
+        &self,
+        caller: &UserInfo,
+        verb: &str,
+        kind: &'static KindInfo,
+        obj: &Value,
+        other: Option<&Value>,
+    ) -> ApiResult<()> {
+        let Some(hook) = self.sensitive.get() else {
+            return Ok(());
+        };
+        if kind.kind != "Allocation"
+            || caller.is_system()
+            || caller.role == crate::registry::identity::Role::Node
+            || !(is_sensitive(obj) || other.is_some_and(is_sensitive))
+        {
+            return Ok(());
+        }
+        let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str);
+        hook.before(
+            caller,
+            verb,
+            kind,
+            ns,
+            crate::registry::objects::name_of(obj),
+        )
+        .await
     }
 
     /// The object `ns/name` of `kind` decoded as `T`, for the server's own checks (no
@@ -290,7 +349,12 @@ impl Resources {
     ) -> ApiResult<Value> {
         match self.caller() {
             Some(c) => {
-                crate::registry::admission::admit_write(self, &c, kind, old, new, subresource).await
+                let new =
+                    crate::registry::admission::admit_write(self, &c, kind, old, new, subresource)
+                        .await?;
+                let verb = if old.is_some() { "update" } else { "create" };
+                self.before_sensitive(&c, verb, kind, &new, old).await?;
+                Ok(new)
             }
             None => Ok(new),
         }
@@ -1008,6 +1072,8 @@ impl Resources {
             identity::admit_owner(self.caller().as_ref(), kind, &old)?;
             if let Some(c) = self.caller() {
                 crate::registry::admission::admit_delete(self, &c, kind, &old).await?;
+                self.before_sensitive(&c, "delete", kind, &old, None)
+                    .await?;
             }
             if let Some(uid) = &preconditions.uid {
                 let actual = meta_str(&old, "uid").unwrap_or("");

@@ -1,6 +1,7 @@
 //! One module per kind.
 
 pub mod allocation;
+pub mod audit_policy;
 pub mod dag;
 pub mod event;
 pub mod lease;

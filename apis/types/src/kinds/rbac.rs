@@ -42,6 +42,8 @@ pub const NON_KIND_RESOURCES: &[&str] = &[
     "apitokens",
     // Users, as a target of `impersonate` (`lattice auth can-i --as`).
     "users",
+    // The audit log (`lattice audit query`; in a tenant: that tenant's records).
+    "auditrecords",
 ];
 
 /// Subresources a rule may name (`<resource>/<subresource>`).
@@ -479,6 +481,7 @@ pub fn builtin_cluster_roles() -> Vec<ClusterRole> {
     let mut tenant_admin = user_rules.clone();
     tenant_admin.push(PolicyRule::new(&["claim"], &["allocations"]));
     tenant_admin.push(PolicyRule::new(&["*"], &["roles", "rolebindings"]));
+    tenant_admin.push(PolicyRule::new(&["list"], &["auditrecords"]));
     let mut readonly = vec![PolicyRule::new(read, TENANT_WORK), own_tenant];
     readonly.push(rbac_reads);
     let workload = &[

@@ -2,7 +2,8 @@
 //! oidc-provider, `hack/oidc/provider.js`, installed by `hack/install-deps.sh`) and the
 //! real API server: the device flow driven through the provider's own pages, silent
 //! refresh after expiry, a token for another audience refused, a rotated signing key
-//! followed, the browser flow with PKCE, logout.
+//! followed, the browser flow with PKCE, logout; and `lattice audit` against the same
+//! server's audit log.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -95,13 +96,19 @@ async fn server(issuer: &str) -> Server {
     .unwrap();
     let auth = OidcAuthenticator::new(&cfg, Some(JwtAuthenticator::new(SECRET))).unwrap();
     let api = ApiServer::with_authenticator(
-        backend,
+        backend.clone(),
         ApiConfig {
             jwt_secret: SECRET.to_vec(),
             auth: true,
             ..Default::default()
         },
         Arc::new(auth),
+    );
+    let audit = lattice_apiserver::audit::AuditConfig::new(dir.path().join("audit"), "api-1");
+    api.set_audit(
+        lattice_apiserver::audit::Auditor::start(audit, backend.clone())
+            .await
+            .unwrap(),
     );
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", l.local_addr().unwrap());
@@ -410,4 +417,78 @@ async fn browser_login_with_pkce_then_logout() {
         err.contains("authentication required") || err.contains("401"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_query_export_and_verify_through_the_cli() {
+    let idp = provider(0, "RS256", "k1", 600);
+    let s = server(&idp.issuer).await;
+    let home = tempfile::tempdir().unwrap();
+    let (code, out) = device_login(home.path(), &s.url, &[]).await;
+    assert_eq!(code, 0, "{out}");
+    // alice works in t1 (recorded), and is refused in t2 (recorded as a denial).
+    let manifest = home.path().join("a.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: lattice.dev/v1alpha1\nkind: Allocation\nmetadata: {name: audited, namespace: t1}\nspec: {entrypoint: /bin/true, lifecycle: {walltime: 10m}}\n",
+    )
+    .unwrap();
+    let (code, _, err) = run(
+        home.path(),
+        &s.url,
+        &["apply", "-f", manifest.to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, _) = run(
+        home.path(),
+        &s.url,
+        &["delete", "allocation", "audited", "-n", "t1"],
+    );
+    assert_eq!(code, 0);
+    // The log is an administrator's to read: alice may not.
+    let (code, _, err) = run(home.path(), &s.url, &["audit", "query", "-A"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("auditrecords"), "{err}");
+    let admin = mint_token(
+        SECRET,
+        "root",
+        &["*".into()],
+        Role::Admin,
+        Duration::from_secs(600),
+    );
+    let as_admin = |args: &[&str]| {
+        let out = lattice(home.path(), &s.url)
+            .env("LATTICE_TOKEN", &admin)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, out, err) = as_admin(&["audit", "query", "-A", "--user", "alice"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("patch") || out.contains("create"), "{out}");
+    assert!(out.contains("delete"), "{out}");
+    assert!(out.contains("127.0.0.1:"), "{out}");
+    let (code, out, err) = as_admin(&["audit", "verify"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("intact"), "{out}");
+    let (code, export, err) = as_admin(&["audit", "export"]);
+    assert_eq!(code, 0, "{err}");
+    let file = home.path().join("audit.jsonl");
+    std::fs::write(&file, &export).unwrap();
+    let (code, out, err) = as_admin(&["audit", "verify", "--file", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    // One line edited: named, exit 1.
+    std::fs::write(&file, export.replacen("\"delete\"", "\"get\"", 1)).unwrap();
+    let (code, out, _) = as_admin(&["audit", "verify", "--file", file.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("was edited") && out.contains("NOT intact"),
+        "{out}"
+    );
+    drop(idp);
 }
