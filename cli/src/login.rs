@@ -551,6 +551,20 @@ async fn browser_flow(
                     .await;
                 continue;
             }
+            // An answer without this login's state is somebody else's (another local user
+            // can reach the listener): refused, and the login goes on waiting.
+            let state_ok = reqwest::Url::parse(&format!("http://127.0.0.1{target}"))
+                .ok()
+                .is_some_and(|u| {
+                    u.query_pairs()
+                        .any(|(k, v)| k == "state" && v == r.state.as_str())
+                });
+            if !state_ok {
+                let _ = sock
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+                continue;
+            }
             let result = code_from(&target, &r);
             let page = match &result {
                 Ok(_) => {

@@ -94,7 +94,7 @@ async fn server(issuer: &str) -> Server {
         "issuers:\n- issuer: {issuer}\n  audiences: [lattice]\n  usernameClaim: preferred_username\n  clockSkewSeconds: 1\n  scopes: [openid, offline_access, profile, groups, tenants]\n"
     ))
     .unwrap();
-    let auth = OidcAuthenticator::new(&cfg, Some(JwtAuthenticator::new(SECRET))).unwrap();
+    let auth = OidcAuthenticator::new(&cfg, JwtAuthenticator::new(SECRET), true).unwrap();
     let api = ApiServer::with_authenticator(
         backend.clone(),
         ApiConfig {
@@ -248,7 +248,21 @@ fn finish(child: Child) -> (i32, String) {
 }
 
 fn run(home: &Path, server: &str, args: &[&str]) -> (i32, String, String) {
-    let out = lattice(home, server).args(args).output().unwrap();
+    run_env(home, server, args, &[])
+}
+
+/// `lattice ARGS` with more environment: (exit code, stdout, stderr).
+fn run_env(
+    home: &Path,
+    server: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (i32, String, String) {
+    let mut cmd = lattice(home, server);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.args(args).output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).to_string(),
@@ -397,6 +411,18 @@ async fn browser_login_with_pkce_then_logout() {
         &[("BROWSER", "true")],
     );
     assert!(url.contains("code_challenge_method=S256"), "{url}");
+    // Another local user's forged redirect (no state of this login) is refused, and the
+    // login goes on waiting for the real one.
+    let redirect = reqwest::Url::parse(&url)
+        .unwrap()
+        .query_pairs()
+        .find(|(k, _)| k == "redirect_uri")
+        .map(|(_, v)| v.to_string())
+        .unwrap();
+    let forged = reqwest::get(format!("{redirect}?code=attackers&state=guess"))
+        .await
+        .unwrap();
+    assert_eq!(forged.status().as_u16(), 400);
     let last = browse(&url, "alice").await;
     assert!(last.contains("Logged in to Lattice"), "{last}");
     let (code, out) = tokio::task::spawn_blocking(move || finish(child))
@@ -404,8 +430,6 @@ async fn browser_login_with_pkce_then_logout() {
         .unwrap();
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("user:     alice"), "{out}");
-    // A forged redirect to the listener (wrong state) is not a login: the listener is gone
-    // after one answer anyway, and the cache holds the real one.
     let (_, c) = cached(home.path());
     assert!(c["idToken"].as_str().unwrap().split('.').count() == 3);
     let (code, out, _) = run(home.path(), &s.url, &["logout"]);
@@ -456,18 +480,7 @@ async fn audit_query_export_and_verify_through_the_cli() {
         Role::Admin,
         Duration::from_secs(600),
     );
-    let as_admin = |args: &[&str]| {
-        let out = lattice(home.path(), &s.url)
-            .env("LATTICE_TOKEN", &admin)
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    };
+    let as_admin = |args: &[&str]| run_env(home.path(), &s.url, args, &[("LATTICE_TOKEN", &admin)]);
     let (code, out, err) = as_admin(&["audit", "query", "-A", "--user", "alice"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("patch") || out.contains("create"), "{out}");

@@ -128,9 +128,15 @@ pub async fn authenticate(inner: &Inner, headers: &HeaderMap) -> ApiResult<Optio
     let backend = &inner.resources.backend;
     tokens.start(backend);
     let key = format!("{PREFIX}{id}");
-    // The in-memory copy when it is current; the store otherwise (a token made a moment
-    // ago through another server may not have reached this one's copy yet).
-    let raw = match tokens.get(key.as_bytes()) {
+    // The in-memory copy when it is current; the store otherwise: while the copy is not
+    // (a revocation must not be missed), and for a token it does not hold (one made a
+    // moment ago through another server may not have reached it yet).
+    let cached = if tokens.synced() {
+        tokens.get(key.as_bytes())
+    } else {
+        None
+    };
+    let raw = match cached {
         Some(v) => Some(v),
         None => backend
             .get(Bytes::from(key.clone()))
@@ -200,6 +206,7 @@ async fn stored_role_grant(
         role: role.to_string(),
         tenant: tenant.map(str::to_string),
         rules: Arc::new(rules),
+        builtin: false,
     }))
 }
 
@@ -396,6 +403,22 @@ async fn create(inner: &Inner, caller: &UserInfo, req: CreateRequest) -> ApiResu
             "ttlSeconds: {ttl} is out of range; an API token lives 1 s to {} s (366 days)",
             MAX_TTL.as_secs()
         )));
+    }
+    // A token acts as its user and in its groups: for anyone but oneself, or in a group,
+    // that takes `impersonate` on that user or group (administrators).
+    if !caller.is_system() {
+        if req.user != caller.name {
+            authz::authorize(
+                caller,
+                &Attributes::other(Verb::Impersonate, resource::USERS).named(Some(&req.user)),
+            )?;
+        }
+        for g in &req.groups {
+            authz::authorize(
+                caller,
+                &Attributes::other(Verb::Impersonate, resource::GROUPS).named(Some(g)),
+            )?;
+        }
     }
     // The role must exist, and the caller must hold all of it where the token would.
     if let Some(role) = &req.role {

@@ -746,12 +746,19 @@ pub fn classify(method: &Method, path: &str, query: Option<&str>) -> Option<Targ
         ["v1", "auth", ..] | ["api", ..] => return None,
         ["v1", plural, rest @ ..] => {
             let sub = rest.get(1).map(|s| s.to_string());
+            // The Intent routes name the tenant in the query (`?tenant=`).
+            let tenant = query.and_then(|q| {
+                q.split('&')
+                    .find_map(|kv| kv.strip_prefix("tenant="))
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_string)
+            });
             return Some(Target {
                 verb: verb(method, !rest.is_empty(), watch, sub.as_deref()),
                 resource: plural.to_string(),
                 subresource: sub,
+                tenant,
                 name: rest.first().map(|s| s.to_string()),
-                ..Default::default()
             });
         }
         _ => return None,
@@ -959,7 +966,7 @@ pub async fn sensitive_access(
     let Some(a) = inner.auditor() else {
         return Ok(());
     };
-    if obj.pointer("/spec/sensitive").and_then(Value::as_bool) != Some(true) {
+    if !crate::admission::sensitive_work(&inner.resources, obj).await? {
         return Ok(());
     }
     let at = |p: &str| obj.pointer(p).and_then(Value::as_str).map(str::to_string);
@@ -1206,10 +1213,26 @@ pub async fn verify(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Resp
             .auditor()
             .ok_or_else(|| ApiError::internal("no audit log"))?;
         a.flush().await;
-        let keys: HashMap<String, Vec<u8>> = all_keys(&inner.resources.backend)
+        let keys: HashMap<String, lattice_apis::audit::PublicKey> =
+            all_keys(&inner.resources.backend)
+                .await?
+                .into_iter()
+                .map(|(id, (server, key))| (id, lattice_apis::audit::PublicKey { server, key }))
+                .collect();
+        // The sensitive records committed to the store: each must be in the log as it was
+        // committed.
+        let prefix = Bytes::from(format!("{SENSITIVE}{}/", a.cfg.server_id));
+        let committed_sensitive: Vec<Record> = inner
+            .resources
+            .backend
+            .range(RangeRequest {
+                range: KeyRange::between(prefix.clone(), lattice_store::prefix_end(&prefix)),
+                ..Default::default()
+            })
             .await?
-            .into_iter()
-            .map(|(id, (_, pk))| (id, pk))
+            .kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
             .collect();
         let committed = inner
             .resources
@@ -1218,25 +1241,67 @@ pub async fn verify(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Resp
             .await?
             .and_then(|kv| serde_json::from_slice::<Value>(&kv.value).ok());
         let server = a.cfg.server_id.clone();
-        let mut report = tokio::task::spawn_blocking(move || {
+        let head_seq = committed
+            .as_ref()
+            .and_then(|h| h["seq"].as_u64())
+            .unwrap_or(0);
+        let server_name = server.clone();
+        let report = tokio::task::spawn_blocking(move || {
             let mut lines = Vec::new();
             for f in log_files(&dir) {
                 let text = std::fs::read_to_string(&f)?;
                 lines.extend(text.lines().map(str::to_string));
             }
-            Ok::<_, std::io::Error>(lattice_apis::audit::verify(
-                lines.iter().map(String::as_str),
-                &keys,
-                false,
-            ))
+            let mut report =
+                lattice_apis::audit::verify(lines.iter().map(String::as_str), &keys, false);
+            // What the store holds of this chain, looked up in the log by seq.
+            let mut wanted: HashMap<u64, String> = committed_sensitive
+                .into_iter()
+                .map(|r| (r.seq, r.hash))
+                .collect();
+            let mut head_hash = None;
+            for l in &lines {
+                let Ok(r) = serde_json::from_str::<Record>(l) else {
+                    continue;
+                };
+                if r.seq == head_seq {
+                    head_hash = Some(r.hash.clone());
+                }
+                if let Some(h) = wanted.remove(&r.seq) {
+                    if h != r.hash {
+                        report.problems.push(format!(
+                            "record {} differs from the sensitive record committed to the store",
+                            r.seq
+                        ));
+                    }
+                }
+            }
+            let first = report.chains.get(&server_name).map_or(u64::MAX, |c| c.0);
+            let mut missing: Vec<u64> = wanted.into_keys().filter(|s| *s >= first).collect();
+            missing.sort_unstable();
+            if !missing.is_empty() {
+                report.problems.push(format!(
+                    "sensitive records committed to the store are not in the log: {missing:?}"
+                ));
+            }
+            Ok::<_, std::io::Error>((report, head_hash))
         })
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| ApiError::internal(format!("read the audit log: {e}")))?;
+        let (mut report, head_hash) = report;
         if let Some(h) = committed {
             let seq = h["seq"].as_u64().unwrap_or(0);
+            let hash = h["hash"].as_str().unwrap_or_default();
             match report.chains.get(&server) {
-                Some((_, last, _)) if *last >= seq => {}
+                Some((first, last, _)) if *last >= seq => {
+                    if seq >= *first && head_hash.as_deref() != Some(hash) {
+                        report.problems.push(format!(
+                            "record {seq} is not the one committed to the store as the \
+                             chain's head: the log was rewritten"
+                        ));
+                    }
+                }
                 Some((_, last, _)) => report.problems.push(format!(
                     "the log ends at record {last}, but record {seq} was committed: records \
                      {} to {seq} were removed from its end",

@@ -79,8 +79,15 @@ pub struct IssuerConfig {
     #[serde(default)]
     pub tenant_group_prefix: Option<String>,
     /// Claims whose value names a role (the product documentation's cross-system claims).
+    /// They must be ones the provider sets per user, never ones users can set themselves.
     #[serde(default = "default_role_claims")]
     pub role_claims: Vec<String>,
+    /// Also take roles from the token's scopes (`admin`, `tenant:admin`, `operator`,
+    /// `sensitive:claim`, `readonly`), as the product documentation describes. Off by
+    /// default: a client asks for scopes, and many providers grant an optional scope to
+    /// whoever asks; turn it on only where the provider grants those scopes per user.
+    #[serde(default)]
+    pub role_scopes: bool,
     /// Clock skew tolerated on `exp` and `nbf`, in seconds (default 30, at most 300).
     #[serde(default = "default_skew")]
     pub clock_skew_seconds: u64,
@@ -143,10 +150,9 @@ impl OidcConfig {
         let mut seen = std::collections::HashSet::new();
         for (i, c) in self.issuers.iter().enumerate() {
             let at = format!("issuers[{i}]");
-            let url = reqwest::Url::parse(&c.issuer)
+            reqwest::Url::parse(&c.issuer)
                 .map_err(|e| anyhow::anyhow!("{at}.issuer: {:?} is not a URL: {e}", c.issuer))?;
-            let loopback = matches!(url.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
-            if url.scheme() != "https" && !(url.scheme() == "http" && loopback) {
+            if !secure_url(&c.issuer) {
                 anyhow::bail!(
                     "{at}.issuer: {:?} must be https (plain http only on loopback, for tests)",
                     c.issuer
@@ -168,9 +174,30 @@ impl OidcConfig {
             if !seen.insert(c.issuer.clone()) {
                 anyhow::bail!("{at}.issuer: {:?} is listed twice", c.issuer);
             }
+            // Two issuers naming users alike would let one's users be the other's.
+            if self.issuers.len() > 1
+                && self.issuers[..i]
+                    .iter()
+                    .any(|o| o.username_prefix == c.username_prefix)
+            {
+                anyhow::bail!(
+                    "{at}.usernamePrefix: {:?} is another issuer's too; with several issuers \
+                     each needs its own prefix, or one issuer's users could pass for the \
+                     other's",
+                    c.username_prefix
+                );
+            }
         }
         Ok(())
     }
+}
+
+/// An https URL, or plain http on loopback (tests).
+fn secure_url(u: &str) -> bool {
+    reqwest::Url::parse(u).is_ok_and(|url| {
+        let loopback = matches!(url.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
+        url.scheme() == "https" || (url.scheme() == "http" && loopback)
+    })
 }
 
 /// What a provider's keys are, as last read.
@@ -180,7 +207,11 @@ struct Keys {
     /// Keys without a `kid`: tried in turn for tokens without one.
     anonymous: Vec<(Algorithm, Arc<DecodingKey>)>,
     jwks_uri: Option<String>,
+    /// When the keys were last read.
     fetched: Option<Instant>,
+    /// When they were last asked for, read or not (an unknown `kid` makes the server ask
+    /// at most once per [`REFETCH_INTERVAL`], even while the provider is down).
+    attempted: Option<Instant>,
 }
 
 struct Issuer {
@@ -280,6 +311,12 @@ impl Issuer {
                     .and_then(Value::as_str)
                     .ok_or_else(|| format!("the discovery document at {url} has no jwks_uri"))?
                     .to_string();
+                if !secure_url(&u) {
+                    return Err(format!(
+                        "the discovery document at {url} names jwks_uri {u:?}, which is not \
+                         https (plain http only on loopback)"
+                    ));
+                }
                 keys.jwks_uri = Some(u.clone());
                 u
             }
@@ -345,8 +382,11 @@ impl Issuer {
         };
         let stale = keys.fetched.is_none_or(|t| t.elapsed() > JWKS_MAX_AGE);
         let found = find(&keys);
-        let may_refetch = keys.fetched.is_none_or(|t| t.elapsed() >= REFETCH_INTERVAL);
-        if stale || (found.is_empty() && may_refetch) {
+        let may_refetch = keys
+            .attempted
+            .is_none_or(|t| t.elapsed() >= REFETCH_INTERVAL);
+        if (stale || found.is_empty()) && may_refetch {
+            keys.attempted = Some(Instant::now());
             if let Err(e) = self.refresh(&mut keys).await {
                 tracing::warn!(issuer = %self.cfg.issuer, error = %e, "cannot read the identity provider's keys");
                 if keys.fetched.is_none() {
@@ -364,6 +404,15 @@ impl Issuer {
     /// The user `claims` name.
     fn user(&self, claims: &Value, exp: u64) -> ApiResult<UserInfo> {
         let c = &self.cfg;
+        if c.username_claim == "email"
+            && claims.get("email_verified").and_then(Value::as_bool) != Some(true)
+        {
+            return Err(ApiError::unauthorized(format!(
+                "invalid OIDC token: users are named by their email here, and {} has not \
+                 verified this one (email_verified is not true)",
+                c.issuer
+            )));
+        }
         let name = match claims.get(&c.username_claim) {
             Some(Value::String(s)) if !s.is_empty() => format!("{}{s}", c.username_prefix),
             _ => {
@@ -408,7 +457,7 @@ impl Issuer {
             .filter(|g| !g.starts_with("system:"))
             .map(|g| format!("{}{g}", c.groups_prefix))
             .collect();
-        let role = derive_role(claims, &c.role_claims);
+        let role = derive_role(claims, &c.role_claims, c.role_scopes);
         let grants: Vec<Grant> = match role {
             builtin::SYSTEM_ADMIN | builtin::OPERATOR => {
                 builtin_grant(role, None).into_iter().collect()
@@ -433,11 +482,12 @@ impl Issuer {
 }
 
 /// The role a token's claims give, as the product documentation derives it: OIDC scopes
-/// first (`admin` / `system:admin`, `tenant:admin`, `operator`, `sensitive:claim`,
-/// `readonly`), then the cross-system role claims (`system-admin` /
+/// first when `use_scopes` (`admin` / `system:admin`, `tenant:admin`, `operator`,
+/// `sensitive:claim`, `readonly`), then the cross-system role claims (`system-admin` /
 /// `pact-platform-admin`, `tenant-admin`, `operator`); first match wins; `user` otherwise.
-pub fn derive_role(claims: &Value, role_claims: &[String]) -> &'static str {
+pub fn derive_role(claims: &Value, role_claims: &[String], use_scopes: bool) -> &'static str {
     let scopes: Vec<String> = match (claims.get("scope"), claims.get("scp")) {
+        _ if !use_scopes => Vec::new(),
         (Some(Value::String(s)), _) => s.split_whitespace().map(str::to_string).collect(),
         (_, Some(Value::Array(a))) => a
             .iter()
@@ -484,7 +534,10 @@ fn unverified_issuer(token: &str) -> Option<String> {
 /// tests, break-glass) the server's own HS256 tokens.
 pub struct OidcAuthenticator {
     issuers: Vec<Issuer>,
-    hs256: Option<JwtAuthenticator>,
+    /// The server's own HS256 tokens: job tokens always (the server mints them for every
+    /// running job), people's only when `hs256_people` (`--dev`, break-glass).
+    hs256: JwtAuthenticator,
+    hs256_people: bool,
     /// Verified tokens: the user, until when, which issuer and its key generation.
     verified: Mutex<HashMap<String, Verified>>,
 }
@@ -497,9 +550,13 @@ struct Verified {
 }
 
 impl OidcAuthenticator {
-    /// `hs256`: also accept the server's own HS256 tokens (those whose `iss` is none of
-    /// the providers').
-    pub fn new(cfg: &OidcConfig, hs256: Option<JwtAuthenticator>) -> anyhow::Result<Self> {
+    /// `hs256` checks the server's own tokens (those whose `iss` is none of the
+    /// providers'): job tokens always, people's only when `hs256_people`.
+    pub fn new(
+        cfg: &OidcConfig,
+        hs256: JwtAuthenticator,
+        hs256_people: bool,
+    ) -> anyhow::Result<Self> {
         cfg.check()?;
         let mut issuers = Vec::new();
         for c in &cfg.issuers {
@@ -523,6 +580,7 @@ impl OidcAuthenticator {
         Ok(Self {
             issuers,
             hs256,
+            hs256_people,
             verified: Mutex::new(HashMap::new()),
         })
     }
@@ -554,8 +612,13 @@ impl OidcAuthenticator {
                 .enumerate()
                 .find(|(_, i)| i.cfg.issuer == iss)
         }) else {
-            if let Some(h) = &self.hs256 {
-                return h.verify(token);
+            if iss.is_none() {
+                // The server's own token: a job's always, a person's only when allowed.
+                if let Ok(u) = self.hs256.verify(token) {
+                    if u.bound_to.is_some() || self.hs256_people {
+                        return Ok(u);
+                    }
+                }
             }
             let trusted: Vec<&str> = self.issuers.iter().map(|i| i.cfg.issuer.as_str()).collect();
             return Err(ApiError::unauthorized(format!(
@@ -670,33 +733,39 @@ mod tests {
     #[test]
     fn roles_follow_the_documented_rule() {
         let rc = default_role_claims();
-        assert_eq!(derive_role(&json!({}), &rc), builtin::USER);
+        assert_eq!(derive_role(&json!({}), &rc, true), builtin::USER);
+        // Scopes are what a client asks for: roles from them only where the site says so.
         assert_eq!(
-            derive_role(&json!({"scope": "openid admin"}), &rc),
+            derive_role(&json!({"scope": "openid admin"}), &rc, false),
+            builtin::USER
+        );
+        assert_eq!(
+            derive_role(&json!({"scope": "openid admin"}), &rc, true),
             builtin::SYSTEM_ADMIN
         );
         assert_eq!(
-            derive_role(&json!({"scp": ["tenant:admin"]}), &rc),
+            derive_role(&json!({"scp": ["tenant:admin"]}), &rc, true),
             builtin::TENANT_ADMIN
         );
         // Scopes first, then claims.
         assert_eq!(
             derive_role(
                 &json!({"scope": "readonly", "lattice_role": "system-admin"}),
-                &rc
+                &rc,
+                true
             ),
             builtin::READONLY
         );
         assert_eq!(
-            derive_role(&json!({"pact_role": "pact-platform-admin"}), &rc),
+            derive_role(&json!({"pact_role": "pact-platform-admin"}), &rc, true),
             builtin::SYSTEM_ADMIN
         );
         assert_eq!(
-            derive_role(&json!({"lattice_role": "operator"}), &rc),
+            derive_role(&json!({"lattice_role": "operator"}), &rc, true),
             builtin::OPERATOR
         );
         assert_eq!(
-            derive_role(&json!({"lattice_role": "root"}), &rc),
+            derive_role(&json!({"lattice_role": "root"}), &rc, true),
             builtin::USER
         );
     }
@@ -716,6 +785,7 @@ mod tests {
                     tenants_claim: "tenants".into(),
                     tenant_group_prefix: None,
                     role_claims: default_role_claims(),
+                    role_scopes: false,
                     clock_skew_seconds: skew,
                     ca_file: None,
                     scopes: default_scopes(),
@@ -727,6 +797,42 @@ mod tests {
         ok("http://127.0.0.1:8080", 30).unwrap();
         assert!(ok("http://idp.example.org", 30).is_err());
         assert!(ok("https://idp.example.org", 3600).is_err());
+    }
+
+    #[test]
+    fn the_servers_own_tokens_pass_for_jobs_and_for_people_only_when_allowed() {
+        let cfg: OidcConfig = serde_yaml::from_str(
+            "issuers:\n- issuer: http://127.0.0.1:9\n  audiences: [lattice]\n",
+        )
+        .unwrap();
+        let secret = b"0123456789abcdef0123456789abcdef";
+        let job = crate::auth::mint_job_token(
+            secret,
+            "alice",
+            crate::auth::BoundAllocation {
+                ns: "t1".into(),
+                name: "j".into(),
+                uid: "u".into(),
+            },
+            std::time::Duration::from_secs(60),
+        );
+        let person = crate::auth::mint_token(
+            secret,
+            "alice",
+            &["t1".into()],
+            Role::User,
+            std::time::Duration::from_secs(60),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let strict = OidcAuthenticator::new(&cfg, JwtAuthenticator::new(secret), false).unwrap();
+        assert!(rt.block_on(strict.verify(&job)).unwrap().bound_to.is_some());
+        let e = rt.block_on(strict.verify(&person)).unwrap_err();
+        assert_eq!(e.code, 401);
+        let dev = OidcAuthenticator::new(&cfg, JwtAuthenticator::new(secret), true).unwrap();
+        assert_eq!(rt.block_on(dev.verify(&person)).unwrap().name, "alice");
     }
 
     #[test]

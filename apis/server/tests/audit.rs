@@ -9,22 +9,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{alloc, allocs, call, start_with, TestServer, API};
+use common::{alloc, allocs, call, start_authenticated, until_allowed, TestServer, API};
 use lattice_apiserver::audit::{AuditConfig, Auditor};
-use lattice_apiserver::{mint_token, ApiConfig, Role};
+use lattice_apiserver::Role;
 use lattice_store::{KeyRange, KvBackend, RangeRequest};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
-
 fn token(user: &str, tenants: &[&str], role: Role) -> String {
-    let t: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
-    mint_token(SECRET, user, &t, role, Duration::from_secs(600))
+    common::auth_token(user, tenants, role)
 }
 
 fn admin() -> String {
-    token("root", &["*"], Role::Admin)
+    common::admin_token()
 }
 
 struct Audited {
@@ -35,12 +32,7 @@ struct Audited {
 }
 
 async fn audited() -> Audited {
-    let s = start_with(ApiConfig {
-        jwt_secret: SECRET.to_vec(),
-        auth: true,
-        ..Default::default()
-    })
-    .await;
+    let s = start_authenticated().await;
     // A webhook receiver and a syslog receiver.
     let hooked = Arc::new(std::sync::Mutex::new(Vec::new()));
     let h = hooked.clone();
@@ -93,15 +85,6 @@ async fn audited() -> Audited {
 async fn records(s: &TestServer, tok: &str, query: &str) -> (u16, Vec<Value>) {
     let (code, v) = call(s, Method::GET, &format!("/v1/audit{query}"), tok, None).await;
     (code, v["items"].as_array().cloned().unwrap_or_default())
-}
-
-/// Waits until `tok` may do `path` (a binding reaching the server's copy).
-async fn until_allowed(s: &TestServer, tok: &str, path: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while call(s, Method::GET, path, tok, None).await.0 == 403 {
-        assert!(Instant::now() < deadline, "never allowed: {path}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]
@@ -279,14 +262,18 @@ async fn changes_refusals_and_sensitive_sessions_are_recorded_in_a_verifiable_ch
         .await
         .unwrap();
     let (_, k) = call(s, Method::GET, "/v1/audit/keys", &admin(), None).await;
-    let keys: std::collections::HashMap<String, Vec<u8>> = k["keys"]
+    let keys: std::collections::HashMap<String, lattice_apis::audit::PublicKey> = k["keys"]
         .as_array()
         .unwrap()
         .iter()
         .map(|k| {
             (
                 k["keyId"].as_str().unwrap().to_string(),
-                lattice_apis::audit::base64_decode(k["publicKey"].as_str().unwrap()).unwrap(),
+                lattice_apis::audit::PublicKey {
+                    server: k["server"].as_str().unwrap().to_string(),
+                    key: lattice_apis::audit::base64_decode(k["publicKey"].as_str().unwrap())
+                        .unwrap(),
+                },
             )
         })
         .collect();

@@ -8,21 +8,20 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{alloc, allocs, call, start_with, TestServer, API};
-use lattice_apiserver::{mint_token, ApiConfig, ApiServer, Role};
+use common::{alloc, allocs, call, start_authenticated, until_allowed, TestServer, API};
+use lattice_apiserver::{ApiConfig, ApiServer, Role};
 use lattice_store::KvBackend;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+const SECRET: &[u8] = common::AUTH_SECRET;
 
 fn token(user: &str, tenants: &[&str], role: Role) -> String {
-    let t: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
-    mint_token(SECRET, user, &t, role, Duration::from_secs(600))
+    common::auth_token(user, tenants, role)
 }
 
 fn admin() -> String {
-    token("root", &["*"], Role::Admin)
+    common::admin_token()
 }
 
 /// A person whose token grants nothing of itself: what they may do comes from bindings.
@@ -31,12 +30,7 @@ fn nobody(user: &str) -> String {
 }
 
 async fn server() -> TestServer {
-    start_with(ApiConfig {
-        jwt_secret: SECRET.to_vec(),
-        auth: true,
-        ..Default::default()
-    })
-    .await
+    start_authenticated().await
 }
 
 async fn ok(s: &TestServer, method: Method, path: &str, body: Value) -> Value {
@@ -79,22 +73,6 @@ async fn bind(s: &TestServer, tenant: Option<&str>, role: &str, user: &str) {
             .await
         }
     };
-}
-
-/// Waits until the server's copy of the bindings lets `user` do what `probe` asks.
-async fn until_allowed(s: &TestServer, tok: &str, path: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (code, _) = call(s, Method::GET, path, tok, None).await;
-        if code != 403 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the binding never took effect on {path}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn setup(s: &TestServer) {
@@ -608,4 +586,128 @@ async fn service_account_bindings_and_can_i() {
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["user"], "deployer");
     assert_eq!(v["serviceAccount"], true);
+}
+
+/// A job's token acts for its job: `user` in the job's tenant, even when its user is an
+/// administrator through a binding (a node, or the job's own processes, hold the token).
+#[tokio::test]
+async fn a_job_token_is_never_more_than_user_in_its_tenant() {
+    let s = server().await;
+    setup(&s).await;
+    bind(&s, None, "system-admin", "boss").await;
+    let boss = nobody("boss");
+    until_allowed(&s, &boss, &format!("{API}/tenants")).await;
+    let (code, job) = call(
+        &s,
+        Method::POST,
+        &allocs("t1"),
+        &boss,
+        Some(alloc("job", "t1")),
+    )
+    .await;
+    assert_eq!(code, 201, "{job}");
+    let tok = lattice_apiserver::auth::mint_job_token(
+        common::AUTH_SECRET,
+        "boss",
+        lattice_apiserver::auth::BoundAllocation {
+            ns: "t1".into(),
+            name: "job".into(),
+            uid: job["metadata"]["uid"].as_str().unwrap().into(),
+        },
+        Duration::from_secs(600),
+    );
+    // What a job does: in its tenant.
+    let (code, v) = call(
+        &s,
+        Method::POST,
+        &allocs("t1"),
+        &tok,
+        Some(alloc("step", "t1")),
+    )
+    .await;
+    assert_eq!(code, 201, "{v}");
+    // Nothing of its user's administration.
+    for (method, path, body) in [
+        (Method::GET, format!("{API}/tenants"), None),
+        (Method::GET, allocs("t2"), None),
+        (
+            Method::POST,
+            format!("{API}/clusterrolebindings"),
+            Some(binding(
+                "ClusterRoleBinding",
+                "mine",
+                None,
+                "system-admin",
+                "mallory",
+            )),
+        ),
+        (
+            Method::POST,
+            "/v1/admin/tokens".to_string(),
+            Some(json!({"user": "boss"})),
+        ),
+    ] {
+        let (code, v) = call(&s, method.clone(), &path, &tok, body).await;
+        assert_eq!(code, 403, "{method} {path}: {v}");
+    }
+}
+
+/// An API token acts as its user and in its groups: issuing one for someone else, or in a
+/// group, takes `impersonate` on them, whatever right to issue tokens was delegated.
+#[tokio::test]
+async fn issuing_a_token_for_another_user_or_group_takes_impersonation() {
+    let s = server().await;
+    setup(&s).await;
+    ok(
+        &s,
+        Method::POST,
+        &format!("{API}/clusterroles"),
+        json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "ClusterRole",
+               "metadata": {"name": "token-issuer"},
+               "rules": [{"verbs": ["create", "list"], "resources": ["apitokens"]}]}),
+    )
+    .await;
+    bind(&s, None, "token-issuer", "delegate").await;
+    bind(&s, None, "system-admin", "alice").await;
+    let d = nobody("delegate");
+    until_allowed(&s, &d, "/v1/admin/tokens").await;
+    let mint = |body: Value| {
+        let d = d.clone();
+        let s = &s;
+        async move { call(s, Method::POST, "/v1/admin/tokens", &d, Some(body)).await }
+    };
+    let (code, v) = mint(json!({"user": "alice"})).await;
+    assert_eq!(code, 403, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("impersonate"),
+        "{v}"
+    );
+    let (code, v) = mint(json!({"user": "delegate", "groups": ["hpc-admins"]})).await;
+    assert_eq!(code, 403, "{v}");
+    let (code, v) = mint(json!({"user": "delegate"})).await;
+    assert_eq!(code, 201, "{v}");
+}
+
+/// A Dag's sensitive task claims nodes like a sensitive allocation does.
+#[tokio::test]
+async fn a_dag_cannot_smuggle_in_sensitive_work() {
+    let s = server().await;
+    setup(&s).await;
+    let u = token("plain", &["t1"], Role::User);
+    let dag = |sensitive: bool| {
+        json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "Dag",
+               "metadata": {"name": format!("d{sensitive}"), "namespace": "t1"},
+               "spec": {"allocations": [{"name": "a", "spec": {
+                   "entrypoint": "/bin/true", "sensitive": sensitive,
+                   "lifecycle": {"walltime": "10m"}}}]}})
+    };
+    let dags = format!("{API}/namespaces/t1/dags");
+    let (code, v) = call(&s, Method::POST, &dags, &u, Some(dag(true))).await;
+    assert_eq!(code, 403, "{v}");
+    assert!(
+        v.to_string().contains("spec.allocations[0].spec.sensitive"),
+        "{v}"
+    );
+    let (code, v) = call(&s, Method::POST, &dags, &u, Some(dag(false))).await;
+    assert_eq!(code, 201, "{v}");
 }

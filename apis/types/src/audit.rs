@@ -227,13 +227,23 @@ impl Report {
 /// Most problems reported (the rest are counted).
 const MAX_PROBLEMS: usize = 100;
 
+/// A server's public key, as the store publishes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicKey {
+    /// The server whose chain it signs.
+    pub server: String,
+    /// The raw Ed25519 public key.
+    pub key: Vec<u8>,
+}
+
 /// Checks a log (lines of JSON records, as written or exported, possibly from several
-/// servers' chains interleaved) against the servers' public keys (`keyId` → raw Ed25519
-/// public key). A chain may start after 1 (older records rotated away): its first record
-/// is taken as the start, and said so only if `from_start` is asked.
+/// servers' chains interleaved) against the servers' public keys (`keyId` → key; a record
+/// must be signed by a key of its own server). A chain may start after 1 (older records
+/// rotated away): its first record is taken as the start, and said so only if
+/// `from_start` is asked.
 pub fn verify<'a>(
     lines: impl IntoIterator<Item = &'a str>,
-    keys: &HashMap<String, Vec<u8>>,
+    keys: &HashMap<String, PublicKey>,
     from_start: bool,
 ) -> Report {
     let mut report = Report::default();
@@ -278,11 +288,19 @@ pub fn verify<'a>(
                     r.seq, r.key_id
                 ),
             ),
+            Some(pk) if pk.server != r.server => problem(
+                &mut report,
+                n,
+                format!(
+                    "record {} of {} is signed with a key of {}, not its own server's",
+                    r.seq, r.server, pk.server
+                ),
+            ),
             Some(pk) => {
                 let good = unhex(&r.hash)
                     .zip(base64_decode(&r.sig))
                     .is_some_and(|(h, s)| {
-                        ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, pk)
+                        ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, &pk.key)
                             .verify(&h, &s)
                             .is_ok()
                     });
@@ -354,7 +372,7 @@ pub fn verify<'a>(
 mod tests {
     use super::*;
 
-    fn chain(n: u64) -> (Vec<String>, HashMap<String, Vec<u8>>) {
+    fn chain(n: u64) -> (Vec<String>, HashMap<String, PublicKey>) {
         use ring::signature::KeyPair;
         let rng = ring::rand::SystemRandom::new();
         let pk8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
@@ -376,10 +394,11 @@ mod tests {
             prev = r.hash.clone();
             lines.push(serde_json::to_string(&r).unwrap());
         }
-        (
-            lines,
-            HashMap::from([(id, key.public_key().as_ref().to_vec())]),
-        )
+        let pk = PublicKey {
+            server: "s1".into(),
+            key: key.public_key().as_ref().to_vec(),
+        };
+        (lines, HashMap::from([(id, pk)]))
     }
 
     #[test]
@@ -424,6 +443,19 @@ mod tests {
         // Another key.
         let (_, other) = chain(1);
         assert!(!verify(lines.iter().map(String::as_str), &other, true).ok());
+        // The right key, said to be another server's.
+        let mut elsewhere = keys.clone();
+        for k in elsewhere.values_mut() {
+            k.server = "s2".into();
+        }
+        let r = verify(lines.iter().map(String::as_str), &elsewhere, true);
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| p.contains("not its own server's")),
+            "{:?}",
+            r.problems
+        );
     }
 
     #[test]

@@ -346,7 +346,10 @@ pub async fn audit(
                 .filter_map(|k| {
                     Some((
                         k["keyId"].as_str()?.to_string(),
-                        lattice_apis::audit::base64_decode(k["publicKey"].as_str()?)?,
+                        lattice_apis::audit::PublicKey {
+                            server: k["server"].as_str()?.to_string(),
+                            key: lattice_apis::audit::base64_decode(k["publicKey"].as_str()?)?,
+                        },
                     ))
                 })
                 .collect();

@@ -635,15 +635,16 @@ async fn serve(args: ServeArgs, store_rt: Option<tokio::runtime::Handle>) -> any
     let authenticator: Arc<dyn lattice_apiserver::Authenticator> = match &args.oidc_config {
         Some(path) => {
             let cfg = lattice_apiserver::oidc::OidcConfig::load(path)?;
-            let hs256 = (args.oidc_allow_hs256 || args.dev)
-                .then(|| lattice_apiserver::JwtAuthenticator::new(&jwt_secret));
+            let people = args.oidc_allow_hs256 || args.dev;
             tracing::info!(
                 issuers = ?cfg.issuers.iter().map(|i| i.issuer.as_str()).collect::<Vec<_>>(),
-                hs256 = hs256.is_some(),
+                hs256_people = people,
                 "OIDC login enabled"
             );
             Arc::new(lattice_apiserver::oidc::OidcAuthenticator::new(
-                &cfg, hs256,
+                &cfg,
+                lattice_apiserver::JwtAuthenticator::new(&jwt_secret),
+                people,
             )?)
         }
         None => Arc::new(lattice_apiserver::JwtAuthenticator::new(&jwt_secret)),

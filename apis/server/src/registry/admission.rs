@@ -142,6 +142,26 @@ pub enum Connect {
     Attach,
 }
 
+/// Whether the allocation `obj` is sensitive work: sensitive itself, or a step (`srun`) of
+/// a sensitive allocation.
+pub async fn sensitive_work(res: &Resources, obj: &Value) -> ApiResult<bool> {
+    let sensitive = |v: &Value| v.pointer("/spec/sensitive").and_then(Value::as_bool) == Some(true);
+    if sensitive(obj) {
+        return Ok(true);
+    }
+    let Some(parent) = obj.pointer("/spec/stepOf").and_then(Value::as_str) else {
+        return Ok(false);
+    };
+    let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str);
+    let kind = crate::registry::objects::kind_by_plural("allocations")
+        .ok_or_else(|| ApiError::internal("allocations not registered"))?;
+    match res.trusted().get(kind, ns, parent).await {
+        Ok(p) => Ok(sensitive(&p)),
+        Err(e) if e.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Whether `caller` may read the output of, or attach to, the allocation `obj` (the route
 /// authorized the tenant): its user always; of a sensitive allocation, its user only (the
 /// seed's "claiming user only"); otherwise admins, and for logs its tenant's admins.
@@ -189,13 +209,14 @@ pub async fn admit_connect(
         Connect::Logs => "read the output of",
         Connect::Attach => "attach to",
     };
-    if obj.pointer("/spec/sensitive").and_then(Value::as_bool) == Some(true) {
+    if sensitive_work(res, obj).await? {
         return Err(forbidden(
             kind,
             obj,
             "spec.sensitive",
             format!(
-                "allocation {ns}/{name} is sensitive: only the user who claimed its nodes                  ({owner}) may {verb} it"
+                "allocation {ns}/{name} is sensitive work: only the user who claimed its \
+                 nodes ({owner}) may {verb} it"
             ),
         ));
     }
@@ -455,16 +476,29 @@ fn claim(
     if kind.kind != "Allocation" || !sensitive(new) || old.is_some_and(sensitive) {
         return Ok(());
     }
+    claim_in(caller, kind, new, "spec.sensitive")
+}
+
+/// `caller` may claim nodes (the `claim` verb on allocations) in `obj`'s tenant; the
+/// refusal names `field`.
+fn claim_in(caller: &UserInfo, kind: &'static KindInfo, obj: &Value, field: &str) -> ApiResult<()> {
+    let new = obj;
+    let allocations = crate::registry::objects::kind_by_plural("allocations")
+        .ok_or_else(|| ApiError::internal("allocations not registered"))?;
     let ns = new.pointer("/metadata/namespace").and_then(Value::as_str);
     crate::registry::authz::authorize(
         caller,
-        &crate::registry::authz::Attributes::kind(crate::registry::authz::Verb::Claim, kind, ns),
+        &crate::registry::authz::Attributes::kind(
+            crate::registry::authz::Verb::Claim,
+            allocations,
+            ns,
+        ),
     )
     .map_err(|e| {
         forbidden(
             kind,
             new,
-            "spec.sensitive",
+            field,
             format!(
                 "{}; sensitive work claims nodes for itself alone, which takes the \
                  claiming-user role in the tenant (its tenant admin binds it)",
@@ -672,6 +706,11 @@ async fn dag(
                 &format!("{field}.stepOf"),
                 "a Dag's task is an allocation of its own, not a job step; remove stepOf".into(),
             ));
+        }
+        // A sensitive task claims nodes like a sensitive allocation (the Dag controller
+        // creates it with the system's rights, so the claim is checked here).
+        if spec.sensitive && !prior.as_ref().is_some_and(|p| p.sensitive) {
+            claim_in(caller, kind, new, &format!("{field}.sensitive"))?;
         }
         check.spec(&spec, prior.as_ref()).await?;
     }

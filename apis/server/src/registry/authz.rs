@@ -160,6 +160,8 @@ pub mod resource {
     pub const API_TOKENS: &str = "apitokens";
     /// Users, as what `impersonate` is asked on.
     pub const USERS: &str = "users";
+    /// Groups, as what `impersonate` is asked on.
+    pub const GROUPS: &str = "groups";
 }
 
 fn deny(user: &UserInfo, a: &Attributes, why: impl std::fmt::Display) -> ApiError {

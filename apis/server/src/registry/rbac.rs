@@ -42,6 +42,9 @@ pub struct Grant {
     pub tenant: Option<String>,
     /// What it allows.
     pub rules: Arc<Vec<PolicyRule>>,
+    /// The role is a built-in ClusterRole (its name means what the product says it means;
+    /// a tenant's Role may have any name).
+    pub builtin: bool,
 }
 
 impl std::fmt::Display for Grant {
@@ -69,6 +72,7 @@ pub fn builtin_grant(role: &str, tenant: Option<&str>) -> Option<Grant> {
         role: role.to_string(),
         tenant: tenant.map(str::to_string),
         rules: rules.clone(),
+        builtin: true,
     })
 }
 
@@ -157,9 +161,10 @@ pub fn allows(user: &UserInfo, a: &Attributes) -> bool {
     grants_allow(implicit.iter().chain(user.grants.iter()), a)
 }
 
-/// Whether `user` holds `role` in `tenant` (or cluster-wide).
+/// Whether `user` holds the built-in role `role` in `tenant` (or cluster-wide).
 pub fn holds(user: &UserInfo, role: &str, tenant: &str) -> bool {
-    all_grants(user).any(|g| g.role == role && g.tenant.as_deref().is_none_or(|t| t == tenant))
+    all_grants(user)
+        .any(|g| g.builtin && g.role == role && g.tenant.as_deref().is_none_or(|t| t == tenant))
 }
 
 /// Whether one rule `o` that is held covers the single permission `verb` × `resource` ×
@@ -222,18 +227,21 @@ fn role_rules(
     cluster_roles: &HashMap<String, Arc<Vec<PolicyRule>>>,
     binding_tenant: Option<&str>,
     role_ref: &Value,
-) -> Option<(String, Arc<Vec<PolicyRule>>)> {
+) -> Option<(String, Arc<Vec<PolicyRule>>, bool)> {
     let kind = role_ref.get("kind").and_then(Value::as_str)?;
     let name = role_ref.get("name").and_then(Value::as_str)?.to_string();
-    let rules = match (kind, binding_tenant) {
-        ("ClusterRole", _) => builtins()
-            .get(&name)
-            .or_else(|| cluster_roles.get(&name))
-            .cloned()?,
-        ("Role", Some(t)) => index_roles.get(&(t.to_string(), name.clone())).cloned()?,
+    let (rules, builtin) = match (kind, binding_tenant) {
+        ("ClusterRole", _) => match builtins().get(&name) {
+            Some(r) => (r.clone(), true),
+            None => (cluster_roles.get(&name).cloned()?, false),
+        },
+        ("Role", Some(t)) => (
+            index_roles.get(&(t.to_string(), name.clone())).cloned()?,
+            false,
+        ),
         _ => return None,
     };
-    Some((name, rules))
+    Some((name, rules, builtin))
 }
 
 fn rules_of(v: &Value) -> Arc<Vec<PolicyRule>> {
@@ -362,7 +370,7 @@ impl Rbac {
             let Some(role_ref) = v.get("roleRef") else {
                 return;
             };
-            let Some((role, rules)) =
+            let Some((role, rules, builtin)) =
                 role_rules(&roles, &cluster_roles, tenant.as_deref(), role_ref)
             else {
                 idx.dangling += 1;
@@ -381,6 +389,7 @@ impl Rbac {
                         role: role.clone(),
                         tenant: tenant.clone(),
                         rules: rules.clone(),
+                        builtin,
                     });
             }
         };
@@ -447,6 +456,11 @@ impl Rbac {
         if user.is_system() || user.role == Role::Node || user.grants_resolved {
             return;
         }
+        // A job's token acts for its job: `user` in the job's tenant, whatever else its
+        // user is granted (a node or the job's processes hold it).
+        if user.bound_to.is_some() {
+            return;
+        }
         // What the credentials grant, from their own role and tenants, before those are
         // widened by what the bindings grant.
         let mut grants = implicit_grants(user);
@@ -463,16 +477,20 @@ impl Rbac {
 /// Records `grants` on `user` and derives its role and tenants from them (see
 /// [`Rbac::resolve`]).
 pub fn apply_grants(user: &mut UserInfo, grants: Vec<Grant>) {
+    // Every tenant's member: a role held cluster-wide that reads every tenant's work (a
+    // narrower cluster-wide role, say one to drain nodes, makes nobody a member).
+    let reads_work = |g: &Grant| {
+        g.rules
+            .iter()
+            .any(|r| r.allows("list", "allocations", None, None))
+    };
     if grants
         .iter()
-        .any(|g| g.role == builtin::SYSTEM_ADMIN && g.tenant.is_none())
+        .any(|g| g.builtin && g.role == builtin::SYSTEM_ADMIN && g.tenant.is_none())
     {
         user.role = Role::Admin;
         user.tenants = None;
-    } else if grants
-        .iter()
-        .any(|g| g.tenant.is_none() && g.role != builtin::BASIC)
-    {
+    } else if grants.iter().any(|g| g.tenant.is_none() && reads_work(g)) {
         user.tenants = None;
     } else if let Some(ts) = &mut user.tenants {
         for g in &grants {
@@ -713,6 +731,7 @@ mod tests {
             role: "r".into(),
             tenant: Some("t1".into()),
             rules: Arc::new(vec![named(&["a"])]),
+            builtin: false,
         }];
         covers(&holds_a, Some("t1"), &[named(&["a"])]).unwrap();
         assert!(covers(&holds_a, Some("t1"), &[named(&["a", "b"])]).is_err());
@@ -722,6 +741,35 @@ mod tests {
             &[PolicyRule::new(&["get"], &["dags"])]
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_tenants_role_named_like_a_builtin_one_is_not_it() {
+        let mut u = UserInfo {
+            name: "eve".into(),
+            tenants: Some(vec![]),
+            role: Role::Readonly,
+            ..Default::default()
+        };
+        let fake = |role: &str, tenant: Option<&str>| Grant {
+            role: role.into(),
+            tenant: tenant.map(str::to_string),
+            rules: Arc::new(vec![PolicyRule::new(&["get"], &["dags"])]),
+            builtin: false,
+        };
+        apply_grants(
+            &mut u,
+            vec![
+                fake(builtin::TENANT_ADMIN, Some("t1")),
+                fake(builtin::SYSTEM_ADMIN, None),
+            ],
+        );
+        assert!(!holds(&u, builtin::TENANT_ADMIN, "t1"));
+        assert_eq!(u.role, Role::Readonly);
+        // A narrow role held cluster-wide makes nobody a member of every tenant.
+        assert_eq!(u.tenants, Some(vec!["t1".to_string()]));
+        apply_grants(&mut u, vec![held(builtin::TENANT_ADMIN, Some("t1"))]);
+        assert!(holds(&u, builtin::TENANT_ADMIN, "t1"));
     }
 
     #[test]

@@ -121,8 +121,13 @@ pub trait SensitiveWrites: Send + Sync {
     ) -> ApiResult<()>;
 }
 
+/// Whether `v` (an Allocation, or a Dag with a sensitive task) is or makes sensitive work.
 fn is_sensitive(v: &Value) -> bool {
-    v.pointer("/spec/sensitive").and_then(Value::as_bool) == Some(true)
+    let sensitive = |s: &Value| s.pointer("/spec/sensitive").and_then(Value::as_bool) == Some(true);
+    sensitive(v)
+        || v.pointer("/spec/allocations")
+            .and_then(Value::as_array)
+            .is_some_and(|tasks| tasks.iter().any(sensitive))
 }
 
 /// Most entries [`TypedCache`] holds before it starts over: admission reads Tenants and
@@ -187,7 +192,7 @@ impl Resources {
         let Some(hook) = self.sensitive.get() else {
             return Ok(());
         };
-        if kind.kind != "Allocation"
+        if !matches!(kind.kind, "Allocation" | "Dag")
             || caller.is_system()
             || caller.role == crate::registry::identity::Role::Node
             || !(is_sensitive(obj) || other.is_some_and(is_sensitive))

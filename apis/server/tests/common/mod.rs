@@ -218,3 +218,41 @@ pub async fn call(
     let code = resp.status().as_u16();
     (code, resp.json::<Value>().await.unwrap_or(Value::Null))
 }
+
+/// The HS256 secret of [`start_authenticated`] servers.
+pub const AUTH_SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+/// A server with authentication on, its tokens signed with [`AUTH_SECRET`].
+pub async fn start_authenticated() -> TestServer {
+    start_with(ApiConfig {
+        jwt_secret: AUTH_SECRET.to_vec(),
+        auth: true,
+        ..Default::default()
+    })
+    .await
+}
+
+/// An HS256 token of `user` with `role` in `tenants` (`"*"`: all), signed with
+/// [`AUTH_SECRET`].
+pub fn auth_token(user: &str, tenants: &[&str], role: lattice_apiserver::Role) -> String {
+    let t: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
+    lattice_apiserver::mint_token(AUTH_SECRET, user, &t, role, Duration::from_secs(600))
+}
+
+/// An administrator's token for [`start_authenticated`] servers.
+pub fn admin_token() -> String {
+    auth_token("root", &["*"], lattice_apiserver::Role::Admin)
+}
+
+/// Waits until `tok` may GET `path` (a role binding reaching the server's copy of the
+/// bindings takes a moment).
+pub async fn until_allowed(s: &TestServer, tok: &str, path: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while call(s, reqwest::Method::GET, path, tok, None).await.0 == 403 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never allowed: {path}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

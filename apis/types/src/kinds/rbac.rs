@@ -40,8 +40,10 @@ pub const NON_KIND_RESOURCES: &[&str] = &[
     "attachtickets",
     // API tokens for people and automation (`lattice admin token`).
     "apitokens",
-    // Users, as a target of `impersonate` (`lattice auth can-i --as`).
+    // Users and groups, as targets of `impersonate` (`lattice auth can-i --as`, API
+    // tokens for another user or in a group).
     "users",
+    "groups",
     // The audit log (`lattice audit query`; in a tenant: that tenant's records).
     "auditrecords",
 ];
