@@ -11,9 +11,11 @@
 # the target is >= 2.0).
 #
 # The load is a person's: an OIDC ID token from the test OpenID provider (hack/oidc, the
-# account `bench`, role user in tenant `default`, obtained through the device flow by
-# hack/oidc/device-login.py), checked by the server's OIDC authenticator and RBAC, with the
-# default audit policy writing a signed record of every create. BENCH_AUTH=hs256 uses the
+# account `bench`, made system-admin by its `lattice_role` claim as the admin token was:
+# a user's per-identity rate limit, 100 requests/s, would be the figure otherwise),
+# obtained through the device flow by hack/oidc/device-login.py, checked by the server's
+# OIDC authenticator and RBAC, with the default audit policy writing a signed record of
+# every create. BENCH_AUTH=hs256 uses the
 # server's admin token instead (the figure before identity and audit).
 #
 # Tunables: BENCH_CLIENTS (16), BENCH_SECONDS (10), BENCH_WATCHERS (1000),
@@ -71,7 +73,7 @@ auth="${BENCH_AUTH:-oidc}"
 oidc_args=()
 if [ "$auth" = oidc ]; then
   echo "==> starting the test OpenID provider (hack/oidc)"
-  (cd hack/oidc && ACCOUNTS='{"bench": {"tenants": ["default"]}}' exec node provider.js) >"$work/idp.log" 2>&1 &
+  (cd hack/oidc && ACCOUNTS='{"bench": {"tenants": ["default"], "lattice_role": "system-admin"}}' exec node provider.js) >"$work/idp.log" 2>&1 &
   idp_pid=$!
   for _ in $(seq 100); do grep -q '^READY ' "$work/idp.log" && break; sleep 0.1; done
   issuer=$(awk '/^READY /{print $2}' "$work/idp.log")

@@ -10,7 +10,7 @@
 //!   kept in the store (`/lattice/audit/keys/<server>/<keyId>`), and every second the
 //!   chain's head (`/lattice/audit/heads/<server>`), so a log cut short is detected too.
 //! * **Where**: `<dir>/audit.log`, JSON lines, appended by one writer task and synced to
-//!   disk batch by batch, rotated at a size into `audit-<first seq>.log` (the oldest beyond
+//!   disk at least every 200 ms (sensitive records before their action), rotated at a size into `audit-<first seq>.log` (the oldest beyond
 //!   a count are removed). Sensitive records are also under
 //!   `/lattice/audit/sensitive/<server>/<seq>` in the store. Optionally forwarded to a
 //!   webhook (JSON arrays, batched) and to syslog (RFC 5424 over UDP).
@@ -57,6 +57,9 @@ const SENSITIVE: &str = "/lattice/audit/sensitive/";
 const CURRENT: &str = "audit.log";
 /// The stage of a message that only asks the writer to finish what is queued.
 const FLUSH: &str = "Flush";
+/// Longest a written record waits for the disk (non-sensitive records; sensitive ones
+/// are synced before their action proceeds).
+const SYNC_EVERY: Duration = Duration::from_millis(200);
 /// Largest request or response body recorded (larger ones are noted, not kept).
 const MAX_BODY: usize = 256 * 1024;
 
@@ -242,6 +245,8 @@ struct Writer {
     file: std::io::BufWriter<std::fs::File>,
     size: u64,
     head: Arc<Mutex<Head>>,
+    /// The head as synced to disk: what is committed to the store as the chain's head.
+    durable: Arc<Mutex<Head>>,
     counts: Arc<AuditCounts>,
     forward: Vec<mpsc::Sender<Arc<Record>>>,
 }
@@ -317,10 +322,46 @@ impl Writer {
         Ok(())
     }
 
+    /// Syncs the file to disk; the chain's durable head (what is checkpointed to the
+    /// store) moves up to the last record written.
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.file.flush()?;
+        self.file.get_ref().sync_data()?;
+        let head = self.head.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        *self.durable.lock().unwrap_or_else(|p| p.into_inner()) = head;
+        Ok(())
+    }
+
     async fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
         let mut batch = Vec::with_capacity(256);
-        while rx.recv_many(&mut batch, 256).await > 0 {
+        let mut last_sync = tokio::time::Instant::now();
+        let mut dirty = false;
+        loop {
+            // Records wait at most SYNC_EVERY for the disk; a sync is due when that has
+            // passed with nothing more to write.
+            let received = if dirty {
+                let wait = SYNC_EVERY.saturating_sub(last_sync.elapsed());
+                match tokio::time::timeout(wait, rx.recv_many(&mut batch, 256)).await {
+                    Ok(n) => n,
+                    Err(_) => {
+                        if let Err(e) = self.sync() {
+                            self.counts.write_errors.inc();
+                            tracing::error!(error = %e, "cannot sync the audit log");
+                        }
+                        dirty = false;
+                        last_sync = tokio::time::Instant::now();
+                        continue;
+                    }
+                }
+            } else {
+                rx.recv_many(&mut batch, 256).await
+            };
+            if received == 0 {
+                let _ = self.sync();
+                return;
+            }
             let mut acks = Vec::new();
+            let mut must_sync = false;
             for msg in batch.drain(..) {
                 let Msg {
                     mut record,
@@ -348,6 +389,7 @@ impl Writer {
                         continue;
                     }
                     self.counts.sensitive.inc();
+                    must_sync = true;
                 }
                 if let Err(e) = self.append(&record) {
                     self.counts.write_errors.inc();
@@ -369,17 +411,23 @@ impl Writer {
                     acks.push(a);
                 }
             }
-            // One flush and sync per batch (group commit); acks after it.
-            let synced = self
-                .file
-                .flush()
-                .and_then(|()| self.file.get_ref().sync_data());
-            if let Err(e) = &synced {
+            // Written through to the file at once (readers see it); synced to disk for
+            // sensitive records before their ack, otherwise every SYNC_EVERY (a group
+            // commit: one sync for every record of the interval).
+            let written = if must_sync || last_sync.elapsed() >= SYNC_EVERY {
+                last_sync = tokio::time::Instant::now();
+                dirty = false;
+                self.sync()
+            } else {
+                dirty = true;
+                self.file.flush()
+            };
+            if let Err(e) = &written {
                 self.counts.write_errors.inc();
-                tracing::error!(error = %e, "cannot sync the audit log");
+                tracing::error!(error = %e, "cannot write the audit log to disk");
             }
             for a in acks {
-                let _ = a.send(synced.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+                let _ = a.send(written.as_ref().map(|_| ()).map_err(|e| e.to_string()));
             }
         }
     }
@@ -541,6 +589,7 @@ impl Auditor {
                 }
             });
         }
+        let durable = Arc::new(Mutex::new(head.clone()));
         let head = Arc::new(Mutex::new(head));
         let counts = Arc::new(AuditCounts::default());
         let mut forward = Vec::new();
@@ -563,12 +612,13 @@ impl Auditor {
             file,
             size,
             head: head.clone(),
+            durable: durable.clone(),
             counts: counts.clone(),
             forward,
         };
         tokio::spawn(writer.run(rx));
         tokio::spawn(checkpoint_heads(
-            head.clone(),
+            durable,
             backend.clone(),
             cfg.server_id.clone(),
         ));
