@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use lattice_apis::kinds::rbac::builtin;
@@ -111,14 +111,9 @@ fn split(token: &str) -> Option<(&str, &str)> {
 /// The caller an API token in `headers` names; `Ok(None)` when the request carries no
 /// API token (another kind of credential, or none).
 pub async fn authenticate(inner: &Inner, headers: &HeaderMap) -> ApiResult<Option<UserInfo>> {
-    let Some(token) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok())
-        .and_then(|h| {
-            h.strip_prefix("Bearer ")
-                .or_else(|| h.strip_prefix("bearer "))
-        })
-        .map(str::trim)
+    let Some(token) = crate::auth::bearer_token(headers)
+        .ok()
+        .flatten()
         .filter(|t| t.starts_with(TOKEN_PREFIX))
     else {
         return Ok(None);
@@ -343,7 +338,7 @@ async fn list(inner: &Inner) -> ApiResult<Vec<(String, Record)>> {
         .resources
         .backend
         .range(lattice_store::RangeRequest {
-            range: KeyRange::between(p.clone(), lattice_store::prefix_end(&p)),
+            range: KeyRange::prefix(p.clone()),
             ..Default::default()
         })
         .await?;

@@ -543,7 +543,7 @@ impl Auditor {
         let listed = tokio::time::timeout(
             Duration::from_secs(5),
             backend.range(RangeRequest {
-                range: KeyRange::between(prefix.clone(), lattice_store::prefix_end(&prefix)),
+                range: KeyRange::prefix(prefix.clone()),
                 ..Default::default()
             }),
         )
@@ -1218,7 +1218,7 @@ async fn all_keys(backend: &Arc<dyn KvBackend>) -> ApiResult<HashMap<String, (St
     let p = Bytes::from_static(KEYS.as_bytes());
     let listed = backend
         .range(RangeRequest {
-            range: KeyRange::between(p.clone(), lattice_store::prefix_end(&p)),
+            range: KeyRange::prefix(p.clone()),
             ..Default::default()
         })
         .await?;
@@ -1276,7 +1276,7 @@ pub async fn verify(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Resp
             .resources
             .backend
             .range(RangeRequest {
-                range: KeyRange::between(prefix.clone(), lattice_store::prefix_end(&prefix)),
+                range: KeyRange::prefix(prefix.clone()),
                 ..Default::default()
             })
             .await?

@@ -152,18 +152,26 @@ impl JwtAuthenticator {
 #[async_trait]
 impl Authenticator for JwtAuthenticator {
     async fn authenticate(&self, headers: &HeaderMap) -> ApiResult<Option<UserInfo>> {
-        let Some(h) = headers.get(axum::http::header::AUTHORIZATION) else {
-            return Ok(None);
-        };
-        let h = h
-            .to_str()
-            .map_err(|_| ApiError::unauthorized("the Authorization header is not valid text"))?;
-        let token = h
-            .strip_prefix("Bearer ")
-            .or_else(|| h.strip_prefix("bearer "))
-            .ok_or_else(|| ApiError::unauthorized("expected 'Authorization: Bearer <token>'"))?;
-        self.verify(token.trim()).map(Some)
+        match bearer_token(headers)? {
+            Some(token) => self.verify(token).map(Some),
+            None => Ok(None),
+        }
     }
+}
+
+/// The bearer token of a request: `Ok(None)` without an Authorization header, 401 for one
+/// that is not `Bearer <token>`.
+pub fn bearer_token(headers: &HeaderMap) -> ApiResult<Option<&str>> {
+    let Some(h) = headers.get(axum::http::header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let h = h
+        .to_str()
+        .map_err(|_| ApiError::unauthorized("the Authorization header is not valid text"))?;
+    h.strip_prefix("Bearer ")
+        .or_else(|| h.strip_prefix("bearer "))
+        .map(|t| Some(t.trim()))
+        .ok_or_else(|| ApiError::unauthorized("expected 'Authorization: Bearer <token>'"))
 }
 
 /// Mint a job token: a user token of `sub` in the allocation's tenant only, bound to the

@@ -707,17 +707,10 @@ impl OidcAuthenticator {
 #[async_trait]
 impl Authenticator for OidcAuthenticator {
     async fn authenticate(&self, headers: &HeaderMap) -> ApiResult<Option<UserInfo>> {
-        let Some(h) = headers.get(axum::http::header::AUTHORIZATION) else {
-            return Ok(None);
-        };
-        let h = h
-            .to_str()
-            .map_err(|_| ApiError::unauthorized("the Authorization header is not valid text"))?;
-        let token = h
-            .strip_prefix("Bearer ")
-            .or_else(|| h.strip_prefix("bearer "))
-            .ok_or_else(|| ApiError::unauthorized("expected 'Authorization: Bearer <token>'"))?;
-        self.verify(token.trim()).await.map(Some)
+        match crate::auth::bearer_token(headers)? {
+            Some(token) => self.verify(token).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     fn oidc_issuers(&self) -> Vec<IssuerConfig> {
