@@ -37,23 +37,11 @@ struct CanIRequest {
 }
 
 fn parse_verb(v: &str) -> ApiResult<Verb> {
-    Ok(match v {
-        "get" => Verb::Get,
-        "list" => Verb::List,
-        "watch" => Verb::Watch,
-        "create" => Verb::Create,
-        "update" => Verb::Update,
-        "patch" => Verb::Patch,
-        "delete" => Verb::Delete,
-        "connect" => Verb::Connect,
-        "claim" => Verb::Claim,
-        "impersonate" => Verb::Impersonate,
-        other => {
-            return Err(ApiError::bad_request(format!(
-                "verb: unknown verb {other:?}; use one of {}",
-                lattice_apis::kinds::rbac::VERBS.join(", ")
-            )))
-        }
+    Verb::from_rule_word(v).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "verb: unknown verb {v:?}; use one of {}",
+            lattice_apis::kinds::rbac::VERBS.join(", ")
+        ))
     })
 }
 

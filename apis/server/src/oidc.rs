@@ -236,7 +236,7 @@ fn algorithm_for(jwk: &Jwk) -> Option<Algorithm> {
     let declared = jwk
         .common
         .key_algorithm
-        .and_then(|a| Algorithm::from_str_checked(&format!("{a:?}")));
+        .and_then(|a| format!("{a:?}").parse::<Algorithm>().ok());
     let by_type = match &jwk.algorithm {
         AlgorithmParameters::RSA(_) => Algorithm::RS256,
         AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => Algorithm::ES256,
@@ -249,16 +249,6 @@ fn algorithm_for(jwk: &Jwk) -> Option<Algorithm> {
     match declared {
         Some(a) if a != by_type => None,
         _ => Some(by_type),
-    }
-}
-
-trait FromStrChecked: Sized {
-    fn from_str_checked(s: &str) -> Option<Self>;
-}
-
-impl FromStrChecked for Algorithm {
-    fn from_str_checked(s: &str) -> Option<Self> {
-        s.parse().ok()
     }
 }
 

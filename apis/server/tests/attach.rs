@@ -173,20 +173,7 @@ async fn fixture() -> Fixture {
     .await;
     assert_eq!(c, 200, "{e}");
     // Sensitive work claims nodes: alice holds claiming-user in t1.
-    let (c, e) = call(
-        &s,
-        Method::POST,
-        &format!("{API}/namespaces/t1/rolebindings"),
-        &admin,
-        Some(
-            json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "RoleBinding",
-                    "metadata": {"name": "alice-claims", "namespace": "t1"},
-                    "roleRef": {"kind": "ClusterRole", "name": "claiming-user"},
-                    "subjects": [{"kind": "User", "name": "alice"}]}),
-        ),
-    )
-    .await;
-    assert_eq!(c, 201, "{e}");
+    common::bind_role(&s, &admin, Some("t1"), "claiming-user", "alice", None).await;
     for (name, running, sensitive) in [
         ("a1", true, false),
         ("p1", false, false),

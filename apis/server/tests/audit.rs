@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{alloc, allocs, call, start_authenticated, until_allowed, TestServer, API};
+use common::{alloc, allocs, call, start_authenticated, TestServer, API};
 use lattice_apiserver::audit::{AuditConfig, Auditor};
 use lattice_apiserver::Role;
 use lattice_store::{KeyRange, KvBackend, RangeRequest};
@@ -92,22 +92,16 @@ async fn changes_refusals_and_sensitive_sessions_are_recorded_in_a_verifiable_ch
     let a = audited().await;
     let s = &a.s;
     // alice may claim nodes in t1.
-    let (c, v) = call(
+    let alice = token("alice", &[], Role::Readonly);
+    common::bind_role(
         s,
-        Method::POST,
-        &format!("{API}/namespaces/t1/rolebindings"),
         &admin(),
-        Some(
-            json!({"apiVersion": "lattice.dev/v1alpha1", "kind": "RoleBinding",
-                    "metadata": {"name": "alice", "namespace": "t1"},
-                    "roleRef": {"kind": "ClusterRole", "name": "claiming-user"},
-                    "subjects": [{"kind": "User", "name": "alice"}]}),
-        ),
+        Some("t1"),
+        "claiming-user",
+        "alice",
+        Some((&alice, &allocs("t1"))),
     )
     .await;
-    assert_eq!(c, 201, "{v}");
-    let alice = token("alice", &[], Role::Readonly);
-    until_allowed(s, &alice, &allocs("t1")).await;
     // Create, patch, delete.
     let (c, v) = call(
         s,

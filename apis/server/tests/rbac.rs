@@ -40,39 +40,13 @@ async fn ok(s: &TestServer, method: Method, path: &str, body: Value) -> Value {
 }
 
 fn binding(kind: &str, name: &str, tenant: Option<&str>, role: &str, user: &str) -> Value {
-    let mut meta = json!({"name": name});
-    if let Some(t) = tenant {
-        meta["namespace"] = json!(t);
-    }
-    json!({
-        "apiVersion": "lattice.dev/v1alpha1", "kind": kind, "metadata": meta,
-        "roleRef": {"kind": "ClusterRole", "name": role},
-        "subjects": [{"kind": "User", "name": user}],
-    })
+    let b = common::role_binding(name, tenant, role, user);
+    assert_eq!(b["kind"], kind);
+    b
 }
 
 async fn bind(s: &TestServer, tenant: Option<&str>, role: &str, user: &str) {
-    let name = format!("{role}-{user}");
-    match tenant {
-        Some(t) => {
-            ok(
-                s,
-                Method::POST,
-                &format!("{API}/namespaces/{t}/rolebindings"),
-                binding("RoleBinding", &name, Some(t), role, user),
-            )
-            .await
-        }
-        None => {
-            ok(
-                s,
-                Method::POST,
-                &format!("{API}/clusterrolebindings"),
-                binding("ClusterRoleBinding", &name, None, role, user),
-            )
-            .await
-        }
-    };
+    common::bind_role(s, &admin(), tenant, role, user, None).await;
 }
 
 async fn setup(s: &TestServer) {

@@ -54,6 +54,27 @@ pub enum Verb {
 }
 
 impl Verb {
+    /// Every verb.
+    pub const ALL: [Verb; 10] = [
+        Verb::Get,
+        Verb::List,
+        Verb::Watch,
+        Verb::Create,
+        Verb::Update,
+        Verb::Patch,
+        Verb::Delete,
+        Verb::Connect,
+        Verb::Claim,
+        Verb::Impersonate,
+    ];
+
+    /// The verb rules name `word` (`get`, `connect`, ...).
+    pub fn from_rule_word(word: &str) -> Option<Verb> {
+        Verb::ALL
+            .into_iter()
+            .find(|v| crate::registry::rbac::rule_verb(*v) == word)
+    }
+
     /// Reads only.
     pub fn is_read(self) -> bool {
         matches!(self, Verb::Get | Verb::List | Verb::Watch)

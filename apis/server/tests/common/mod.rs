@@ -256,3 +256,40 @@ pub async fn until_allowed(s: &TestServer, tok: &str, path: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A RoleBinding (in `tenant`) or ClusterRoleBinding (`None`) of the ClusterRole `role` to
+/// user `user`, named `name`.
+pub fn role_binding(name: &str, tenant: Option<&str>, role: &str, user: &str) -> Value {
+    let (kind, meta) = match tenant {
+        Some(t) => ("RoleBinding", json!({"name": name, "namespace": t})),
+        None => ("ClusterRoleBinding", json!({"name": name})),
+    };
+    json!({
+        "apiVersion": "lattice.dev/v1alpha1", "kind": kind, "metadata": meta,
+        "roleRef": {"kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "User", "name": user}],
+    })
+}
+
+/// Binds the ClusterRole `role` to `user` in `tenant` (`None`: cluster-wide) as `admin`,
+/// and waits until `probe` (a path the role lets `user` GET) answers: the server's copy
+/// of the bindings has it.
+pub async fn bind_role(
+    s: &TestServer,
+    admin: &str,
+    tenant: Option<&str>,
+    role: &str,
+    user: &str,
+    probe: Option<(&str, &str)>,
+) {
+    let path = match tenant {
+        Some(t) => format!("{API}/namespaces/{t}/rolebindings"),
+        None => format!("{API}/clusterrolebindings"),
+    };
+    let b = role_binding(&format!("{role}-{user}"), tenant, role, user);
+    let (code, v) = call(s, reqwest::Method::POST, &path, admin, Some(b)).await;
+    assert_eq!(code, 201, "bind {role} to {user}: {v}");
+    if let Some((token, path)) = probe {
+        until_allowed(s, token, path).await;
+    }
+}
