@@ -529,10 +529,13 @@ async fn browser_flow(
             let mut buf = vec![0u8; 8192];
             let mut n = 0;
             while n < buf.len() {
-                let m = sock
-                    .read(&mut buf[n..])
+                // A connection that sends nothing, or fails, does not hold the login up.
+                let m = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf[n..]))
                     .await
-                    .map_err(|e| err("log in", e))?;
+                {
+                    Ok(Ok(m)) => m,
+                    _ => 0,
+                };
                 if m == 0 {
                     break;
                 }

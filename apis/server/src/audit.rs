@@ -394,6 +394,11 @@ impl Writer {
                 if let Err(e) = self.append(&record) {
                     self.counts.write_errors.inc();
                     tracing::error!(error = %e, seq = record.seq, "cannot write the audit log");
+                    if commit {
+                        // In the store already: the chain goes on from it (verify names it
+                        // as missing from the log, which it is).
+                        self.advance(&record);
+                    }
                     if let Some(a) = ack {
                         let _ = a.send(Err(e.to_string()));
                     }
@@ -797,11 +802,15 @@ pub fn classify(method: &Method, path: &str, query: Option<&str>) -> Option<Targ
         ["v1", plural, rest @ ..] => {
             let sub = rest.get(1).map(|s| s.to_string());
             // The Intent routes name the tenant in the query (`?tenant=`).
+            // As the routes read it: decoded, the last one given.
             let tenant = query.and_then(|q| {
-                q.split('&')
-                    .find_map(|kv| kv.strip_prefix("tenant="))
+                reqwest::Url::parse(&format!("http://x/?{q}"))
+                    .ok()?
+                    .query_pairs()
+                    .filter(|(k, _)| k == "tenant")
+                    .last()
+                    .map(|(_, v)| v.into_owned())
                     .filter(|t| !t.is_empty())
-                    .map(str::to_string)
             });
             return Some(Target {
                 verb: verb(method, !rest.is_empty(), watch, sub.as_deref()),
@@ -1344,6 +1353,10 @@ pub async fn verify(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Resp
             let seq = h["seq"].as_u64().unwrap_or(0);
             let hash = h["hash"].as_str().unwrap_or_default();
             match report.chains.get(&server) {
+                Some((first, _, _)) if *first > seq + 1 => report.problems.push(format!(
+                    "the log starts at record {first}, after record {seq} that was committed \
+                     as the chain's head: the records up to it were removed"
+                )),
                 Some((first, last, _)) if *last >= seq => {
                     if seq >= *first && head_hash.as_deref() != Some(hash) {
                         report.problems.push(format!(
@@ -1443,6 +1456,13 @@ mod tests {
             (t.verb.as_str(), t.resource.as_str()),
             ("delete", "apitokens")
         );
+        // The Intent routes' tenant, as they read it: decoded, the last one.
+        let t = c(
+            Method::POST,
+            "/v1/allocations",
+            Some("tenant=decoy&tenant=min%65"),
+        );
+        assert_eq!(t.tenant.as_deref(), Some("mine"));
         assert!(classify(&Method::GET, "/v1/auth/whoami", None).is_none());
         assert!(classify(&Method::GET, "/healthz", None).is_none());
     }

@@ -174,18 +174,28 @@ impl OidcConfig {
             if !seen.insert(c.issuer.clone()) {
                 anyhow::bail!("{at}.issuer: {:?} is listed twice", c.issuer);
             }
-            // Two issuers naming users alike would let one's users be the other's.
-            if self.issuers.len() > 1
-                && self.issuers[..i]
-                    .iter()
-                    .any(|o| o.username_prefix == c.username_prefix)
-            {
-                anyhow::bail!(
-                    "{at}.usernamePrefix: {:?} is another issuer's too; with several issuers \
-                     each needs its own prefix, or one issuer's users could pass for the \
-                     other's",
-                    c.username_prefix
-                );
+            // Two issuers naming users or groups alike would let one's be the other's:
+            // with several, every prefix is non-empty and none starts another.
+            if self.issuers.len() > 1 {
+                let username: fn(&IssuerConfig) -> &str = |o| &o.username_prefix;
+                let groups: fn(&IssuerConfig) -> &str = |o| &o.groups_prefix;
+                for (field, prefix) in [("usernamePrefix", username), ("groupsPrefix", groups)] {
+                    let mine = prefix(c);
+                    let clash = self
+                        .issuers
+                        .iter()
+                        .enumerate()
+                        .filter(|(j, _)| *j != i)
+                        .map(|(_, o)| prefix(o))
+                        .any(|p| p.starts_with(mine) || mine.starts_with(p));
+                    if mine.is_empty() || clash {
+                        anyhow::bail!(
+                            "{at}.{field}: {mine:?}: with several issuers each needs a \
+                             non-empty prefix that no other issuer's starts with or extends, \
+                             or one issuer's users or groups could pass for another's"
+                        );
+                    }
+                }
             }
         }
         Ok(())
@@ -552,7 +562,16 @@ impl OidcAuthenticator {
         for c in &cfg.issuers {
             let mut b = reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
-                .redirect(reqwest::redirect::Policy::limited(3));
+                .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                    // Every hop must be as secure as the first (no https → http).
+                    if attempt.previous().len() >= 3 {
+                        attempt.error("too many redirects")
+                    } else if secure_url(attempt.url().as_str()) {
+                        attempt.follow()
+                    } else {
+                        attempt.error("redirected to an address that is not https")
+                    }
+                }));
             if let Some(ca) = &c.ca_file {
                 let pem = std::fs::read(ca)
                     .map_err(|e| anyhow::anyhow!("read the CA file {}: {e}", ca.display()))?;
@@ -816,6 +835,22 @@ mod tests {
         assert_eq!(e.code, 401);
         let dev = OidcAuthenticator::new(&cfg, JwtAuthenticator::new(secret), true).unwrap();
         assert_eq!(rt.block_on(dev.verify(&person)).unwrap().name, "alice");
+    }
+
+    #[test]
+    fn several_issuers_name_users_and_groups_apart() {
+        let two = |a: &str, b: &str, ga: &str, gb: &str| {
+            serde_yaml::from_str::<OidcConfig>(&format!(
+                "issuers:\n- {{issuer: 'https://a.example', audiences: [l], usernamePrefix: '{a}', groupsPrefix: '{ga}'}}\n- {{issuer: 'https://b.example', audiences: [l], usernamePrefix: '{b}', groupsPrefix: '{gb}'}}\n"
+            ))
+            .unwrap()
+            .check()
+        };
+        two("a:", "b:", "a:", "b:").unwrap();
+        // Empty, or one extending the other ("corp:alice" minted by A would be B's alice).
+        assert!(two("", "corp:", "a:", "b:").is_err());
+        assert!(two("c:", "c:x:", "a:", "b:").is_err());
+        assert!(two("a:", "b:", "", "b:").is_err());
     }
 
     #[test]

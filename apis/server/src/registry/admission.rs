@@ -155,9 +155,22 @@ pub async fn sensitive_work(res: &Resources, obj: &Value) -> ApiResult<bool> {
     let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str);
     let kind = crate::registry::objects::kind_by_plural("allocations")
         .ok_or_else(|| ApiError::internal("allocations not registered"))?;
+    // The parent it was a step of: the one its owner reference names. When that is gone
+    // (or another allocation took the name), what it was cannot be known: sensitive.
+    let owner_uid = obj
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .and_then(|refs| {
+            refs.iter()
+                .find(|r| r.get("name").and_then(Value::as_str) == Some(parent))
+        })
+        .and_then(|r| r.get("uid").and_then(Value::as_str));
     match res.trusted().get(kind, ns, parent).await {
-        Ok(p) => Ok(sensitive(&p)),
-        Err(e) if e.code == 404 => Ok(false),
+        Ok(p) => {
+            let uid = p.pointer("/metadata/uid").and_then(Value::as_str);
+            Ok(sensitive(&p) || owner_uid.is_some_and(|o| Some(o) != uid))
+        }
+        Err(e) if e.code == 404 => Ok(true),
         Err(e) => Err(e),
     }
 }
@@ -1048,7 +1061,11 @@ async fn tenant_admin(
         Some(t) => t.spec.admins.clone(),
         None => Vec::new(),
     };
-    if caller.role == Role::User && admins.iter().any(|a| a == &caller.name) {
+    // (A job's token acts for its job only: never as its user's tenant admin.)
+    if caller.bound_to.is_none()
+        && caller.role == Role::User
+        && admins.iter().any(|a| a == &caller.name)
+    {
         return Ok(());
     }
     if crate::registry::rbac::holds(caller, lattice_apis::kinds::rbac::builtin::TENANT_ADMIN, ns) {
